@@ -1,0 +1,21 @@
+// Schemas of every approx-run operator. Kernels register per dispatch key in cpu/ and cuda/;
+// Python wrappers (fake/meta kernels, autograd) live in runner/ops.py.
+//
+// Arithmetic shared by every kernel (the python reference in runner/ops.py defines it):
+//   a   activation codes: int8 (signed multiplier) or uint8 (unsigned multiplier)
+//   w   weight codes: int8, symmetric
+//   lut int32 [256, 256], row = operand A (activation), column = operand B (weight):
+//         signed   (a int8):  product = lut[a + 128][w + 128]
+//         unsigned (a uint8): product = sign(w) * lut[a][|w|]   (sign-magnitude weights)
+//   out int32 accumulators: out = sum_k product(a_k, w_k), exact (no saturation; wraps like int32).
+//   Conv padding feeds activation code 0 through the multiplier, as a zero-padded input would be
+//   in hardware: with an approximate LUT, lut(0, w) may be non-zero.
+//   algo: "auto" lets the kernel choose; other names select a variant (see runner/ops.py ALGOS).
+#include <torch/library.h>
+
+TORCH_LIBRARY(approx, m) {
+  m.def("lut_linear(Tensor a, Tensor w, Tensor lut, str algo=\"auto\") -> Tensor");
+  m.def(
+      "lut_conv2d(Tensor a, Tensor w, Tensor lut, int[2] stride=1, int[2] padding=0, "
+      "int[2] dilation=1, int groups=1, str algo=\"auto\") -> Tensor");
+}

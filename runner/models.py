@@ -1,0 +1,73 @@
+"""LeNet-5 as in the seed projects: conv 5x5 1->6, max-pool, conv 5x5 6->16, max-pool,
+fc 256->120->84->10, ReLU. Input is raw pixels in [0, 1]; the data set's normalisation is the
+model's first step (a fixed affine layer), so it can be folded into conv1 for quantized paths."""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from runner.errors import UserError
+
+
+class Normalize(nn.Module):
+    def __init__(self, mean: float, std: float):
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(float(mean)))
+        self.register_buffer("std", torch.tensor(float(std)))
+
+    def forward(self, x):
+        return (x - self.mean) / self.std
+
+
+class LeNet5(nn.Module):
+    def __init__(self, num_classes: int = 10, mean: float = 0.0, std: float = 1.0):
+        super().__init__()
+        self.normalize = Normalize(mean, std)
+        self.conv1 = nn.Conv2d(1, 6, 5)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(16 * 4 * 4, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, num_classes)
+        self.pool = nn.MaxPool2d(2)
+        self.relu = nn.ReLU()
+
+    def forward(self, x):
+        x = self.normalize(x)
+        x = self.pool(self.relu(self.conv1(x)))
+        x = self.pool(self.relu(self.conv2(x)))
+        x = torch.flatten(x, 1)
+        x = self.relu(self.fc1(x))
+        x = self.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+MODELS = {"lenet5": LeNet5}
+
+
+def build_model(cfg, mean: float, std: float) -> nn.Module:
+    """cfg: the `model` config node."""
+    if cfg.name not in MODELS:
+        raise UserError(f"Unknown model '{cfg.name}'. Available: {', '.join(MODELS)}.")
+    return MODELS[cfg.name](num_classes=int(cfg.get("num_classes", 10)), mean=mean, std=std)
+
+
+def fold_input_normalization(model: nn.Module) -> nn.Module:
+    """A copy of the model whose Normalize is folded into the following conv1, so conv1 sees raw
+    pixels (>= 0, exactly representable as uint8 codes with scale 1/255).
+
+    conv((x - m) / s) = conv'(x) with w' = w / s and b' = b - (m / s) * sum(w): exact because
+    conv1 has no padding (a padded border would be 0 in x but -m/s after normalisation)."""
+    folded = copy.deepcopy(model)
+    norm, conv = folded.normalize, folded.conv1
+    if tuple(conv.padding) != (0, 0):
+        raise ValueError("normalisation folds exactly into conv1 only when conv1 has no padding")
+    mean, std = norm.mean.item(), norm.std.item()
+    with torch.no_grad():
+        w = conv.weight / std
+        b = conv.bias - (mean / std) * conv.weight.sum(dim=(1, 2, 3))
+        conv.weight.copy_(w)
+        conv.bias.copy_(b)
+    folded.normalize = nn.Identity()
+    return folded

@@ -1,0 +1,130 @@
+"""Baseline training and the checkpoint store.
+
+A checkpoint's file name is derived from exactly the config that determines its weights (data set
+and split, model, training hyper-parameters, seed), so every later command finds and reuses it."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from runner.console import console, progress_bar
+from runner.data import Dataset, load_dataset
+from runner.errors import UserError
+from runner.models import build_model
+from runner.provenance import atomic_write_bytes, git_info, resolve_device
+
+# train.* keys that do not change the weights
+_NON_WEIGHT_KEYS = ("force", "eval_batch_size")
+# data.* keys that only say where files are, not what they contain
+_NON_DATA_KEYS = ("root", "download")
+
+
+def weight_config(cfg: DictConfig) -> dict:
+    data = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k not in _NON_DATA_KEYS}
+    train = {k: v for k, v in OmegaConf.to_container(cfg.train, resolve=True).items() if k not in _NON_WEIGHT_KEYS}
+    return {"data": data, "model": OmegaConf.to_container(cfg.model, resolve=True), "train": train,
+            "seed": int(cfg.seed)}
+
+
+def checkpoint_path(cfg: DictConfig) -> Path:
+    key = weight_config(cfg)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+    return Path(cfg.paths.checkpoints) / f"{cfg.model.name}_{cfg.data.name}_{digest}.pt"
+
+
+@torch.no_grad()
+def evaluate_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int, device) -> float:
+    model.eval()
+    correct = 0
+    for i in range(0, len(x), batch_size):
+        logits = model(x[i:i + batch_size].to(device))
+        correct += (logits.argmax(1).cpu() == y[i:i + batch_size]).sum().item()
+    return correct / len(x)
+
+
+def train_model(cfg: DictConfig, data: Dataset, device: torch.device) -> tuple[nn.Module, list[dict]]:
+    torch.manual_seed(int(cfg.seed))
+    model = build_model(cfg.model, data.mean, data.std).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=float(cfg.train.lr), weight_decay=float(cfg.train.weight_decay))
+    loss_fn = nn.CrossEntropyLoss()
+    loader = data.loader("train", int(cfg.train.batch_size), shuffle=True, seed=int(cfg.seed))
+    epochs = int(cfg.train.epochs)
+    history = []
+    with progress_bar(f"train {cfg.model.name} on {data.name}", total=epochs * len(loader)) as advance:
+        for epoch in range(1, epochs + 1):
+            model.train()
+            t0, total_loss, seen = time.perf_counter(), 0.0, 0
+            for xb, yb in loader:
+                xb, yb = xb.to(device), yb.to(device)
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(model(xb), yb)
+                loss.backward()
+                opt.step()
+                total_loss += loss.item() * len(xb)
+                seen += len(xb)
+                advance(1, epoch=epoch, loss=f"{loss.item():.3f}")
+            acc = evaluate_accuracy(model, data.test_x, data.test_y, int(cfg.train.eval_batch_size), device)
+            history.append({"epoch": epoch, "train_loss": total_loss / seen, "test_accuracy": acc,
+                            "seconds": time.perf_counter() - t0})
+    return model.cpu().eval(), history
+
+
+def save_checkpoint(path: Path, model: nn.Module, meta: dict) -> None:
+    buf = io.BytesIO()
+    torch.save({"state_dict": model.state_dict(), "meta": meta}, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def load_checkpoint(path: Path, cfg: DictConfig, data: Dataset) -> tuple[nn.Module, dict]:
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        model = build_model(cfg.model, data.mean, data.std)
+        model.load_state_dict(blob["state_dict"])
+    except (OSError, RuntimeError, KeyError, EOFError) as exc:
+        raise UserError(f"Checkpoint {path} is unreadable or does not fit model={cfg.model.name} ({exc}). "
+                        "Delete it or pass train.force=true to retrain.") from exc
+    return model.eval(), blob["meta"]
+
+
+def load_or_train(cfg: DictConfig, data: Dataset | None = None, out_dir: Path | None = None):
+    """The baseline for this config: reused from checkpoints/ when present (unless train.force), else trained.
+    Returns (model on CPU in eval mode, meta dict, checkpoint path, data set)."""
+    data = data or load_dataset(cfg.data)
+    path = checkpoint_path(cfg)
+    if path.exists() and not cfg.train.get("force", False):
+        model, meta = load_checkpoint(path, cfg, data)
+        console.print(f"[green]reusing checkpoint[/] {path} (test accuracy {meta['test_accuracy']:.4f})")
+        return model, meta, path, data
+    device = resolve_device(cfg.device)
+    console.print(f"training {cfg.model.name} on {data.name} ({len(data.train_x)} train / {len(data.test_x)} test "
+                  f"images, {cfg.train.epochs} epochs, device {device})")
+    model, history = train_model(cfg, data, device)
+    meta = {
+        "data": data.name,
+        "data_source": data.source,
+        "config": weight_config(cfg),
+        "test_accuracy": history[-1]["test_accuracy"],
+        "epochs": len(history),
+        "git_sha": git_info()["git_sha"],
+        "torch": torch.__version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    save_checkpoint(path, model, meta)
+    if out_dir is not None:
+        pd.DataFrame(history).to_csv(Path(out_dir) / "train_log.csv", index=False)
+    console.print(f"[green]saved checkpoint[/] {path} (test accuracy {meta['test_accuracy']:.4f})")
+    return model, meta, path, data
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict:
+    """`approx-run train`."""
+    model, meta, path, _ = load_or_train(cfg, out_dir=out_dir)
+    return {"checkpoint": str(path), "test_accuracy": meta["test_accuracy"]}

@@ -1,0 +1,186 @@
+"""`approx-run lut ...`: list, show and import multipliers.
+
+runner/cli.py calls main(argv) with the arguments after "lut"."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+from ..errors import UserError
+from .io import SUFFIXES, load_table
+from .registry import get, import_table, list_multipliers, shipped_names, user_dir, user_names
+
+METRIC_COLUMNS = [("mae_pct", "MAE%"), ("wce_pct", "WCE%"), ("ep_pct", "EP%"), ("mre_pct", "MRE%"),
+                  ("mean_error", "bias"), ("error_std", "err std")]
+HW_COLUMNS = [("pwr", "power mW"), ("area", "area um2"), ("delay", "delay ns")]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="approx-run lut",
+                                description="Approximate 8x8 multipliers: list, inspect, import.")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{list,show,import}")
+    ls = sub.add_parser("list", help="table of every available multiplier with its error metrics")
+    ls.add_argument("--csv", metavar="PATH", help="also write the table as CSV")
+    sh = sub.add_parser("show", help="metrics of one multiplier and a PNG heatmap of its error table")
+    sh.add_argument("name", help="multiplier name, or a table file (.txt, .txt.gz, .npy)")
+    sh.add_argument("--out", metavar="PNG", help="heatmap path (default results/lut/<name>_error.png)")
+    sh.add_argument("--no-plot", action="store_true", help="print the metrics only")
+    im = sub.add_parser("import", help="validate a table file and register it under a name",
+                        description="Rows must be operand A (activation), columns operand B (weight); "
+                                    "approximate multipliers are often not commutative.")
+    im.add_argument("file", help="table file (.txt, .txt.gz, .npy): 256 rows x 256 integers")
+    im.add_argument("--name", required=True, help="name to register it under")
+    g = im.add_mutually_exclusive_group()
+    g.add_argument("--signed", dest="signed", action="store_true", default=None,
+                   help="operands -128..127 (default: inferred from the values)")
+    g.add_argument("--unsigned", dest="signed", action="store_false", help="operands 0..255")
+    im.add_argument("--layout", default="auto", choices=["auto", "offset128", "raw_bytes", "unsigned"],
+                    help="index convention of the file (default: detected)")
+    im.add_argument("--transpose", action="store_true", help="the file has B on rows: transpose it")
+    im.add_argument("--force", action="store_true", help="replace an earlier import of the same name")
+    return p
+
+
+def _kind(name: str) -> str:
+    if name in shipped_names():
+        return "EvoApproxLib"
+    if name in user_names():
+        return "user"
+    return "generated"
+
+
+def _rows() -> list[dict]:
+    rows = []
+    for name in list_multipliers():
+        m = get(name)
+        met = m.metrics()
+        row = {"name": m.name, "signed": m.signed, "kind": _kind(name)}
+        row.update({k: met[k] for k, _ in METRIC_COLUMNS})
+        row.update({k: m.published.get(k, "") for k, _ in HW_COLUMNS})
+        row["sha256"] = m.sha256
+        rows.append(row)
+    return rows
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}" if abs(v) < 0.1 and v != 0 else f"{v:.2f}"
+
+
+def cmd_list(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = _rows()
+    t = Table(title="Multipliers (metrics over all 65,536 operand pairs; MAE%/WCE% of 2^16)")
+    t.add_column("name", style="bold")
+    t.add_column("signed")
+    t.add_column("kind")
+    for _, h in METRIC_COLUMNS + HW_COLUMNS:
+        t.add_column(h, justify="right")
+    for r in rows:
+        t.add_row(r["name"], "yes" if r["signed"] else "no", r["kind"],
+                  *[_fmt(r[k]) for k, _ in METRIC_COLUMNS], *[str(r[k]) for k, _ in HW_COLUMNS])
+    Console().print(t)
+    if args.csv:
+        path = Path(args.csv)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        print(f"wrote {path}")
+    return 0
+
+
+def _lookup(name: str):
+    if any(name.lower().endswith(s) for s in SUFFIXES) and Path(name).exists():
+        return load_table(name)
+    return get(name)
+
+
+def plot_error(m, out: Path) -> Path:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("the heatmap needs matplotlib: pip install matplotlib "
+                        "(or pass --no-plot to print the metrics only)") from None
+    err = m.error_table()
+    lim = max(int(abs(err).max()), 1)
+    lo, hi = m.operand_range
+    fig, ax = plt.subplots(figsize=(6.4, 5.4))
+    im = ax.imshow(err, cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest",
+                   extent=[lo - 0.5, hi + 0.5, hi + 0.5, lo - 0.5])
+    ax.set_xlabel("B (weight)")
+    ax.set_ylabel("A (activation)")
+    met = m.metrics()
+    ax.set_title(f"{m.name}: error = approx - A*B\nMAE% {met['mae_pct']:.3g}, WCE% {met['wce_pct']:.3g}, "
+                 f"EP% {met['ep_pct']:.2f}", fontsize=10)
+    fig.colorbar(im, ax=ax, label="error")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def cmd_show(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    m = _lookup(args.name)
+    met = m.metrics()
+    t = Table(title=f"{m.name} ({'signed' if m.signed else 'unsigned'}, operands {m.operand_range})",
+              show_header=True)
+    t.add_column("metric")
+    t.add_column("ours", justify="right")
+    if m.published:
+        t.add_column("published", justify="right")
+    pub_keys = {"mae_pct": "mae%", "wce_pct": "wce%", "ep_pct": "ep%", "mre_pct": "mre%", "wcre_pct": "wcre%"}
+    for k, v in met.items():
+        cells = [k, f"{v:.6g}"]
+        if m.published:
+            cells.append(str(m.published.get(pub_keys.get(k, ""), "")))
+        t.add_row(*cells)
+    con = Console()
+    con.print(t)
+    for k, _ in HW_COLUMNS:
+        if k in m.published:
+            con.print(f"{k}: {m.published[k]}")
+    con.print(f"source: {m.source}", highlight=False)
+    con.print(f"sha256: {m.sha256}", highlight=False)
+    if m.params:
+        con.print(f"params: {m.params}", highlight=False)
+    if not args.no_plot:
+        out = Path(args.out) if args.out else Path("results") / "lut" / f"{m.name}_error.png"
+        print(f"wrote {plot_error(m, out)}")
+    return 0
+
+
+def cmd_import(args) -> int:
+    m = import_table(args.file, args.name, args.signed, transpose=args.transpose, layout=args.layout,
+                     force=args.force)
+    met = m.metrics()
+    print(f"imported {m.name} ({'signed' if m.signed else 'unsigned'}), {m.params['layout_note']}")
+    print(f"MAE% {met['mae_pct']:.4g}  WCE% {met['wce_pct']:.4g}  EP% {met['ep_pct']:.2f}  "
+          f"MRE% {met['mre_pct']:.4g}")
+    print(f"stored in {user_dir()}; select it with multiplier=named multiplier.name={m.name}")
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # argparse exits on --help and usage errors; keep main() in-process
+        return int(e.code or 0)
+    try:
+        return {"list": cmd_list, "show": cmd_show, "import": cmd_import}[args.cmd](args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,261 @@
+"""Reading, validating and writing 256x256 multiplier tables.
+
+Formats (chosen by file name):
+  .txt      ApproxTorch's text format: 256 lines of 256 whitespace-separated integers,
+            row = operand A (activation), column = operand B (weight). Blank lines and lines
+            starting with '#' are ignored.
+  .txt.gz   the same, gzip-compressed.
+  .npy      a 256x256 integer array (floats are accepted when every value is integral).
+
+Layout check: some tools (TorchApprox, AdaPT) index signed tables by the raw byte of each
+operand (index = code & 0xFF, so row 0 is A = 0 and row 128 is A = -128) instead of
+offset-128 rows. A table is compared with the exact product under each convention and the
+one it fits is reported; raw-byte tables are converted to our offset-128 layout.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UserError
+from .core import SIZE, TWO16, Multiplier, value_range
+
+SUFFIXES = (".txt", ".txt.gz", ".npy")
+# Widest range any 8x8 table may hold (signed int16 or unsigned uint16 products).
+ANY_RANGE = (-(1 << 15), (1 << 16) - 1)
+
+LAYOUTS = {
+    "offset128": "signed, offset-128 rows (A = row - 128, B = col - 128; ApproxTorch text layout)",
+    "raw_bytes": "signed, raw two's-complement byte order (row = A & 0xFF, col = B & 0xFF; TorchApprox/AdaPT)",
+    "unsigned": "unsigned (A = row, B = col)",
+}
+
+
+def _suffix(path: Path) -> str:
+    name = path.name.lower()
+    for s in (".txt.gz", ".txt", ".npy"):
+        if name.endswith(s):
+            return s
+    raise UserError(f"{path}: unsupported table format; use one of {', '.join(SUFFIXES)} "
+                    f"(256 rows x 256 integers, row = activation A, column = weight B)")
+
+
+def stem(path: Path) -> str:
+    return path.name[: -len(_suffix(path))]
+
+
+# ---------------------------------------------------------------- reading
+
+def _read_text(path: Path, compressed: bool) -> str:
+    try:
+        if compressed:
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                return f.read()
+        return path.read_text(encoding="utf-8")
+    except (OSError, EOFError, zlib.error) as e:
+        if compressed and not isinstance(e, FileNotFoundError):
+            raise UserError(f"{path}: not a readable gzip file ({e})") from None
+        raise UserError(f"{path}: cannot read ({e})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a text file (expected 256 lines of 256 integers)") from None
+
+
+def parse_text(text: str, where: str) -> tuple[np.ndarray, list[int]]:
+    """Parse the text format; returns the int64 table and the file line of each row."""
+    rows, lines = [], []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        if len(rows) == SIZE:
+            raise UserError(f"{where}, line {lineno}: more than 256 rows (a table has 256 rows of 256 integers)")
+        tokens = s.split()
+        if len(tokens) != SIZE:
+            raise UserError(f"{where}, line {lineno}: {len(tokens)} values, expected 256 "
+                            f"(row {len(rows)} of the table)")
+        try:
+            rows.append(np.array(tokens, dtype=np.int64))
+        except (ValueError, OverflowError):
+            for col, tok in enumerate(tokens, start=1):
+                try:
+                    int(tok)
+                except ValueError:
+                    raise UserError(f"{where}, line {lineno}, column {col}: {tok!r} is not an integer") from None
+            raise UserError(f"{where}, line {lineno}: value too large for a 16-bit product") from None
+        lines.append(lineno)
+    if not rows:
+        raise UserError(f"{where}: empty file (expected 256 lines of 256 integers)")
+    if len(rows) != SIZE:
+        raise UserError(f"{where}: {len(rows)} rows, expected 256 (the file ends at line {lineno})")
+    return np.stack(rows), lines
+
+
+def _read_npy(path: Path) -> np.ndarray:
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise UserError(f"{path}: not a readable .npy array ({e})") from None
+    if arr.shape != (SIZE, SIZE):
+        raise UserError(f"{path}: array shape {arr.shape}, expected (256, 256)")
+    if arr.dtype.kind in "iu":
+        return arr.astype(np.int64)
+    if arr.dtype.kind == "f":
+        bad = ~np.isfinite(arr) | (arr != np.round(arr))
+        if bad.any():
+            r, c = np.argwhere(bad)[0]
+            raise UserError(f"{path}: element [{r}, {c}] = {arr[r, c]!r} is not an integer")
+        if np.abs(arr).max() > ANY_RANGE[1]:
+            r, c = np.unravel_index(np.abs(arr).argmax(), arr.shape)
+            raise UserError(f"{path}: element [{r}, {c}] = {arr[r, c]:.0f} outside any 16-bit product range")
+        return arr.astype(np.int64)
+    raise UserError(f"{path}: array dtype {arr.dtype}, expected integers")
+
+
+def read_values(path) -> tuple[np.ndarray, callable]:
+    """Raw int64 [256, 256] values of a table file, plus a function naming the place of (row, col)."""
+    path = Path(path)
+    suffix = _suffix(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such file")
+    if suffix == ".npy":
+        values = _read_npy(path)
+        return values, lambda r, c: f"{path}: element [{r}, {c}]"
+    values, lines = parse_text(_read_text(path, suffix == ".txt.gz"), str(path))
+    return values, lambda r, c: f"{path}, line {lines[r]}, column {c + 1}"
+
+
+def check_range(values: np.ndarray, signed: bool | None, where) -> None:
+    lo, hi = ANY_RANGE if signed is None else value_range(signed)
+    bad = (values < lo) | (values > hi)
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        kind = {None: "an 8x8", True: "a signed 8x8", False: "an unsigned 8x8"}[signed]
+        raise UserError(f"{where(r, c)}: value {values[r, c]} outside the product range "
+                        f"[{lo}, {hi}] of {kind} multiplier")
+
+
+# ---------------------------------------------------------------- layout
+
+def _layout_operands(layout: str) -> np.ndarray:
+    idx = np.arange(SIZE, dtype=np.int64)
+    if layout == "offset128":
+        return idx - 128
+    if layout == "raw_bytes":
+        return np.where(idx < 128, idx, idx - 256)
+    return idx
+
+
+def raw_bytes_to_offset128(values: np.ndarray) -> np.ndarray:
+    # Row r of the offset-128 table is A = r - 128, stored at raw row (r - 128) & 0xFF.
+    return np.roll(values, (128, 128), axis=(0, 1))
+
+
+@dataclass
+class LayoutReport:
+    layout: str                 # the convention the table was read with
+    signed: bool
+    exact: bool                 # reproduces a*b exactly in that convention
+    mae: dict                   # mean |table - a*b| under each convention
+    converted: bool             # raw-byte order was converted to offset-128
+
+    @property
+    def note(self) -> str:
+        s = f"layout: {LAYOUTS[self.layout]}"
+        if self.converted:
+            s += "; converted to offset-128 rows"
+        if self.exact:
+            s += "; exact (reproduces a*b)"
+        return s
+
+
+def check_layout(values: np.ndarray, signed: bool | None, where: str, *, expect_exact: bool = False,
+                 layout: str = "auto") -> LayoutReport:
+    """Decide which index convention a table uses; raise UserError where it contradicts the claim."""
+    mae, zero = {}, {}
+    for name in LAYOUTS:
+        a = _layout_operands(name)
+        exact = np.outer(a, a)
+        mae[name] = float(np.abs(values - exact).mean())
+        zero[name] = float(np.abs(exact).mean())
+    allowed = {None: list(LAYOUTS), True: ["offset128", "raw_bytes"], False: ["unsigned"]}[signed]
+    if layout != "auto":
+        if layout not in LAYOUTS:
+            raise UserError(f"unknown layout {layout!r}; use one of auto, {', '.join(LAYOUTS)}")
+        if layout not in allowed:
+            raise UserError(f"{where}: layout {layout} contradicts "
+                            f"{'--signed' if signed else '--unsigned'}")
+        chosen = layout
+    else:
+        chosen = min(allowed, key=lambda k: mae[k])  # dict order prefers offset128 on ties
+        best = min(LAYOUTS, key=lambda k: mae[k])
+        if best not in allowed and mae[best] * 2 < mae[chosen]:
+            flag = "--unsigned" if best == "unsigned" else "--signed"
+            raise UserError(f"{where}: declared {'signed' if signed else 'unsigned'}, but the table fits "
+                            f"the {LAYOUTS[best]} layout (mean |error| {mae[best]:.1f} vs {mae[chosen]:.1f}); "
+                            f"use {flag}")
+    fmt = ", ".join(f"{k} {v / TWO16 * 100:.3g}%" for k, v in mae.items())
+    if mae[chosen] > zero[chosen]:
+        raise UserError(f"{where}: the table matches none of the known layouts (it is further from a*b than "
+                        f"an all-zero table; MAE% under each layout: {fmt}). Check that rows are operand A "
+                        f"and columns operand B, and that the file holds products")
+    report = LayoutReport(chosen, chosen != "unsigned", mae[chosen] == 0.0, mae, chosen == "raw_bytes")
+    if expect_exact and not report.exact:
+        exact_in = [k for k, v in mae.items() if v == 0.0]
+        hint = (f"it is exact in the {LAYOUTS[exact_in[0]]} layout" if exact_in
+                else f"it is exact in no known layout (MAE% under each layout: {fmt})")
+        raise UserError(f"{where}: claims to be exact but does not reproduce a*b in the "
+                        f"{LAYOUTS[chosen]} layout; {hint}")
+    return report
+
+
+# ---------------------------------------------------------------- public API
+
+def load_table(path, signed: bool | None = None, *, name: str | None = None, layout: str = "auto",
+               expect_exact: bool | None = None) -> Multiplier:
+    """Load and validate a table file.
+
+    signed=None infers signedness from the layout the values fit. expect_exact=None treats a
+    file whose name contains "exact" as claiming exactness. The result is always in our
+    offset-128 (signed) or plain (unsigned) layout."""
+    path = Path(os.path.expanduser(str(path)))
+    values, where = read_values(path)
+    check_range(values, None, where)
+    if expect_exact is None:
+        expect_exact = "exact" in path.name.lower()
+    report = check_layout(values, signed, str(path), expect_exact=expect_exact, layout=layout)
+    check_range(values, report.signed, where)
+    if report.converted:
+        values = raw_bytes_to_offset128(values)
+    return Multiplier(
+        name=name or stem(path),
+        signed=report.signed,
+        lut=values.astype(np.int32),
+        source=f"file:{path.resolve()}",
+        params={"path": str(path.resolve()), "layout": report.layout, "layout_note": report.note},
+    )
+
+
+def save_table(m: Multiplier, path) -> Path:
+    """Write m.lut in the format named by the file's suffix (.txt, .txt.gz, .npy)."""
+    path = Path(path)
+    suffix = _suffix(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    values = m.lut.numpy()
+    if suffix == ".npy":
+        with open(path, "wb") as f:  # np.save(path) would append .npy to a missing suffix
+            np.save(f, values.astype(np.int32))
+        return path
+    text = "\n".join(" ".join(map(str, row)) for row in values.tolist()) + "\n"
+    if suffix == ".txt.gz":
+        # mtime=0 keeps the compressed bytes reproducible.
+        with open(path, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as f:
+            f.write(text.encode())
+    else:
+        path.write_text(text)
+    return path

@@ -1,0 +1,227 @@
+"""Where multipliers come from: shipped tables, generated families, the user's imports.
+
+Shipped: the 19 EvoApproxLib tables in data/ (manifest.json holds provenance and published
+figures). User imports (`approx-run lut import`) live outside the package, in
+$APPROX_RUN_HOME/multipliers/ (default ~/.approx-run/multipliers/): NAME.txt.gz plus
+NAME.json with its metadata.
+
+A multiplier config (configs/multiplier/*.yaml) is one of
+    {name: mul8s_1L2J}                                   shipped or imported table by name
+    {name: drum, family: drum, k: 4, signed: true}       generated family (name is derived)
+    {name: file, path: /x/y.txt, signed: null}           a table file, validated on load
+optionally with `layers: {conv1: <spec>, fc3: <spec>}` giving some layers another multiplier.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UserError
+from . import families
+from .core import Multiplier, table_sha256
+from .io import check_layout, check_range, load_table, raw_bytes_to_offset128, read_values, save_table
+
+DATA = Path(__file__).parent / "data"
+ALIASES = {"exact": "exact_s", "exact_signed": "exact_s", "exact_unsigned": "exact_u"}
+_NAME_OK = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+_SPEC_KEYS = {"name", "family", "signed", "path", "layers"}
+
+
+# ---------------------------------------------------------------- shipped
+
+@lru_cache(maxsize=1)
+def manifest() -> dict:
+    with open(DATA / "manifest.json") as f:
+        return json.load(f)
+
+
+def _shipped_entries() -> dict:
+    return {e["name"]: e for e in manifest()["multipliers"]}
+
+
+def shipped_names() -> list[str]:
+    return list(_shipped_entries())
+
+
+@lru_cache(maxsize=None)
+def _shipped(name: str) -> Multiplier:
+    e = _shipped_entries()[name]
+    values, _ = read_values(DATA / e["file"])
+    m = Multiplier(name, e["signed"], values.astype(np.int32),
+                   source=e["source"], published=dict(e["published"]),
+                   params={"library": "EvoApproxLib v2022", "license": "MIT"})
+    if m.sha256 != e["sha256"]:
+        raise UserError(f"{DATA / e['file']}: package data corrupted (sha256 {m.sha256} != manifest); reinstall")
+    return m
+
+
+# ---------------------------------------------------------------- user registry
+
+def user_dir() -> Path:
+    home = os.environ.get("APPROX_RUN_HOME") or os.path.join(os.path.expanduser("~"), ".approx-run")
+    return Path(home) / "multipliers"
+
+
+def user_names() -> list[str]:
+    d = user_dir()
+    if not d.is_dir():
+        return []
+    return sorted(p.name[: -len(".json")] for p in d.glob("*.json") if (d / (p.name[:-5] + ".txt.gz")).is_file())
+
+
+def _user(name: str) -> Multiplier:
+    d = user_dir()
+    try:
+        meta = json.loads((d / f"{name}.json").read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{d / (name + '.json')}: unreadable registry entry ({e})") from None
+    values, where = read_values(d / f"{name}.txt.gz")
+    check_range(values, meta["signed"], where)
+    m = Multiplier(name, meta["signed"], values.astype(np.int32), source=meta.get("source", ""),
+                   published=meta.get("published", {}), params=meta.get("params", {}))
+    if m.sha256 != meta.get("sha256"):
+        raise UserError(f"{d / (name + '.txt.gz')}: table changed since import (sha256 mismatch); "
+                        f"re-import it with `approx-run lut import FILE --name {name} --force`")
+    return m
+
+
+def import_table(path, name: str, signed: bool | None = None, *, transpose: bool = False,
+                 layout: str = "auto", force: bool = False) -> Multiplier:
+    """Validate a user's table, convert it to our layout and register it under name."""
+    if not _NAME_OK.match(name or ""):
+        raise UserError(f"invalid name {name!r}: use letters, digits, '_', '-', '.', starting with a letter")
+    if name in shipped_names() or name in ALIASES or families.parse_family_name(name) or name in families.FAMILIES:
+        raise UserError(f"name {name!r} is taken by a shipped or generated multiplier; choose another")
+    if name in user_names() and not force:
+        raise UserError(f"{name!r} is already imported ({user_dir()}); pass --force to replace it")
+    path = Path(os.path.expanduser(str(path)))
+    values, where = read_values(path)
+    check_range(values, None, where)
+    if transpose:
+        values = values.T.copy()
+    claims_exact = "exact" in name.lower() or "exact" in path.name.lower()
+    report = check_layout(values, signed, str(path), expect_exact=claims_exact, layout=layout)
+    check_range(values, report.signed, where)
+    if report.converted:
+        values = raw_bytes_to_offset128(values)
+    sha = table_sha256(values)
+    shipped_sha = {e["sha256"]: n for n, e in _shipped_entries().items()}
+    sha_t = table_sha256(values.T.copy())
+    if sha_t != sha and sha_t in shipped_sha:
+        raise UserError(f"{path}: this is the shipped table {shipped_sha[sha_t]} transposed (rows hold the "
+                        f"weight operand B); rows must be the activation A. Pass --transpose to import it "
+                        f"the right way round")
+    note = report.note + (f"; identical to shipped {shipped_sha[sha]}" if sha in shipped_sha else "")
+    if transpose:
+        note += "; transposed on import"
+    m = Multiplier(name, report.signed, values.astype(np.int32), source=f"imported from {path.resolve()}",
+                   params={"layout": report.layout, "layout_note": note})
+    d = user_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{name}.tmp.txt.gz"
+    save_table(m, tmp)
+    os.replace(tmp, d / f"{name}.txt.gz")
+    meta = {"name": name, "signed": m.signed, "sha256": m.sha256, "source": m.source, "published": {},
+            "params": m.params, "imported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    (d / f".{name}.tmp.json").write_text(json.dumps(meta, indent=1))
+    os.replace(d / f".{name}.tmp.json", d / f"{name}.json")
+    return m
+
+
+# ---------------------------------------------------------------- lookup
+
+def list_multipliers() -> list[str]:
+    """Names of every available multiplier: generated defaults, shipped tables, user imports."""
+    gen = [families.family_name(f, s, p) for f, s, p in families.DEFAULT_INSTANCES]
+    return gen + shipped_names() + [n for n in user_names() if n not in gen]
+
+
+def _unknown(name) -> UserError:
+    pool = list_multipliers() + list(ALIASES) + list(families.FAMILIES)
+    close = difflib.get_close_matches(str(name), pool, n=5, cutoff=0.5)
+    hint = f" Did you mean: {', '.join(close)}?" if close else ""
+    return UserError(f"unknown multiplier {name!r}.{hint} `approx-run lut list` shows all; generated "
+                     f"names look like drum4_s, optrunc2_u, bam_h0v8_s.")
+
+
+def get(name: str) -> Multiplier:
+    name = ALIASES.get(name, name)
+    if name in _shipped_entries():
+        return _shipped(name)
+    parsed = families.parse_family_name(name)
+    if parsed:
+        family, signed, params = parsed
+        return families.build(family, signed, **params)
+    if name in user_names():
+        return _user(name)
+    raise _unknown(name)
+
+
+def _to_dict(spec) -> dict:
+    if isinstance(spec, str):
+        return {"name": spec}
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(spec, DictConfig):
+            spec = OmegaConf.to_container(spec, resolve=True)
+    except ImportError:  # the GPU image has no omegaconf; plain dicts still work
+        pass
+    if not isinstance(spec, dict):
+        raise UserError(f"a multiplier spec must be a name or a mapping, got {type(spec).__name__}")
+    return dict(spec)
+
+
+def resolve(spec) -> Multiplier:
+    """The Multiplier a config node (see the module docstring) describes; `layers` is ignored here."""
+    d = _to_dict(spec)
+    d.pop("layers", None)
+    signed = d.get("signed")
+    if signed is not None and not isinstance(signed, bool):
+        raise UserError(f"multiplier.signed must be true, false or null, got {signed!r}")
+    family = d.get("family")
+    if family:
+        params = {k: v for k, v in d.items() if k not in _SPEC_KEYS}
+        return families.build(str(family), True if signed is None else signed, **params)
+    extra = set(d) - _SPEC_KEYS
+    if extra:
+        raise UserError(f"multiplier config: unknown key(s) {', '.join(sorted(extra))} "
+                        f"(only generated families take parameters)")
+    if "path" in d:
+        path = d["path"]
+        if path in (None, "", "???"):
+            raise UserError("multiplier=file needs a table: multiplier.path=/path/to/table.txt "
+                            "(.txt, .txt.gz or .npy; 256 rows x 256 integers, row = activation A)")
+        name = d.get("name")
+        return load_table(path, signed, name=None if name in (None, "file") else str(name))
+    name = d.get("name")
+    if not name:
+        raise UserError("multiplier config needs a name (e.g. multiplier=mul8s_1L2J) or a path")
+    m = get(str(name))
+    if signed is not None and signed != m.signed:
+        raise UserError(f"multiplier {m.name} is {'signed' if m.signed else 'unsigned'}, "
+                        f"but the config says signed={signed}")
+    return m
+
+
+def resolve_per_layer(spec, layer_names) -> dict[str, Multiplier]:
+    """Multiplier of each layer: `layers.<name>` where given, else the top-level multiplier."""
+    d = _to_dict(spec)
+    layers = d.pop("layers", None) or {}
+    if not isinstance(layers, dict):
+        raise UserError("multiplier.layers must map layer names to multiplier specs")
+    layer_names = list(layer_names)
+    unknown = [n for n in layers if n not in layer_names]
+    if unknown:
+        raise UserError(f"multiplier.layers names unknown layer(s) {', '.join(map(str, unknown))}; "
+                        f"the model's layers are {', '.join(layer_names)}")
+    top = resolve(d)
+    return {n: resolve(layers[n]) if n in layers else top for n in layer_names}

@@ -63,7 +63,7 @@ def _extensions():
     import torch
     from torch.utils import cpp_extension
 
-    cxx_flags = ["-O3", "-std=c++17", "-fopenmp", "-DNDEBUG"]
+    cxx_flags = ["-O3", "-std=c++20", "-fopenmp", "-DNDEBUG"]
     sources = [str(CSRC / "ops.cpp")] + sorted(str(p) for p in (CSRC / "cpu").glob("*.cpp"))
     cuda_sources = sorted(str(p) for p in (CSRC / "cuda").glob("*.cu"))
 
@@ -91,7 +91,7 @@ def _extensions():
             sources + cuda_sources,
             extra_compile_args={
                 "cxx": cxx_flags + ["-DAPPROX_WITH_CUDA"],
-                "nvcc": ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "-DAPPROX_WITH_CUDA"],
+                "nvcc": ["-O3", "-std=c++20", "--use_fast_math", "-lineinfo", "-DAPPROX_WITH_CUDA"],
             },
             extra_link_args=["-fopenmp"],
             py_limited_api=False,

@@ -52,7 +52,7 @@ def environment(device: torch.device) -> dict:
         **git_info(),
         "approx_run_version": runner.__version__,
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "cuda": torch.version.cuda,
         "device": str(device),
         "device_name": device_name(device),

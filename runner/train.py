@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import pickle
 import json
 import time
 from pathlib import Path
@@ -25,12 +26,15 @@ from runner.provenance import atomic_write_bytes, git_info, resolve_device
 _NON_WEIGHT_KEYS = ("force", "eval_batch_size")
 # data.* keys that only say where files are, not what they contain
 _NON_DATA_KEYS = ("root", "download")
+# model.* keys that choose what to convert later, not what to train
+_NON_MODEL_KEYS = ("approx_layers",)
 
 
 def weight_config(cfg: DictConfig) -> dict:
     data = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k not in _NON_DATA_KEYS}
     train = {k: v for k, v in OmegaConf.to_container(cfg.train, resolve=True).items() if k not in _NON_WEIGHT_KEYS}
-    return {"data": data, "model": OmegaConf.to_container(cfg.model, resolve=True), "train": train,
+    model = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k not in _NON_MODEL_KEYS}
+    return {"data": data, "model": model, "train": train,
             "seed": int(cfg.seed)}
 
 
@@ -88,7 +92,7 @@ def load_checkpoint(path: Path, cfg: DictConfig, data: Dataset) -> tuple[nn.Modu
         blob = torch.load(path, map_location="cpu", weights_only=True)
         model = build_model(cfg.model, data.mean, data.std)
         model.load_state_dict(blob["state_dict"])
-    except (OSError, RuntimeError, KeyError, EOFError) as exc:
+    except (OSError, RuntimeError, KeyError, EOFError, pickle.UnpicklingError) as exc:
         raise UserError(f"Checkpoint {path} is unreadable or does not fit model={cfg.model.name} ({exc}). "
                         "Delete it or pass train.force=true to retrain.") from exc
     return model.eval(), blob["meta"]
@@ -114,7 +118,7 @@ def load_or_train(cfg: DictConfig, data: Dataset | None = None, out_dir: Path | 
         "test_accuracy": history[-1]["test_accuracy"],
         "epochs": len(history),
         "git_sha": git_info()["git_sha"],
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     save_checkpoint(path, model, meta)

@@ -1,0 +1,223 @@
+"""`approx-run compare`: one trained baseline, three inference paths over its weights.
+
+pytorch (fp32), fakequant (int8 quantize-dequantize at the same scales) and approx (custom MAC:
+every multiply through the multiplier LUT on the chosen backend). One tidy row per path goes to
+<run dir>/metrics.csv and is appended to the cumulative results file; run.json records provenance."""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import traceback
+from pathlib import Path
+
+import pandas as pd
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from runner._ext import backend_status
+from runner.console import console, progress_bar
+from runner.errors import UserError
+from runner.evaluate import run_timed
+from runner.layers import quantized_models
+from runner.models import build_model
+from runner.multipliers import resolve_per_layer
+from runner.provenance import atomic_write_json, environment, resolve_device
+from runner.quant import QuantConfig, quant_layers
+from runner.results import append_rows, done_keys, write_csv
+from runner.train import load_or_train, weight_config
+
+PATHS = ("pytorch", "fakequant", "approx")
+BACKEND_DEVICE = {"cpp": "cpu", "cuda": "cuda"}
+
+
+def eval_device(cfg: DictConfig) -> torch.device:
+    """All three paths run on the approx backend's device, so their latencies compare like for like."""
+    backend = cfg.backend.name
+    status = backend_status().get(backend)
+    if status is None:
+        raise UserError(f"backend={backend} is unknown; choose python, cpp or cuda.")
+    if status != "available":
+        raise UserError(f"backend={backend} is not usable here: {status}")
+    want = BACKEND_DEVICE.get(backend)
+    if want is None:
+        return resolve_device(cfg.device)
+    if cfg.device not in ("auto", want):
+        raise UserError(f"backend={backend} runs on {want}, but device={cfg.device}; "
+                        f"drop device= or choose backend={'cuda' if want == 'cpu' else 'cpp'}.")
+    device = torch.device(want)
+    if device.type == "cuda":
+        device = torch.device("cuda", _job_gpu())
+    return device
+
+
+def _job_gpu() -> int:
+    """In a multirun, job k uses GPU k mod n, so parallel launchers spread jobs over all visible GPUs."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        num = HydraConfig.get().job.get("num")
+    except (ValueError, ImportError):
+        num = None
+    return int(num or 0) % max(1, torch.cuda.device_count())
+
+
+def _key(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def row_keys(cfg: DictConfig, multipliers: dict, layers: list[str], device: torch.device) -> dict[str, str]:
+    """Identity of each path's row: what determines its numbers (config and LUT hashes), nothing else."""
+    base = {"weights": weight_config(cfg), "limit": cfg.eval.limit, "device": device.type,
+            "batch_size": int(cfg.eval.batch_size)}
+    quant = {**base, "quant": QuantConfig.from_cfg(cfg.quant).as_dict(), "layers": layers,
+             "signed": {n: multipliers[n].signed for n in layers}}
+    approx = {**quant, "backend": cfg.backend.name, "algo": cfg.backend.algo,
+              "luts": {n: multipliers[n].sha256 for n in layers}}
+    return {"pytorch": _key({**base, "path": "pytorch"}), "fakequant": _key({**quant, "path": "fakequant"}),
+            "approx": _key({**approx, "path": "approx"})}
+
+
+def multiplier_columns(multipliers: dict, layers: list[str]) -> dict:
+    names = {multipliers[n].name for n in layers}
+    first = multipliers[layers[0]]
+    cols = {
+        "multiplier": first.name if len(names) == 1 else "mixed",
+        "multiplier_per_layer": ";".join(f"{n}={multipliers[n].name}" for n in layers),
+        "multiplier_signed": first.signed if len(names) == 1 else None,
+        "lut_sha256": first.sha256 if len(names) == 1 else _key({n: multipliers[n].sha256 for n in layers}),
+    }
+    if len(names) == 1:
+        m = first.metrics()
+        cols.update({f"mult_{k}": v for k, v in m.items()})
+        pub = first.published or {}
+        for src, dst in (("pwr", "power_mw"), ("area", "area_um2"), ("delay", "delay_ns")):
+            cols[f"published_{dst}"] = float(pub[src]) if src in pub else None
+    return cols
+
+
+def _row(path, timed, y, ref_preds, batch_size, device, threads) -> dict:
+    n = len(y)
+    correct = int((timed.predictions == y).sum())
+    row = {
+        "path": path, "status": "ok", "error": "",
+        "n_images": n, "correct": correct, "accuracy": correct / n,
+        "agreement_fakequant": float((timed.predictions == ref_preds["fakequant"]).float().mean())
+        if "fakequant" in ref_preds else None,
+        "agreement_pytorch": float((timed.predictions == ref_preds["pytorch"]).float().mean())
+        if "pytorch" in ref_preds else None,
+        "latency_ms_median": timed.latency_ms_median,
+        "testset_ms_median": timed.total_ms_median,
+        "throughput_img_s": n / (timed.total_ms_median / 1e3) if timed.pass_ms else None,
+        "batch_size": batch_size, "threads": threads, "device": str(device),
+    }
+    return row
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict:
+    t_start = time.time()
+    common = {"run_dir": str(out_dir), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+              "data": cfg.data.name, "model": cfg.model.name, "quant": cfg.quant.get("name", ""),
+              "backend": cfg.backend.name, "algo": cfg.backend.algo, "seed": int(cfg.seed)}
+    try:
+        return _run(cfg, out_dir, common)
+    except UserError as exc:
+        if cfg.get("on_error", "raise") != "record":
+            raise
+        # A sweep records the failure and goes on with the next multiplier.
+        spec = OmegaConf.to_container(cfg.multiplier, resolve=True)
+        row = {**common, "path": "approx", "status": "failed", "error": str(exc),
+               "multiplier": str(spec.get("name", spec)), "row_key": "",
+               "elapsed_s": time.time() - t_start}
+        write_csv(out_dir / "metrics.csv", pd.DataFrame([row]))
+        append_rows(Path(cfg.results_file), [row])
+        console.print(f"[red]failed[/] {row['multiplier']}: {exc}")
+        return {"status": "failed", "error": str(exc)}
+    except Exception as exc:  # noqa: BLE001  (a crash in one sweep job must not end the sweep)
+        if cfg.get("on_error", "raise") != "record":
+            raise
+        row = {**common, "path": "approx", "status": "failed",
+               "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}", "row_key": "",
+               "multiplier": str(OmegaConf.to_container(cfg.multiplier, resolve=True).get("name"))}
+        append_rows(Path(cfg.results_file), [row])
+        return {"status": "failed", "error": str(exc)}
+
+
+def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
+    qcfg = QuantConfig.from_cfg(cfg.quant)
+    device = eval_device(cfg)
+    layer_names = list(quant_layers(build_model(cfg.model, 0.0, 1.0)))
+    approx_layers = list(cfg.model.approx_layers) if cfg.model.get("approx_layers") else layer_names
+    multipliers = resolve_per_layer(cfg.multiplier, layer_names)
+    keys = row_keys(cfg, multipliers, approx_layers, device)
+    results_file = Path(cfg.results_file)
+    wanted = [p for p in cfg.eval.paths if p in PATHS]
+    if not wanted:
+        raise UserError(f"eval.paths={list(cfg.eval.paths)} names none of {list(PATHS)}.")
+    skip = done_keys(results_file) if cfg.skip_done else set()
+    if all(keys[p] in skip for p in wanted):
+        console.print(f"[yellow]skipping[/] {common['backend']}/{multipliers[approx_layers[0]].name}: "
+                      f"already in {results_file}")
+        return {"status": "skipped"}
+
+    model, meta, ckpt, data = load_or_train(cfg)
+    x, y = data.test_x, data.test_y
+    if cfg.eval.limit:
+        x, y = x[: int(cfg.eval.limit)], y[: int(cfg.eval.limit)]
+    fq, approx, stats = quantized_models(model, multipliers, qcfg, data.train_x, backend=cfg.backend.name,
+                                         algo=cfg.backend.algo, layers=approx_layers, seed=int(cfg.seed))
+    models = {"pytorch": model, "fakequant": fq, "approx": approx}
+    bs = int(cfg.eval.batch_size)
+    threads = torch.get_num_threads()
+    mcols = multiplier_columns(multipliers, approx_layers)
+    env = environment(device)
+    rows, preds = [], {}
+    # fakequant predictions are needed for agreement even when its row is already recorded
+    order = ["pytorch", "fakequant", "approx"]
+    n_batches = (len(x) + bs - 1) // bs
+    with progress_bar(f"compare {mcols['multiplier']} on {device}", total=len(order)) as advance:
+        for path in order:
+            record = path in wanted and keys[path] not in skip
+            timed = run_timed(models[path], x, bs, device,
+                              warmup=int(cfg.eval.warmup) if record else 0,
+                              repeats=int(cfg.eval.repeats) if record else 0)
+            preds[path] = timed.predictions
+            if record:
+                row = _row(path, timed, y, preds, bs, device, threads)
+                is_quant = path != "pytorch"
+                rows.append({**common, **row, **(mcols if path == "approx" else {}),
+                             "multiplier": mcols["multiplier"] if is_quant else "",
+                             "quant": common["quant"] if is_quant else "",
+                             "backend": common["backend"] if path == "approx" else "torch",
+                             "algo": common["algo"] if path == "approx" else "",
+                             "row_key": keys[path], "checkpoint": str(ckpt), "baseline_test_accuracy":
+                             meta["test_accuracy"], "device_name": env["device_name"],
+                             "git_sha": env["git_sha"], "git_dirty": env["git_dirty"],
+                             "torch_version": env["torch"], "n_batches": n_batches})
+            advance(1, path=path)
+    write_csv(out_dir / "metrics.csv", pd.DataFrame(rows))
+    append_rows(results_file, rows)
+    atomic_write_json(out_dir / "run.json", {
+        **env, "seed": int(cfg.seed), "checkpoint": str(ckpt), "baseline": meta,
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "multipliers": {n: {"name": m.name, "signed": m.signed, "lut_sha256": m.sha256, "source": m.source}
+                        for n, m in multipliers.items() if n in approx_layers},
+        "calibration": {n: vars(s) for n, s in stats.items()},
+        "rows": len(rows), "results_file": str(results_file),
+    })
+    _print_table(rows)
+    return {"status": "ok", "rows": rows}
+
+
+def _print_table(rows: list[dict]) -> None:
+    from rich.table import Table
+
+    cols = ("path", "multiplier", "backend", "accuracy", "agreement_fakequant", "latency_ms_median",
+            "throughput_img_s")
+    table = Table(title="approx-run compare")
+    for col in cols:
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*("" if r.get(c) is None else f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c])
+                        for c in cols))
+    console.print(table)

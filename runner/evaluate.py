@@ -1,0 +1,73 @@
+"""Run a model over a test set: predictions plus latency (warm-up, then median of timed repeats;
+CUDA work is timed with events after synchronising)."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Timed:
+    predictions: torch.Tensor     # int64 [N] on CPU
+    logits: torch.Tensor          # float32 [N, classes] on CPU (from the first pass)
+    batch_ms: list[float]         # every timed batch of every repeat
+    pass_ms: list[float]          # each timed pass over the whole set
+
+    @property
+    def latency_ms_median(self) -> float:
+        return statistics.median(self.batch_ms) if self.batch_ms else float("nan")
+
+    @property
+    def total_ms_median(self) -> float:
+        return statistics.median(self.pass_ms) if self.pass_ms else float("nan")
+
+
+class _Clock:
+    """Wall time on CPU; CUDA events on GPU (they measure the device, not the launch queue)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def start(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def ms_since(self, t0) -> float:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            end.synchronize()
+            return t0.elapsed_time(end)
+        return (time.perf_counter() - t0) * 1e3
+
+
+@torch.no_grad()
+def run_timed(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.device,
+              warmup: int = 1, repeats: int = 3, on_batch=None) -> Timed:
+    model = model.eval().to(device)
+    batches = [x[i:i + batch_size].to(device) for i in range(0, len(x), batch_size)]
+    clock = _Clock(device)
+    logits = torch.cat([model(b).float().cpu() for b in batches])
+    if on_batch:
+        on_batch()
+    for _ in range(max(0, warmup - 1)):
+        for b in batches:
+            model(b)
+    batch_ms, pass_ms = [], []
+    for _ in range(repeats):
+        t_pass = clock.start()
+        for b in batches:
+            t0 = clock.start()
+            model(b)
+            batch_ms.append(clock.ms_since(t0))
+        pass_ms.append(clock.ms_since(t_pass))
+        if on_batch:
+            on_batch()
+    return Timed(logits.argmax(1), logits, batch_ms, pass_ms)

@@ -1,0 +1,179 @@
+"""Quantized layers and model conversion.
+
+FakeQuantConv2d/Linear: fp32 layers whose input and weight pass through quantize-dequantize.
+ApproxConv2d/Linear ("custom MAC"): the same codes, multiplied through a 256x256 LUT by
+runner.ops (python reference, C++ or CUDA kernels) and summed exactly in int32.
+Both take their scales from runner.quant, so they differ only in the multiply."""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runner import ops
+from runner.errors import UserError
+from runner.models import fold_input_normalization
+from runner.quant import (ActStats, QuantConfig, act_scale_from_amax, calibrate, dynamic_amax, fake_quant_act,
+                          fake_quant_weight, quant_layers, quantize_act, quantize_weight, weight_scale)
+
+
+class _Quantized(nn.Module):
+    """Quantization state shared by the fake-quant and LUT variants of a layer."""
+
+    def __init__(self, layer: nn.Module, signed: bool, qcfg: QuantConfig, stats: ActStats | None):
+        super().__init__()
+        self.signed = bool(signed)
+        self.dynamic = qcfg.activation == "dynamic"
+        self.register_buffer("weight", layer.weight.detach().clone())
+        bias = layer.bias.detach().clone() if layer.bias is not None else torch.zeros(layer.weight.shape[0])
+        self.register_buffer("bias", bias)
+        self.register_buffer("weight_scale", weight_scale(self.weight, qcfg.weight))
+        amax = torch.tensor(float("nan") if stats is None else
+                            (stats.amax_signed if signed else stats.amax_unsigned))
+        self.register_buffer("act_scale", act_scale_from_amax(amax, signed))
+
+    def input_scale(self, x: torch.Tensor) -> torch.Tensor:
+        return act_scale_from_amax(dynamic_amax(x, self.signed), self.signed) if self.dynamic else self.act_scale
+
+    def _out_scale_shape(self, out: torch.Tensor) -> tuple[int, ...]:
+        return (1, -1) + (1,) * (out.dim() - 2)
+
+
+class _ConvOps:
+    def _init_conv(self, layer: nn.Conv2d):
+        if layer.padding_mode != "zeros" or isinstance(layer.padding, str):
+            raise UserError(f"conv layer with padding={layer.padding!r}, padding_mode={layer.padding_mode!r} "
+                            "is not supported; use numeric zero padding")
+        self.stride, self.padding = tuple(layer.stride), tuple(layer.padding)
+        self.dilation, self.groups = tuple(layer.dilation), layer.groups
+
+    def _float_op(self, x, w, b):
+        return F.conv2d(x, w, b, self.stride, self.padding, self.dilation, self.groups)
+
+    def _lut_op(self, codes):
+        return ops.lut_conv2d(codes, self.weight_codes, self.lut, self.stride, self.padding, self.dilation,
+                              self.groups, backend=self.backend, algo=self.algo)
+
+
+class _LinearOps:
+    def _float_op(self, x, w, b):
+        return F.linear(x, w, b)
+
+    def _lut_op(self, codes):
+        lead = codes.shape[:-1]
+        out = ops.lut_linear(codes.reshape(-1, codes.shape[-1]), self.weight_codes, self.lut,
+                             backend=self.backend, algo=self.algo)
+        return out.reshape(*lead, out.shape[-1])
+
+
+class _FakeQuant(_Quantized):
+    def forward(self, x):
+        xq = fake_quant_act(x, self.input_scale(x), self.signed)
+        return self._float_op(xq, fake_quant_weight(self.weight, self.weight_scale), self.bias)
+
+
+class _Approx(_Quantized):
+    def __init__(self, layer, multiplier, qcfg, stats, backend: str, algo: str):
+        super().__init__(layer, multiplier.signed, qcfg, stats)
+        self.multiplier_name, self.backend, self.algo = multiplier.name, backend, algo
+        self.register_buffer("lut", multiplier.lut.to(torch.int32).contiguous())
+        self.register_buffer("weight_codes", quantize_weight(self.weight, self.weight_scale).contiguous())
+
+    def forward(self, x):
+        scale = self.input_scale(x)
+        acc = self._lut_op(quantize_act(x, scale, self.signed).contiguous())
+        out_scale = (scale * self.weight_scale).view(self._out_scale_shape(acc))
+        return acc.to(torch.float32) * out_scale + self.bias.view(self._out_scale_shape(acc))
+
+    def extra_repr(self):
+        return f"multiplier={self.multiplier_name}, signed={self.signed}, backend={self.backend}, algo={self.algo}"
+
+
+class FakeQuantConv2d(_ConvOps, _FakeQuant):
+    def __init__(self, layer: nn.Conv2d, signed: bool, qcfg: QuantConfig, stats: ActStats | None):
+        super().__init__(layer, signed, qcfg, stats)
+        self._init_conv(layer)
+
+
+class FakeQuantLinear(_LinearOps, _FakeQuant):
+    pass
+
+
+class ApproxConv2d(_ConvOps, _Approx):
+    def __init__(self, layer: nn.Conv2d, multiplier, qcfg: QuantConfig, stats: ActStats | None,
+                 backend: str = "python", algo: str = "auto"):
+        super().__init__(layer, multiplier, qcfg, stats, backend, algo)
+        self._init_conv(layer)
+
+
+class ApproxLinear(_LinearOps, _Approx):
+    pass
+
+
+def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+
+
+def _select_layers(model: nn.Module, layers) -> list[str]:
+    available = list(quant_layers(model))
+    if layers is None or layers == "all":
+        return available
+    unknown = [n for n in layers if n not in available]
+    if unknown:
+        raise UserError(f"layer(s) {unknown} are not Conv2d/Linear layers of the model; choose from {available}.")
+    return list(layers)
+
+
+def _per_layer(multipliers, names: list[str]) -> dict:
+    if isinstance(multipliers, dict):
+        missing = [n for n in names if n not in multipliers]
+        if missing:
+            raise UserError(f"no multiplier given for layer(s) {missing}.")
+        return multipliers
+    return {n: multipliers for n in names}
+
+
+def check_signedness(multipliers: dict, stats: dict[str, ActStats]) -> None:
+    for name, m in multipliers.items():
+        if not m.signed and name in stats and stats[name].min < 0:
+            raise UserError(
+                f"multiplier {m.name} is unsigned, but the input of layer {name} takes negative values "
+                f"(min {stats[name].min:.4g} over the calibration data), which uint8 codes cannot hold. "
+                f"Use a signed multiplier (mul8s_*) for {name}, or leave it out of model.approx_layers.")
+
+
+def convert_model(model: nn.Module, multipliers, qcfg: QuantConfig, stats: dict[str, ActStats],
+                  backend: str = "python", algo: str = "auto", layers=None, fake: bool = False) -> nn.Module:
+    """A copy of `model` whose Conv2d/Linear layers (all, or those named) do every multiply through the
+    multiplier's LUT (fake=False) or through fake-quant at the same scales (fake=True). Trained weights are
+    copied. `multipliers` is one Multiplier or {layer name: Multiplier}; `stats` comes from calibrate()."""
+    names = _select_layers(model, layers)
+    per_layer = _per_layer(multipliers, names)
+    check_signedness({n: per_layer[n] for n in names}, stats)
+    out = copy.deepcopy(model)
+    for name in names:
+        layer = out.get_submodule(name)
+        st = None if qcfg.activation == "dynamic" else stats[name]
+        conv = isinstance(layer, nn.Conv2d)
+        if fake:
+            new = (FakeQuantConv2d if conv else FakeQuantLinear)(layer, per_layer[name].signed, qcfg, st)
+        else:
+            new = (ApproxConv2d if conv else ApproxLinear)(layer, per_layer[name], qcfg, st, backend, algo)
+        _set_module(out, name, new)
+    return out.eval()
+
+
+def quantized_models(model: nn.Module, multipliers, qcfg: QuantConfig, calib_x: torch.Tensor,
+                     backend: str = "python", algo: str = "auto", layers=None, seed: int = 0,
+                     device="cpu") -> tuple[nn.Module, nn.Module, dict[str, ActStats]]:
+    """(fakequant model, approx model, calibration stats) from a trained fp32 model: normalisation folded
+    into conv1, inputs calibrated on calib_x, then both conversions from the same statistics."""
+    folded = fold_input_normalization(model) if hasattr(model, "normalize") else copy.deepcopy(model)
+    stats = calibrate(folded, calib_x, qcfg, device=device, seed=seed)
+    folded = folded.cpu()
+    fq = convert_model(folded, multipliers, qcfg, stats, fake=True, layers=layers)
+    approx = convert_model(folded, multipliers, qcfg, stats, backend=backend, algo=algo, layers=layers)
+    return fq, approx, stats

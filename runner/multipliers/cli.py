@@ -69,13 +69,21 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}" if abs(v) < 0.1 and v != 0 else f"{v:.2f}"
 
 
+def _console():
+    from rich.console import Console
+
+    con = Console()
+    # Piped output (logs, tests) gets rich's 80-column default, which would truncate the table.
+    return con if con.is_terminal else Console(width=200)
+
+
 def cmd_list(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
     rows = _rows()
     t = Table(title="Multipliers (metrics over all 65,536 operand pairs; MAE%/WCE% of 2^16)")
-    t.add_column("name", style="bold")
+    t.add_column("name", style="bold", no_wrap=True)
     t.add_column("signed")
     t.add_column("kind")
     for _, h in METRIC_COLUMNS + HW_COLUMNS:
@@ -83,7 +91,7 @@ def cmd_list(args) -> int:
     for r in rows:
         t.add_row(r["name"], "yes" if r["signed"] else "no", r["kind"],
                   *[_fmt(r[k]) for k, _ in METRIC_COLUMNS], *[str(r[k]) for k, _ in HW_COLUMNS])
-    Console().print(t)
+    _console().print(t)
     if args.csv:
         path = Path(args.csv)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -147,7 +155,7 @@ def cmd_show(args) -> int:
         if m.published:
             cells.append(str(m.published.get(pub_keys.get(k, ""), "")))
         t.add_row(*cells)
-    con = Console()
+    con = _console()
     con.print(t)
     for k, _ in HW_COLUMNS:
         if k in m.published:

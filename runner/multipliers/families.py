@@ -29,7 +29,7 @@ FAMILIES = {
     "exact": {},
     "optrunc": {"k": (0, 8)},
     "prodtrunc": {"k": (0, 16)},
-    "drum": {"k": (1, 8)},
+    "drum": {"k": (3, 8)},  # k < 3 overflows the signed 16-bit product (|-128| rounds up to 192)
     "mitchell": {},
     "bam": {"hbl": (0, 8), "vbl": (0, 16)},
 }

@@ -109,7 +109,7 @@ def _read_npy(path: Path) -> np.ndarray:
         bad = ~np.isfinite(arr) | (arr != np.round(arr))
         if bad.any():
             r, c = np.argwhere(bad)[0]
-            raise UserError(f"{path}: element [{r}, {c}] = {arr[r, c]!r} is not an integer")
+            raise UserError(f"{path}: element [{r}, {c}] = {float(arr[r, c])!r} is not an integer")
         if np.abs(arr).max() > ANY_RANGE[1]:
             r, c = np.unravel_index(np.abs(arr).argmax(), arr.shape)
             raise UserError(f"{path}: element [{r}, {c}] = {arr[r, c]:.0f} outside any 16-bit product range")
@@ -200,10 +200,6 @@ def check_layout(values: np.ndarray, signed: bool | None, where: str, *, expect_
                             f"the {LAYOUTS[best]} layout (mean |error| {mae[best]:.1f} vs {mae[chosen]:.1f}); "
                             f"use {flag}")
     fmt = ", ".join(f"{k} {v / TWO16 * 100:.3g}%" for k, v in mae.items())
-    if mae[chosen] > zero[chosen]:
-        raise UserError(f"{where}: the table matches none of the known layouts (it is further from a*b than "
-                        f"an all-zero table; MAE% under each layout: {fmt}). Check that rows are operand A "
-                        f"and columns operand B, and that the file holds products")
     report = LayoutReport(chosen, chosen != "unsigned", mae[chosen] == 0.0, mae, chosen == "raw_bytes")
     if expect_exact and not report.exact:
         exact_in = [k for k, v in mae.items() if v == 0.0]
@@ -211,6 +207,15 @@ def check_layout(values: np.ndarray, signed: bool | None, where: str, *, expect_
                 else f"it is exact in no known layout (MAE% under each layout: {fmt})")
         raise UserError(f"{where}: claims to be exact but does not reproduce a*b in the "
                         f"{LAYOUTS[chosen]} layout; {hint}")
+    # A table further from a*b than an all-zero table is no multiplier in that layout.
+    if mae[chosen] > zero[chosen]:
+        fits = [k for k in LAYOUTS if mae[k] <= zero[k]]
+        if fits:
+            raise UserError(f"{where}: does not fit the {LAYOUTS[chosen]} layout, but fits the "
+                            f"{LAYOUTS[fits[0]]} layout (MAE% under each layout: {fmt})")
+        raise UserError(f"{where}: the table matches none of the known layouts (it is further from a*b than "
+                        f"an all-zero table; MAE% under each layout: {fmt}). Check that rows are operand A "
+                        f"and columns operand B, and that the file holds products")
     return report
 
 

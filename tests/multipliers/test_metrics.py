@@ -1,0 +1,88 @@
+import gzip
+import hashlib
+
+import numpy as np
+import pytest
+
+from runner.multipliers import Multiplier, compute_metrics, exact_table, get, list_multipliers, manifest
+from runner.multipliers.metrics import matches_published, published_convention
+from runner.multipliers.registry import DATA
+
+SHIPPED = [e["name"] for e in manifest()["multipliers"]]
+
+
+def test_nineteen_tables_shipped():
+    assert len(SHIPPED) == 19
+    assert sum(n.startswith("mul8s_") for n in SHIPPED) == 13
+    assert sum(n.startswith("mul8u_") for n in SHIPPED) == 6
+    assert set(SHIPPED) <= set(list_multipliers())
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_published_figures_reproduced(name):
+    m = get(name)
+    ours = published_convention(m.metrics())
+    for key in ("mae%", "wce%", "ep%", "mre%", "wcre%"):
+        assert matches_published(ours[key], m.published[key]), (name, key, ours[key], m.published[key])
+
+
+def test_mae_convention_is_needed():
+    # EvoApproxLib derives MAE% from MAE rounded to 0.1: 1.25 -> 1.2 -> "0.0018", not 0.0019.
+    met = get("mul8s_1KV8").metrics()
+    assert met["mae"] == 1.25
+    assert not matches_published(met["mae_pct"], "0.0018")
+    assert matches_published(published_convention(met)["mae%"], "0.0018")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_package_data_matches_source_provenance(name):
+    e = {x["name"]: x for x in manifest()["multipliers"]}[name]
+    text = gzip.decompress((DATA / e["file"]).read_bytes())
+    assert hashlib.sha256(text).hexdigest() == e["text_sha256"]
+    assert get(name).sha256 == e["sha256"]
+    assert e["source"].startswith("EvoApproxLib")
+
+
+def test_manifest_keeps_license_and_citation():
+    man = manifest()
+    assert "MIT" in man["license"] and any("Mrazek" in c for c in man["citation"])
+
+
+@pytest.mark.parametrize("name", ["exact_s", "exact_u", "mul8s_1KV6", "mul8u_1JJQ", "drum8_s", "optrunc0_u",
+                                  "prodtrunc0_s", "bam_h0v0_u"])
+def test_exact_tables_have_zero_error(name):
+    met = get(name).metrics()
+    assert all(met[k] == 0 for k in ("mae", "wce", "ep_pct", "mre_pct", "mean_error", "error_std", "mse"))
+
+
+def test_hand_computed_metrics():
+    t = exact_table(True).copy()
+    t[128 + 3, 128 + 4] += 6      # 3*4 = 12 -> 18: +6, relative 50%
+    t[128 + 0, 128 + 5] -= 2      # 0*5 = 0 -> -2: counted in EP/MAE, not in MRE
+    met = compute_metrics(t, True)
+    n = 65536
+    assert met["mae"] == 8 / n and met["mae_pct"] == 8 / n / n * 100
+    assert met["wce"] == 6 and met["wce_pct"] == 6 / n * 100
+    assert met["ep_pct"] == 2 / n * 100
+    nonzero = np.count_nonzero(exact_table(True))
+    assert met["mre_pct"] == pytest.approx(0.5 / nonzero * 100)
+    assert met["wcre_pct"] == pytest.approx(50.0)
+    assert met["mean_error"] == 4 / n
+    errs = np.zeros(n)
+    errs[:2] = [6, -2]
+    assert met["error_std"] == pytest.approx(errs.std()) and met["mse"] == 40 / n
+
+
+def test_metrics_cached_and_copied():
+    m = get("mul8s_1L2J")
+    a = m.metrics()
+    a["mae"] = -1
+    assert m.metrics()["mae"] != -1
+    assert set(m.metrics()) >= {"mae", "mae_pct", "wce_pct", "ep_pct", "mre_pct", "mean_error", "error_std"}
+
+
+def test_unsigned_multiplier_product_lookup():
+    m = get("mul8u_1JJQ")
+    assert m.product(200, 100) == 20000 and m.activation_dtype.is_signed is False
+    s = Multiplier("x", True, exact_table(True).astype(np.int32))
+    assert s.product(-128, 127) == -16256

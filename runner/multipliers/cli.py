@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from .io import SUFFIXES, load_table
+from .metrics import published_convention
 from .registry import get, import_table, list_multipliers, shipped_names, user_dir, user_names
 
 METRIC_COLUMNS = [("mae_pct", "MAE%"), ("wce_pct", "WCE%"), ("ep_pct", "EP%"), ("mre_pct", "MRE%"),
@@ -143,17 +144,26 @@ def cmd_show(args) -> int:
 
     m = _lookup(args.name)
     met = m.metrics()
-    t = Table(title=f"{m.name} ({'signed' if m.signed else 'unsigned'}, operands {m.operand_range})",
-              show_header=True)
+    lo, hi = m.operand_range
+    t = Table(title=f"{m.name} ({'signed' if m.signed else 'unsigned'}, operands {lo}..{hi})")
     t.add_column("metric")
     t.add_column("ours", justify="right")
-    if m.published:
-        t.add_column("published", justify="right")
     pub_keys = {"mae_pct": "mae%", "wce_pct": "wce%", "ep_pct": "ep%", "mre_pct": "mre%", "wcre_pct": "wcre%"}
+    if m.published:
+        # Published figures use EvoApproxLib's rounding (MAE rounded to 0.1 before MAE%).
+        conv = published_convention(met)
+        t.add_column("ours, as EvoApproxLib reports", justify="right")
+        t.add_column("published", justify="right")
     for k, v in met.items():
         cells = [k, f"{v:.6g}"]
         if m.published:
-            cells.append(str(m.published.get(pub_keys.get(k, ""), "")))
+            pk = pub_keys.get(k)
+            pub = str(m.published.get(pk, "")) if pk else ""
+            if pub:
+                decimals = len(pub.split(".")[1]) if "." in pub else 0
+                cells += [f"{conv[pk]:.{decimals}f}", pub]
+            else:
+                cells += ["", ""]
         t.add_row(*cells)
     con = _console()
     con.print(t)

@@ -203,8 +203,9 @@ def resolve(spec) -> Multiplier:
         name = d.get("name")
         return load_table(path, signed, name=None if name in (None, "file") else str(name))
     name = d.get("name")
-    if not name:
-        raise UserError("multiplier config needs a name (e.g. multiplier=mul8s_1L2J) or a path")
+    if not name or name == "???":
+        raise UserError("multiplier config needs a name: multiplier=mul8s_1L2J, or multiplier=named "
+                        "multiplier.name=NAME (`approx-run lut list` shows the names), or a path")
     m = get(str(name))
     if signed is not None and signed != m.signed:
         raise UserError(f"multiplier {m.name} is {'signed' if m.signed else 'unsigned'}, "

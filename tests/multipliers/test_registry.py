@@ -17,8 +17,9 @@ def _err(fn, *a, **kw):
     return str(e.value)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _hydra():
+@pytest.fixture(scope="module")
+def hydra_ctx():
+    pytest.importorskip("hydra")  # the GPU image has no hydra-core
     from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONFIGS / "multiplier"), version_base="1.3"):
@@ -34,35 +35,35 @@ def _compose(name, *overrides):
 def test_every_config_resolves():
     files = sorted(p.stem for p in (CONFIGS / "multiplier").glob("*.yaml"))
     assert len([f for f in files if f.startswith("mul8")]) == 19
-    from omegaconf import OmegaConf
+    OmegaConf = pytest.importorskip("omegaconf").OmegaConf
 
     for stem in files:  # OmegaConf.load: what Hydra composes for the group, without its overhead
         cfg = OmegaConf.load(CONFIGS / "multiplier" / f"{stem}.yaml")
         if stem in ("file", "named"):
-            assert "needs" in _err(resolve, cfg) or "???" in str(cfg)
+            assert "needs" in _err(resolve, cfg)
             continue
         m = resolve(cfg)
         assert m.lut.shape == (256, 256) and m.lut.dtype == torch.int32
         if stem.startswith("mul8"):
             assert m.name == stem and m.signed == stem.startswith("mul8s")
-    assert resolve(_compose("exact")).name == "exact_s"
-    assert resolve(_compose("exact_unsigned")).name == "exact_u"
+    assert resolve(OmegaConf.load(CONFIGS / "multiplier" / "exact.yaml")).name == "exact_s"
+    assert resolve(OmegaConf.load(CONFIGS / "multiplier" / "exact_unsigned.yaml")).name == "exact_u"
 
 
-def test_family_override_from_config():
+def test_family_override_from_config(hydra_ctx):
     m = resolve(_compose("drum", "k=6"))
     assert m.name == "drum6_s" and m.params == {"family": "drum", "k": 6}
     assert resolve(_compose("bam", "hbl=2", "vbl=6", "signed=false")).name == "bam_h2v6_u"
 
 
-def test_file_config(tmp_path):
+def test_file_config(tmp_path, hydra_ctx):
     save_table(get("mul8s_1KVQ"), tmp_path / "mine.txt.gz")
     m = resolve(_compose("file", f"path={tmp_path / 'mine.txt.gz'}"))
     assert m.name == "mine" and m.sha256 == get("mul8s_1KVQ").sha256
     assert "no such file" in _err(resolve, {"name": "file", "path": str(tmp_path / "nope.txt")})
 
 
-def test_named_config_and_aliases():
+def test_named_config_and_aliases(hydra_ctx):
     assert resolve(_compose("named", "name=mitchell_u")).name == "mitchell_u"
     assert resolve("exact").name == "exact_s"
     assert resolve({"name": "exact_unsigned"}).signed is False
@@ -81,7 +82,7 @@ def test_spec_errors():
     assert "must be a name or a mapping" in _err(resolve, 42)
 
 
-def test_per_layer_assignment():
+def test_per_layer_assignment(hydra_ctx):
     cfg = _compose("mul8s_1L2J", "+layers={conv1: {name: mul8s_1KV6}, fc3: {family: drum, k: 5}}")
     got = resolve_per_layer(cfg, ["conv1", "conv2", "fc1", "fc2", "fc3"])
     assert got["conv1"].name == "mul8s_1KV6" and got["fc3"].name == "drum5_s"

@@ -57,3 +57,285 @@ def done_keys(path: Path, column: str = "row_key") -> set[str]:
     if df.empty or column not in df or "status" not in df:
         return set()
     return set(df.loc[df["status"] == "ok", column].astype(str))
+
+
+def append_new_rows(path: Path, rows: list[dict], column: str = "row_key") -> list[dict]:
+    """Like append_rows, but rows whose key is already recorded ok are dropped (checked under the lock, so
+    two sweeps racing on the same job record it once). Failed rows are always kept. Returns the rows added."""
+    if not rows:
+        return []
+    with locked(path):
+        old = read_csv(path)
+        done = set()
+        if not old.empty and column in old and "status" in old:
+            done = set(old.loc[old["status"] == "ok", column].astype(str))
+        new = [r for r in rows if r.get("status") != "ok" or str(r.get(column)) not in done]
+        if new:
+            df = pd.DataFrame(new)
+            write_csv(path, df if old.empty else pd.concat([old, df], ignore_index=True, sort=False))
+        return new
+
+
+# ---------------------------------------------------------------- `approx-run results`
+
+DEFAULT_COLUMNS = ["data", "quant", "multiplier", "path", "backend", "status", "accuracy", "agreement_fakequant",
+                   "latency_ms_median", "throughput_img_s", "mult_mae_pct", "published_power_mw", "error"]
+
+
+def load_results(sources: list[str] | None = None) -> pd.DataFrame:
+    """Rows of the given CSV files and run/sweep dirs (every metrics.csv below a dir), default
+    results/results.csv."""
+    sources = list(sources or ["results/results.csv"])
+    frames = []
+    for src in sources:
+        p = Path(src)
+        if p.is_dir():
+            files = [p / "results.csv"] if (p / "results.csv").is_file() else sorted(p.rglob("metrics.csv"))
+            if not files:
+                raise UserError(f"{p} holds no results.csv and no run dir with a metrics.csv.")
+        elif p.is_file():
+            files = [p]
+        else:
+            hint = " Run `approx-run compare` or `approx-run sweep` first." if src == sources[0] else ""
+            raise UserError(f"no results file {p}.{hint}")
+        frames += [df for df in (read_csv(f) for f in files) if not df.empty]
+    if not frames:
+        raise UserError(f"no result rows in {', '.join(sources)}.")
+    return pd.concat(frames, ignore_index=True, sort=False)
+
+
+def _check_columns(df: pd.DataFrame, cols: list[str], what: str) -> None:
+    unknown = [c for c in cols if c not in df.columns]
+    if unknown:
+        raise UserError(f"{what}: unknown column(s) {', '.join(unknown)}. Columns: {', '.join(df.columns)}")
+
+
+def _split(text: str | None) -> list[str]:
+    return [c.strip() for c in (text or "").split(",") if c.strip()]
+
+
+def query(df: pd.DataFrame, where: str) -> pd.DataFrame:
+    try:
+        out = df.query(where)
+    except Exception as exc:  # noqa: BLE001  (pandas raises many kinds for a bad expression)
+        raise UserError(f"--where {where!r} is not a valid pandas query ({type(exc).__name__}: {exc}). "
+                        f"Example: --where \"backend=='cpp' and accuracy > 0.9\". "
+                        f"Columns: {', '.join(df.columns)}") from None
+    if not isinstance(out, pd.DataFrame):
+        raise UserError(f"--where {where!r} must be a boolean condition on the rows.")
+    return out
+
+
+def _ok(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df["status"] == "ok"] if "status" in df else df
+
+
+def _signed_of(df: pd.DataFrame) -> dict:
+    """multiplier name -> signed, from approx rows (fakequant rows only carry the name)."""
+    if "multiplier_signed" not in df:
+        return {}
+    a = df[(df["path"] == "approx") & df["multiplier_signed"].notna()]
+    return {str(n): str(s).lower() == "true" for n, s in zip(a["multiplier"], a["multiplier_signed"])}
+
+
+def pivot(df: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
+    """One row per multiplier (and per data/model/quant when those vary), one column per path: approx
+    per backend, with the fp32 (pytorch) and fakequant references of the same data/model/quant (and
+    multiplier signedness) filled in, since sweeps record those once, not per multiplier."""
+    _check_columns(df, ["path", "multiplier", value], "--pivot")
+    df = _ok(df).copy()
+    for c in ("data", "model", "quant", "backend"):
+        if c not in df:
+            df[c] = ""
+    df["multiplier"] = df["multiplier"].fillna("").astype(str)
+    approx = df[df["path"] == "approx"]
+    if approx.empty:
+        raise UserError("--pivot: no successful approx rows to pivot (check --where).")
+    keys = [c for c in ("data", "model", "quant") if approx[c].nunique() > 1]
+    backends = sorted(approx["backend"].astype(str).unique())
+    approx = approx.assign(col=[f"approx_{b}" if len(backends) > 1 else "approx" for b in approx["backend"]])
+    table = approx.pivot_table(index=keys + ["multiplier"], columns="col", values=value, aggfunc="last")
+    table.columns.name = None
+    table = table.reset_index()
+    signed = _signed_of(df)
+    ref = {}
+    for path, by in (("pytorch", ["data", "model"]), ("fakequant", ["data", "model", "quant"])):
+        rows = df[df["path"] == path]
+        for _, r in rows.iterrows():
+            k = tuple(str(r[c]) for c in by) + ((signed.get(str(r["multiplier"])),) if path == "fakequant" else ())
+            ref[(path, k)] = r[value]
+    meta = approx.groupby("multiplier").last()
+    for path, by in (("pytorch", ["data", "model"]), ("fakequant", ["data", "model", "quant"])):
+        vals = []
+        for _, r in table.iterrows():
+            m = meta.loc[r["multiplier"]]
+            k = tuple(str(r[c]) if c in keys else str(m[c]) for c in by)
+            if path == "fakequant":
+                k += (signed.get(r["multiplier"]),)
+            vals.append(ref.get((path, k)))
+        table.insert(len(keys) + 1 + (path == "fakequant"), path, vals)
+    return table
+
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and pd.isna(v)):
+        return ""
+    if isinstance(v, float):
+        return f"{v:.4f}" if abs(v) < 1e5 else f"{v:.4g}"
+    return str(v)
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    cells = [[_fmt(v).replace("|", "\\|").replace("\n", " ") for v in row] for row in df.itertuples(index=False)]
+    lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "|".join("---" for _ in df.columns) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in cells]) + "\n"
+
+
+def print_table(df: pd.DataFrame, title: str | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from runner.console import console, is_interactive
+
+    # piped output is not cut to 80 columns: a results table is read or grepped whole
+    console = console if is_interactive() else Console(width=max(80, 18 * len(df.columns)))
+    table = Table(title=title)
+    for c in df.columns:
+        table.add_column(str(c), overflow="fold")
+    for row in df.itertuples(index=False):
+        table.add_row(*(_fmt(v)[:200] for v in row))
+    console.print(table)
+
+
+def pareto_front(x, y) -> list[int]:
+    """Indices of the points no other point beats (lower or equal x and higher or equal y, one strictly)."""
+    pts = sorted(range(len(x)), key=lambda i: (x[i], -y[i]))
+    front, best = [], float("-inf")
+    for i in pts:
+        if y[i] > best:
+            front.append(i)
+            best = y[i]
+    return front
+
+
+def plot(df: pd.DataFrame, out: Path) -> Path:
+    """Accuracy of each multiplier against its MAE% and against its published power, Pareto front marked,
+    fp32 and fakequant accuracy as reference lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = _ok(df)
+    _check_columns(ok, ["path", "multiplier", "accuracy"], "--plot")
+    approx = ok[ok["path"] == "approx"]
+    if approx.empty:
+        raise UserError("--plot: no successful approx rows to plot (check --where).")
+    groups = [c for c in ("data", "model", "backend") if c in approx and approx[c].nunique() > 1]
+    if groups:
+        raise UserError(f"--plot: rows mix several {', '.join(groups)}; pick one with --where "
+                        f"(e.g. --where \"{groups[0]}=='{approx[groups[0]].iloc[0]}'\").")
+    per = approx.groupby("multiplier", sort=False).last(numeric_only=False)
+    panels = [(c, label) for c, label in (("mult_mae_pct", "mean absolute error (% of max product)"),
+                                         ("published_power_mw", "published power (mW)")) if c in per]
+    if not panels:
+        raise UserError("--plot needs the mult_mae_pct or published_power_mw columns (written by compare).")
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 5), squeeze=False)
+    refs = [(p, style) for p, style in (("pytorch", ("k", "--")), ("fakequant", ("tab:blue", ":")))]
+    for ax, (col, label) in zip(axes[0], panels):
+        d = per[per[col].notna()]
+        x, y = d[col].astype(float).tolist(), d["accuracy"].astype(float).tolist()
+        ax.scatter(x, y, s=22, color="tab:gray", label="multiplier")
+        front = pareto_front(x, y)
+        fx, fy = zip(*sorted((x[i], y[i]) for i in front)) if front else ((), ())
+        ax.plot(fx, fy, "o-", color="tab:red", ms=6, label="Pareto front")
+        for i, name in enumerate(d.index):
+            ax.annotate(str(name), (x[i], y[i]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        for path, (color, ls) in refs:
+            r = ok[ok["path"] == path]
+            if not r.empty:
+                ax.axhline(float(r["accuracy"].iloc[-1]), color=color, ls=ls,
+                           label=f"{'fp32' if path == 'pytorch' else 'fake-quant int8'} "
+                                 f"({float(r['accuracy'].iloc[-1]):.4f})")
+        if col == "mult_mae_pct" and x and min(x) >= 0:
+            ax.set_xscale("symlog", linthresh=max(1e-4, min([v for v in x if v > 0], default=1e-3)))
+        if not x:
+            ax.text(0.5, 0.5, "no multiplier has this figure", ha="center", transform=ax.transAxes)
+        ax.set_xlabel(label)
+        ax.set_ylabel("test accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower left")
+    title = " / ".join(str(approx[c].iloc[0]) for c in ("data", "model", "quant", "backend") if c in approx)
+    fig.suptitle(f"accuracy vs multiplier error and power ({title})")
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def _parser():
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="approx-run results", description="Filter, sort, pivot and plot result rows.",
+        epilog="examples:\n"
+               "  approx-run results --where \"backend=='cpp' and path=='approx'\" --sort accuracy --desc\n"
+               "  approx-run results --pivot --markdown\n"
+               "  approx-run results results/sweep/2026-01-01_12-00-00 --plot sweep.png\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sources", nargs="*", help="CSV files or run/sweep dirs (default results/results.csv)")
+    p.add_argument("--where", help="pandas query on the rows, e.g. \"backend=='cpp' and accuracy > 0.9\"")
+    p.add_argument("--sort", help="comma-separated columns to sort by")
+    p.add_argument("--desc", action="store_true", help="sort descending")
+    p.add_argument("--columns", help="comma-separated columns to show (default: a summary set)")
+    p.add_argument("--all-columns", action="store_true", help="show every column")
+    p.add_argument("--pivot", action="store_true", help="multiplier x path table of --value (accuracy)")
+    p.add_argument("--value", default="accuracy", help="value column of --pivot (default accuracy)")
+    p.add_argument("--limit", type=int, help="show only the first N rows")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", nargs="?", const="-", metavar="FILE", help="write CSV (to stdout or FILE)")
+    fmt.add_argument("--markdown", nargs="?", const="-", metavar="FILE", help="write a Markdown table")
+    p.add_argument("--plot", metavar="PNG", help="accuracy vs MAE%% and vs published power, Pareto front marked")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    df = load_results(args.sources)
+    if args.where:
+        df = query(df, args.where)
+    if args.plot:
+        out = plot(df, Path(args.plot))
+        print(f"wrote {out}")
+    if args.pivot:
+        df = pivot(df, args.value)
+    if args.sort:
+        cols = _split(args.sort)
+        _check_columns(df, cols, "--sort")
+        df = df.sort_values(cols, ascending=not args.desc, kind="stable")
+    if args.columns:
+        cols = _split(args.columns)
+        _check_columns(df, cols, "--columns")
+        df = df[cols]
+    elif not args.pivot and not args.all_columns and (args.csv is None):
+        df = df[[c for c in DEFAULT_COLUMNS if c in df.columns and (c != "error" or df[c].fillna("").ne("").any())]]
+    if args.limit:
+        df = df.head(args.limit)
+    if args.csv is not None:
+        text = df.to_csv(index=False)
+    elif args.markdown is not None:
+        text = to_markdown(df)
+    else:
+        if args.plot and not (args.pivot or args.where or args.sort or args.columns):
+            return 0
+        print_table(df, title=f"{len(df)} rows")
+        return 0
+    dest = args.csv if args.csv is not None else args.markdown
+    if dest == "-":
+        print(text, end="")
+    else:
+        atomic_write_bytes(Path(dest), text.encode())
+        print(f"wrote {dest}")
+    return 0

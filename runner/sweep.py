@@ -1,0 +1,352 @@
+"""`approx-run sweep`: `approx-run compare` over many multipliers, as a Hydra multirun.
+
+    approx-run sweep sweep.multipliers='mul8s_*'                        # glob over the registry
+    approx-run sweep sweep.multipliers=[exact,drum4_s,/tmp/t.txt]       # names and table files
+    approx-run sweep multiplier=drum multiplier.k=2,4,6                 # a family's parameter grid
+    approx-run sweep sweep.multipliers='mul8*' quant=per_channel_minmax,per_tensor_minmax backend=cpp,python
+    approx-run sweep sweep.multipliers='mul8*' hydra/launcher=joblib    # parallel jobs
+
+Before the jobs, the expansion is composed here once: the baseline of each distinct weight config is
+trained (once, shared by every job), and the pytorch/fakequant rows of each distinct (data, model,
+quant, signedness) are computed once, so jobs only compute their approx row. Jobs run with
+skip_done (rows recorded ok are not recomputed: a rerun resumes) and on_error=record (a failing job
+writes a failed row and the sweep goes on). Afterwards <sweep dir>/summary.csv holds one row per job."""
+from __future__ import annotations
+
+import fnmatch
+import os
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from runner.errors import UserError
+
+_GLOB = set("*?[")
+_TABLE_SUFFIXES = (".txt", ".gz", ".npy", ".csv")
+
+
+# ---------------------------------------------------------------- per job (inside the multirun)
+
+def job_config(cfg: DictConfig) -> DictConfig:
+    """The compare config of a job: sweep.multiplier (a name or a table file) replaces the multiplier group."""
+    spec = cfg.get("sweep", {}).get("multiplier")
+    if spec in (None, ""):
+        return cfg
+    spec = str(spec)
+    node = ({"name": "file", "path": spec, "signed": None} if _is_path(spec) else {"name": spec})
+    layers = cfg.multiplier.get("layers")
+    if layers:
+        node["layers"] = OmegaConf.to_container(layers, resolve=True)
+    with open_dict(cfg):
+        cfg.multiplier = OmegaConf.create(node)
+    return cfg
+
+
+def _limit_threads() -> None:
+    """Parallel joblib jobs share the cores instead of each taking all of them."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        launcher = HydraConfig.get().launcher
+    except (ValueError, ImportError):
+        return
+    if "joblib" not in str(launcher.get("_target_", "")).lower():
+        return
+    import torch
+
+    n_jobs = int(launcher.get("n_jobs") or -1)
+    cores = os.cpu_count() or 1
+    n_jobs = cores if n_jobs < 1 else n_jobs
+    torch.set_num_threads(max(1, cores // n_jobs))
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict:
+    """One sweep job: a compare run; job.json records what happened for the sweep summary."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from runner import compare
+    from runner.provenance import atomic_write_json
+
+    t0 = time.time()
+    _limit_threads()
+    cfg = job_config(cfg)
+    try:
+        overrides = list(HydraConfig.get().overrides.task)
+    except ValueError:
+        overrides = []
+    result = compare.run(cfg, out_dir)
+    atomic_write_json(Path(out_dir) / "job.json", {
+        "status": result.get("status"), "error": result.get("error", ""), "overrides": overrides,
+        "elapsed_s": round(time.time() - t0, 3)})
+    return result
+
+
+# ---------------------------------------------------------------- the sweep (outside the multirun)
+
+def _is_path(spec: str) -> bool:
+    return os.sep in spec or "/" in spec or spec.endswith(_TABLE_SUFFIXES)
+
+
+def _unquote(s: str) -> str:
+    s = s.strip()
+    return s[1:-1] if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"" else s
+
+
+def expand_multipliers(value: str) -> list[str]:
+    """'mul8s_*', 'a,b', '[a, b]' -> names (globs matched against the registry) and absolute table paths."""
+    from runner.multipliers import get, list_multipliers
+
+    value = _unquote(value)
+    if value.startswith("[") and value.endswith("]"):
+        value = value[1:-1]
+    items = [_unquote(v) for v in value.split(",") if v.strip()]
+    if not items:
+        raise UserError("sweep.multipliers is empty; give names, globs or table files, e.g. sweep.multipliers='mul8s_*'.")
+    names, known = [], list_multipliers()
+    for item in items:
+        if _is_path(item):
+            names.append(str(Path(item).expanduser().resolve()))
+        elif _GLOB & set(item):
+            hits = fnmatch.filter(known, item)
+            if not hits:
+                raise UserError(f"sweep.multipliers: {item!r} matches no multiplier. `approx-run lut list` shows them.")
+            names += hits
+        else:
+            get(item)  # an unknown name is a typo: say so now (with suggestions), not after the sweep
+            names.append(item)
+    return list(dict.fromkeys(names))
+
+
+def _hydra_quote(s: str) -> str:
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _split_argv(argv: list[str]):
+    flags = [a for a in argv if a.startswith("-") and a not in ("-m", "--multirun")]
+    overrides, multipliers = [], None
+    for a in argv:
+        if a.startswith("-"):
+            continue
+        key = a.split("=", 1)[0].lstrip("+~")
+        if key == "sweep.multipliers":
+            multipliers = a.split("=", 1)[1] if "=" in a else ""
+        elif key == "sweep.multiplier":
+            raise UserError("sweep.multiplier is set per job; use sweep.multipliers=... (a list or a glob).")
+        else:
+            overrides.append(a)
+    return flags, overrides, multipliers
+
+
+def expand_jobs(overrides: list[str]) -> list[list[str]]:
+    """The job override lists Hydra's basic sweeper will launch, in its order (job.num = index)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as exc:  # noqa: BLE001  (hydra's parse errors have several types)
+        raise UserError(f"bad override for `approx-run sweep`: {exc}") from None
+    task = [o for o in parsed if not o.is_hydra_override()]
+    return BasicSweeper.split_arguments(task, max_batch_size=None)[0]
+
+
+def _compose_all(jobs: list[list[str]]) -> list[DictConfig]:
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from runner.cli import CONFIG_DIR
+
+    cfgs = []
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="sweep"):
+        for job in jobs:
+            try:
+                cfgs.append(job_config(compose(config_name="sweep", overrides=job)))
+            except (HydraException, OmegaConfBaseException) as exc:
+                raise UserError(f"bad override for `approx-run sweep` ({' '.join(job)}): {exc}\n"
+                                "See `approx-run sweep --help` for the config groups and their options.") from None
+    return cfgs
+
+
+def _plan(cfg: DictConfig):
+    """Row keys of a job, or the reason it cannot run (it will then be recorded failed by the job itself)."""
+    from runner import compare
+
+    try:
+        _, _, _, keys = compare.plan(cfg)
+        return keys, ""
+    except UserError as exc:
+        return None, str(exc)
+    except Exception as exc:  # noqa: BLE001
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def prepare(cfgs: list[DictConfig], plans: list, sweep_dir: Path) -> None:
+    """Train each distinct baseline once and record each distinct pytorch/fakequant pair once, before the
+    jobs, so parallel jobs neither train the same model nor time the same reference twice."""
+    from runner import compare
+    from runner.console import console
+    from runner.results import done_keys
+    from runner.train import checkpoint_path, load_or_train
+
+    seen_ckpt, seen_ref = set(), set()
+    for i, (cfg, (keys, _)) in enumerate(zip(cfgs, plans)):
+        if keys is None:
+            continue
+        ref = (str(cfg.results_file), keys["pytorch"], keys["fakequant"])
+        if cfg.sweep.get("reference", True) and ref not in seen_ref:
+            seen_ref.add(ref)
+            seen_ckpt.add(str(checkpoint_path(cfg)))
+            wanted = [p for p in ("pytorch", "fakequant") if p in cfg.eval.paths]
+            if wanted and not set(keys[p] for p in wanted) <= done_keys(Path(cfg.results_file)):
+                ref_cfg = cfg.copy()
+                with open_dict(ref_cfg):
+                    ref_cfg.eval.paths = wanted
+                out = sweep_dir / "reference" / str(len(seen_ref) - 1)
+                out.mkdir(parents=True, exist_ok=True)
+                console.print(f"[bold]sweep:[/] reference rows ({', '.join(wanted)}) for job {i}")
+                compare.run(ref_cfg, out)
+        ckpt = str(checkpoint_path(cfg))
+        if ckpt not in seen_ckpt:
+            seen_ckpt.add(ckpt)
+            load_or_train(cfg)
+
+
+SUMMARY_COLUMNS = ["job", "multiplier", "data", "model", "quant", "backend", "status", "accuracy",
+                   "fp32_accuracy", "fakequant_accuracy", "agreement_fakequant", "latency_ms_median",
+                   "throughput_img_s", "mult_mae_pct", "published_power_mw", "elapsed_s", "error",
+                   "overrides", "row_key", "job_dir"]
+
+
+def summarize(sweep_dir: Path, jobs: list[list[str]], cfgs: list[DictConfig], plans: list):
+    """One row per job: its status (ok / skipped: already recorded / failed / not run) and its rows' numbers,
+    looked up by row key in the results file, so resumed jobs show the numbers recorded earlier."""
+    import json
+
+    import pandas as pd
+
+    from runner.results import read_csv, write_csv
+
+    by_overrides = {}
+    for f in sweep_dir.glob("*/job.json"):
+        try:
+            info = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        by_overrides[tuple(info.get("overrides", []))] = (f.parent, info)
+    results = {}
+    rows = []
+    for num, (job, cfg, (keys, plan_error)) in enumerate(zip(jobs, cfgs, plans)):
+        rf = str(cfg.results_file)
+        if rf not in results:
+            results[rf] = read_csv(Path(rf))
+        df = results[rf]
+        job_dir, info = by_overrides.get(tuple(job), (sweep_dir / str(num), None))
+        status = info["status"] if info else "not run"
+        m = cfg.multiplier
+        row = {"job": num, "multiplier": str(m.get("path") or m.get("name")) if m.get("name") in ("file", None)
+               else str(m.get("name")), "data": cfg.data.name, "model": cfg.model.name,
+               "quant": cfg.quant.get("name", ""), "backend": cfg.backend.name, "status": status,
+               "error": (info or {}).get("error") or plan_error, "overrides": " ".join(job),
+               "elapsed_s": (info or {}).get("elapsed_s"), "job_dir": str(job_dir),
+               "row_key": keys["approx"] if keys else ""}
+
+        def lookup(key):
+            if df.empty or not key or "row_key" not in df:
+                return None
+            hit = df[(df["row_key"].astype(str) == key) & (df["status"] == "ok")]
+            return hit.iloc[-1] if len(hit) else None
+
+        if keys:
+            a = lookup(keys["approx"])
+            if a is not None:
+                row["multiplier"] = a.get("multiplier", row["multiplier"])
+                for c in ("accuracy", "agreement_fakequant", "latency_ms_median", "throughput_img_s",
+                          "mult_mae_pct", "published_power_mw"):
+                    row[c] = a.get(c)
+                if status == "failed":  # an earlier failure, since recorded ok by a concurrent sweep
+                    row["status"] = "ok"
+            for path, col in (("pytorch", "fp32_accuracy"), ("fakequant", "fakequant_accuracy")):
+                r = lookup(keys[path])
+                row[col] = None if r is None else r.get("accuracy")
+        rows.append(row)
+    summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    write_csv(sweep_dir / "summary.csv", summary)
+    return summary
+
+
+def _print_summary(summary, sweep_dir: Path, elapsed: float) -> None:
+    from runner.results import print_table
+
+    cols = ["job", "multiplier", "quant", "backend", "status", "accuracy", "fp32_accuracy", "fakequant_accuracy",
+            "latency_ms_median", "mult_mae_pct", "published_power_mw"]
+    if summary["quant"].nunique() <= 1:
+        cols.remove("quant")
+    if summary["backend"].nunique() <= 1:
+        cols.remove("backend")
+    print_table(summary[cols], title=f"approx-run sweep: {len(summary)} jobs in {elapsed:.1f}s")
+    counts = summary["status"].value_counts().to_dict()
+    print(f"sweep: {', '.join(f'{v} {k}' for k, v in counts.items())}; summary {sweep_dir / 'summary.csv'}")
+    for _, r in summary[summary["status"] == "failed"].iterrows():
+        print(f"  failed job {r['job']} ({r['multiplier']}): {str(r['error']).splitlines()[0] if r['error'] else ''}")
+
+
+def _launcher_overrides(overrides: list[str], cfgs: list[DictConfig]) -> list[str]:
+    """With the joblib launcher and CUDA jobs, one job per GPU at a time (compare puts job k on GPU k mod n)."""
+    if not any(o.lstrip("+") == "hydra/launcher=joblib" for o in overrides):
+        return []
+    if any(o.lstrip("+").startswith("hydra.launcher.n_jobs=") for o in overrides):
+        return []
+    if not any(c.backend.name == "cuda" or c.device == "cuda" for c in cfgs):
+        return []
+    import torch
+
+    return [f"hydra.launcher.n_jobs={max(1, torch.cuda.device_count())}"]
+
+
+def print_help() -> None:
+    from runner.cli import print_hydra_help
+
+    print(__doc__.split("\n\n", 1)[0] + "\n")
+    print_hydra_help("sweep")
+    print("sweep keys: sweep.multipliers=NAMES|GLOB|FILES  sweep.reference=true|false\n"
+          "launchers:  hydra/launcher=joblib (parallel; hydra.launcher.n_jobs=N), hydra/launcher=submitit_local,\n"
+          "            hydra/launcher=submitit_slurm (pip install 'approx-run[sweep]')\n"
+          "resume:     rerun the same command; rows already recorded ok are skipped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from runner.cli import run_hydra_command
+    from runner.console import console
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print_help()
+        return 0
+    flags, overrides, multipliers = _split_argv(argv)
+    if multipliers is not None:
+        names = expand_multipliers(multipliers)
+        overrides.append("sweep.multiplier=" + ",".join(_hydra_quote(n) for n in names))
+    if flags:  # --cfg, --info, ...: Hydra's own inspection, no sweep around it
+        return run_hydra_command("sweep", ["-m", *flags, *overrides])
+
+    jobs = expand_jobs(overrides)
+    cfgs = _compose_all(jobs)
+    sweep_dir = next((Path(o.split("=", 1)[1]) for o in overrides if o.startswith("hydra.sweep.dir=")), None)
+    if sweep_dir is None:
+        sweep_dir = Path(cfgs[0].paths.results) / "sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")
+        overrides.append(f"hydra.sweep.dir={sweep_dir}")
+    overrides += _launcher_overrides(overrides, cfgs)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    console.print(f"[bold]sweep:[/] {len(jobs)} jobs -> {sweep_dir}")
+    plans = [_plan(c) for c in cfgs]
+    try:
+        prepare(cfgs, plans, sweep_dir)
+        run_hydra_command("sweep", ["-m", *overrides])
+    finally:  # also after Ctrl-C: the summary says which jobs are done
+        summary = summarize(sweep_dir, jobs, cfgs, plans)
+        _print_summary(summary, sweep_dir, time.time() - t0)
+    return 0

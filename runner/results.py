@@ -249,8 +249,10 @@ def plot(df: pd.DataFrame, out: Path) -> Path:
         front = pareto_front(x, y)
         fx, fy = zip(*sorted((x[i], y[i]) for i in front)) if front else ((), ())
         ax.plot(fx, fy, "o-", color="tab:red", ms=6, label="Pareto front")
+        # names of every point only while they stay legible; the front's always
         for i, name in enumerate(d.index):
-            ax.annotate(str(name), (x[i], y[i]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            if len(x) <= 8 or i in front:
+                ax.annotate(str(name), (x[i], y[i]), fontsize=7, xytext=(3, 3), textcoords="offset points")
         for path, (color, ls) in refs:
             r = ok[ok["path"] == path]
             if not r.empty:
@@ -259,12 +261,13 @@ def plot(df: pd.DataFrame, out: Path) -> Path:
                                  f"({float(r['accuracy'].iloc[-1]):.4f})")
         if col == "mult_mae_pct" and x and min(x) >= 0:
             ax.set_xscale("symlog", linthresh=max(1e-4, min([v for v in x if v > 0], default=1e-3)))
+            ax.set_xlim(left=0)
         if not x:
             ax.text(0.5, 0.5, "no multiplier has this figure", ha="center", transform=ax.transAxes)
         ax.set_xlabel(label)
         ax.set_ylabel("test accuracy")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="lower left")
+        ax.legend(fontsize=8, loc="best")
     title = " / ".join(str(approx[c].iloc[0]) for c in ("data", "model", "quant", "backend") if c in approx)
     fig.suptitle(f"accuracy vs multiplier error and power ({title})")
     fig.tight_layout()

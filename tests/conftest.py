@@ -1,0 +1,52 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO / "configs"
+
+
+def compose(command: str, overrides=(), tmp_path: Path | None = None):
+    """The config `approx-run <command> <overrides>` would run with; outputs redirected to tmp_path."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    extra = []
+    if tmp_path is not None:
+        extra = [f"paths.results={tmp_path / 'results'}", f"paths.checkpoints={tmp_path / 'checkpoints'}"]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=command):
+        return hydra_compose(config_name=command, overrides=[*overrides, *extra])
+
+
+def run_cli(*args, cwd=None, env=None, timeout=600):
+    """The console script end to end, in a subprocess (as a user runs it)."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "runner.cli", *args], cwd=cwd or REPO, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def mnist5k():
+    from runner.data import load_mnist5k
+
+    return load_mnist5k(seed=0)
+
+
+@pytest.fixture(scope="session")
+def trained_lenet(mnist5k, tmp_path_factory):
+    """A LeNet-5 trained briefly on mnist5k (a few seconds): enough to be far above chance."""
+    from runner.train import train_model
+
+    cfg = compose("train", ["train.epochs=4"], tmp_path_factory.mktemp("trained"))
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    model, history = train_model(cfg, mnist5k, torch.device("cpu"))
+    return model, history
+
+
+def has_cpp() -> bool:
+    from runner._ext import backend_status
+
+    return backend_status()["cpp"] == "available"

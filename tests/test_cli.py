@@ -1,0 +1,63 @@
+"""The console script end to end, in subprocesses, as a user runs it."""
+import pandas as pd
+import torch
+
+from tests.conftest import run_cli
+
+
+def test_help_lists_commands():
+    out = run_cli("--help")
+    assert out.returncode == 0
+    for cmd in ("train", "compare", "sweep", "bench", "results", "lut", "info"):
+        assert cmd in out.stdout
+
+
+def test_command_help_lists_config_groups():
+    out = run_cli("train", "--help")
+    assert out.returncode == 0 and "mnist5k" in out.stdout and "fashion_mnist" in out.stdout
+
+
+def test_info_reports_backends():
+    out = run_cli("info")
+    assert out.returncode == 0 and "backend python" in out.stdout and "backend cpp" in out.stdout
+
+
+def test_train_end_to_end(tmp_path):
+    out = run_cli("train", "train.epochs=1", f"paths.results={tmp_path}/results",
+                  f"paths.checkpoints={tmp_path}/ckpt")
+    assert out.returncode == 0, out.stderr
+    ckpts = list((tmp_path / "ckpt").glob("lenet5_mnist5k_*.pt"))
+    assert len(ckpts) == 1
+    blob = torch.load(ckpts[0], weights_only=True)
+    assert blob["meta"]["test_accuracy"] > 0.5
+    run_dirs = list((tmp_path / "results" / "train").iterdir())
+    assert len(run_dirs) == 1
+    log = pd.read_csv(run_dirs[0] / "train_log.csv")
+    assert list(log.columns) == ["epoch", "train_loss", "test_accuracy", "seconds"] and len(log) == 1
+    assert (run_dirs[0] / "config.yaml").exists()
+    again = run_cli("train", "train.epochs=1", f"paths.results={tmp_path}/results",
+                    f"paths.checkpoints={tmp_path}/ckpt")
+    assert again.returncode == 0 and "reusing checkpoint" in again.stdout
+
+
+def test_missing_data_is_exit_2_without_traceback(tmp_path):
+    out = run_cli("train", "data=mnist", f"data.root={tmp_path}/none", f"paths.results={tmp_path}/r")
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr and str(tmp_path / "none") in out.stderr
+
+
+def test_bad_override_is_exit_2(tmp_path):
+    out = run_cli("train", "data=cifar", f"paths.results={tmp_path}/r")
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "mnist5k" in out.stderr
+    out = run_cli("frobnicate")
+    assert out.returncode == 2
+
+
+def test_compare_end_to_end_unsigned_multiplier(tmp_path):
+    """Unsigned tables work end to end: conv1 sees raw pixels (normalisation folded), the rest ReLU outputs."""
+    out = run_cli("compare", "multiplier=mul8u_17C8", "backend=python", "train.epochs=1", "eval.limit=50",
+                  "eval.repeats=1", "eval.warmup=0", f"paths.results={tmp_path}/r", f"paths.checkpoints={tmp_path}/c")
+    assert out.returncode == 0, out.stderr
+    rows = pd.read_csv(tmp_path / "r" / "results.csv")
+    assert rows["path"].tolist() == ["pytorch", "fakequant", "approx"]
+    assert (rows["status"] == "ok").all() and rows.loc[2, "multiplier"] == "mul8u_17C8"

@@ -1,0 +1,82 @@
+import gzip
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from runner.data import load_dataset, load_idx_dataset, load_mnist5k, read_idx
+from runner.errors import UserError
+
+
+def test_mnist5k_split_shapes_dtypes_balance(mnist5k):
+    assert mnist5k.train_x.shape == (4000, 1, 28, 28) and mnist5k.test_x.shape == (1000, 1, 28, 28)
+    assert mnist5k.train_x.dtype == torch.float32 and mnist5k.train_y.dtype == torch.int64
+    assert 0.0 <= mnist5k.train_x.min() and mnist5k.train_x.max() <= 1.0
+    assert torch.bincount(mnist5k.train_y, minlength=10).tolist() == [400] * 10
+    assert torch.bincount(mnist5k.test_y, minlength=10).tolist() == [100] * 10
+    # real digits, not noise: a mean digit has ink in the centre and none in the corner
+    mean_img = mnist5k.train_x.mean(0)[0]
+    assert mean_img[10:18, 10:18].mean() > 0.2 and mean_img[:3, :3].max() == 0
+
+
+def test_mnist5k_split_deterministic_and_disjoint(mnist5k):
+    again = load_mnist5k(seed=0)
+    assert torch.equal(again.test_x, mnist5k.test_x) and torch.equal(again.train_y, mnist5k.train_y)
+    other = load_mnist5k(seed=1)
+    assert not torch.equal(other.test_x, mnist5k.test_x)
+    train = {t.numpy().tobytes() for t in mnist5k.train_x}
+    assert sum(t.numpy().tobytes() in train for t in mnist5k.test_x[:200]) <= 2  # MNIST has few duplicates
+
+
+def _write_idx(path, array, gz=False):
+    header = struct.pack(">BBBB", 0, 0, 8, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    data = header + array.astype(np.uint8).tobytes()
+    (gzip.open if gz else open)(path, "wb").write(data)
+
+
+def _write_set(root, n_train=20, n_test=10, gz=False):
+    rng = np.random.default_rng(0)
+    sfx = ".gz" if gz else ""
+    _write_idx(root / f"train-images-idx3-ubyte{sfx}", rng.integers(0, 256, (n_train, 28, 28)), gz)
+    _write_idx(root / f"train-labels-idx1-ubyte{sfx}", rng.integers(0, 10, n_train), gz)
+    _write_idx(root / f"t10k-images-idx3-ubyte{sfx}", rng.integers(0, 256, (n_test, 28, 28)), gz)
+    _write_idx(root / f"t10k-labels-idx1-ubyte{sfx}", rng.integers(0, 10, n_test), gz)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_idx_round_trip(tmp_path, gz):
+    _write_set(tmp_path, gz=gz)
+    ds = load_idx_dataset("mnist", tmp_path)
+    assert ds.train_x.shape == (20, 1, 28, 28) and ds.test_x.shape == (10, 1, 28, 28)
+    raw = read_idx(tmp_path / f"train-images-idx3-ubyte{'.gz' if gz else ''}")
+    assert torch.equal(ds.train_x[:, 0], torch.from_numpy(raw.astype(np.float32) / 255))
+
+
+def test_missing_dataset_names_path_and_fix(tmp_path):
+    with pytest.raises(UserError) as e:
+        load_idx_dataset("fashion_mnist", tmp_path / "nowhere")
+    msg = str(e.value)
+    assert str(tmp_path / "nowhere") in msg and "dataset-fashion-mnist" in msg
+
+
+@pytest.mark.parametrize("corrupt", ["magic", "truncated", "labels"])
+def test_malformed_idx(tmp_path, corrupt):
+    _write_set(tmp_path)
+    target = tmp_path / "t10k-images-idx3-ubyte"
+    if corrupt == "magic":
+        target.write_bytes(b"\x12\x34" + target.read_bytes()[2:])
+    elif corrupt == "truncated":
+        target.write_bytes(target.read_bytes()[:-7])
+    else:
+        _write_idx(tmp_path / "t10k-labels-idx1-ubyte", np.full(10, 12))
+    with pytest.raises(UserError) as e:
+        load_idx_dataset("mnist", tmp_path)
+    assert "t10k" in str(e.value)
+
+
+def test_unknown_dataset_name():
+    from omegaconf import OmegaConf
+
+    with pytest.raises(UserError, match="Unknown data set"):
+        load_dataset(OmegaConf.create({"name": "cifar"}))

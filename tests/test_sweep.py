@@ -1,0 +1,142 @@
+"""`approx-run sweep`: expansion, shared baseline/reference rows, failed jobs, resume after a kill,
+concurrent sweeps into one results file. Small and fast: 200 test images, one timed pass."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from runner.errors import UserError
+from runner.sweep import expand_jobs, expand_multipliers
+from tests.conftest import REPO, compose, has_cpp
+
+pytestmark = pytest.mark.skipif(not has_cpp(), reason="needs the C++ extension (backend=cpp)")
+
+FAST = ["eval.limit=200", "eval.repeats=1", "eval.warmup=0", "train.epochs=1"]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """One baseline for every test here (trained in-process: no subprocess start-up)."""
+    from runner.train import load_or_train
+
+    root = tmp_path_factory.mktemp("sweep_ckpt")
+    cfg = compose("sweep", [*FAST, f"paths.checkpoints={root}", f"paths.results={root / 'r'}"])
+    load_or_train(cfg)
+    return root
+
+
+def _args(tmp_path: Path, checkpoints: Path, multipliers: str, *extra: str) -> list[str]:
+    return ["sweep", f"sweep.multipliers={multipliers}", *FAST, f"paths.results={tmp_path / 'results'}",
+            f"paths.checkpoints={checkpoints}", *extra]
+
+
+def _popen(args):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "runner.cli", *args], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _run(args, timeout=300):
+    p = _popen(args)
+    out, _ = p.communicate(timeout=timeout)
+    return p.returncode, out
+
+
+def _ok_rows(path: Path) -> pd.DataFrame:
+    df = pd.read_csv(path)
+    return df[df["status"] == "ok"]
+
+
+def _summary(tmp_path: Path) -> pd.DataFrame:
+    dirs = sorted((tmp_path / "results" / "sweep").iterdir())
+    return pd.read_csv(dirs[-1] / "summary.csv")
+
+
+def test_expand_multipliers(tmp_path):
+    assert expand_multipliers("'mul8u_*'") == ["mul8u_17C8", "mul8u_197B", "mul8u_1JJQ", "mul8u_2V0",
+                                               "mul8u_NLX", "mul8u_T83"]
+    assert len(expand_multipliers("mul8*")) == 19
+    assert expand_multipliers("[exact, drum4_s,exact]") == ["exact", "drum4_s"]
+    assert expand_multipliers(f"{tmp_path}/t.txt") == [str(tmp_path / "t.txt")]
+    with pytest.raises(UserError, match="Did you mean"):
+        expand_multipliers("mul8s_1KV7")
+    with pytest.raises(UserError, match="matches no multiplier"):
+        expand_multipliers("nothing_*")
+    jobs = expand_jobs(["sweep.multiplier='a','b'", "quant=per_channel_minmax,per_tensor_minmax", "seed=1",
+                        "hydra/launcher=joblib"])
+    assert len(jobs) == 4 and all("seed=1" in j for j in jobs)
+
+
+def test_sweep_three_multipliers_and_a_bad_table(tmp_path, checkpoints):
+    bad = tmp_path / "bad_table.txt"
+    bad.write_text("1 2 3\n4 5 6\n")
+    args = _args(tmp_path, checkpoints, f"[mul8s_1KV8,mul8s_1L2N,mul8u_2V0,{bad}]")
+    rc, out = _run(args)
+    assert rc == 0, out
+    results = tmp_path / "results" / "results.csv"
+    df = pd.read_csv(results)
+    ok = df[df["status"] == "ok"]
+    assert sorted(ok.loc[ok["path"] == "approx", "multiplier"]) == ["mul8s_1KV8", "mul8s_1L2N", "mul8u_2V0"]
+    # references once per (data, model, quant, signedness), not per multiplier
+    assert (ok["path"] == "pytorch").sum() == 1 and (ok["path"] == "fakequant").sum() == 2
+    assert ok["row_key"].is_unique
+    failed = df[df["status"] == "failed"]
+    assert len(failed) == 1 and "bad_table.txt" in failed["error"].iloc[0]
+    summary = _summary(tmp_path)
+    assert summary["status"].tolist() == ["ok", "ok", "ok", "failed"]
+    assert summary["accuracy"].iloc[:3].notna().all() and summary["fp32_accuracy"].iloc[:3].notna().all()
+    sweep_dir = Path(summary["job_dir"].iloc[0]).parent
+    assert [(sweep_dir / str(i) / "job.json").is_file() for i in range(4)] == [True] * 4
+    assert (sweep_dir / "0" / "metrics.csv").is_file() and (sweep_dir / "0" / "run.json").is_file()
+
+    time.sleep(1.1)  # a new sweep dir (the name has seconds)
+    rc, out = _run(args)
+    assert rc == 0, out
+    again = pd.read_csv(results)
+    assert len(again[again["status"] == "ok"]) == len(ok)          # nothing recomputed
+    assert _summary(tmp_path)["status"].tolist() == ["skipped", "skipped", "skipped", "failed"]
+    assert _summary(tmp_path)["accuracy"].iloc[:3].tolist() == summary["accuracy"].iloc[:3].tolist()
+
+
+def test_resume_after_kill(tmp_path, checkpoints):
+    names = ["exact", "mul8s_1KV8", "mul8s_1KV9", "mul8s_1KVA", "mul8s_1L2N"]
+    args = _args(tmp_path, checkpoints, ",".join(names))
+    results = tmp_path / "results" / "results.csv"
+    p = _popen(args)
+    deadline = time.time() + 120
+    while time.time() < deadline and p.poll() is None:
+        if results.exists() and (_ok_rows(results)["path"] == "approx").sum() >= 1:
+            break
+        time.sleep(0.05)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.communicate()
+    first = _ok_rows(results)
+    assert 1 <= (first["path"] == "approx").sum() < len(names), "the kill should land mid-sweep"
+    rc, out = _run(args)
+    assert rc == 0, out
+    ok = _ok_rows(results)
+    assert ok["row_key"].is_unique                                  # nothing duplicated
+    assert set(first["row_key"]) <= set(ok["row_key"])              # nothing lost
+    assert (ok["path"] == "approx").sum() == len(names)
+    statuses = _summary(tmp_path)["status"].value_counts().to_dict()
+    assert statuses.get("ok", 0) + statuses.get("skipped", 0) == len(names) and statuses.get("skipped", 0) >= 1
+
+
+def test_two_concurrent_sweeps_share_a_results_file(tmp_path, checkpoints):
+    a = _popen(_args(tmp_path, checkpoints, "exact,mul8s_1KV8,mul8s_1KV9"))
+    b = _popen(_args(tmp_path, checkpoints, "mul8s_1KV8,mul8s_1KV9,mul8s_1KVA",
+                     f"hydra.sweep.dir={tmp_path / 'results' / 'sweep' / 'b'}"))
+    out_a, _ = a.communicate(timeout=300)
+    out_b, _ = b.communicate(timeout=300)
+    assert a.returncode == 0, out_a
+    assert b.returncode == 0, out_b
+    ok = _ok_rows(tmp_path / "results" / "results.csv")
+    assert ok["row_key"].is_unique
+    assert sorted(ok.loc[ok["path"] == "approx", "multiplier"]) == ["exact_s", "mul8s_1KV8", "mul8s_1KV9",
+                                                                   "mul8s_1KVA"]
+    assert (ok["path"] == "pytorch").sum() == 1 and (ok["path"] == "fakequant").sum() == 1

@@ -1,0 +1,55 @@
+import torch
+
+from runner.models import LeNet5, fold_input_normalization
+from runner.train import checkpoint_path, load_checkpoint, load_or_train, save_checkpoint
+from tests.conftest import compose
+
+
+def test_lenet5_shapes():
+    model = LeNet5(mean=0.1307, std=0.3081)
+    assert model(torch.rand(3, 1, 28, 28)).shape == (3, 10)
+    assert [m.in_features for m in (model.fc1, model.fc2, model.fc3)] == [256, 120, 84]
+
+
+def test_short_training_beats_chance(trained_lenet):
+    _, history = trained_lenet
+    assert history[-1]["test_accuracy"] > 0.85          # chance is 0.10
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert set(history[0]) == {"epoch", "train_loss", "test_accuracy", "seconds"}
+
+
+def test_fold_normalization_is_exact(trained_lenet, mnist5k):
+    model, _ = trained_lenet
+    x = mnist5k.test_x[:64]
+    folded = fold_input_normalization(model)
+    torch.testing.assert_close(folded(x), model(x), rtol=1e-4, atol=1e-4)
+    assert isinstance(folded.normalize, torch.nn.Identity)
+
+
+def test_checkpoint_round_trip_weights_only(tmp_path, trained_lenet, mnist5k):
+    model, _ = trained_lenet
+    cfg = compose("train", [], tmp_path)
+    path = checkpoint_path(cfg)
+    save_checkpoint(path, model, {"test_accuracy": 0.5, "data": "mnist5k"})
+    blob = torch.load(path, weights_only=True)
+    assert set(blob) == {"state_dict", "meta"} and blob["meta"]["test_accuracy"] == 0.5
+    loaded, meta = load_checkpoint(path, cfg, mnist5k)
+    for k, v in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v)
+    assert not list(path.parent.glob(".*.tmp"))  # atomic write left no temp file
+
+
+def test_checkpoint_name_depends_only_on_weight_config(tmp_path):
+    base = checkpoint_path(compose("train", [], tmp_path))
+    assert checkpoint_path(compose("train", ["train.force=true", "device=cpu"], tmp_path)) == base
+    assert checkpoint_path(compose("train", ["train.epochs=3"], tmp_path)) != base
+    assert checkpoint_path(compose("train", ["seed=1"], tmp_path)) != base
+    assert checkpoint_path(compose("compare", [], tmp_path)) == base  # compare finds train's checkpoint
+
+
+def test_load_or_train_reuses(tmp_path, mnist5k):
+    cfg = compose("train", ["train.epochs=1"], tmp_path)
+    _, meta1, path, _ = load_or_train(cfg, mnist5k)
+    mtime = path.stat().st_mtime_ns
+    _, meta2, path2, _ = load_or_train(cfg, mnist5k)
+    assert path2 == path and path.stat().st_mtime_ns == mtime and meta1 == meta2

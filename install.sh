@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs approx-run into ./.venv: torch (pinned by constraints.txt), the package and its compiled
+# extension runner._C (CPU kernels; CUDA kernels too where torch has CUDA and nvcc exists).
+# Idempotent and quick when nothing changed: a stamp of the build inputs skips the rebuild.
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PY="$VENV/bin/python"
+pip_install() { "$PY" -m pip install -q --disable-pip-version-check "$@"; }
+
+if ! "$PY" -c "import torch, torchvision" 2>/dev/null; then
+  echo "[install] torch + torchvision (constraints.txt)"
+  pip_install -c constraints.txt torch torchvision
+fi
+"$PY" -c "import setuptools, wheel, ninja" 2>/dev/null || pip_install setuptools wheel ninja
+
+stamp="$VENV/.approx-run-build"
+inputs=$(cat setup.py pyproject.toml $(find extensions -type f | sort) | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$inputs" ] || ! "$PY" -c "import runner._C" 2>/dev/null; then
+  echo "[install] approx-run + extension (a CUDA build takes a few minutes)"
+  MAX_JOBS=${MAX_JOBS:-2} pip_install -c constraints.txt --no-build-isolation -e ".[test,sweep]"
+  echo "$inputs" > "$stamp"
+fi
+"$VENV/bin/approx-run" info

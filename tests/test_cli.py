@@ -61,3 +61,24 @@ def test_compare_end_to_end_unsigned_multiplier(tmp_path):
     rows = pd.read_csv(tmp_path / "r" / "results.csv")
     assert rows["path"].tolist() == ["pytorch", "fakequant", "approx"]
     assert (rows["status"] == "ok").all() and rows.loc[2, "multiplier"] == "mul8u_17C8"
+
+
+def test_lut_commands_end_to_end(tmp_path):
+    env = {"APPROX_RUN_HOME": str(tmp_path / "home")}
+    out = run_cli("lut", "list", "--csv", str(tmp_path / "luts.csv"), env=env)
+    assert out.returncode == 0, out.stderr
+    table = pd.read_csv(tmp_path / "luts.csv")
+    assert {"mul8s_1L2J", "mul8u_17C8", "exact_s"} <= set(table["name"])
+    out = run_cli("lut", "show", "mul8s_1L2J", "--out", str(tmp_path / "heat.png"), env=env)
+    assert out.returncode == 0 and (tmp_path / "heat.png").stat().st_size > 1000
+    import numpy as np
+
+    a = np.arange(-128, 128)
+    np.savetxt(tmp_path / "mine.txt", (a[:, None] * a[None, :]) | 1, fmt="%d")  # LSB forced to 1
+    out = run_cli("lut", "import", str(tmp_path / "mine.txt"), "--name", "lsb1", env=env)
+    assert out.returncode == 0, out.stderr
+    assert "lsb1" in run_cli("lut", "list", env=env).stdout
+    bad = tmp_path / "bad.txt"
+    bad.write_text("1 2 3\n")
+    out = run_cli("lut", "import", str(bad), "--name", "bad", env=env)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "bad.txt" in out.stderr

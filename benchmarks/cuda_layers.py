@@ -1,0 +1,128 @@
+"""GPU timings of approx::lut_conv2d / approx::lut_linear on the LeNet-5 layer shapes.
+
+    python benchmarks/cuda_layers.py [--batch 10000] [--repeat 30] [--out FILE.json]
+
+Per layer, data kind (uniform random codes; ReLU-like: half zeros) and algo: median of `repeat`
+timings with CUDA events after warm-up, rotating among 3 input sets so that repeats do not run
+from a warm L2. Each timing includes everything one call launches (prep, table build, kernel).
+Then the five layers back to back with the `auto` choice, plain and replayed from a CUDA graph.
+Needs the CUDA build of runner._C; no Hydra.
+"""
+import argparse
+import json
+import statistics
+
+import torch
+
+LAYERS = {
+    # name: (kind, a shape per image, w shape)
+    "conv1": ("conv", (1, 28, 28), (6, 1, 5, 5)),
+    "conv2": ("conv", (6, 12, 12), (16, 6, 5, 5)),
+    "fc1": ("linear", (256,), (120, 256)),
+    "fc2": ("linear", (120,), (84, 120)),
+    "fc3": ("linear", (84,), (10, 84)),
+}
+ALGOS = ["direct", "expanded_smem", "expanded_l2", "auto"]
+
+
+def macs(name, batch):
+    kind, ashape, wshape = LAYERS[name]
+    if kind == "conv":
+        ho, wo = ashape[1] - wshape[2] + 1, ashape[2] - wshape[3] + 1
+        return batch * ho * wo * wshape[0] * wshape[1] * wshape[2] * wshape[3]
+    return batch * wshape[0] * wshape[1]
+
+
+def codes(shape, data, gen):
+    # unsigned codes, as after ReLU; "uniform" draws all 256 codes, "relu" zeroes half of them
+    a = torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8, device="cuda")
+    if data == "relu":
+        a[torch.rand(shape, generator=gen, device="cuda") < 0.5] = 0
+    return a
+
+
+def call(name, a, w, lut, algo):
+    if LAYERS[name][0] == "conv":
+        return torch.ops.approx.lut_conv2d(a, w, lut, [1, 1], [0, 0], [1, 1], 1, algo)
+    return torch.ops.approx.lut_linear(a, w, lut, algo)
+
+
+def time_ms(fn, inputs, repeat, warmup=3):
+    for i in range(warmup):
+        fn(inputs[i % len(inputs)])
+    torch.cuda.synchronize()
+    times = []
+    for i in range(repeat):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn(inputs[i % len(inputs)])
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times), min(times), max(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=10000)
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    import runner._C  # noqa: F401
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    # exact unsigned 8x8 products (fit int16, so the int16 paths run)
+    idx = torch.arange(256, device="cuda", dtype=torch.int32)
+    lut = (idx[:, None] * idx[None, :]).contiguous()
+    rows = []
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, batch {args.batch}")
+    print(f"{'layer':6} {'data':8} {'algo':14} {'median ms':>10} {'T MAC/s':>8} {'min ms':>8}")
+    for data in ("uniform", "relu"):
+        seqs = {}
+        for name, (kind, ashape, wshape) in LAYERS.items():
+            w = torch.randint(-127, 128, wshape, generator=gen, dtype=torch.int8, device="cuda")
+            inputs = [codes((args.batch, *ashape), data, gen) for _ in range(3)]
+            seqs[name] = (w, inputs)
+            for algo in ALGOS:
+                if algo == "expanded_smem" and wshape[0] > 16:
+                    continue
+                med, lo, _ = time_ms(lambda a: call(name, a, w, lut, algo), inputs, args.repeat)
+                tmacs = macs(name, args.batch) / (med * 1e-3) / 1e12
+                rows.append(dict(layer=name, data=data, algo=algo, median_ms=med, min_ms=lo,
+                                 tmacs=tmacs, macs=macs(name, args.batch)))
+                print(f"{name:6} {data:8} {algo:14} {med:10.4f} {tmacs:8.2f} {lo:8.4f}", flush=True)
+
+        def five(i):
+            for name in LAYERS:
+                w, inputs = seqs[name]
+                call(name, inputs[i % 3], w, lut, "auto")
+
+        med, lo, _ = time_ms(five, [0, 1, 2], args.repeat)
+        total = sum(macs(n, args.batch) for n in LAYERS)
+        rows.append(dict(layer="all5", data=data, algo="auto", median_ms=med, min_ms=lo,
+                         tmacs=total / (med * 1e-3) / 1e12))
+        print(f"{'all5':6} {data:8} {'auto':14} {med:10.4f} {total / med / 1e9:8.2f} {lo:8.4f}")
+        # the same from a CUDA graph (launch gaps removed)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            five(0)
+        torch.cuda.current_stream().wait_stream(s)
+        graphs = []
+        for i in range(3):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                five(i)
+            graphs.append(g)
+        med, lo, _ = time_ms(lambda g: g.replay(), graphs, args.repeat)
+        rows.append(dict(layer="all5-graph", data=data, algo="auto", median_ms=med, min_ms=lo,
+                         tmacs=total / (med * 1e-3) / 1e12))
+        print(f"{'all5g':6} {data:8} {'auto (graph)':14} {med:10.4f} {total / med / 1e9:8.2f} {lo:8.4f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                           batch=args.batch, repeat=args.repeat, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

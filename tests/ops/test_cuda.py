@@ -1,0 +1,338 @@
+"""CUDA kernels of approx::lut_linear / approx::lut_conv2d: bit-exact against the python reference
+and the CPU kernel, every output element written, grid limits, input checks.
+
+Marked `cuda` (deselected by default; run with `-m cuda` on a GPU machine). Imports nothing from
+runner.cli or the Hydra configs, so it runs where hydra is not installed.
+"""
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.cuda
+
+POISON = -0x21524111  # 0xDEADBEEF as int32
+
+
+def _cuda_ready():
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    try:
+        from runner import _ext
+    except ImportError as exc:  # pragma: no cover
+        return f"runner not importable: {exc}"
+    if not _ext.has_kernel("lut_linear", "CUDA"):
+        return "runner._C has no CUDA kernels"
+    return None
+
+
+_why = _cuda_ready()
+if _why:
+    pytest.skip(_why, allow_module_level=True)
+
+from runner import _ext  # noqa: E402
+from runner.ops import reference_lut_conv2d, reference_lut_linear  # noqa: E402
+
+ops = torch.ops.approx
+DEV = torch.device("cuda")
+ALGOS = ["direct", "expanded", "expanded_l2", "auto"]
+NO_CACHING = os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"
+
+
+def _has_cpu():
+    return _ext.has_kernel("lut_linear", "CPU")
+
+
+def make_lut(gen, kind):
+    """kind: 'int16' (every product fits int16, lut[0][0] != 0), 'wide' (full int32 range: the
+    int32 paths and wrap-around), 'exact' (true products)."""
+    if kind == "int16":
+        lut = torch.randint(-16000, 16000, (256, 256), generator=gen, dtype=torch.int32)
+        lut[0, 0] = 12345
+        lut[128, 128] = -777
+        return lut
+    if kind == "wide":
+        return torch.randint(-2**31, 2**31 - 1, (256, 256), generator=gen, dtype=torch.int64).to(
+            torch.int32)
+    raise ValueError(kind)
+
+
+def make_codes(gen, shape, signed):
+    if signed:
+        return torch.randint(-128, 128, shape, generator=gen, dtype=torch.int8)
+    return torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8)
+
+
+def make_weights(gen, shape, signed):
+    # sign-magnitude weights of unsigned multipliers are -127..127
+    lo = -128 if signed else -127
+    return torch.randint(lo, 128, shape, generator=gen, dtype=torch.int8)
+
+
+def poisoned_call(fn, out_shape):
+    """Calls fn() after filling a freed block of the output's size with POISON, so that the op's
+    output (allocated first, same size, same stream) starts as poison: unwritten elements show."""
+    if not NO_CACHING:
+        p = torch.full(out_shape, POISON, dtype=torch.int32, device=DEV)
+        del p
+    return fn()
+
+
+def check_equal(got, want, what):
+    got = got.cpu()
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    if not torch.equal(got, want):
+        bad = (got != want).nonzero()
+        i = tuple(bad[0].tolist())
+        raise AssertionError(f"{what}: {bad.shape[0]} of {want.numel()} elements differ; first at "
+                             f"{i}: got {got[i].item()}, want {want[i].item()}"
+                             + (" (poison: never written)" if got[i].item() == POISON else ""))
+
+
+LINEAR_SHAPES = [
+    (1, 1, 1),
+    (7, 13, 5),
+    (300, 150, 16),
+    (1000, 256, 120),
+    (513, 84, 10),
+    (64, 37, 300),    # N above 128 and above 32 groups of 8 (grid.z)
+    (33, 1000, 8),
+    (2500, 120, 84),
+    (129, 9, 17),
+]
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
+@pytest.mark.parametrize("lutkind", ["int16", "wide"])
+@pytest.mark.parametrize("shape", LINEAR_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_linear_matches_reference(shape, lutkind, signed):
+    m, k, n = shape
+    gen = torch.Generator().manual_seed(hash((shape, lutkind, signed)) & 0xFFFF)
+    a = make_codes(gen, (m, k), signed)
+    w = make_weights(gen, (n, k), signed)
+    lut = make_lut(gen, lutkind)
+    want = reference_lut_linear(a, w, lut)
+    if _has_cpu():
+        check_equal(ops.lut_linear(a, w, lut, "direct"), want, "CPU kernel vs reference")
+    ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
+    algos = ALGOS + (["expanded_smem"] if n <= 16 else [])
+    for algo in algos:
+        got = poisoned_call(lambda: ops.lut_linear(ad, wd, ld, algo), (m, n))
+        check_equal(got, want, f"lut_linear {shape} {lutkind} signed={signed} algo={algo}")
+
+
+CONV_CASES = [
+    # (B, C, H, W), (N, kh, kw), stride, padding, dilation, groups
+    ((1, 1, 28, 28), (6, 5, 5), 1, 0, 1, 1),         # conv1, batch 1
+    ((3, 6, 12, 12), (16, 5, 5), 1, 0, 1, 1),        # conv2
+    ((2, 3, 11, 9), (8, 3, 3), 2, 1, 1, 1),
+    ((2, 4, 10, 13), (6, 3, 2), (1, 2), (2, 1), (2, 1), 2),
+    ((1, 6, 9, 9), (9, 3, 3), 1, 1, 2, 3),
+    ((2, 8, 7, 7), (8, 3, 3), 1, 1, 1, 8),           # depthwise
+    ((2, 5, 6, 6), (40, 1, 1), 1, 0, 1, 1),          # 1x1, N > 32
+    ((1, 2, 5, 5), (3, 5, 5), 1, 2, 1, 1),           # mostly padding
+    ((2, 4, 17, 15), (150, 3, 3), 3, 2, 2, 2),       # N above 128 (75 per group)
+]
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
+@pytest.mark.parametrize("lutkind", ["int16", "wide"])
+@pytest.mark.parametrize("case", range(len(CONV_CASES)))
+def test_conv_matches_reference(case, lutkind, signed):
+    (b, c, h, wd_), (n, kh, kw), stride, padding, dilation, groups = CONV_CASES[case]
+    gen = torch.Generator().manual_seed(1000 + case * 4 + (lutkind == "wide") * 2 + signed)
+    a = make_codes(gen, (b, c, h, wd_), signed)
+    w = make_weights(gen, (n, c // groups, kh, kw), signed)
+    lut = make_lut(gen, lutkind)
+    want = reference_lut_conv2d(a, w, lut, stride, padding, dilation, groups)
+    pair = lambda v: [v, v] if isinstance(v, int) else list(v)  # noqa: E731
+    args = (pair(stride), pair(padding), pair(dilation), groups)
+    if _has_cpu():
+        check_equal(ops.lut_conv2d(a, w, lut, *args, "direct"), want, "CPU kernel vs reference")
+    ad, wdv, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
+    algos = ALGOS + (["expanded_smem"] if n // groups <= 16 else [])
+    for algo in algos:
+        got = poisoned_call(lambda: ops.lut_conv2d(ad, wdv, ld, *args, algo), tuple(want.shape))
+        check_equal(got, want, f"lut_conv2d case {case} {lutkind} signed={signed} algo={algo}")
+
+
+def test_poison_reaches_output():
+    if NO_CACHING:
+        pytest.skip("caching allocator off: the poisoning trick does not apply")
+    a = torch.zeros((100, 16), dtype=torch.int8, device=DEV)
+    w = torch.zeros((7, 16), dtype=torch.int8, device=DEV)
+    lut = torch.zeros((256, 256), dtype=torch.int32, device=DEV)
+    torch.cuda.synchronize()
+    p = torch.full((100, 7), POISON, dtype=torch.int32, device=DEV)
+    ptr = p.data_ptr()
+    del p
+    out = ops.lut_linear(a, w, lut, "direct")
+    assert out.data_ptr() == ptr, "the output did not reuse the poisoned block"
+    assert int(out.abs().max()) == 0
+
+
+# LeNet-5 layers at batch 10,000 against the CPU kernel (the reference on a slice).
+LENET = {
+    "conv1": ("conv", (10000, 1, 28, 28), (6, 1, 5, 5)),
+    "conv2": ("conv", (10000, 6, 12, 12), (16, 6, 5, 5)),
+    "fc1": ("linear", (10000, 256), (120, 256)),
+    "fc2": ("linear", (10000, 120), (84, 120)),
+    "fc3": ("linear", (10000, 84), (10, 84)),
+}
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
+@pytest.mark.parametrize("layer", list(LENET))
+def test_lenet_batch10000(layer, signed):
+    kind, ashape, wshape = LENET[layer]
+    gen = torch.Generator().manual_seed(7 + signed)
+    a = make_codes(gen, ashape, signed)
+    if not signed:  # ReLU-like: half zeros
+        a[torch.rand(ashape, generator=gen) < 0.5] = 0
+    w = make_weights(gen, wshape, signed)
+    lut = make_lut(gen, "int16")
+    op = ops.lut_conv2d if kind == "conv" else ops.lut_linear
+    extra = ([1, 1], [0, 0], [1, 1], 1) if kind == "conv" else ()
+    ref_fn = reference_lut_conv2d if kind == "conv" else reference_lut_linear
+    want_head = ref_fn(a[:50], w, lut)
+    want = op(a, w, lut, *extra, "auto") if _has_cpu() else None
+    if want is not None:
+        check_equal(want[:50], want_head, f"{layer}: CPU kernel vs reference")
+    ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
+    out_shape = (ashape[0],) + tuple(want_head.shape[1:])
+    algos = ALGOS + (["expanded_smem"] if wshape[0] <= 16 else [])
+    for algo in algos:
+        got = poisoned_call(lambda: op(ad, wd, ld, *extra, algo), out_shape)
+        check_equal(got[:50], want_head, f"{layer} algo={algo} vs reference (first 50)")
+        if want is not None:
+            check_equal(got, want, f"{layer} algo={algo} vs CPU kernel")
+
+
+@pytest.mark.parametrize("algo", ["direct", "expanded_smem", "expanded_l2"])
+def test_rows_beyond_grid_y_limit(algo):
+    """More rows than 65,535 x the largest tile height (2,048 rows): the row tiles run on grid.x."""
+    m = 65535 * 2048 + 123
+    gen = torch.Generator().manual_seed(3)
+    lut = make_lut(gen, "int16").to(DEV)
+    a = torch.randint(-128, 128, (m, 1), dtype=torch.int8, device=DEV)
+    w = torch.tensor([[-77]], dtype=torch.int8, device=DEV)
+    want = lut.reshape(-1)[(a[:, 0].long() + 128) * 256 + (-77 + 128)].reshape(m, 1)
+    got = poisoned_call(lambda: ops.lut_linear(a, w, lut, algo), (m, 1))
+    assert torch.equal(got, want), f"{int((got != want).sum())} rows differ"
+    del got, want
+    # The same through conv rows: 1x1 conv over B*H*W > the limit.
+    x = torch.randint(-128, 128, (2049, 1, 256, 256), dtype=torch.int8, device=DEV)
+    wc = w.reshape(1, 1, 1, 1)
+    want = lut.reshape(-1)[(x.long() + 128) * 256 + (-77 + 128)]
+    got = poisoned_call(lambda: ops.lut_conv2d(x, wc, lut, [1, 1], [0, 0], [1, 1], 1, algo),
+                        tuple(want.shape))
+    assert torch.equal(got, want), f"{int((got != want).sum())} conv rows differ"
+
+
+def test_auto_is_cached_and_deterministic():
+    gen = torch.Generator().manual_seed(11)
+    a = make_codes(gen, (4000, 64), True).to(DEV)
+    w = make_weights(gen, (24, 64), True).to(DEV)
+    lut = make_lut(gen, "int16").to(DEV)
+    r1 = ops.lut_linear(a, w, lut, "auto")   # timed trial
+    r2 = ops.lut_linear(a, w, lut, "auto")   # cached choice
+    assert torch.equal(r1, r2)
+    assert torch.equal(r1.cpu(), reference_lut_linear(a.cpu(), w.cpu(), lut.cpu()))
+
+
+def test_runs_on_current_stream():
+    gen = torch.Generator().manual_seed(12)
+    a = make_codes(gen, (3000, 150), False).to(DEV)
+    w = make_weights(gen, (16, 150), False).to(DEV)
+    lut = make_lut(gen, "int16").to(DEV)
+    want = reference_lut_linear(a.cpu(), w.cpu(), lut.cpu())
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        outs = [ops.lut_linear(a, w, lut, algo) for algo in ALGOS]
+    s.synchronize()
+    for o in outs:
+        check_equal(o, want, "side stream")
+
+
+def test_cuda_graph_capture():
+    gen = torch.Generator().manual_seed(13)
+    a = make_codes(gen, (5000, 25), True).to(DEV)
+    w = make_weights(gen, (6, 25), True).to(DEV)
+    lut = make_lut(gen, "int16").to(DEV)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ops.lut_linear(a, w, lut, "expanded")  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out_e = ops.lut_linear(a, w, lut, "expanded")
+        out_a = ops.lut_linear(a, w, lut, "auto")  # first call of this shape inside a capture
+    a.copy_(make_codes(gen, (5000, 25), True).to(DEV))
+    g.replay()
+    torch.cuda.synchronize()
+    want = reference_lut_linear(a.cpu(), w.cpu(), lut.cpu())
+    check_equal(out_e, want, "graph replay, expanded")
+    check_equal(out_a, want, "graph replay, auto")
+
+
+def test_bad_inputs_raise():
+    a = torch.zeros((4, 8), dtype=torch.int8, device=DEV)
+    w = torch.zeros((3, 8), dtype=torch.int8, device=DEV)
+    lut = torch.zeros((256, 256), dtype=torch.int32, device=DEV)
+    with pytest.raises(RuntimeError, match="unknown algo 'nope'.*direct.*expanded"):
+        ops.lut_linear(a, w, lut, "nope")
+    with pytest.raises(RuntimeError, match="int8"):
+        ops.lut_linear(a.float(), w, lut, "auto")
+    with pytest.raises(RuntimeError, match="must be int8"):
+        ops.lut_linear(a, w.to(torch.uint8), lut, "auto")
+    with pytest.raises(RuntimeError, match=r"\[256, 256\]"):
+        ops.lut_linear(a, w, lut[:100], "auto")
+    with pytest.raises(RuntimeError, match="int32"):
+        ops.lut_linear(a, w, lut.long(), "auto")
+    with pytest.raises(RuntimeError, match="K="):
+        ops.lut_linear(a, w[:, :5].contiguous(), lut, "auto")
+    with pytest.raises(RuntimeError, match="contiguous"):
+        ops.lut_linear(torch.zeros((8, 4), dtype=torch.int8, device=DEV).t(), w, lut, "auto")
+    with pytest.raises(RuntimeError, match="same device"):
+        ops.lut_linear(a, w, lut.cpu(), "auto")
+    with pytest.raises(RuntimeError, match="expanded_smem"):
+        ops.lut_linear(a, torch.zeros((40, 8), dtype=torch.int8, device=DEV), lut, "expanded_smem")
+    x = torch.zeros((1, 4, 6, 6), dtype=torch.uint8, device=DEV)
+    wc = torch.zeros((4, 2, 3, 3), dtype=torch.int8, device=DEV)
+    with pytest.raises(RuntimeError, match="groups"):
+        ops.lut_conv2d(x, wc, lut, [1, 1], [0, 0], [1, 1], 3, "auto")
+    with pytest.raises(RuntimeError, match="input channels"):
+        ops.lut_conv2d(x, wc, lut, [1, 1], [0, 0], [1, 1], 1, "auto")
+    with pytest.raises(RuntimeError, match="stride"):
+        ops.lut_conv2d(x, wc, lut, [0, 1], [0, 0], [1, 1], 2, "auto")
+    with pytest.raises(RuntimeError, match="empty"):
+        ops.lut_conv2d(x, torch.zeros((4, 2, 7, 7), dtype=torch.int8, device=DEV), lut, [1, 1],
+                       [0, 0], [1, 1], 2, "auto")
+    with pytest.raises(RuntimeError, match="unknown algo"):
+        ops.lut_conv2d(x, wc, lut, [1, 1], [0, 0], [1, 1], 2, "fast")
+
+
+def test_empty_and_k0():
+    lut = torch.ones((256, 256), dtype=torch.int32, device=DEV)
+    out = ops.lut_linear(torch.zeros((0, 5), dtype=torch.int8, device=DEV),
+                         torch.zeros((3, 5), dtype=torch.int8, device=DEV), lut, "auto")
+    assert out.shape == (0, 3)
+    out = ops.lut_linear(torch.zeros((4, 0), dtype=torch.int8, device=DEV),
+                         torch.zeros((3, 0), dtype=torch.int8, device=DEV), lut, "auto")
+    assert out.shape == (4, 3) and int(out.abs().sum()) == 0
+
+
+def test_opcheck_cuda():
+    import runner.ops  # noqa: F401  (registers the fake kernels)
+
+    gen = torch.Generator().manual_seed(5)
+    a = make_codes(gen, (37, 19), True).to(DEV)
+    w = make_weights(gen, (11, 19), True).to(DEV)
+    lut = make_lut(gen, "int16").to(DEV)
+    torch.library.opcheck(ops.lut_linear.default, (a, w, lut, "direct"))
+    torch.library.opcheck(ops.lut_linear.default, (a, w, lut, "expanded"))
+    x = make_codes(gen, (2, 4, 9, 9), False).to(DEV)
+    wc = make_weights(gen, (6, 2, 3, 3), False).to(DEV)
+    torch.library.opcheck(ops.lut_conv2d.default, (x, wc, lut, [2, 1], [1, 1], [1, 2], 2, "auto"))

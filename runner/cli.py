@@ -17,7 +17,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 COMMANDS = {
     "train": ("runner.train", "train the baseline LeNet-5 (fp32) and save its checkpoint", True),
     "compare": ("runner.compare", "accuracy/latency of pytorch fp32, fake-quant int8 and custom-MAC inference", True),
-    "sweep": ("runner.sweep", "run compare over many multipliers (Hydra multirun; resumable)", True),
+    "sweep": ("runner.sweep", "run compare over many multipliers (Hydra multirun; resumable)", False),
     "bench": ("runner.bench", "time the LUT-MAC ops and whole models on each backend", True),
     "results": ("runner.results", "filter, pivot and plot results/results.csv", False),
     "lut": ("runner.multipliers.cli", "list, show and import multiplier look-up tables", False),

@@ -24,7 +24,7 @@ from runner.models import build_model
 from runner.multipliers import resolve_per_layer
 from runner.provenance import atomic_write_json, environment, resolve_device
 from runner.quant import QuantConfig, quant_layers
-from runner.results import append_rows, done_keys, write_csv
+from runner.results import append_new_rows, append_rows, done_keys, write_csv
 from runner.train import load_or_train, weight_config
 
 PATHS = ("pytorch", "fakequant", "approx")
@@ -143,13 +143,19 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         return {"status": "failed", "error": str(exc)}
 
 
-def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
-    qcfg = QuantConfig.from_cfg(cfg.quant)
+def plan(cfg: DictConfig):
+    """(device, approx layers, per-layer multipliers, row keys) of a run, without running it; sweep uses
+    it to group jobs sharing pytorch/fakequant rows and to find each job's rows afterwards."""
     device = eval_device(cfg)
     layer_names = list(quant_layers(build_model(cfg.model, 0.0, 1.0)))
     approx_layers = list(cfg.model.approx_layers) if cfg.model.get("approx_layers") else layer_names
     multipliers = resolve_per_layer(cfg.multiplier, layer_names)
-    keys = row_keys(cfg, multipliers, approx_layers, device)
+    return device, approx_layers, multipliers, row_keys(cfg, multipliers, approx_layers, device)
+
+
+def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
+    qcfg = QuantConfig.from_cfg(cfg.quant)
+    device, approx_layers, multipliers, keys = plan(cfg)
     results_file = Path(cfg.results_file)
     wanted = [p for p in cfg.eval.paths if p in PATHS]
     if not wanted:
@@ -173,7 +179,7 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
     env = environment(device)
     rows, preds = [], {}
     # fakequant predictions are needed for agreement even when its row is already recorded
-    order = ["pytorch", "fakequant", "approx"]
+    order = ["pytorch", "fakequant"] + (["approx"] if "approx" in wanted else [])
     n_batches = (len(x) + bs - 1) // bs
     with progress_bar(f"compare {mcols['multiplier']} on {device}", total=len(order)) as advance:
         for path in order:
@@ -196,7 +202,8 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
                              "torch_version": env["torch"], "n_batches": n_batches})
             advance(1, path=path)
     write_csv(out_dir / "metrics.csv", pd.DataFrame(rows))
-    append_rows(results_file, rows)
+    # with skip_done, a row another process recorded meanwhile (concurrent sweeps) is not added twice
+    (append_new_rows if cfg.skip_done else append_rows)(results_file, rows)
     atomic_write_json(out_dir / "run.json", {
         **env, "seed": int(cfg.seed), "checkpoint": str(ckpt), "baseline": meta,
         "config": OmegaConf.to_container(cfg, resolve=True),

@@ -16,7 +16,7 @@ from tests.conftest import REPO, compose, has_cpp
 
 pytestmark = pytest.mark.skipif(not has_cpp(), reason="needs the C++ extension (backend=cpp)")
 
-FAST = ["eval.limit=200", "eval.repeats=1", "eval.warmup=0", "train.epochs=1"]
+FAST = ["eval.limit=200", "eval.repeats=1", "eval.warmup=0", "train.epochs=1", "quant.calib_batches=1"]
 
 
 @pytest.fixture(scope="module")
@@ -94,17 +94,9 @@ def test_sweep_three_multipliers_and_a_bad_table(tmp_path, checkpoints):
     assert [(sweep_dir / str(i) / "job.json").is_file() for i in range(4)] == [True] * 4
     assert (sweep_dir / "0" / "metrics.csv").is_file() and (sweep_dir / "0" / "run.json").is_file()
 
-    time.sleep(1.1)  # a new sweep dir (the name has seconds)
-    rc, out = _run(args)
-    assert rc == 0, out
-    again = pd.read_csv(results)
-    assert len(again[again["status"] == "ok"]) == len(ok)          # nothing recomputed
-    assert _summary(tmp_path)["status"].tolist() == ["skipped", "skipped", "skipped", "failed"]
-    assert _summary(tmp_path)["accuracy"].iloc[:3].tolist() == summary["accuracy"].iloc[:3].tolist()
-
 
 def test_resume_after_kill(tmp_path, checkpoints):
-    names = ["exact", "mul8s_1KV8", "mul8s_1KV9", "mul8s_1KVA", "mul8s_1L2N"]
+    names = ["exact", "mul8s_1KV8", "mul8s_1KV9", "mul8s_1KVA"]
     args = _args(tmp_path, checkpoints, ",".join(names))
     results = tmp_path / "results" / "results.csv"
     p = _popen(args)
@@ -123,8 +115,10 @@ def test_resume_after_kill(tmp_path, checkpoints):
     assert ok["row_key"].is_unique                                  # nothing duplicated
     assert set(first["row_key"]) <= set(ok["row_key"])              # nothing lost
     assert (ok["path"] == "approx").sum() == len(names)
-    statuses = _summary(tmp_path)["status"].value_counts().to_dict()
-    assert statuses.get("ok", 0) + statuses.get("skipped", 0) == len(names) and statuses.get("skipped", 0) >= 1
+    summary = _summary(tmp_path)                                  # the rerun's
+    assert (summary["status"] == "skipped").sum() == (first["path"] == "approx").sum()   # done: not redone
+    assert (summary["status"] == "ok").sum() == len(names) - (first["path"] == "approx").sum()
+    assert summary["accuracy"].notna().all()
 
 
 def test_two_concurrent_sweeps_share_a_results_file(tmp_path, checkpoints):

@@ -134,3 +134,16 @@ def test_two_concurrent_sweeps_share_a_results_file(tmp_path, checkpoints):
     assert sorted(ok.loc[ok["path"] == "approx", "multiplier"]) == ["exact_s", "mul8s_1KV8", "mul8s_1KV9",
                                                                    "mul8s_1KVA"]
     assert (ok["path"] == "pytorch").sum() == 1 and (ok["path"] == "fakequant").sum() == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
+def test_launchers(tmp_path, checkpoints, launcher):
+    pytest.importorskip({"joblib": "hydra_plugins.hydra_joblib_launcher",
+                         "submitit_local": "hydra_plugins.hydra_submitit_launcher"}[launcher])
+    extra = [f"hydra/launcher={launcher}"] + (["hydra.launcher.n_jobs=2"] if launcher == "joblib" else [])
+    rc, out = _run(_args(tmp_path, checkpoints, "exact,mul8s_1KV8,mul8u_2V0", *extra))
+    assert rc == 0, out
+    assert _summary(tmp_path)["status"].tolist() == ["ok", "ok", "ok"]
+    ok = _ok_rows(tmp_path / "results" / "results.csv")
+    assert ok["row_key"].is_unique and (ok["path"] == "approx").sum() == 3

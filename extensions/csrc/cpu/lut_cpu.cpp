@@ -9,7 +9,7 @@
 //   direct    one LUT lookup per MAC (lookup column precomputed per weight). No per-call table,
 //             so it suits small batches and training, where weights change every step.
 //   expanded  per call, a weight-expanded table T[g][k][a][n] = product(a, w[g*Ng+n][k]) with the
-//             weight sign folded in and n padded to a multiple of 16. For one activation code the
+//             weight sign folded in and n padded to a multiple of 8. For one activation code the
 //             inner loop then adds a contiguous run of output channels with vector loads into
 //             int32 accumulators that stay in registers. int16 entries when every product fits.
 //
@@ -20,7 +20,13 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <list>
+#include <memory>
+#include <mutex>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -47,188 +53,59 @@ struct Problem {
   int32_t* out;
   int64_t o_img, o_grp, o_pix, o_ch;  // out strides; pixel p = oh * Wo + ow
   int64_t Ng;             // output channels per group
-  int64_t Np;             // Ng rounded up to a multiple of 16 (table row length)
+  int64_t Np;             // Ng rounded up to a multiple of 8 (table row length)
 };
 
-constexpr int kMaxR = 4;
+// The hot loops, once per instruction set (see lut_cpu_kernels.h).
+#define AR_NS isabase
+#define AR_ISA 0
+#include "lut_cpu_kernels.h"
+#undef AR_NS
+#undef AR_ISA
 
-// ------------------------------------------------------------------------------------------------
-// Vector helpers. L = int32 lanes per vector (4 baseline SSE2, 8 AVX2, 16 AVX-512).
-template <int L> struct VT {
-  typedef uint32_t u32 __attribute__((vector_size(4 * L)));
-  typedef int32_t i32 __attribute__((vector_size(4 * L)));
-  typedef int16_t i16 __attribute__((vector_size(2 * L)));
-};
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,bmi,bmi2,popcnt")
+#define AR_NS isa256
+#define AR_ISA 256
+#include "lut_cpu_kernels.h"
+#undef AR_NS
+#undef AR_ISA
+#pragma GCC pop_options
 
-template <typename TT, int L>
-AR_INLINE typename VT<L>::u32 load_widen(const TT* p) {
-  if constexpr (sizeof(TT) == 2) {
-    typename VT<L>::i16 h;
-    std::memcpy(&h, p, sizeof h);
-    return (typename VT<L>::u32)__builtin_convertvector(h, typename VT<L>::i32);
-  } else {
-    typename VT<L>::u32 v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-  }
-}
-
-// R rows x NT channels of the expanded algorithm. Tg points at the group's table plus n0.
-template <typename TT, int L, int NT, int R>
-AR_INLINE void exp_tile(const TT* __restrict Tg, const Problem& p, const uint8_t* const* base,
-                        int nr, int32_t* const* outp, int64_t n0) {
-  using V = typename VT<L>::u32;
-  constexpr int NV = NT / L;
-  V acc[R][NV];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = V{};
-  const int64_t Np = p.Np, slab = 256 * Np;
-  const int32_t* __restrict off = p.off;
-  const uint8_t x = p.xmask;
-  for (int64_t k = 0; k < p.K; ++k) {
-    const int32_t o = off[k];
-    const TT* tk = Tg + k * slab;
-    for (int r = 0; r < R; ++r) {
-      const TT* row = tk + (int64_t)(uint8_t)(base[r][o] ^ x) * Np;
-      for (int v = 0; v < NV; ++v) acc[r][v] += load_widen<TT, L>(row + v * L);
-    }
-  }
-  const int64_t nvalid = std::min<int64_t>(NT, p.Ng - n0);
-  for (int r = 0; r < nr; ++r) {
-    uint32_t tmp[NT];
-    std::memcpy(tmp, acc[r], sizeof tmp);
-    int32_t* o = outp[r] + n0 * p.o_ch;
-    for (int64_t n = 0; n < nvalid; ++n) o[n * p.o_ch] = (int32_t)tmp[n];
-  }
-}
-
-// R rows x NT channels of the direct algorithm: col/neg are [K][Np] per group (plus n0).
-template <bool UNS, int NT, int R>
-AR_INLINE void direct_tile(const int32_t* __restrict lut, const int32_t* __restrict col,
-                           const uint32_t* __restrict neg, const Problem& p,
-                           const uint8_t* const* base, int nr, int32_t* const* outp, int64_t n0) {
-  uint32_t acc[R][NT];
-  for (int r = 0; r < R; ++r)
-    for (int n = 0; n < NT; ++n) acc[r][n] = 0;
-  const int64_t Np = p.Np;
-  const uint8_t x = p.xmask;
-  for (int64_t k = 0; k < p.K; ++k) {
-    const int32_t o = p.off[k];
-    const int32_t* ck = col + k * Np;
-    const uint32_t* nk = neg + k * Np;
-    for (int r = 0; r < R; ++r) {
-      const int32_t* row = lut + (int64_t)(uint8_t)(base[r][o] ^ x) * 256;
-      for (int n = 0; n < NT; ++n) {
-        uint32_t v = (uint32_t)row[ck[n]];
-        if constexpr (UNS) v = (v ^ nk[n]) - nk[n];  // nk = all ones for negative weights
-        acc[r][n] += v;
-      }
-    }
-  }
-  const int64_t nvalid = std::min<int64_t>(NT, p.Ng - n0);
-  for (int r = 0; r < nr; ++r) {
-    int32_t* o = outp[r] + n0 * p.o_ch;
-    for (int64_t n = 0; n < nvalid; ++n) o[n * p.o_ch] = (int32_t)acc[r][n];
-  }
-}
-
-// Walks rows [r0, r1) (flattened (b, g, pixel)) in blocks of up to R rows of one (b, g), and
-// calls tile(g, base, nr, outp) for each block. Short blocks repeat their last row.
-template <int R, typename F>
-AR_INLINE void for_row_blocks(const Problem& p, int64_t r0, int64_t r1, F&& tile) {
-  const int64_t P = p.Ho * p.Wo;
-  int64_t r = r0;
-  while (r < r1) {
-    const int64_t bg = r / P, b = bg / p.G, g = bg % p.G;
-    const int64_t pix0 = r % P;
-    const int nr = (int)std::min<int64_t>({(int64_t)R, r1 - r, P - pix0});
-    const uint8_t* base[R];
-    int32_t* outp[R];
-    for (int i = 0; i < R; ++i) {
-      const int64_t pix = pix0 + std::min(i, nr - 1);
-      const int64_t oh = pix / p.Wo, ow = pix % p.Wo;
-      base[i] = p.act + b * p.a_img + g * p.a_grp + oh * p.a_oh + ow * p.a_ow;
-      outp[i] = p.out + b * p.o_img + g * p.o_grp + pix * p.o_pix;
-    }
-    tile(g, base, nr, outp);
-    r += nr;
-  }
-}
-
-// Channel tiles of 64, 32, 16 over Np (a multiple of 16); rows per block chosen so that the
-// accumulators (R * NT / L vectors) fit the register file.
-template <typename TT, int L>
-AR_INLINE void exp_rows(const TT* T, const Problem& p, int64_t r0, int64_t r1) {
-  const int64_t tsz = p.K * 256 * p.Np;
-  auto run = [&](auto nt_tag, auto r_tag) AR_LAMBDA_INLINE {
-    constexpr int NT = decltype(nt_tag)::value, R = decltype(r_tag)::value;
-    for_row_blocks<R>(p, r0, r1, [&](int64_t g, const uint8_t* const* base, int nr, int32_t* const* outp) AR_LAMBDA_INLINE {
-      const TT* Tg = T + g * tsz;
-      int64_t n0 = 0;
-      for (; n0 + 64 <= p.Np; n0 += 64) exp_tile<TT, L, 64, R>(Tg + n0, p, base, nr, outp, n0);
-      if (n0 + 32 <= p.Np) { exp_tile<TT, L, 32, R>(Tg + n0, p, base, nr, outp, n0); n0 += 32; }
-      if (n0 < p.Np) exp_tile<TT, L, 16, R>(Tg + n0, p, base, nr, outp, n0);
-    });
-    (void)nt_tag;
-  };
-  using I64 = std::integral_constant<int, 64>;
-  // Wide layers: fewer rows per block keep the 64-channel tile's accumulators in registers.
-  if (p.Np >= 64) {
-    if constexpr (L >= 16) run(I64{}, std::integral_constant<int, 2>{});
-    else run(I64{}, std::integral_constant<int, 1>{});
-  } else {
-    run(I64{}, std::integral_constant<int, kMaxR>{});
-  }
-}
-
-template <int L>
-AR_INLINE void direct_rows(const int32_t* lut, const int32_t* col, const uint32_t* neg,
-                           const Problem& p, int64_t r0, int64_t r1) {
-  constexpr int R = 2;
-  const int64_t csz = p.K * p.Np;
-  for_row_blocks<R>(p, r0, r1, [&](int64_t g, const uint8_t* const* base, int nr, int32_t* const* outp) AR_LAMBDA_INLINE {
-    const int32_t* cg = col + g * csz;
-    const uint32_t* ng = neg + g * csz;
-    for (int64_t n0 = 0; n0 < p.Np; n0 += 16) {
-      if (p.is_unsigned)
-        direct_tile<true, 16, R>(lut, cg + n0, ng + n0, p, base, nr, outp, n0);
-      else
-        direct_tile<false, 16, R>(lut, cg + n0, ng + n0, p, base, nr, outp, n0);
-    }
-  });
-}
-
-// ISA variants. Each is a plain function with a target attribute so everything inlined into it is
-// compiled for that ISA.
-#define AR_VARIANTS(NAME, BODY)                                                                  \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi2"))) void NAME##_avx512 \
-      BODY(16)                                                                                   \
-  __attribute__((target("avx2,fma,bmi2"))) void NAME##_avx2 BODY(8)                             \
-  void NAME##_base BODY(4)
-
-#define AR_EXP16_BODY(L) (const int16_t* T, const Problem& p, int64_t r0, int64_t r1) { exp_rows<int16_t, L>(T, p, r0, r1); }
-#define AR_EXP32_BODY(L) (const int32_t* T, const Problem& p, int64_t r0, int64_t r1) { exp_rows<int32_t, L>(T, p, r0, r1); }
-#define AR_DIRECT_BODY(L) (const int32_t* lut, const int32_t* col, const uint32_t* neg, const Problem& p, int64_t r0, int64_t r1) { direct_rows<L>(lut, col, neg, p, r0, r1); }
-AR_VARIANTS(exp16, AR_EXP16_BODY)
-AR_VARIANTS(exp32, AR_EXP32_BODY)
-AR_VARIANTS(direct, AR_DIRECT_BODY)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi,bmi2,popcnt")
+#define AR_NS isa512
+#define AR_ISA 512
+#include "lut_cpu_kernels.h"
+#undef AR_NS
+#undef AR_ISA
+#pragma GCC pop_options
 
 enum class Isa { Base, Avx2, Avx512 };
 
 Isa detect_isa() {
   static const Isa isa = [] {
-    const char* force = std::getenv("APPROX_RUN_CPU_ISA");  // for measuring the variants
     __builtin_cpu_init();
     const bool a512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     const bool a2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                     __builtin_cpu_supports("bmi2");
-    if (force && std::string(force) == "base") return Isa::Base;
-    if (force && std::string(force) == "avx2" && a2) return Isa::Avx2;
+    // APPROX_RUN_CPU_ISA=avx2|base forces a narrower variant (to measure or test them).
+    const char* force = std::getenv("APPROX_RUN_CPU_ISA");
+    const std::string f = force ? force : "";
+    if (f == "base") return Isa::Base;
+    if (f == "avx2" && a2) return Isa::Avx2;
     return a512 ? Isa::Avx512 : a2 ? Isa::Avx2 : Isa::Base;
   }();
   return isa;
 }
+
+#define AR_DISPATCH(FN, ...)                                      \
+  switch (detect_isa()) {                                         \
+    case Isa::Avx512: isa512::FN(__VA_ARGS__); break;             \
+    case Isa::Avx2: isa256::FN(__VA_ARGS__); break;               \
+    default: isabase::FN(__VA_ARGS__);                            \
+  }
 
 // ------------------------------------------------------------------------------------------------
 enum class Algo { Auto, Direct, Expanded };
@@ -298,82 +175,132 @@ bool products_fit_int16(const int32_t* lut, const WeightCols& wc) {
   return true;
 }
 
-template <typename TT>
-void build_table(TT* T, const int32_t* lut, const WeightCols& wc, const Problem& p) {
-  const int64_t Np = p.Np;
-  at::parallel_for(0, p.G * p.K, 16, [&](int64_t s, int64_t e) {
-    for (int64_t gk = s; gk < e; ++gk) {
-      const int32_t* col = wc.col.data() + gk * Np;
-      const uint32_t* neg = wc.neg.data() + gk * Np;
-      TT* dst = T + gk * 256 * Np;
-      const int64_t g = gk / p.K;
-      (void)g;
-      for (int a = 0; a < 256; ++a) {
-        const int32_t* row = lut + a * 256;
-        TT* d = dst + a * Np;
-        for (int64_t n = 0; n < p.Ng; ++n) d[n] = (TT)(int32_t)(((uint32_t)row[col[n]] ^ neg[n]) - neg[n]);
-        for (int64_t n = p.Ng; n < Np; ++n) d[n] = 0;
-      }
-    }
-  });
+constexpr int64_t kTableBudget = 64ll << 20;   // auto: expanded only below this table size
+constexpr int64_t kCacheBudget = 256ll << 20;  // all cached tables together
+
+// Expanded tables, reused across calls while the weights and the LUT are byte-identical (at
+// inference they never change, so the build is paid once per layer). Entries are matched by
+// content, not by pointer, so a freed and reallocated tensor can never hit a stale table.
+struct TableEntry {
+  std::vector<int8_t> w;
+  std::vector<int32_t> lut;
+  bool is_unsigned;
+  int64_t G, K, Ng, Np;
+  bool fit16;
+  at::Tensor table;
+};
+
+struct TableCache {
+  std::mutex mu;
+  std::list<std::shared_ptr<TableEntry>> entries;  // most recently used first
+  int64_t bytes = 0;
+};
+
+TableCache& table_cache() {
+  static TableCache c;
+  return c;
 }
 
-constexpr int64_t kTableBudget = 64ll << 20;
+bool cache_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("APPROX_RUN_TABLE_CACHE");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
+std::shared_ptr<TableEntry> cache_find(const Problem& p, const at::Tensor& w, const int32_t* lut) {
+  if (!cache_enabled()) return nullptr;
+  TableCache& c = table_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  const int64_t wn = w.numel();
+  for (auto it = c.entries.begin(); it != c.entries.end(); ++it) {
+    const TableEntry& e = **it;
+    if (e.is_unsigned != p.is_unsigned || e.G != p.G || e.K != p.K || e.Ng != p.Ng ||
+        (int64_t)e.w.size() != wn || std::memcmp(e.w.data(), w.data_ptr<int8_t>(), wn) != 0 ||
+        std::memcmp(e.lut.data(), lut, 256 * 256 * sizeof(int32_t)) != 0)
+      continue;
+    auto hit = *it;
+    c.entries.erase(it);
+    c.entries.push_front(hit);
+    return hit;
+  }
+  return nullptr;
+}
+
+void cache_insert(std::shared_ptr<TableEntry> e) {
+  if (!cache_enabled()) return;
+  TableCache& c = table_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.entries.push_front(e);
+  c.bytes += e->table.numel();
+  while (c.bytes > kCacheBudget && c.entries.size() > 1) {
+    c.bytes -= c.entries.back()->table.numel();
+    c.entries.pop_back();
+  }
+}
+
+std::shared_ptr<TableEntry> build_entry(const Problem& p, const at::Tensor& w, const int32_t* lut,
+                                        const WeightCols& wc, bool fit16, int64_t tbytes) {
+  auto e = std::make_shared<TableEntry>();
+  e->w.assign(w.data_ptr<int8_t>(), w.data_ptr<int8_t>() + w.numel());
+  e->lut.assign(lut, lut + 256 * 256);
+  e->is_unsigned = p.is_unsigned;
+  e->G = p.G; e->K = p.K; e->Ng = p.Ng; e->Np = p.Np;
+  e->fit16 = fit16;
+  e->table = at::empty({tbytes}, at::TensorOptions().dtype(at::kByte));
+  void* T = e->table.data_ptr();
+  const int32_t* col = wc.col.data();
+  const uint32_t* neg = wc.neg.data();
+  at::parallel_for(0, p.G * p.K, 8, [&](int64_t s, int64_t t) {
+    if (fit16) { AR_DISPATCH(build16, static_cast<int16_t*>(T), lut, col, neg, p, s, t) }
+    else { AR_DISPATCH(build32, static_cast<int32_t*>(T), lut, col, neg, p, s, t) }
+  });
+  return e;
+}
 
 void run(Problem& p, const at::Tensor& w, const at::Tensor& lut_t, Algo algo) {
   const int64_t rows = p.B * p.G * p.Ho * p.Wo;
   if (rows == 0 || p.Ng == 0) return;
   const int32_t* lut = lut_t.data_ptr<int32_t>();
-  WeightCols wc = weight_cols(w, p);
-  const bool fit16 = products_fit_int16(lut, wc);
-  const int64_t tbytes = p.G * p.K * 256 * p.Np * (fit16 ? 2 : 4);
-  if (algo == Algo::Auto) {
-    // The table costs about K*256*Np entry writes per group; each row it saves costs about
-    // K*Ng lookups. Measured break-even on AVX2/AVX-512 is near rows/group * Ng = 64 * Np.
-    const int64_t rows_per_group = p.B * p.Ho * p.Wo;
-    algo = (tbytes <= kTableBudget && rows_per_group * p.Ng >= 64 * p.Np) ? Algo::Expanded
-                                                                          : Algo::Direct;
-  }
-  // A few hundred MACs per task at least, so tiny problems stay on one thread.
+  // At least ~64K MACs per task, so tiny problems stay on one thread.
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, p.K * p.Np));
-  const Isa isa = detect_isa();
-  if (algo == Algo::Direct) {
-    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-      switch (isa) {
-        case Isa::Avx512: direct_avx512(lut, wc.col.data(), wc.neg.data(), p, r0, r1); break;
-        case Isa::Avx2: direct_avx2(lut, wc.col.data(), wc.neg.data(), p, r0, r1); break;
-        default: direct_base(lut, wc.col.data(), wc.neg.data(), p, r0, r1);
-      }
-    });
-    return;
+
+  std::shared_ptr<TableEntry> entry;
+  if (algo != Algo::Direct) entry = cache_find(p, w, lut);
+  if (!entry) {
+    const WeightCols wc = weight_cols(w, p);
+    const bool fit16 = algo != Algo::Direct && products_fit_int16(lut, wc);
+    const int64_t tbytes = p.G * p.K * 256 * p.Np * (fit16 ? 2 : 4);
+    if (algo == Algo::Auto) {
+      // Building costs ~K*256*Np table writes per group; each row then saves ~K*Ng lookups
+      // at a few times the speed, so the build pays off after several hundred rows per group.
+      const int64_t rows_per_group = p.B * p.Ho * p.Wo;
+      algo = (tbytes <= kTableBudget && rows_per_group * p.Ng >= 512 * p.Np) ? Algo::Expanded
+                                                                             : Algo::Direct;
+    }
+    if (algo == Algo::Direct) {
+      const int32_t* col = wc.col.data();
+      const uint32_t* neg = wc.neg.data();
+      at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+        AR_DISPATCH(direct_rows, lut, col, neg, p, r0, r1)
+      });
+      return;
+    }
+    TORCH_CHECK(tbytes <= 16 * kTableBudget, "approx CPU kernel: the expanded table would take ",
+                tbytes >> 20, " MiB; use algo='direct' for this layer");
+    entry = build_entry(p, w, lut, wc, fit16, tbytes);
+    cache_insert(entry);
   }
-  TORCH_CHECK(tbytes <= 16 * kTableBudget, "expanded table of ", tbytes >> 20,
-              " MiB is too large; use algo='direct'");
-  at::Tensor table = at::empty({tbytes}, lut_t.options().dtype(at::kByte));
-  if (fit16) {
-    int16_t* T = reinterpret_cast<int16_t*>(table.data_ptr<uint8_t>());
-    build_table(T, lut, wc, p);
-    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-      switch (isa) {
-        case Isa::Avx512: exp16_avx512(T, p, r0, r1); break;
-        case Isa::Avx2: exp16_avx2(T, p, r0, r1); break;
-        default: exp16_base(T, p, r0, r1);
-      }
-    });
-  } else {
-    int32_t* T = reinterpret_cast<int32_t*>(table.data_ptr<uint8_t>());
-    build_table(T, lut, wc, p);
-    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-      switch (isa) {
-        case Isa::Avx512: exp32_avx512(T, p, r0, r1); break;
-        case Isa::Avx2: exp32_avx2(T, p, r0, r1); break;
-        default: exp32_base(T, p, r0, r1);
-      }
-    });
-  }
+  const void* T = entry->table.data_ptr();
+  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+    if (entry->fit16) { AR_DISPATCH(exp16_rows, static_cast<const int16_t*>(T), p, r0, r1) }
+    else { AR_DISPATCH(exp32_rows, static_cast<const int32_t*>(T), p, r0, r1) }
+  });
 }
 
-int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+// Table rows and accumulator tiles are padded to whole 8-lane vectors.
+int64_t round8(int64_t n) { return (n + 7) / 8 * 8; }
 
 at::Tensor lut_linear_cpu(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
                           c10::string_view algo_name) {
@@ -398,7 +325,7 @@ at::Tensor lut_linear_cpu(const at::Tensor& a, const at::Tensor& w, const at::Te
   p.a_img = 0; p.a_grp = 0; p.a_oh = K; p.a_ow = 0;
   p.out = out.data_ptr<int32_t>();
   p.o_img = 0; p.o_grp = 0; p.o_pix = N; p.o_ch = 1;
-  p.Ng = N; p.Np = round16(N);
+  p.Ng = N; p.Np = round8(N);
   run(p, w, lut, algo);
   return out;
 }
@@ -456,7 +383,7 @@ at::Tensor lut_conv2d_cpu(const at::Tensor& a, const at::Tensor& w, const at::Te
   p.B = B; p.G = groups; p.Ho = Ho; p.Wo = Wo;
   p.a_img = C * Hp * Wp; p.a_grp = Cg * Hp * Wp; p.a_oh = sh * Wp; p.a_ow = sw;
   p.out = out.data_ptr<int32_t>();
-  p.Ng = N / groups; p.Np = round16(p.Ng);
+  p.Ng = N / groups; p.Np = round8(p.Ng);
   p.o_img = N * Ho * Wo; p.o_grp = p.Ng * Ho * Wo; p.o_pix = 1; p.o_ch = Ho * Wo;
   run(p, w, lut, algo);
   return out;

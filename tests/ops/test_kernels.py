@@ -1,0 +1,156 @@
+"""Compiled kernels (cpp, and cuda where built) bit-exact against the python reference."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from runner import ops
+from runner.errors import UserError
+
+from .conftest import BACKENDS, backend_params, codes, exact_lut, random_lut, weights
+
+ALGOS = ["direct", "expanded", "auto"]
+SIGNS = [pytest.param(True, id="signed"), pytest.param(False, id="unsigned")]
+LUTS = {  # int16 tables, int32 tables, and sums that wrap around int32
+    "lut16": lambda g: random_lut(g, -(2**15) + 1, 2**15),
+    "lut32": lambda g: random_lut(g, -(2**24), 2**24),
+    "wrap": lambda g: random_lut(g, -(2**31), 2**31 - 1),
+}
+
+
+def to(dev, *ts):
+    return [t.to(dev) for t in ts]
+
+
+@pytest.mark.parametrize("backend,device", backend_params())
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("signed", SIGNS)
+@pytest.mark.parametrize("lut_kind", list(LUTS))
+def test_linear_random(gen, backend, device, algo, signed, lut_kind):
+    lut = LUTS[lut_kind](gen)
+    for m, k, n in [(1, 1, 1), (1, 84, 10), (37, 50, 21), (300, 256, 120), (5, 3, 130)]:
+        a, w = codes(gen, (m, k), signed), weights(gen, (n, k))
+        want = ops.reference_lut_linear(a, w, lut)
+        got = ops.lut_linear(*to(device, a, w, lut), backend=backend, algo=algo).cpu()
+        assert torch.equal(got, want), (m, k, n)
+
+
+CONV_CASES = [  # (B, C, H, W), (N, kh, kw), stride, padding, dilation, groups
+    ((1, 1, 28, 28), (6, 5, 5), 1, 0, 1, 1),      # LeNet conv1, batch 1
+    ((3, 6, 12, 12), (16, 5, 5), 1, 0, 1, 1),     # LeNet conv2
+    ((2, 4, 9, 11), (6, 3, 2), (2, 1), (1, 2), (1, 2), 2),
+    ((2, 6, 8, 8), (6, 3, 3), 2, 1, 2, 6),        # depthwise
+    ((1, 3, 5, 5), (40, 5, 5), 1, 2, 1, 1),       # more channels than one tile, padding
+    ((2, 2, 7, 6), (3, 1, 1), (3, 2), (0, 3), 1, 1),
+]
+
+
+@pytest.mark.parametrize("backend,device", backend_params())
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("signed", SIGNS)
+@pytest.mark.parametrize("case", CONV_CASES, ids=[f"case{i}" for i in range(len(CONV_CASES))])
+def test_conv_random(gen, backend, device, algo, signed, case):
+    ashape, (n, kh, kw), stride, padding, dilation, groups = case
+    lut = random_lut(gen)
+    a = codes(gen, ashape, signed)
+    w = weights(gen, (n, ashape[1] // groups, kh, kw))
+    want = ops.reference_lut_conv2d(a, w, lut, stride, padding, dilation, groups)
+    got = ops.lut_conv2d(*to(device, a, w, lut), stride, padding, dilation, groups,
+                         backend=backend, algo=algo).cpu()
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("backend,device", backend_params())
+@pytest.mark.parametrize("signed", SIGNS)
+def test_random_shapes(backend, device, signed):
+    g = torch.Generator().manual_seed(7)
+    for trial in range(12):
+        r = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=g))  # noqa: E731
+        groups = r(1, 3)
+        c, n = groups * r(1, 3), groups * r(1, 20)
+        kh, kw = r(1, 4), r(1, 4)
+        stride, padding, dilation = (r(1, 3), r(1, 2)), (r(0, 2), r(0, 2)), (r(1, 2), r(1, 2))
+        h = dilation[0] * (kh - 1) + 1 + r(0, 6)
+        wd = dilation[1] * (kw - 1) + 1 + r(0, 6)
+        lut = random_lut(g)
+        a = codes(g, (r(1, 3), c, h, wd), signed)
+        w = weights(g, (n, c // groups, kh, kw))
+        want = ops.reference_lut_conv2d(a, w, lut, stride, padding, dilation, groups)
+        for algo in ("direct", "expanded"):
+            got = ops.lut_conv2d(*to(device, a, w, lut), stride, padding, dilation, groups,
+                                 backend=backend, algo=algo).cpu()
+            assert torch.equal(got, want), (trial, algo)
+
+
+@pytest.mark.parametrize("backend,device", backend_params())
+@pytest.mark.parametrize("signed", SIGNS)
+def test_exact_lut_is_integer_arithmetic(gen, backend, device, signed):
+    lut = exact_lut(signed)
+    a, w = codes(gen, (64, 120), signed), weights(gen, (84, 120))
+    got = ops.lut_linear(*to(device, a, w, lut), backend=backend).cpu()
+    assert torch.equal(got.long(), a.long() @ w.long().t())
+    a, w = codes(gen, (4, 6, 12, 12), signed), weights(gen, (16, 6, 5, 5))
+    got = ops.lut_conv2d(*to(device, a, w, lut), padding=1, backend=backend).cpu()
+    want = torch.nn.functional.conv2d(a.double(), w.double(), padding=1)
+    assert torch.equal(got.double(), want)
+
+
+@pytest.mark.parametrize("backend,device", backend_params())
+def test_weights_changed_in_place(gen, backend, device):
+    """Kernels may reuse work across calls (the CPU expanded table); new weights must show."""
+    lut = random_lut(gen)
+    a, w = codes(gen, (200, 64), False), weights(gen, (32, 64))
+    a, w, lut = to(device, a, w, lut)
+    ops.lut_linear(a, w, lut, backend=backend, algo="expanded")
+    w[3, 5] = -w[3, 5] if w[3, 5] != 0 else 1
+    lut[7, 9] += 1
+    got = ops.lut_linear(a, w, lut, backend=backend, algo="expanded").cpu()
+    assert torch.equal(got, ops.reference_lut_linear(a.cpu(), w.cpu(), lut.cpu()))
+
+
+@pytest.mark.parametrize("backend,device", [("python", "cpu"), *backend_params()])
+def test_empty_batch(backend, device):
+    lut = exact_lut(True)
+    a, w, lut = to(device, torch.zeros((0, 5), dtype=torch.int8), torch.ones((3, 5), dtype=torch.int8), lut)
+    assert ops.lut_linear(a, w, lut, backend=backend).shape == (0, 3)
+    a = torch.zeros((0, 2, 5, 5), dtype=torch.int8, device=device)
+    w = torch.ones((3, 2, 3, 3), dtype=torch.int8, device=device)
+    assert ops.lut_conv2d(a, w, lut, backend=backend).shape == (0, 3, 3, 3)
+
+
+@pytest.mark.skipif(not any(b == "cpp" for b, _ in BACKENDS), reason="runner._C not built")
+@pytest.mark.parametrize("isa", ["avx2", "base"])
+def test_cpu_isa_variants(isa):
+    """The narrower instruction-set variants (chosen on older CPUs) compute the same sums."""
+    code = (
+        "import torch\n"
+        "from runner import ops\n"
+        "from tests.ops.conftest import codes, random_lut, weights\n"
+        "g = torch.Generator().manual_seed(3)\n"
+        "for signed in (True, False):\n"
+        "    for lk in ((-2**15 + 1, 2**15), (-2**30, 2**30)):\n"
+        "        lut = random_lut(g, *lk)\n"
+        "        a, w = codes(g, (3, 6, 12, 12), signed), weights(g, (20, 3, 5, 5))\n"
+        "        want = ops.reference_lut_conv2d(a, w, lut, 1, 2, 1, 2)\n"
+        "        for algo in ('direct', 'expanded'):\n"
+        "            got = ops.lut_conv2d(a, w, lut, 1, 2, 1, 2, algo=algo)\n"
+        "            assert torch.equal(got, want), (signed, lk, algo)\n"
+        "print('ok')\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                         env={**os.environ, "APPROX_RUN_CPU_ISA": isa}, timeout=300)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+
+
+def test_python_backend_and_errors(gen):
+    lut = random_lut(gen)
+    a, w = codes(gen, (4, 8), True), weights(gen, (3, 8))
+    assert torch.equal(ops.lut_linear(a, w, lut, backend="python"), ops.reference_lut_linear(a, w, lut))
+    with pytest.raises(UserError, match="unknown backend"):
+        ops.lut_linear(a, w, lut, backend="fortran")
+    if any(b == "cpp" for b, _ in BACKENDS):
+        with pytest.raises(UserError, match="cuda"):
+            ops.lut_linear(a, w, lut, backend="cuda")

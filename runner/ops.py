@@ -5,10 +5,9 @@ Arithmetic (identical for every backend; extensions/csrc/ops.cpp holds the schem
   w    weight codes, int8
   lut  int32 [256, 256], row = activation operand, column = weight operand
          signed   (a int8):  product = lut[a + 128][w + 128]
-         unsigned (a uint8): product = lut[a][|w|], negated when w < 0   (sign-magnitude weights:
-                             the magnitude goes through the multiplier, the sign is applied after,
-                             so w = 0 gives +lut[a][0] like any other magnitude; w = -128 reads
-                             column 128)
+         unsigned (a uint8): product = sign(w) * lut[a][|w|]   (sign-magnitude weights: the
+                             magnitude goes through the multiplier, the sign is applied after;
+                             sign(0) = 0, so w = 0 contributes 0; w = -128 reads column 128)
   out  int32: exact sum of the products, wrapped to int32 like a hardware accumulator.
   Conv padding is activation code 0 fed through the multiplier (lut(0, w) may be non-zero).
 
@@ -109,7 +108,7 @@ def _weight_index(w, signed):
     w64 = w.to(torch.int64).t()
     if signed:
         return w64 + 128, None
-    return w64.abs(), torch.where(w64 < 0, -1, 1)
+    return w64.abs(), torch.sign(w64)
 
 
 def _ref_linear_codes(a, w, lut):

@@ -14,7 +14,7 @@ def product(lut, a, w, signed):
     if signed:
         return int(lut[a + 128, w + 128])
     p = int(lut[a, abs(w)])
-    return -p if w < 0 else p
+    return -p if w < 0 else p if w > 0 else 0  # sign(w) * lut[a][|w|]
 
 
 def wrap32(v):
@@ -54,7 +54,7 @@ def naive_conv(a, w, lut, stride, padding, dilation, groups):
 def test_reference_linear_matches_naive(gen, signed, m, k, n):
     lut = random_lut(gen)
     a, w = codes(gen, (m, k), signed), weights(gen, (n, k))
-    w.view(-1)[0] = 0  # weight 0 still goes through the multiplier: +lut[a][0]
+    w.view(-1)[0] = 0  # signed: lut[a + 128][128] as is; unsigned: sign(0) = 0 despite lut[a][0]
     assert torch.equal(ops.reference_lut_linear(a, w, lut), naive_linear(a, w, lut))
 
 

@@ -137,10 +137,13 @@ void check_common(const char* op, const at::Tensor& a, const at::Tensor& w, cons
   TORCH_CHECK(a.device().is_cpu(), op, ": the CPU kernel got tensors on ", a.device());
 }
 
-// Weight column in the LUT and sign mask for weight tap k of output channel n of group g.
+// Weight column in the LUT and sign handling for weight tap k of output channel n of group g.
+// A product is ((lut[row][col] ^ neg) - neg) & keep: neg = all ones negates (w < 0, unsigned),
+// keep = 0 zeroes it (w == 0, unsigned: sign(0) * lut[a][0] = 0).
 struct WeightCols {
-  std::vector<int32_t> col;   // [G][K][Np], padded channels -> column of weight 0
-  std::vector<uint32_t> neg;  // [G][K][Np], all ones where the weight is negative (unsigned only)
+  std::vector<int32_t> col;    // [G][K][Np], padded channels -> a valid column (results unused)
+  std::vector<uint32_t> neg;   // [G][K][Np]
+  std::vector<uint32_t> keep;  // [G][K][Np]
 };
 
 WeightCols weight_cols(const at::Tensor& w, const Problem& p) {
@@ -149,6 +152,7 @@ WeightCols weight_cols(const at::Tensor& w, const Problem& p) {
   const int64_t n = p.G * p.K * p.Np;
   wc.col.assign(n, p.is_unsigned ? 0 : 128);
   wc.neg.assign(n, 0);
+  wc.keep.assign(n, 0xFFFFFFFFu);
   for (int64_t g = 0; g < p.G; ++g)
     for (int64_t j = 0; j < p.Ng; ++j)
       for (int64_t k = 0; k < p.K; ++k) {
@@ -157,6 +161,7 @@ WeightCols weight_cols(const at::Tensor& w, const Problem& p) {
         if (p.is_unsigned) {
           wc.col[i] = v < 0 ? -v : v;
           wc.neg[i] = v < 0 ? 0xFFFFFFFFu : 0u;
+          wc.keep[i] = v != 0 ? 0xFFFFFFFFu : 0u;
         } else {
           wc.col[i] = v + 128;
         }
@@ -252,9 +257,10 @@ std::shared_ptr<TableEntry> build_entry(const Problem& p, const at::Tensor& w, c
   void* T = e->table.data_ptr();
   const int32_t* col = wc.col.data();
   const uint32_t* neg = wc.neg.data();
+  const uint32_t* keep = wc.keep.data();
   at::parallel_for(0, p.G * p.K, 8, [&](int64_t s, int64_t t) {
-    if (fit16) { AR_DISPATCH(build16, static_cast<int16_t*>(T), lut, col, neg, p, s, t) }
-    else { AR_DISPATCH(build32, static_cast<int32_t*>(T), lut, col, neg, p, s, t) }
+    if (fit16) { AR_DISPATCH(build16, static_cast<int16_t*>(T), lut, col, neg, keep, p, s, t) }
+    else { AR_DISPATCH(build32, static_cast<int32_t*>(T), lut, col, neg, keep, p, s, t) }
   });
   return e;
 }
@@ -282,8 +288,9 @@ void run(Problem& p, const at::Tensor& w, const at::Tensor& lut_t, Algo algo) {
     if (algo == Algo::Direct) {
       const int32_t* col = wc.col.data();
       const uint32_t* neg = wc.neg.data();
+      const uint32_t* keep = wc.keep.data();
       at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-        AR_DISPATCH(direct_rows, lut, col, neg, p, r0, r1)
+        AR_DISPATCH(direct_rows, lut, col, neg, keep, p, r0, r1)
       });
       return;
     }

@@ -23,9 +23,9 @@ AR_INLINE V vload(const int16_t* p) {
 AR_INLINE V vgather(const int32_t* row, const int32_t* idx) {
   return _mm512_i32gather_epi32(_mm512_loadu_si512(idx), row, 4);
 }
-AR_INLINE V vfold(V v, const uint32_t* neg) {
+AR_INLINE V vfold(V v, const uint32_t* neg, const uint32_t* keep) {
   const V s = _mm512_loadu_si512(neg);
-  return _mm512_sub_epi32(_mm512_xor_si512(v, s), s);
+  return _mm512_and_si512(_mm512_sub_epi32(_mm512_xor_si512(v, s), s), _mm512_loadu_si512(keep));
 }
 #elif AR_ISA == 256
 constexpr int L = 8;
@@ -40,9 +40,10 @@ AR_INLINE V vload(const int16_t* p) {
 AR_INLINE V vgather(const int32_t* row, const int32_t* idx) {
   return _mm256_i32gather_epi32(row, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx)), 4);
 }
-AR_INLINE V vfold(V v, const uint32_t* neg) {
+AR_INLINE V vfold(V v, const uint32_t* neg, const uint32_t* keep) {
   const V s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(neg));
-  return _mm256_sub_epi32(_mm256_xor_si256(v, s), s);
+  return _mm256_and_si256(_mm256_sub_epi32(_mm256_xor_si256(v, s), s),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keep)));
 }
 #else
 constexpr int L = 4;
@@ -61,10 +62,11 @@ AR_INLINE V vload(const int16_t* p) {
 AR_INLINE V vgather(const int32_t* row, const int32_t* idx) {
   return V{(uint32_t)row[idx[0]], (uint32_t)row[idx[1]], (uint32_t)row[idx[2]], (uint32_t)row[idx[3]]};
 }
-AR_INLINE V vfold(V v, const uint32_t* neg) {
-  V s;
+AR_INLINE V vfold(V v, const uint32_t* neg, const uint32_t* keep) {
+  V s, m;
   std::memcpy(&s, neg, sizeof s);
-  return (v ^ s) - s;
+  std::memcpy(&m, keep, sizeof m);
+  return ((v ^ s) - s) & m;
 }
 #endif
 
@@ -192,12 +194,13 @@ void exp_rows(const TT* T, const Problem& p, int64_t r0, int64_t r1) {
 
 // ---- direct algorithm --------------------------------------------------------------------------
 // One LUT lookup per MAC: for tap k and row r, the LUT row of the row's activation code is read
-// at the precomputed weight columns col[k][n], sign-folded for unsigned multipliers. Plain scalar
+// at the precomputed weight columns col[k][n], sign-applied for unsigned multipliers. Plain scalar
 // loads: hardware gathers measured 2x slower here (microcode-assisted on current Intel parts), so
 // the vector variants call the baseline one.
 template <bool UNS, int NT, int R>
 AR_INLINE void direct_tile(const int32_t* __restrict lut, const int32_t* __restrict col,
-                           const uint32_t* __restrict neg, const Problem& p,
+                           const uint32_t* __restrict neg, const uint32_t* __restrict keep,
+                           const Problem& p,
                            const uint8_t* const* base, int32_t* acc) {
   const int64_t Np = p.Np;
   uint32_t v[R][NT] = {};
@@ -206,14 +209,15 @@ AR_INLINE void direct_tile(const int32_t* __restrict lut, const int32_t* __restr
     const int32_t o = p.off[k];
     const int32_t* ck = col + k * Np;
     const uint32_t* nk = neg + k * Np;
+    const uint32_t* mk = keep + k * Np;
     const int32_t* row[R];
     for (int r = 0; r < R; ++r) row[r] = lut + (int64_t)(uint8_t)(base[r][o] ^ x) * 256;
     for (int n = 0; n < NT; ++n) {
       const int32_t c = ck[n];
-      const uint32_t s = nk[n];
+      const uint32_t s = nk[n], m = mk[n];
       for (int r = 0; r < R; ++r) {
         uint32_t t = (uint32_t)row[r][c];
-        if constexpr (UNS) t = (t ^ s) - s;  // s = all ones for negative weights
+        if constexpr (UNS) t = ((t ^ s) - s) & m;  // negate for w < 0, zero for w == 0
         v[r][n] += t;
       }
     }
@@ -222,8 +226,8 @@ AR_INLINE void direct_tile(const int32_t* __restrict lut, const int32_t* __restr
 }
 
 template <bool UNS>
-void direct_rows_t(const int32_t* lut, const int32_t* col, const uint32_t* neg, const Problem& p,
-                   int64_t r0, int64_t r1) {
+void direct_rows_t(const int32_t* lut, const int32_t* col, const uint32_t* neg,
+                   const uint32_t* keep, const Problem& p, int64_t r0, int64_t r1) {
   constexpr int R = 4, NT = 8;
   const int64_t Np = p.Np, RB = 64;
   std::vector<int32_t> acc((RB + kRowPad) * Np);
@@ -234,21 +238,23 @@ void direct_rows_t(const int32_t* lut, const int32_t* col, const uint32_t* neg, 
     const Block blk = next_block(p, r, r1, RB, base.data(), outp.data());
     const int32_t* cg = col + blk.g * csz;
     const uint32_t* ng = neg + blk.g * csz;
+    const uint32_t* mg = keep + blk.g * csz;
     for (int i = 0; i < blk.nr; i += R)
       for (int64_t n0 = 0; n0 < Np; n0 += NT)
-        direct_tile<UNS, NT, R>(lut, cg + n0, ng + n0, p, base.data() + i, acc.data() + i * Np + n0);
+        direct_tile<UNS, NT, R>(lut, cg + n0, ng + n0, mg + n0, p, base.data() + i,
+                                acc.data() + i * Np + n0);
     scatter(p, acc.data(), blk.nr, outp.data());
     r += blk.nr;
   }
 }
 
-void direct_rows(const int32_t* lut, const int32_t* col, const uint32_t* neg, const Problem& p,
-                 int64_t r0, int64_t r1) {
+void direct_rows(const int32_t* lut, const int32_t* col, const uint32_t* neg, const uint32_t* keep,
+                 const Problem& p, int64_t r0, int64_t r1) {
 #if AR_ISA == 0
-  if (p.is_unsigned) direct_rows_t<true>(lut, col, neg, p, r0, r1);
-  else direct_rows_t<false>(lut, col, neg, p, r0, r1);
+  if (p.is_unsigned) direct_rows_t<true>(lut, col, neg, keep, p, r0, r1);
+  else direct_rows_t<false>(lut, col, neg, keep, p, r0, r1);
 #else
-  isabase::direct_rows(lut, col, neg, p, r0, r1);
+  isabase::direct_rows(lut, col, neg, keep, p, r0, r1);
 #endif
 }
 
@@ -258,11 +264,12 @@ void exp32_rows(const int32_t* T, const Problem& p, int64_t r0, int64_t r1) { ex
 // Table build: T[gk][a][n] = product(a, weight n of tap gk), zero in the padded channels.
 template <typename TT>
 void build_rows(TT* T, const int32_t* lut, const int32_t* col, const uint32_t* neg,
-                const Problem& p, int64_t gk0, int64_t gk1) {
+                const uint32_t* keep, const Problem& p, int64_t gk0, int64_t gk1) {
   const int64_t Np = p.Np;
   for (int64_t gk = gk0; gk < gk1; ++gk) {
     const int32_t* c = col + gk * Np;
     const uint32_t* s = neg + gk * Np;
+    const uint32_t* m = keep + gk * Np;
     TT* dst = T + gk * 256 * Np;
     for (int a = 0; a < 256; ++a) {
       const int32_t* row = lut + a * 256;
@@ -270,17 +277,21 @@ void build_rows(TT* T, const int32_t* lut, const int32_t* col, const uint32_t* n
       int64_t n = 0;
       for (; n + L <= Np; n += L) {
         int32_t tmp[L];
-        vstore(tmp, vfold(vgather(row, c + n), s + n));
+        vstore(tmp, vfold(vgather(row, c + n), s + n, m + n));
         for (int i = 0; i < L; ++i) d[n + i] = (TT)tmp[i];
       }
-      for (; n < Np; ++n) d[n] = (TT)(int32_t)(((uint32_t)row[c[n]] ^ s[n]) - s[n]);
+      for (; n < Np; ++n) d[n] = (TT)(int32_t)((((uint32_t)row[c[n]] ^ s[n]) - s[n]) & m[n]);
       for (n = p.Ng; n < Np; ++n) d[n] = 0;
     }
   }
 }
-void build16(int16_t* T, const int32_t* lut, const int32_t* col, const uint32_t* neg, const Problem& p,
-             int64_t gk0, int64_t gk1) { build_rows(T, lut, col, neg, p, gk0, gk1); }
-void build32(int32_t* T, const int32_t* lut, const int32_t* col, const uint32_t* neg, const Problem& p,
-             int64_t gk0, int64_t gk1) { build_rows(T, lut, col, neg, p, gk0, gk1); }
+void build16(int16_t* T, const int32_t* lut, const int32_t* col, const uint32_t* neg,
+             const uint32_t* keep, const Problem& p, int64_t gk0, int64_t gk1) {
+  build_rows(T, lut, col, neg, keep, p, gk0, gk1);
+}
+void build32(int32_t* T, const int32_t* lut, const int32_t* col, const uint32_t* neg,
+             const uint32_t* keep, const Problem& p, int64_t gk0, int64_t gk1) {
+  build_rows(T, lut, col, neg, keep, p, gk0, gk1);
+}
 
 }  // namespace AR_NS

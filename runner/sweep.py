@@ -152,7 +152,7 @@ def expand_jobs(overrides: list[str]) -> list[list[str]]:
     return BasicSweeper.split_arguments(task, max_batch_size=None)[0]
 
 
-def _compose_all(jobs: list[list[str]]) -> list[DictConfig]:
+def _compose_all(jobs: list[list[str]], hydra_overrides: list[str]) -> list[DictConfig]:
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -161,6 +161,13 @@ def _compose_all(jobs: list[list[str]]) -> list[DictConfig]:
 
     cfgs = []
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="sweep"):
+        try:  # a bad launcher or hydra.* override: say so before any work is done
+            compose(config_name="sweep", overrides=[*jobs[0], *hydra_overrides], return_hydra_config=True)
+        except (HydraException, OmegaConfBaseException) as exc:
+            hint = ("\nThe joblib and submitit launchers: pip install hydra-joblib-launcher "
+                    "hydra-submitit-launcher (the package's `sweep` extra)."
+                    if "hydra/launcher" in str(exc) else "")
+            raise UserError(f"bad override for `approx-run sweep`: {exc}{hint}") from None
         for job in jobs:
             try:
                 cfgs.append(job_config(compose(config_name="sweep", overrides=job)))
@@ -333,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_hydra_command("sweep", ["-m", *flags, *overrides])
 
     jobs = expand_jobs(overrides)
-    cfgs = _compose_all(jobs)
+    cfgs = _compose_all(jobs, [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))])
     sweep_dir = next((Path(o.split("=", 1)[1]) for o in overrides if o.startswith("hydra.sweep.dir=")), None)
     if sweep_dir is None:
         sweep_dir = Path(cfgs[0].paths.results) / "sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")

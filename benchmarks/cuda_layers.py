@@ -67,6 +67,8 @@ def main():
     ap.add_argument("--batch", type=int, default=10000)
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--algos", default=",".join(ALGOS))
+    ap.add_argument("--five-algo", default="auto", help="algo of the five-layer runs")
     args = ap.parse_args()
     import runner._C  # noqa: F401
 
@@ -83,7 +85,7 @@ def main():
             w = torch.randint(-127, 128, wshape, generator=gen, dtype=torch.int8, device="cuda")
             inputs = [codes((args.batch, *ashape), data, gen) for _ in range(3)]
             seqs[name] = (w, inputs)
-            for algo in ALGOS:
+            for algo in args.algos.split(","):
                 if algo == "expanded_smem" and wshape[0] > 16:
                     continue
                 med, lo, _ = time_ms(lambda a: call(name, a, w, lut, algo), inputs, args.repeat)
@@ -95,7 +97,7 @@ def main():
         def five(i):
             for name in LAYERS:
                 w, inputs = seqs[name]
-                call(name, inputs[i % 3], w, lut, "auto")
+                call(name, inputs[i % 3], w, lut, args.five_algo)
 
         med, lo, _ = time_ms(five, [0, 1, 2], args.repeat)
         total = sum(macs(n, args.batch) for n in LAYERS)

@@ -37,11 +37,15 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <map>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace {
 
@@ -65,6 +69,9 @@ struct Params {
   int K, N, G, NG, NGB, Kpad, Ntot;
   unsigned xmask;      // code ^ xmask = LUT row (0x80 for int8 codes)
   int conv, vec;
+  int stage;           // 0: codes from global per chunk; 1: conv images staged in shared memory;
+                       // 2: linear rows [Mb][Kpad] staged in shared memory
+  int stage_bytes;     // shared memory reserved for the staged codes (multiple of 16)
   int C, H, W, Cg, Wo, sh, sw, ph, pw;
 };
 
@@ -103,9 +110,8 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const int32_t* __restric
     const int r = e >> 8, wi = e & 255, wv = wi - 128;
     uint32_t v;
     if (!uns) v = static_cast<uint32_t>(rows[e]);
-    else if (wv > 0) v = static_cast<uint32_t>(rows[r * 256 + wv]);
-    else if (wv < 0) v = 0u - static_cast<uint32_t>(rows[r * 256 - wv]);
-    else v = 0u;  // sign(0) = 0: the reference's sign(w) * lut[a][|w|]
+    else if (wv >= 0) v = static_cast<uint32_t>(rows[r * 256 + wv]);
+    else v = 0u - static_cast<uint32_t>(rows[r * 256 - wv]);  // magnitude through the LUT, then sign
     const int sv = static_cast<int>(v);
     E32[r0 * 256 + e] = sv;
     E16[r0 * 256 + e] = static_cast<int16_t>(sv);
@@ -166,12 +172,14 @@ __global__ void build_table_kernel(Params p, long long pairs) {
 // top-left input coordinate (rows past M get a coordinate that fails every bounds check).
 struct RowInfo {
   long long* base;
-  int* iy;
-  int* ix;
+  int* iyx;  // top-left input row (low 16 bits) and column (high 16 bits), signed
 };
+constexpr int kRowInfoBytes = 12;
 
 __device__ __forceinline__ void fill_rowinfo(const Params& p, int grp, long long m0, int Mb,
                                              RowInfo ri) {
+  const long long b0 = m0 / p.HoWo;
+  const long long hw = (long long)p.H * p.W;
   for (int lr = threadIdx.x; lr < Mb; lr += kThreads) {
     const long long m = m0 + lr;
     if (m < p.M) {
@@ -179,14 +187,14 @@ __device__ __forceinline__ void fill_rowinfo(const Params& p, int grp, long long
       const int pix = static_cast<int>(m - b * p.HoWo);
       const int oy = pix / p.Wo, ox = pix - oy * p.Wo;
       const int iy0 = oy * p.sh - p.ph, ix0 = ox * p.sw - p.pw;
-      ri.base[lr] = (b * p.C + (long long)grp * p.Cg) * ((long long)p.H * p.W) +
+      // staged: offset into this block's copy of its images' group channels
+      ri.base[lr] = (p.stage == 1 ? (b - b0) * p.Cg * hw : (b * p.C + (long long)grp * p.Cg) * hw) +
                     (long long)iy0 * p.W + ix0;
-      ri.iy[lr] = iy0;
-      ri.ix[lr] = ix0;
+      ri.iyx[lr] = static_cast<int>((static_cast<unsigned>(iy0) & 0xFFFFu) |
+                                    (static_cast<unsigned>(ix0) << 16));
     } else {
       ri.base[lr] = 0;
-      ri.iy[lr] = -(1 << 30);
-      ri.ix[lr] = 0;
+      ri.iyx[lr] = 0x8000;  // row -32768: below the image for every tap
     }
   }
 }
@@ -209,23 +217,89 @@ __device__ __forceinline__ uint64_t load_word(const uint8_t* p) {
   }
 }
 
+// Copies the block's codes into shared memory once (stage 1: the images its rows read, for the
+// group's channels; stage 2: its rows of a, as LUT rows, padded to Kpad), so that the per-chunk
+// gathers do not wait on global memory.
+__device__ __forceinline__ void stage_codes(const Params& p, int grp, long long m0, int Mb,
+                                            uint8_t* st) {
+  if (p.stage == 1) {
+    const long long hw = (long long)p.H * p.W, cghw = p.Cg * hw;
+    const long long b0 = m0 / p.HoWo;
+    const long long b1 = (min(m0 + Mb, p.M) - 1) / p.HoWo;
+    const long long src0 = (b0 * p.C + (long long)grp * p.Cg) * hw, img = (long long)p.C * hw;
+    const uint8_t* a = p.a;
+    if ((cghw & 3) == 0 && (img & 3) == 0 && ((reinterpret_cast<uintptr_t>(a) & 3) == 0)) {
+      const int wpi = static_cast<int>(cghw >> 2);
+      const int total = static_cast<int>((b1 - b0 + 1) * wpi);
+#pragma unroll 4
+      for (int e = threadIdx.x; e < total; e += kThreads) {
+        const int j = e / wpi, t = e - j * wpi;
+        reinterpret_cast<uint32_t*>(st)[e] =
+            __ldg(reinterpret_cast<const uint32_t*>(a + src0 + j * img) + t);
+      }
+    } else {
+      const int bpi = static_cast<int>(cghw);
+      const int total = static_cast<int>((b1 - b0 + 1) * bpi);
+#pragma unroll 4
+      for (int e = threadIdx.x; e < total; e += kThreads) {
+        const int j = e / bpi, t = e - j * bpi;
+        st[e] = __ldg(a + src0 + j * img + t);
+      }
+    }
+  } else if (p.stage == 2) {
+    const uint32_t xm = 0x01010101u * p.xmask;
+    const int wpr = p.Kpad >> 2;  // 4-code words per row
+    const int total = Mb * wpr;
+#pragma unroll 4
+    for (int e = threadIdx.x; e < total; e += kThreads) {
+      const int lr = e / wpr, j = e - lr * wpr, k = j * 4;
+      const long long m = m0 + lr;
+      uint32_t word = 0;
+      if (m < p.M) {
+        const uint8_t* src = p.a + m * p.K + k;
+        if (p.vec) {
+          if (k < p.K) word = __ldg(reinterpret_cast<const uint32_t*>(src));
+        } else {
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+            if (k + kk < p.K) word |= (uint32_t)__ldg(src + kk) << (8 * kk);
+        }
+      }
+      reinterpret_cast<uint32_t*>(st)[e] = word ^ xm;
+    }
+  }
+}
+
 // Codes of taps [k0, k0 + KC) for the Mb rows of the tile, as LUT rows, into act[Mb][KC].
 template <int KC>
 __device__ __forceinline__ void gather_tile(const Params& p, int grp, long long m0, int Mb, int k0,
-                                            uint8_t* act, RowInfo ri) {
+                                            uint8_t* act, RowInfo ri, const uint8_t* st) {
   const uint64_t xm = 0x0101010101010101ull * p.xmask;
+  const unsigned sbase = static_cast<unsigned>(__cvta_generic_to_shared(st));
+  int4 kin[KC];
+  if (p.conv) {
+#pragma unroll
+    for (int kk = 0; kk < KC; ++kk) kin[kk] = __ldg(p.kinfo + k0 + kk);
+  }
   for (int lr = threadIdx.x; lr < Mb; lr += kThreads) {
     uint64_t word = 0;
     if (p.conv) {
       const long long base = ri.base[lr];
-      const int iy0 = ri.iy[lr], ix0 = ri.ix[lr];
+      const int iyx = ri.iyx[lr];
+      const int iy0 = static_cast<int>(static_cast<short>(iyx & 0xFFFF)), ix0 = iyx >> 16;
 #pragma unroll
       for (int kk = 0; kk < KC; ++kk) {
-        const int4 ki = __ldg(p.kinfo + k0 + kk);
+        const int4 ki = kin[kk];
         const int iy = iy0 + ki.y, ix = ix0 + ki.z;
         uint32_t v = 0;
-        if (ki.w && (unsigned)iy < (unsigned)p.H && (unsigned)ix < (unsigned)p.W)
-          v = __ldg(p.a + base + ki.x);
+        if (ki.w && (unsigned)iy < (unsigned)p.H && (unsigned)ix < (unsigned)p.W) {
+          if (p.stage == 1) {
+            const unsigned addr = sbase + static_cast<unsigned>(static_cast<int>(base) + ki.x);
+            asm("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(addr));
+          } else {
+            v = __ldg(p.a + base + ki.x);
+          }
+        }
         word |= (uint64_t)v << (8 * kk);
       }
     } else {
@@ -278,16 +352,20 @@ __device__ __forceinline__ void expanded_body(const Params& p, uint8_t* smem) {
   const long long chunk_q = (long long)KC * 256 * rowq;
   const int4* Tg = static_cast<const int4*>(p.T) + (long long)grp * p.Kpad * 256 * rowq;
 
-  // Shared memory: [T buffers (SMEM)][act Mb*KC][row info (conv)]
+  // Shared memory: [T buffers (SMEM)][staged codes][act Mb*KC][row info (conv)]
   uint8_t* sp = smem;
   int4* tb0 = reinterpret_cast<int4*>(sp);
   int4* tb1 = tb0 + (SMEM ? chunk_q : 0);
   sp += SMEM ? 2 * chunk_q * 16 : 0;
+  uint8_t* st = sp;
+  sp += p.stage_bytes;
   uint8_t* act = sp;
   sp += ((Mb * KC + 15) / 16) * 16;
-  RowInfo ri{reinterpret_cast<long long*>(sp), reinterpret_cast<int*>(sp + Mb * 8),
-             reinterpret_cast<int*>(sp + Mb * 12)};
+  RowInfo ri{reinterpret_cast<long long*>(sp), reinterpret_cast<int*>(sp + Mb * 8)};
   if (p.conv) fill_rowinfo(p, grp, m0, Mb, ri);
+  stage_codes(p, grp, m0, Mb, st);
+  // codes of row lr, chunk c: act + lr * KC (gathered per chunk) or st + lr * Kpad + c * KC
+  const int cstride = p.stage == 2 ? p.Kpad : KC;
 
   auto copy_chunk = [&](int c, int4* dst) {
     const int4* src = Tg + c * chunk_q;
@@ -305,7 +383,7 @@ __device__ __forceinline__ void expanded_body(const Params& p, uint8_t* smem) {
   if (SMEM) copy_chunk(0, tb0);
   __syncthreads();  // row info
   for (int c = 0; c < nchunks; ++c) {
-    gather_tile<KC>(p, grp, m0, Mb, c * KC, act, ri);
+    if (p.stage != 2) gather_tile<KC>(p, grp, m0, Mb, c * KC, act, ri, st);
     if (SMEM) {
       if (c + 1 < nchunks) {
         copy_chunk(c + 1, (c & 1) ? tb0 : tb1);
@@ -318,9 +396,10 @@ __device__ __forceinline__ void expanded_body(const Params& p, uint8_t* smem) {
     if (rs < rowsets) {
       const int4* tq = SMEM ? ((c & 1) ? tb1 : tb0) : Tg + c * chunk_q;
       tq += (ngz + ng) * VPR;
+      const uint8_t* cbase = p.stage == 2 ? st + c * KC : act;
 #pragma unroll
       for (int i = 0; i < R; ++i) {
-        const uint64_t codes = load_word<KC>(act + (rs + rowsets * i) * KC);
+        const uint64_t codes = load_word<KC>(cbase + (rs + rowsets * i) * cstride);
 #pragma unroll
         for (int kk = 0; kk < KC; ++kk) {
           const int idx = static_cast<int>((codes >> (8 * kk)) & 255);
@@ -379,6 +458,7 @@ __global__ void __launch_bounds__(kThreads, 2) expanded_kernel(Params p) {
 // Direct: thread (rs, ng) sums R rows x 8 channels, one E lookup per MAC.
 constexpr int kDirectR = 4;
 constexpr int kDirectKC = 8;
+constexpr int kEStride = 258;  // int16 entries per row of the shared-memory E
 
 template <bool E16S>
 __device__ __forceinline__ void direct_body(const Params& p, uint8_t* smem) {
@@ -391,23 +471,33 @@ __device__ __forceinline__ void direct_body(const Params& p, uint8_t* smem) {
   const long long m0 = (long long)blockIdx.x * Mb;
   const int ng = tid % NGB, rs = tid / NGB;
 
-  // Shared memory: [E16 128 KiB][act Mb*KC][weights KC x NGB*8][row info (conv)]
+  // Shared memory: [E16, rows padded to 258 entries][staged codes][act Mb*KC]
+  //                [weights KC x NGB*8][row info (conv)]
+  // The padding puts row a's column c in bank (a + c/2) % 32: a warp's rows differ, its column
+  // is often the same, and an unpadded 512-byte row would send all 32 lookups to one bank.
   uint8_t* sp = smem;
   int16_t* Es = reinterpret_cast<int16_t*>(sp);
-  sp += 256 * 256 * 2;
+  sp += kEStride * 256 * 2;
+  uint8_t* st = sp;
+  sp += p.stage_bytes;
   uint8_t* act = sp;
   sp += ((Mb * KC + 15) / 16) * 16;
   uint8_t* wt = sp;
   sp += ((KC * NGB * 8 + 15) / 16) * 16;
-  RowInfo ri{reinterpret_cast<long long*>(sp), reinterpret_cast<int*>(sp + Mb * 8),
-             reinterpret_cast<int*>(sp + Mb * 12)};
+  RowInfo ri{reinterpret_cast<long long*>(sp), reinterpret_cast<int*>(sp + Mb * 8)};
   if (E16S) {
     const int4* src = reinterpret_cast<const int4*>(p.E16);
-    for (int q = tid; q < 256 * 256 * 2 / 16; q += kThreads)
-      cp_async16(reinterpret_cast<int4*>(Es) + q, src + q);
-    cp_async_commit();
+    uint32_t* dst = reinterpret_cast<uint32_t*>(Es);
+#pragma unroll 8
+    for (int q = tid; q < 256 * 256 * 2 / 16; q += kThreads) {
+      const int4 v = __ldg(src + q);
+      const int row = q >> 5, w0 = (q & 31) * 4 + row * (kEStride / 2);
+      dst[w0] = v.x; dst[w0 + 1] = v.y; dst[w0 + 2] = v.z; dst[w0 + 3] = v.w;
+    }
   }
   if (p.conv) fill_rowinfo(p, grp, m0, Mb, ri);
+  stage_codes(p, grp, m0, Mb, st);
+  const int cstride = p.stage == 2 ? p.Kpad : KC;
 
   uint32_t acc[R][8];
 #pragma unroll
@@ -418,19 +508,19 @@ __device__ __forceinline__ void direct_body(const Params& p, uint8_t* smem) {
   __syncthreads();  // row info
   const int nb = NGB * 8;
   for (int k0 = 0; k0 < p.K; k0 += KC) {
-    gather_tile<KC>(p, grp, m0, Mb, k0, act, ri);
+    if (p.stage != 2) gather_tile<KC>(p, grp, m0, Mb, k0, act, ri, st);
     for (int e = tid; e < KC * nb; e += kThreads) {
       const int kk = e / nb, n = ngz * 8 + (e - kk * nb), k = k0 + kk;
       int v = 128;
       if (k < p.K && n < p.N) v = (int)p.w[((long long)grp * p.N + n) * p.K + k] + 128;
       wt[e] = static_cast<uint8_t>(v);
     }
-    if (E16S) cp_async_wait<0>();
     __syncthreads();
     if (rs < rowsets) {
+      const uint8_t* cbase = p.stage == 2 ? st + k0 : act;
       uint64_t codes[R];
 #pragma unroll
-      for (int i = 0; i < R; ++i) codes[i] = load_word<KC>(act + (rs + rowsets * i) * KC);
+      for (int i = 0; i < R; ++i) codes[i] = load_word<KC>(cbase + (rs + rowsets * i) * cstride);
       const int kmax = min(KC, p.K - k0);
 #pragma unroll
       for (int kk = 0; kk < KC; ++kk) {
@@ -439,7 +529,7 @@ __device__ __forceinline__ void direct_body(const Params& p, uint8_t* smem) {
           const uint64_t w8 = (uint64_t)wv.x | ((uint64_t)wv.y << 32);
 #pragma unroll
           for (int i = 0; i < R; ++i) {
-            const int row = static_cast<int>((codes[i] >> (8 * kk)) & 255) << 8;
+            const int row = static_cast<int>((codes[i] >> (8 * kk)) & 255) * (E16S ? kEStride : 256);
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
               const int col = static_cast<int>((w8 >> (8 * j)) & 255);
@@ -568,7 +658,25 @@ int sm_count() {
   return v;
 }
 
-int64_t rowinfo_bytes(const Params& p, int Mb) { return p.conv ? (int64_t)Mb * 16 : 0; }
+int64_t rowinfo_bytes(const Params& p, int Mb) { return p.conv ? (int64_t)Mb * kRowInfoBytes : 0; }
+
+// Stages the block's codes in shared memory when they fit `budget` bytes (see stage_codes).
+void choose_stage(Params& p, int Mb, int64_t budget) {
+  int64_t bytes = 0;
+  if (p.conv) {
+    const int64_t imgs = (Mb - 1) / p.HoWo + 2;  // most images Mb consecutive rows can touch
+    bytes = imgs * p.Cg * (int64_t)p.H * p.W;
+    p.stage = 1;
+  } else {
+    bytes = (int64_t)Mb * p.Kpad;
+    p.stage = 2;
+  }
+  if (bytes > budget) {
+    p.stage = 0;
+    bytes = 0;
+  }
+  p.stage_bytes = static_cast<int>(round_up(bytes, 16));
+}
 
 dim3 grid_for(const Params& p, int Mb) {
   const int64_t bx = (p.M + Mb - 1) / Mb;
@@ -579,7 +687,8 @@ dim3 grid_for(const Params& p, int Mb) {
 void launch_direct(Params p, cudaStream_t stream) {
   p.NGB = std::min(p.NG, kMaxNGB);
   const int Mb = (kThreads / p.NGB) * kDirectR;
-  const size_t smem = 256 * 256 * 2 + round_up((int64_t)Mb * kDirectKC, 16) +
+  choose_stage(p, Mb, 48 << 10);
+  const size_t smem = kEStride * 256 * 2 + p.stage_bytes + round_up((int64_t)Mb * kDirectKC, 16) +
                       round_up((int64_t)kDirectKC * p.NGB * 8, 16) + rowinfo_bytes(p, Mb);
   TORCH_CHECK((int)smem <= max_smem_optin(), "approx direct kernel: needs ", smem,
               " bytes of shared memory, the device allows ", max_smem_optin());
@@ -602,7 +711,8 @@ void launch_exp_smem_t(Params p, cudaStream_t stream) {
   p.NGB = NGT;
   const int Mb = (kThreads / NGT) * R;
   const int64_t chunk16 = (int64_t)KC16 * 256 * NGT * 16, chunk32 = (int64_t)KC32 * 256 * NGT * 32;
-  const size_t smem = 2 * std::max(chunk16, chunk32) +
+  choose_stage(p, Mb, 32 << 10);
+  const size_t smem = 2 * std::max(chunk16, chunk32) + p.stage_bytes +
                       round_up((int64_t)Mb * std::max(KC16, KC32), 16) + rowinfo_bytes(p, Mb);
   auto kern = expanded_kernel<KC16, KC32, NGT, R, true>;
   set_smem(kern, smem);
@@ -620,7 +730,8 @@ template <int R>
 void launch_exp_l2_t(Params p, cudaStream_t stream) {
   p.NGB = std::min(p.NG, kMaxNGB);
   const int Mb = (kThreads / p.NGB) * R;
-  const size_t smem = round_up((int64_t)Mb * 8, 16) + rowinfo_bytes(p, Mb);
+  choose_stage(p, Mb, 64 << 10);
+  const size_t smem = round_up((int64_t)Mb * 8, 16) + p.stage_bytes + rowinfo_bytes(p, Mb);
   auto kern = expanded_kernel<8, 8, 0, R, false>;
   set_smem(kern, smem);
   kern<<<grid_for(p, Mb), kThreads, smem, stream>>>(p);
@@ -629,11 +740,15 @@ void launch_exp_l2_t(Params p, cudaStream_t stream) {
 
 void launch_exp_l2(const Params& p, cudaStream_t stream) {
   const int ngb = std::min(p.NG, kMaxNGB);
-  const int64_t blocks4 = (p.M + (kThreads / ngb) * 4 - 1) / ((kThreads / ngb) * 4) * p.G *
-                          ((p.NG + ngb - 1) / ngb);
-  // Fewer rows per thread when 4 would leave SMs idle.
-  if (blocks4 >= 2 * sm_count()) launch_exp_l2_t<4>(p, stream);
-  else launch_exp_l2_t<2>(p, stream);
+  auto blocks = [&](int r) {
+    const int64_t mb = (int64_t)(kThreads / ngb) * r;
+    return (p.M + mb - 1) / mb * p.G * ((p.NG + ngb - 1) / ngb);
+  };
+  // Fewer rows per thread when more would leave SMs idle.
+  const int64_t want = 2 * sm_count();
+  if (blocks(4) >= want) launch_exp_l2_t<4>(p, stream);
+  else if (blocks(2) >= want) launch_exp_l2_t<2>(p, stream);
+  else launch_exp_l2_t<1>(p, stream);
 }
 
 // Runs one concrete algorithm (prep included).
@@ -666,18 +781,15 @@ Algo concrete(Algo algo, const Params& p, const char* op) {
   return algo;
 }
 
-std::string shape_key(const char* op, const Params& p, const at::Tensor& a) {
-  std::ostringstream s;
-  s << op << ':' << a.device().index() << ':' << (p.xmask ? 's' : 'u') << ':' << p.M << ','
-    << p.K << ',' << p.N << ',' << p.G;
-  if (p.conv)
-    s << ':' << p.C << ',' << p.H << ',' << p.W << ',' << p.Wo << ',' << p.HoWo << ',' << p.sh
-      << ',' << p.sw << ',' << p.ph << ',' << p.pw;
-  return s.str();
+using ShapeKey = std::array<long long, 16>;
+
+ShapeKey shape_key(const char* op, const Params& p, const at::Tensor& a) {
+  return ShapeKey{op[4] == 'c', (long long)a.device().index(), (long long)p.xmask, p.M, p.K, p.N,
+                  p.G, p.C, p.H, p.W, p.Wo, p.HoWo, p.sh, p.sw, p.ph, p.pw};
 }
 
 std::mutex g_auto_mu;
-std::unordered_map<std::string, Algo> g_auto_cache;
+std::map<ShapeKey, Algo> g_auto_cache;
 
 void run(Algo algo, Params p, const at::Tensor& a, const at::Tensor& lut, const ConvGeo& cg,
          const char* op) {
@@ -691,7 +803,7 @@ void run(Algo algo, Params p, const at::Tensor& a, const at::Tensor& lut, const 
     if (smem_applies(p)) cands.push_back(Algo::ExpandedSmem);
     cands.push_back(Algo::ExpandedL2);
   }
-  const std::string key = shape_key(op, p, a);
+  const ShapeKey key = shape_key(op, p, a);
   {
     std::lock_guard<std::mutex> lock(g_auto_mu);
     auto it = g_auto_cache.find(key);
@@ -706,27 +818,22 @@ void run(Algo algo, Params p, const at::Tensor& a, const at::Tensor& lut, const 
     run_algo(h, p, lut, cg, stream);
     return;
   }
-  // Timed trial: each candidate once to warm up (and to write the output), then once timed.
-  cudaEvent_t ev[2];
-  C10_CUDA_CHECK(cudaEventCreate(&ev[0]));
-  C10_CUDA_CHECK(cudaEventCreate(&ev[1]));
+  // Timed trial: each candidate once to warm up (and to write the output), then once timed
+  // (host clock around a synchronised run: launch costs count too, as they do for the caller).
   Algo best = cands[0];
-  float best_ms = 1e30f;
+  double best_s = 1e30;
   for (Algo c : cands) {
     run_algo(c, p, lut, cg, stream);
-    C10_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+    C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const auto t0 = std::chrono::steady_clock::now();
     run_algo(c, p, lut, cg, stream);
-    C10_CUDA_CHECK(cudaEventRecord(ev[1], stream));
-    C10_CUDA_CHECK(cudaEventSynchronize(ev[1]));
-    float ms = 0;
-    C10_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
-    if (ms < best_ms) {
-      best_ms = ms;
+    C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (dt < best_s) {
+      best_s = dt;
       best = c;
     }
   }
-  C10_CUDA_CHECK(cudaEventDestroy(ev[0]));
-  C10_CUDA_CHECK(cudaEventDestroy(ev[1]));
   std::lock_guard<std::mutex> lock(g_auto_mu);
   g_auto_cache[key] = best;
 }
@@ -798,10 +905,11 @@ at::Tensor lut_conv2d_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
   TORCH_CHECK(Ho >= 1 && Wo >= 1, "lut_conv2d: output would be empty (", Ho, "x", Wo,
               ") for input ", a.sizes().slice(2), ", kernel ", w.sizes().slice(2));
   const int64_t Cg = C / groups, K = Cg * kh * kw;
-  TORCH_CHECK(Cg * H * W < (1ll << 31) && K < (1ll << 30) && H + ph < (1 << 29) &&
-                  W + pw < (1 << 29) && Ho * sh < (1 << 29) && Wo * sw < (1 << 29),
+  TORCH_CHECK(Cg * H * W < (1ll << 31) && K < (1ll << 30) && H + ph < (1 << 15) &&
+                  W + pw < (1 << 15) && Ho * sh < (1 << 15) && Wo * sw < (1 << 15) &&
+                  dh * (kh - 1) < (1 << 15) && dw * (kw - 1) < (1 << 15),
               "lut_conv2d: input too large for the CUDA kernel (one group's image must stay "
-              "below 2^31 codes)");
+              "below 2^31 codes, its height, width, padding and dilated kernel below 32768)");
   TORCH_CHECK(groups <= 65535, "lut_conv2d: at most 65535 groups on CUDA, got ", groups);
   const c10::cuda::CUDAGuard guard(a.device());
   const Algo algo = parse_algo(algo_name, "lut_conv2d");

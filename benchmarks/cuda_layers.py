@@ -68,6 +68,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--out", default=None)
     ap.add_argument("--algos", default=",".join(ALGOS))
+    ap.add_argument("--profile", action="store_true", help="print a kernel time breakdown")
     ap.add_argument("--five-algo", default="auto", help="algo of the five-layer runs")
     args = ap.parse_args()
     import runner._C  # noqa: F401
@@ -104,6 +105,14 @@ def main():
         rows.append(dict(layer="all5", data=data, algo="auto", median_ms=med, min_ms=lo,
                          tmacs=total / (med * 1e-3) / 1e12))
         print(f"{'all5':6} {data:8} {'auto':14} {med:10.4f} {total / med / 1e9:8.2f} {lo:8.4f}")
+        if args.profile and data == "uniform":  # kernel time breakdown of the five layers
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for i in range(3):
+                    five(i)
+                torch.cuda.synchronize()
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14,
+                                            max_name_column_width=60))
         # the same from a CUDA graph (launch gaps removed)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())

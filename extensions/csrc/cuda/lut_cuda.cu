@@ -23,7 +23,7 @@
 //
 // int16 tables are summed two channels per 32-bit word: the low channel is stored with its sign
 // bit flipped (offset binary), so for words x_k = hi_k * 2^16 + (lo_k + 2^15):
-//   sum(hi) = sum(x_k >> 16)   and   sum(lo) = sum(x_k) - 2^16 * sum(hi) - 2^15 * Kpad  (mod 2^32)
+//   sum(hi) = sum(x_k >> 16)   and   sum(lo) = sum(x_k) - 2^16 * sum(hi) - 2^15 * K  (mod 2^32)
 // which is exact int32 arithmetic with two adds per word.
 #include <ATen/ATen.h>
 // c10 headers only: ATen/cuda/CUDAContext.h pulls in cuBLAS/cuSPARSE headers, which some CUDA
@@ -110,8 +110,9 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const int32_t* __restric
     const int r = e >> 8, wi = e & 255, wv = wi - 128;
     uint32_t v;
     if (!uns) v = static_cast<uint32_t>(rows[e]);
-    else if (wv >= 0) v = static_cast<uint32_t>(rows[r * 256 + wv]);
-    else v = 0u - static_cast<uint32_t>(rows[r * 256 - wv]);  // magnitude through the LUT, then sign
+    else if (wv > 0) v = static_cast<uint32_t>(rows[r * 256 + wv]);
+    else if (wv < 0) v = 0u - static_cast<uint32_t>(rows[r * 256 - wv]);  // magnitude, then sign
+    else v = 0u;  // sign(0) = 0: w = 0 contributes 0 (the contract in ops.cpp / runner/ops.py)
     const int sv = static_cast<int>(v);
     E32[r0 * 256 + e] = sv;
     E16[r0 * 256 + e] = static_cast<int16_t>(sv);
@@ -383,6 +384,8 @@ __device__ __forceinline__ void expanded_body(const Params& p, uint8_t* smem) {
   if (SMEM) copy_chunk(0, tb0);
   __syncthreads();  // row info
   for (int c = 0; c < nchunks; ++c) {
+    // Rows staged whole and T read from L2: nothing is shared per chunk, so no barriers.
+    const bool sync = SMEM || p.stage != 2;
     if (p.stage != 2) gather_tile<KC>(p, grp, m0, Mb, c * KC, act, ri, st);
     if (SMEM) {
       if (c + 1 < nchunks) {
@@ -392,16 +395,18 @@ __device__ __forceinline__ void expanded_body(const Params& p, uint8_t* smem) {
         cp_async_wait<0>();
       }
     }
-    __syncthreads();
+    if (sync) __syncthreads();
     if (rs < rowsets) {
       const int4* tq = SMEM ? ((c & 1) ? tb1 : tb0) : Tg + c * chunk_q;
       tq += (ngz + ng) * VPR;
       const uint8_t* cbase = p.stage == 2 ? st + c * KC : act;
+      const int kmax = min(KC, p.K - c * KC);  // padded taps hold zeros: skip their loads
 #pragma unroll
       for (int i = 0; i < R; ++i) {
         const uint64_t codes = load_word<KC>(cbase + (rs + rowsets * i) * cstride);
 #pragma unroll
         for (int kk = 0; kk < KC; ++kk) {
+          if (kk >= kmax) break;
           const int idx = static_cast<int>((codes >> (8 * kk)) & 255);
           const int4* e = tq + (kk * 256 + idx) * rowq;
           if constexpr (sizeof(TT) == 2) {
@@ -421,7 +426,7 @@ __device__ __forceinline__ void expanded_body(const Params& p, uint8_t* smem) {
         }
       }
     }
-    __syncthreads();
+    if (sync) __syncthreads();
   }
   if (rs >= rowsets) return;
 #pragma unroll
@@ -430,7 +435,7 @@ __device__ __forceinline__ void expanded_body(const Params& p, uint8_t* smem) {
     if (m >= p.M) continue;
     uint32_t v[8];
     if constexpr (sizeof(TT) == 2) {
-      const uint32_t bias = 32768u * (uint32_t)p.Kpad;
+      const uint32_t bias = 32768u * (uint32_t)p.K;  // one offset low half per tap summed
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const uint32_t h = acc[i][2 * j + 1];
@@ -561,6 +566,16 @@ __global__ void __launch_bounds__(kThreads) direct_kernel(Params p) {
 // ------------------------------------------------------------------------------------------------
 // Host side.
 
+// Error messages are built from strings only: streaming integers (sizes, counts) into TORCH_CHECK
+// from this nvcc-compiled file crashed the process on the GPU machine (torch 2.11, nvcc 13.0).
+std::string I(int64_t v) { return std::to_string(v); }
+std::string D(c10::IntArrayRef v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+const char* T(const at::Tensor& t) { return c10::toString(t.scalar_type()); }
+
 enum class Algo { Auto, Direct, Expanded, ExpandedSmem, ExpandedL2 };
 constexpr const char* kAlgoNames = "auto, direct, expanded, expanded_smem, expanded_l2";
 
@@ -577,20 +592,20 @@ Algo parse_algo(c10::string_view s, const char* op) {
 void check_common(const char* op, const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut) {
   TORCH_CHECK(a.scalar_type() == at::kChar || a.scalar_type() == at::kByte, op,
               ": activation codes `a` must be int8 (signed multiplier) or uint8 (unsigned "
-              "multiplier), got ", a.scalar_type());
+              "multiplier), got ", T(a));
   TORCH_CHECK(w.scalar_type() == at::kChar, op, ": weight codes `w` must be int8, got ",
-              w.scalar_type());
+              T(w));
   TORCH_CHECK(lut.scalar_type() == at::kInt && lut.dim() == 2 && lut.size(0) == 256 &&
                   lut.size(1) == 256,
-              op, ": `lut` must be an int32 tensor of shape [256, 256], got ", lut.scalar_type(),
-              " ", lut.sizes());
+              op, ": `lut` must be an int32 tensor of shape [256, 256], got ", T(lut),
+              " ", D(lut.sizes()));
   TORCH_CHECK(a.is_contiguous(), op, ": `a` must be contiguous (call .contiguous() first)");
   TORCH_CHECK(w.is_contiguous(), op, ": `w` must be contiguous (call .contiguous() first)");
   TORCH_CHECK(lut.is_contiguous(), op, ": `lut` must be contiguous (call .contiguous() first)");
   TORCH_CHECK(a.device() == w.device() && a.device() == lut.device(), op,
-              ": a, w and lut must be on the same device, got ", a.device(), ", ", w.device(),
-              ", ", lut.device());
-  TORCH_CHECK(a.is_cuda(), op, ": the CUDA kernel got tensors on ", a.device());
+              ": a, w and lut must be on the same device, got ", a.device().str(), ", ",
+              w.device().str(), ", ", lut.device().str());
+  TORCH_CHECK(a.is_cuda(), op, ": the CUDA kernel got tensors on ", a.device().str());
 }
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -680,7 +695,7 @@ void choose_stage(Params& p, int Mb, int64_t budget) {
 
 dim3 grid_for(const Params& p, int Mb) {
   const int64_t bx = (p.M + Mb - 1) / Mb;
-  TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", p.M, ")");
+  TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
   return dim3(static_cast<unsigned>(bx), p.G, (p.NG + p.NGB - 1) / p.NGB);
 }
 
@@ -690,8 +705,8 @@ void launch_direct(Params p, cudaStream_t stream) {
   choose_stage(p, Mb, 48 << 10);
   const size_t smem = kEStride * 256 * 2 + p.stage_bytes + round_up((int64_t)Mb * kDirectKC, 16) +
                       round_up((int64_t)kDirectKC * p.NGB * 8, 16) + rowinfo_bytes(p, Mb);
-  TORCH_CHECK((int)smem <= max_smem_optin(), "approx direct kernel: needs ", smem,
-              " bytes of shared memory, the device allows ", max_smem_optin());
+  TORCH_CHECK((int)smem <= max_smem_optin(), "approx direct kernel: needs ", I(smem),
+              " bytes of shared memory, the device allows ", I(max_smem_optin()));
   set_smem(direct_kernel, smem);
   direct_kernel<<<grid_for(p, Mb), kThreads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -773,10 +788,10 @@ Algo concrete(Algo algo, const Params& p, const char* op) {
   if (algo == Algo::Expanded) algo = smem_applies(p) ? Algo::ExpandedSmem : Algo::ExpandedL2;
   if (algo == Algo::ExpandedSmem)
     TORCH_CHECK(smem_applies(p), op, ": algo 'expanded_smem' needs at most 16 output channels per "
-                "group (got ", p.N, "); use 'expanded_l2' or 'auto'");
+                "group (got ", I(p.N), "); use 'expanded_l2' or 'auto'");
   if (algo == Algo::ExpandedSmem || algo == Algo::ExpandedL2)
     TORCH_CHECK(table_bytes(p) <= kTableBudget, op, ": the expanded table would take ",
-                table_bytes(p) >> 20, " MiB (budget ", kTableBudget >> 20,
+                I(table_bytes(p) >> 20), " MiB (budget ", I(kTableBudget >> 20),
                 " MiB); use algo='direct'");
   return algo;
 }
@@ -851,9 +866,9 @@ at::Tensor lut_linear_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
                            c10::string_view algo_name) {
   check_common("lut_linear", a, w, lut);
   TORCH_CHECK(a.dim() == 2 && w.dim() == 2, "lut_linear: expected a [M, K] and w [N, K], got a ",
-              a.sizes(), ", w ", w.sizes());
-  TORCH_CHECK(a.size(1) == w.size(1), "lut_linear: a has K=", a.size(1),
-              " columns but w has K=", w.size(1));
+              D(a.sizes()), ", w ", D(w.sizes()));
+  TORCH_CHECK(a.size(1) == w.size(1), "lut_linear: a has K=", I(a.size(1)),
+              " columns but w has K=", I(w.size(1)));
   const Algo algo = parse_algo(algo_name, "lut_linear");
   const c10::cuda::CUDAGuard guard(a.device());
   const int64_t M = a.size(0), K = a.size(1), N = w.size(0);
@@ -877,7 +892,7 @@ at::Tensor lut_linear_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
 
 std::pair<int64_t, int64_t> pair_arg(c10::IntArrayRef v, const char* name) {
   TORCH_CHECK(v.size() == 1 || v.size() == 2, "lut_conv2d: ", name,
-              " must have 1 or 2 values, got ", v);
+              " must have 1 or 2 values, got ", D(v));
   return {v[0], v[v.size() - 1]};
 }
 
@@ -887,30 +902,31 @@ at::Tensor lut_conv2d_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
   check_common("lut_conv2d", a, w, lut);
   TORCH_CHECK(a.dim() == 4 && w.dim() == 4,
               "lut_conv2d: expected a [B, C, H, W] and w [N, C/groups, kh, kw], got a ",
-              a.sizes(), ", w ", w.sizes());
+              D(a.sizes()), ", w ", D(w.sizes()));
   const auto [sh, sw] = pair_arg(stride, "stride");
   const auto [ph, pw] = pair_arg(padding, "padding");
   const auto [dh, dw] = pair_arg(dilation, "dilation");
   TORCH_CHECK(sh >= 1 && sw >= 1 && dh >= 1 && dw >= 1 && ph >= 0 && pw >= 0,
-              "lut_conv2d: need stride >= 1, dilation >= 1, padding >= 0, got stride ", stride,
-              ", padding ", padding, ", dilation ", dilation);
+              "lut_conv2d: need stride >= 1, dilation >= 1, padding >= 0, got stride ", D(stride),
+              ", padding ", D(padding), ", dilation ", D(dilation));
   const int64_t B = a.size(0), C = a.size(1), H = a.size(2), W = a.size(3);
   const int64_t N = w.size(0), kh = w.size(2), kw = w.size(3);
-  TORCH_CHECK(groups >= 1 && C % groups == 0 && N % groups == 0, "lut_conv2d: groups=", groups,
-              " must divide input channels (", C, ") and output channels (", N, ")");
-  TORCH_CHECK(w.size(1) * groups == C, "lut_conv2d: w expects ", w.size(1) * groups,
-              " input channels (", w.size(1), " per group x ", groups, " groups), a has ", C);
+  TORCH_CHECK(groups >= 1 && C % groups == 0 && N % groups == 0, "lut_conv2d: groups=", I(groups),
+              " must divide input channels (", I(C), ") and output channels (", I(N), ")");
+  TORCH_CHECK(w.size(1) * groups == C, "lut_conv2d: w expects ", I(w.size(1) * groups),
+              " input channels (", I(w.size(1)), " per group x ", I(groups), " groups), a has ",
+              I(C));
   const int64_t Ho = (H + 2 * ph - dh * (kh - 1) - 1) / sh + 1;
   const int64_t Wo = (W + 2 * pw - dw * (kw - 1) - 1) / sw + 1;
-  TORCH_CHECK(Ho >= 1 && Wo >= 1, "lut_conv2d: output would be empty (", Ho, "x", Wo,
-              ") for input ", a.sizes().slice(2), ", kernel ", w.sizes().slice(2));
+  TORCH_CHECK(Ho >= 1 && Wo >= 1, "lut_conv2d: output would be empty (", I(Ho), "x", I(Wo),
+              ") for input ", D(a.sizes().slice(2)), ", kernel ", D(w.sizes().slice(2)));
   const int64_t Cg = C / groups, K = Cg * kh * kw;
   TORCH_CHECK(Cg * H * W < (1ll << 31) && K < (1ll << 30) && H + ph < (1 << 15) &&
                   W + pw < (1 << 15) && Ho * sh < (1 << 15) && Wo * sw < (1 << 15) &&
                   dh * (kh - 1) < (1 << 15) && dw * (kw - 1) < (1 << 15),
               "lut_conv2d: input too large for the CUDA kernel (one group's image must stay "
               "below 2^31 codes, its height, width, padding and dilated kernel below 32768)");
-  TORCH_CHECK(groups <= 65535, "lut_conv2d: at most 65535 groups on CUDA, got ", groups);
+  TORCH_CHECK(groups <= 65535, "lut_conv2d: at most 65535 groups on CUDA, got ", I(groups));
   const c10::cuda::CUDAGuard guard(a.device());
   const Algo algo = parse_algo(algo_name, "lut_conv2d");
   at::Tensor out = at::empty({B, N, Ho, Wo}, a.options().dtype(at::kInt));

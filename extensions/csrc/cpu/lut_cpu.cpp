@@ -182,6 +182,7 @@ bool products_fit_int16(const int32_t* lut, const WeightCols& wc) {
 
 constexpr int64_t kTableBudget = 64ll << 20;   // auto: expanded only below this table size
 constexpr int64_t kCacheBudget = 256ll << 20;  // all cached tables together
+constexpr size_t kCacheEntries = 64;
 
 // Expanded tables, reused across calls while the weights and the LUT are byte-identical (at
 // inference they never change, so the build is paid once per layer). Entries are matched by
@@ -239,7 +240,7 @@ void cache_insert(std::shared_ptr<TableEntry> e) {
   std::lock_guard<std::mutex> lock(c.mu);
   c.entries.push_front(e);
   c.bytes += e->table.numel();
-  while (c.bytes > kCacheBudget && c.entries.size() > 1) {
+  while ((c.bytes > kCacheBudget || c.entries.size() > kCacheEntries) && c.entries.size() > 1) {
     c.bytes -= c.entries.back()->table.numel();
     c.entries.pop_back();
   }

@@ -123,12 +123,11 @@ AR_INLINE void exp_tile(const TT* __restrict Tg, const Problem& p, int64_t k0, i
   const uint8_t* b[R];
   for (int r = 0; r < R; ++r) b[r] = base[r];
   const int32_t* __restrict off = p.off;
-  const uint8_t x = p.xmask;
   const TT* tk = Tg + k0 * slab;
   for (int64_t k = k0; k < k1; ++k, tk += slab) {
     const int32_t o = off[k];
     for (int r = 0; r < R; ++r) {
-      const TT* row = tk + (int64_t)(uint8_t)(b[r][o] ^ x) * Np;
+      const TT* row = tk + (int64_t)b[r][o] * Np;  // table rows are indexed by the raw code byte
       for (int j = 0; j < NV; ++j) v[r][j] = vadd(v[r][j], vload(row + j * L));
     }
   }
@@ -261,7 +260,9 @@ void direct_rows(const int32_t* lut, const int32_t* col, const uint32_t* neg, co
 void exp16_rows(const int16_t* T, const Problem& p, int64_t r0, int64_t r1) { exp_rows(T, p, r0, r1); }
 void exp32_rows(const int32_t* T, const Problem& p, int64_t r0, int64_t r1) { exp_rows(T, p, r0, r1); }
 
-// Table build: T[gk][a][n] = product(a, weight n of tap gk), zero in the padded channels.
+// Table build: T[gk][b][n] = product(code whose byte is b, weight n of tap gk), zero in the
+// padded channels. Indexing by the raw byte (not the LUT row, which is b ^ 0x80 for int8 codes)
+// saves the hot loop one operation per lookup.
 template <typename TT>
 void build_rows(TT* T, const int32_t* lut, const int32_t* col, const uint32_t* neg,
                 const uint32_t* keep, const Problem& p, int64_t gk0, int64_t gk1) {
@@ -272,7 +273,7 @@ void build_rows(TT* T, const int32_t* lut, const int32_t* col, const uint32_t* n
     const uint32_t* m = keep + gk * Np;
     TT* dst = T + gk * 256 * Np;
     for (int a = 0; a < 256; ++a) {
-      const int32_t* row = lut + a * 256;
+      const int32_t* row = lut + (a ^ p.xmask) * 256;
       TT* d = dst + a * Np;
       int64_t n = 0;
       for (; n + L <= Np; n += L) {

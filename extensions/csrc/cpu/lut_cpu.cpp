@@ -270,8 +270,9 @@ void run(Problem& p, const at::Tensor& w, const at::Tensor& lut_t, Algo algo) {
   const int64_t rows = p.B * p.G * p.Ho * p.Wo;
   if (rows == 0 || p.Ng == 0) return;
   const int32_t* lut = lut_t.data_ptr<int32_t>();
-  // At least ~64K MACs per task, so tiny problems stay on one thread.
-  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, p.K * p.Np));
+  // At least ~1M MACs per task: below that, waking a second thread costs more than it saves
+  // (milliseconds when the other core is busy).
+  const int64_t grain = std::max<int64_t>(1, (1 << 20) / std::max<int64_t>(1, p.K * p.Np));
 
   std::shared_ptr<TableEntry> entry;
   if (algo != Algo::Direct) entry = cache_find(p, w, lut);

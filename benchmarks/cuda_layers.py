@@ -22,7 +22,7 @@ LAYERS = {
     "fc2": ("linear", (120,), (84, 120)),
     "fc3": ("linear", (84,), (10, 84)),
 }
-ALGOS = ["direct", "expanded_smem", "expanded_l2", "auto"]
+ALGOS = ["direct", "expanded_resident", "expanded_smem", "expanded_l2", "auto"]
 
 
 def macs(name, batch):
@@ -87,7 +87,8 @@ def main():
             inputs = [codes((args.batch, *ashape), data, gen) for _ in range(3)]
             seqs[name] = (w, inputs)
             for algo in args.algos.split(","):
-                if algo == "expanded_smem" and wshape[0] > 16:
+                if (algo == "expanded_smem" and wshape[0] > 16) or (
+                        algo == "expanded_resident" and name != "conv1"):
                     continue
                 med, lo, _ = time_ms(lambda a: call(name, a, w, lut, algo), inputs, args.repeat)
                 tmacs = macs(name, args.batch) / (med * 1e-3) / 1e12

@@ -41,6 +41,16 @@ if os.environ.get("APPROX_TEST_SKIP_AUTO") == "1":  # to test the rest when auto
 NO_CACHING = os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"
 
 
+def extra_algos(k, n, conv):
+    """Variants with shape limits, where they apply: expanded_smem for <= 16 channels per group;
+    expanded_resident for <= 8 when its whole int16 table and a 2,048-row tile fit 227 KiB."""
+    out = ["expanded_smem"] if n <= 16 else []
+    kpad = (k + 7) // 8 * 8
+    if n <= 8 and k * 4096 + 2048 * (kpad + 8) + (2048 * 12 if conv else 0) <= 227 * 1024:
+        out.append("expanded_resident")
+    return out
+
+
 def _has_cpu():
     return _ext.has_kernel("lut_linear", "CPU")
 
@@ -117,7 +127,7 @@ def test_linear_matches_reference(shape, lutkind, signed):
     if _has_cpu():
         check_equal(ops.lut_linear(a, w, lut, "direct"), want, "CPU kernel vs reference")
     ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
-    algos = ALGOS + (["expanded_smem"] if n <= 16 else [])
+    algos = ALGOS + extra_algos(k, n, False)
     for algo in algos:
         got = poisoned_call(lambda: ops.lut_linear(ad, wd, ld, algo), (m, n))
         check_equal(got, want, f"lut_linear {shape} {lutkind} signed={signed} algo={algo}")
@@ -152,7 +162,7 @@ def test_conv_matches_reference(case, lutkind, signed):
     if _has_cpu():
         check_equal(ops.lut_conv2d(a, w, lut, *args, "direct"), want, "CPU kernel vs reference")
     ad, wdv, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
-    algos = ALGOS + (["expanded_smem"] if n // groups <= 16 else [])
+    algos = ALGOS + extra_algos(c // groups * kh * kw, n // groups, True)
     for algo in algos:
         got = poisoned_call(lambda: ops.lut_conv2d(ad, wdv, ld, *args, algo), tuple(want.shape))
         check_equal(got, want, f"lut_conv2d case {case} {lutkind} signed={signed} algo={algo}")
@@ -202,7 +212,8 @@ def test_lenet_batch10000(layer, signed):
         check_equal(want[:50], want_head, f"{layer}: CPU kernel vs reference")
     ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
     out_shape = (ashape[0],) + tuple(want_head.shape[1:])
-    algos = ALGOS + (["expanded_smem"] if wshape[0] <= 16 else [])
+    kk = wshape[1] * (wshape[2] * wshape[3] if kind == "conv" else 1)
+    algos = ALGOS + extra_algos(kk, wshape[0], kind == "conv")
     for algo in algos:
         got = poisoned_call(lambda: op(ad, wd, ld, *extra, algo), out_shape)
         check_equal(got[:50], want_head, f"{layer} algo={algo} vs reference (first 50)")
@@ -210,7 +221,7 @@ def test_lenet_batch10000(layer, signed):
             check_equal(got, want, f"{layer} algo={algo} vs CPU kernel")
 
 
-@pytest.mark.parametrize("algo", ["direct", "expanded_smem", "expanded_l2"])
+@pytest.mark.parametrize("algo", ["direct", "expanded_smem", "expanded_l2", "expanded_resident"])
 def test_rows_beyond_grid_y_limit(algo):
     """More rows than 65,535 x the largest tile height (2,048 rows): the row tiles run on grid.x."""
     m = 65535 * 2048 + 123
@@ -299,6 +310,8 @@ def test_bad_inputs_raise():
         ops.lut_linear(torch.zeros((8, 4), dtype=torch.int8, device=DEV).t(), w, lut, "auto")
     with pytest.raises(RuntimeError, match="same device"):
         ops.lut_linear(a, w, lut.cpu(), "auto")
+    with pytest.raises(RuntimeError, match="expanded_resident"):
+        ops.lut_linear(a, torch.zeros((9, 8), dtype=torch.int8, device=DEV), lut, "expanded_resident")
     with pytest.raises(RuntimeError, match="expanded_smem"):
         ops.lut_linear(a, torch.zeros((40, 8), dtype=torch.int8, device=DEV), lut, "expanded_smem")
     x = torch.zeros((1, 4, 6, 6), dtype=torch.uint8, device=DEV)

@@ -181,7 +181,7 @@ __device__ __forceinline__ void fill_rowinfo(const Params& p, int grp, long long
                                              RowInfo ri) {
   const long long b0 = m0 / p.HoWo;
   const long long hw = (long long)p.H * p.W;
-  for (int lr = threadIdx.x; lr < Mb; lr += kThreads) {
+  for (int lr = threadIdx.x; lr < Mb; lr += blockDim.x) {
     const long long m = m0 + lr;
     if (m < p.M) {
       const long long b = m / p.HoWo;
@@ -233,7 +233,7 @@ __device__ __forceinline__ void stage_codes(const Params& p, int grp, long long 
       const int wpi = static_cast<int>(cghw >> 2);
       const int total = static_cast<int>((b1 - b0 + 1) * wpi);
 #pragma unroll 4
-      for (int e = threadIdx.x; e < total; e += kThreads) {
+      for (int e = threadIdx.x; e < total; e += blockDim.x) {
         const int j = e / wpi, t = e - j * wpi;
         reinterpret_cast<uint32_t*>(st)[e] =
             __ldg(reinterpret_cast<const uint32_t*>(a + src0 + j * img) + t);
@@ -242,7 +242,7 @@ __device__ __forceinline__ void stage_codes(const Params& p, int grp, long long 
       const int bpi = static_cast<int>(cghw);
       const int total = static_cast<int>((b1 - b0 + 1) * bpi);
 #pragma unroll 4
-      for (int e = threadIdx.x; e < total; e += kThreads) {
+      for (int e = threadIdx.x; e < total; e += blockDim.x) {
         const int j = e / bpi, t = e - j * bpi;
         st[e] = __ldg(a + src0 + j * img + t);
       }
@@ -252,7 +252,7 @@ __device__ __forceinline__ void stage_codes(const Params& p, int grp, long long 
     const int wpr = p.Kpad >> 2;  // 4-code words per row
     const int total = Mb * wpr;
 #pragma unroll 4
-    for (int e = threadIdx.x; e < total; e += kThreads) {
+    for (int e = threadIdx.x; e < total; e += blockDim.x) {
       const int lr = e / wpr, j = e - lr * wpr, k = j * 4;
       const long long m = m0 + lr;
       uint32_t word = 0;
@@ -274,7 +274,8 @@ __device__ __forceinline__ void stage_codes(const Params& p, int grp, long long 
 // Codes of taps [k0, k0 + KC) for the Mb rows of the tile, as LUT rows, into act[Mb][KC].
 template <int KC>
 __device__ __forceinline__ void gather_tile(const Params& p, int grp, long long m0, int Mb, int k0,
-                                            uint8_t* act, RowInfo ri, const uint8_t* st) {
+                                            uint8_t* act, RowInfo ri, const uint8_t* st,
+                                            int astride = KC) {
   const uint64_t xm = 0x0101010101010101ull * p.xmask;
   const unsigned sbase = static_cast<unsigned>(__cvta_generic_to_shared(st));
   int4 kin[KC];
@@ -282,7 +283,7 @@ __device__ __forceinline__ void gather_tile(const Params& p, int grp, long long 
 #pragma unroll
     for (int kk = 0; kk < KC; ++kk) kin[kk] = __ldg(p.kinfo + k0 + kk);
   }
-  for (int lr = threadIdx.x; lr < Mb; lr += kThreads) {
+  for (int lr = threadIdx.x; lr < Mb; lr += blockDim.x) {
     uint64_t word = 0;
     if (p.conv) {
       const long long base = ri.base[lr];
@@ -316,7 +317,7 @@ __device__ __forceinline__ void gather_tile(const Params& p, int grp, long long 
         }
       }
     }
-    store_word<KC>(act + lr * KC, word ^ xm);
+    store_word<KC>(act + lr * astride, word ^ xm);
   }
 }
 
@@ -468,6 +469,119 @@ __global__ void __launch_bounds__(kThreads, 2) expanded_kernel(Params p) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// Expanded, table resident: for 8-channel layers (N <= 8 per group) whose int16 table fits in
+// shared memory whole (conv1: 25 taps x 4 KiB). A persistent grid loads T once per block, then
+// walks row tiles: gather every tap of 2,048 rows, one barrier, sum, one barrier. An int32 table
+// is read from L2 in the same loop.
+constexpr int kResThreads = 512;
+constexpr int kResR = 4;
+constexpr int kResMb = kResThreads * kResR;
+
+template <typename TT>
+__device__ __forceinline__ void resident_body(const Params& p, uint8_t* smem) {
+  constexpr bool TSM = sizeof(TT) == 2;
+  constexpr int VPR = TSM ? 1 : 2;
+  constexpr int R = kResR, Mb = kResMb;
+  const int tid = threadIdx.x, grp = blockIdx.y;
+  const int astride = p.Kpad + 8;  // 8 spare bytes spread the rows' 8-byte loads over the banks
+  const int4* Tg = static_cast<const int4*>(p.T) + (long long)grp * p.Kpad * 256 * VPR;
+  // Shared memory: [T (int16): K x 256 rows of 16 bytes][staged codes][act Mb x astride][row info]
+  uint8_t* sp = smem;
+  int4* Ts = reinterpret_cast<int4*>(sp);
+  sp += TSM ? (size_t)p.K * 256 * 16 : 0;
+  uint8_t* st = sp;
+  sp += p.stage_bytes;
+  uint8_t* act = sp;
+  sp += ((Mb * astride + 15) / 16) * 16;
+  RowInfo ri{reinterpret_cast<long long*>(sp), reinterpret_cast<int*>(sp + Mb * 8)};
+  if (TSM) {
+    for (int q = tid; q < p.K * 256; q += kResThreads) cp_async16(Ts + q, Tg + q);
+    cp_async_commit();
+  }
+  const int4* Tb = TSM ? Ts : Tg;
+  const long long ntiles = (p.M + Mb - 1) / Mb;
+  const int nchunks = p.Kpad / 8;
+  for (long long tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+    const long long m0 = tile * Mb;
+    if (p.conv) fill_rowinfo(p, grp, m0, Mb, ri);
+    stage_codes(p, grp, m0, Mb, st);
+    __syncthreads();
+    if (p.stage != 2)
+      for (int c = 0; c < nchunks; ++c) gather_tile<8>(p, grp, m0, Mb, c * 8, act + c * 8, ri, st, astride);
+    if (TSM) cp_async_wait<0>();
+    __syncthreads();
+    const uint8_t* cb = p.stage == 2 ? st : act;
+    const int cs = p.stage == 2 ? p.Kpad : astride;
+    uint32_t acc[R][8];
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[i][j] = 0;
+    for (int c = 0; c < nchunks; ++c) {
+      const int kmax = min(8, p.K - c * 8);
+      const int4* tq = Tb + c * 8 * 256 * VPR;
+      auto chunk = [&](auto full_tag) {
+        constexpr bool kFull = decltype(full_tag)::value;
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+          const uint64_t codes = load_word<8>(cb + (tid + kResThreads * i) * cs + c * 8);
+#pragma unroll
+          for (int kk = 0; kk < 8; ++kk) {
+            if (!kFull && kk >= kmax) break;
+            const int idx = static_cast<int>((codes >> (8 * kk)) & 255);
+            const int4* e = tq + (kk * 256 + idx) * VPR;
+            if constexpr (TSM) {
+              const int4 v = *e;
+              acc[i][0] += (uint32_t)v.x; acc[i][1] += (uint32_t)(v.x >> 16);
+              acc[i][2] += (uint32_t)v.y; acc[i][3] += (uint32_t)(v.y >> 16);
+              acc[i][4] += (uint32_t)v.z; acc[i][5] += (uint32_t)(v.z >> 16);
+              acc[i][6] += (uint32_t)v.w; acc[i][7] += (uint32_t)(v.w >> 16);
+            } else {
+              const int4 v0 = __ldg(e), v1 = __ldg(e + 1);
+              acc[i][0] += (uint32_t)v0.x; acc[i][1] += (uint32_t)v0.y;
+              acc[i][2] += (uint32_t)v0.z; acc[i][3] += (uint32_t)v0.w;
+              acc[i][4] += (uint32_t)v1.x; acc[i][5] += (uint32_t)v1.y;
+              acc[i][6] += (uint32_t)v1.z; acc[i][7] += (uint32_t)v1.w;
+            }
+          }
+        }
+      };
+      if (kmax == 8) chunk(std::true_type{});
+      else chunk(std::false_type{});
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const long long m = m0 + tid + kResThreads * i;
+      if (m >= p.M) continue;
+      uint32_t v[8];
+      if constexpr (TSM) {
+        const uint32_t bias = 32768u * (uint32_t)p.K;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t h = acc[i][2 * j + 1];
+          v[2 * j] = acc[i][2 * j] - (h << 16) - bias;
+          v[2 * j + 1] = h;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = acc[i][j];
+      }
+      store_row(p, grp, m, 0, v);
+    }
+    __syncthreads();  // the next tile rewrites row info, staged codes and act
+  }
+  if (TSM) cp_async_wait<0>();  // blocks without a tile
+}
+
+__global__ void __launch_bounds__(kResThreads, 1) resident_kernel(Params p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  if (read_fits16(p.flags))
+    resident_body<int16_t>(p, smem);
+  else
+    resident_body<int32_t>(p, smem);
+}
+
+// ------------------------------------------------------------------------------------------------
 // Direct: thread (rs, ng) sums R rows x 8 channels, one E lookup per MAC.
 constexpr int kDirectR = 4;
 constexpr int kDirectKC = 8;
@@ -584,8 +698,9 @@ std::string D(c10::IntArrayRef v) {
 }
 const char* T(const at::Tensor& t) { return c10::toString(t.scalar_type()); }
 
-enum class Algo { Auto, Direct, Expanded, ExpandedSmem, ExpandedL2 };
-constexpr const char* kAlgoNames = "auto, direct, expanded, expanded_smem, expanded_l2";
+enum class Algo { Auto, Direct, Expanded, ExpandedSmem, ExpandedL2, ExpandedResident };
+constexpr const char* kAlgoNames =
+    "auto, direct, expanded, expanded_smem, expanded_l2, expanded_resident";
 
 Algo parse_algo(c10::string_view s, const char* op) {
   if (s == "auto") return Algo::Auto;
@@ -593,6 +708,7 @@ Algo parse_algo(c10::string_view s, const char* op) {
   if (s == "expanded") return Algo::Expanded;
   if (s == "expanded_smem") return Algo::ExpandedSmem;
   if (s == "expanded_l2") return Algo::ExpandedL2;
+  if (s == "expanded_resident") return Algo::ExpandedResident;
   TORCH_CHECK(false, op, ": unknown algo '", std::string(s.data(), s.size()), "'; valid: ",
               kAlgoNames);
 }
@@ -730,6 +846,26 @@ void launch_build(const Params& p, cudaStream_t stream) {
 
 bool smem_applies(const Params& p) { return p.NG <= 2; }
 
+// Shared memory of the resident kernel without staged codes; 0 when it cannot run this shape.
+int64_t resident_base_smem(const Params& p) {
+  if (p.NG != 1) return 0;
+  const int64_t bytes = (int64_t)p.K * 256 * 16 + round_up((int64_t)kResMb * (p.Kpad + 8), 16) +
+                        rowinfo_bytes(p, kResMb);
+  return bytes <= max_smem_optin() ? bytes : 0;
+}
+bool resident_applies(const Params& p) { return resident_base_smem(p) > 0; }
+
+void launch_exp_resident(Params p, cudaStream_t stream) {
+  const int64_t base = resident_base_smem(p);
+  choose_stage(p, kResMb, max_smem_optin() - base);
+  const size_t smem = base + p.stage_bytes;
+  set_smem(resident_kernel, smem);
+  const int64_t ntiles = (p.M + kResMb - 1) / kResMb;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ntiles, sm_count())), p.G, 1);
+  resident_kernel<<<grid, kResThreads, smem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 template <int KC16, int KC32, int NGT, int R>
 void launch_exp_smem_t(Params p, cudaStream_t stream) {
   p.NGB = NGT;
@@ -786,7 +922,8 @@ void run_algo(Algo algo, Params p, const at::Tensor& lut, const ConvGeo& cg, cud
     return;
   }
   launch_build(ws.p, stream);
-  if (algo == Algo::ExpandedSmem) launch_exp_smem(ws.p, stream);
+  if (algo == Algo::ExpandedResident) launch_exp_resident(ws.p, stream);
+  else if (algo == Algo::ExpandedSmem) launch_exp_smem(ws.p, stream);
   else launch_exp_l2(ws.p, stream);
 }
 
@@ -794,11 +931,16 @@ int64_t table_bytes(const Params& p) { return (int64_t)p.G * p.Kpad * 256 * p.NG
 
 // Resolves "expanded" and rejects variants that cannot run this shape.
 Algo concrete(Algo algo, const Params& p, const char* op) {
-  if (algo == Algo::Expanded) algo = smem_applies(p) ? Algo::ExpandedSmem : Algo::ExpandedL2;
+  if (algo == Algo::Expanded)
+    algo = resident_applies(p) ? Algo::ExpandedResident
+                               : smem_applies(p) ? Algo::ExpandedSmem : Algo::ExpandedL2;
+  if (algo == Algo::ExpandedResident)
+    TORCH_CHECK(resident_applies(p), op, ": algo 'expanded_resident' needs at most 8 output "
+                "channels per group and a table that fits shared memory; use 'expanded' or 'auto'");
   if (algo == Algo::ExpandedSmem)
     TORCH_CHECK(smem_applies(p), op, ": algo 'expanded_smem' needs at most 16 output channels per "
                 "group (got ", I(p.N), "); use 'expanded_l2' or 'auto'");
-  if (algo == Algo::ExpandedSmem || algo == Algo::ExpandedL2)
+  if (algo != Algo::Direct)
     TORCH_CHECK(table_bytes(p) <= kTableBudget, op, ": the expanded table would take ",
                 I(table_bytes(p) >> 20), " MiB (budget ", I(kTableBudget >> 20),
                 " MiB); use algo='direct'");
@@ -824,6 +966,7 @@ void run(Algo algo, Params p, const at::Tensor& a, const at::Tensor& lut, const 
   }
   std::vector<Algo> cands{Algo::Direct};
   if (table_bytes(p) <= kTableBudget) {
+    if (resident_applies(p)) cands.push_back(Algo::ExpandedResident);
     if (smem_applies(p)) cands.push_back(Algo::ExpandedSmem);
     cands.push_back(Algo::ExpandedL2);
   }

@@ -154,3 +154,30 @@ def test_python_backend_and_errors(gen):
     if any(b == "cpp" for b, _ in BACKENDS):
         with pytest.raises(UserError, match="cuda"):
             ops.lut_linear(a, w, lut, backend="cuda")
+
+
+def test_without_extension():
+    """Without runner._C, importing runner.ops works, python runs, cpp says how to build."""
+    code = (
+        "import sys, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'runner._C':\n"
+        "            raise ImportError('blocked for the test')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import torch\n"
+        "from runner import ops\n"
+        "from runner.errors import UserError\n"
+        "a = torch.zeros((2, 3), dtype=torch.int8); w = torch.ones((4, 3), dtype=torch.int8)\n"
+        "lut = torch.ones((256, 256), dtype=torch.int32)\n"
+        "assert ops.lut_linear(a, w, lut, backend='python').eq(3).all()\n"
+        "try:\n"
+        "    ops.lut_linear(a, w, lut, backend='cpp')\n"
+        "except UserError as e:\n"
+        "    assert 'pip install' in str(e), e\n"
+        "    print('ok')\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]

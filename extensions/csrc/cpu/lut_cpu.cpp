@@ -8,14 +8,15 @@
 // Two algorithms:
 //   direct    one LUT lookup per MAC (lookup column precomputed per weight). No per-call table,
 //             so it suits small batches and training, where weights change every step.
-//   expanded  per call, a weight-expanded table T[g][k][a][n] = product(a, w[g*Ng+n][k]) with the
-//             weight sign folded in and n padded to a multiple of 8. For one activation code the
-//             inner loop then adds a contiguous run of output channels with vector loads into
-//             int32 accumulators that stay in registers. int16 entries when every product fits.
+//   expanded  a weight-expanded table T[g][k][a][n] = product(a, w[g*Ng+n][k]) with the weight
+//             sign folded in and n padded to a multiple of 8, built once per (weights, LUT) and
+//             cached. For one activation code the inner loop adds a contiguous run of output
+//             channels with vector loads into int32 accumulators held in registers; int16
+//             entries when every product fits. Rows go in cache-sized blocks and taps in chunks
+//             whose table slice stays in L2.
 //
-// Vector code: the hot loops are written once with GCC vector extensions and inlined into
-// functions compiled for AVX-512, AVX2 and the baseline; the build needs no -march flag and the
-// variant is picked at run time from the CPU's features.
+// Vector code: lut_cpu_kernels.h is compiled three times (AVX-512, AVX2, baseline) under
+// `#pragma GCC target`; the build needs no -march flag and the variant is picked at run time.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -23,20 +24,18 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <list>
 #include <memory>
 #include <mutex>
-#include <cstdint>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #pragma GCC diagnostic ignored "-Wpsabi"  // vector types never cross a non-inlined call
 
 #define AR_INLINE inline __attribute__((always_inline))
-// Lambdas are functions of their own: without this they could be compiled for the baseline ISA.
-#define AR_LAMBDA_INLINE __attribute__((always_inline))
 
 namespace {
 

@@ -56,6 +56,23 @@ constexpr int kKAlign = 8;       // taps of T padded to a multiple of this (ever
 constexpr int kMaxNGB = 32;      // 8-channel groups per block at most (grid.z covers the rest)
 constexpr int64_t kTableBudget = 1ll << 30;  // bytes of T (int32 layout) beyond which expanded is off
 
+// Division by a launch constant as a multiply-high and shift (n < 2^31): 64-bit and plain 32-bit
+// divisions per row were a sizeable share of conv1's instructions.
+struct FastDiv {
+  unsigned d, mul, shift;
+};
+
+FastDiv make_fastdiv(unsigned d) {
+  unsigned s = 0;
+  while ((1ull << s) < d) ++s;
+  const unsigned long long m = ((1ull << 32) * ((1ull << s) - d)) / d + 1;
+  return FastDiv{d, static_cast<unsigned>(m), s};
+}
+
+__device__ __forceinline__ unsigned fdiv(unsigned n, const FastDiv& f) {
+  return (__umulhi(n, f.mul) + n) >> f.shift;
+}
+
 struct Params {
   const uint8_t* a;
   const int8_t* w;
@@ -74,7 +91,24 @@ struct Params {
                        // 2: linear rows [Mb][Kpad] staged in shared memory
   int stage_bytes;     // shared memory reserved for the staged codes (multiple of 16)
   int C, H, W, Cg, Wo, sh, sw, ph, pw;
+  FastDiv fHoWo, fWo;
 };
+
+// Image and pixel of row m0 + lr, from the tile's first image b0 and offset r0 = m0 - b0 * HoWo.
+struct TilePos {
+  long long b0;
+  unsigned r0;
+};
+__device__ __forceinline__ TilePos tile_pos(const Params& p, long long m0) {
+  const long long b0 = p.conv ? m0 / p.HoWo : 0;
+  return TilePos{b0, static_cast<unsigned>(m0 - b0 * p.HoWo)};
+}
+__device__ __forceinline__ void row_pos(const Params& p, TilePos tp, int lr, long long& b,
+                                        unsigned& pix) {
+  const unsigned r = tp.r0 + lr, q = fdiv(r, p.fHoWo);
+  b = tp.b0 + q;
+  pix = r - q * static_cast<unsigned>(p.HoWo);
+}
 
 __device__ __forceinline__ bool read_fits16(const int* flags) {
   int f = 1;
@@ -179,14 +213,17 @@ constexpr int kRowInfoBytes = 12;
 
 __device__ __forceinline__ void fill_rowinfo(const Params& p, int grp, long long m0, int Mb,
                                              RowInfo ri) {
-  const long long b0 = m0 / p.HoWo;
+  const TilePos tp = tile_pos(p, m0);
+  const long long b0 = tp.b0;
   const long long hw = (long long)p.H * p.W;
   for (int lr = threadIdx.x; lr < Mb; lr += blockDim.x) {
     const long long m = m0 + lr;
     if (m < p.M) {
-      const long long b = m / p.HoWo;
-      const int pix = static_cast<int>(m - b * p.HoWo);
-      const int oy = pix / p.Wo, ox = pix - oy * p.Wo;
+      long long b;
+      unsigned upix;
+      row_pos(p, tp, lr, b, upix);
+      const int pix = static_cast<int>(upix);
+      const int oy = static_cast<int>(fdiv(upix, p.fWo)), ox = pix - oy * p.Wo;
       const int iy0 = oy * p.sh - p.ph, ix0 = ox * p.sw - p.pw;
       // staged: offset into this block's copy of its images' group channels
       ri.base[lr] = (p.stage == 1 ? (b - b0) * p.Cg * hw : (b * p.C + (long long)grp * p.Cg) * hw) +
@@ -323,10 +360,12 @@ __device__ __forceinline__ void gather_tile(const Params& p, int grp, long long 
 
 // Writes the 8 channels of one row.
 __device__ __forceinline__ void store_row(const Params& p, int grp, long long m, int nbase,
-                                          const uint32_t (&v)[8]) {
+                                          const uint32_t (&v)[8], TilePos tp, int lr) {
   long long obase, ostr;
   if (p.conv) {
-    const long long b = m / p.HoWo, pix = m - b * p.HoWo;
+    long long b;
+    unsigned pix;
+    row_pos(p, tp, lr, b, pix);
     obase = (b * p.Ntot + (long long)grp * p.N) * p.HoWo + pix;
     ostr = p.HoWo;
   } else {
@@ -438,6 +477,7 @@ __device__ __forceinline__ void expanded_body(const Params& p, uint8_t* smem) {
     __syncthreads();
   }
   if (rs >= rowsets) return;
+  const TilePos tp = tile_pos(p, m0);
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     const long long m = m0 + rs + rowsets * i;
@@ -455,7 +495,7 @@ __device__ __forceinline__ void expanded_body(const Params& p, uint8_t* smem) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[j] = acc[i][j];
     }
-    store_row(p, grp, m, (ngz + ng) * 8, v);
+    store_row(p, grp, m, (ngz + ng) * 8, v, tp, rs + rowsets * i);
   }
 }
 
@@ -549,6 +589,7 @@ __device__ __forceinline__ void resident_body(const Params& p, uint8_t* smem) {
       if (kmax == 8) chunk(std::true_type{});
       else chunk(std::false_type{});
     }
+    const TilePos tp = tile_pos(p, m0);
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       const long long m = m0 + tid + kResThreads * i;
@@ -566,7 +607,7 @@ __device__ __forceinline__ void resident_body(const Params& p, uint8_t* smem) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[j] = acc[i][j];
       }
-      store_row(p, grp, m, 0, v);
+      store_row(p, grp, m, 0, v, tp, tid + kResThreads * i);
     }
     __syncthreads();  // the next tile rewrites row info, staged codes and act
   }
@@ -670,10 +711,11 @@ __device__ __forceinline__ void direct_body(const Params& p, uint8_t* smem) {
     __syncthreads();
   }
   if (rs >= rowsets) return;
+  const TilePos tp = tile_pos(p, m0);
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     const long long m = m0 + rs + rowsets * i;
-    if (m < p.M) store_row(p, grp, m, (ngz + ng) * 8, acc[i]);
+    if (m < p.M) store_row(p, grp, m, (ngz + ng) * 8, acc[i], tp, rs + rowsets * i);
   }
 }
 
@@ -1104,6 +1146,8 @@ at::Tensor lut_conv2d_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
   p.sw = static_cast<int>(sw);
   p.ph = static_cast<int>(ph);
   p.pw = static_cast<int>(pw);
+  p.fHoWo = make_fastdiv(static_cast<unsigned>(Ho * Wo));
+  p.fWo = make_fastdiv(static_cast<unsigned>(Wo));
   ConvGeo cg;
   cg.kh = static_cast<int>(kh);
   cg.kw = static_cast<int>(kw);

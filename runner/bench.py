@@ -122,3 +122,145 @@ def bench_ops(backends=("python", "cpp"), batches=(1, 256, 10000), repeats=20, w
                             gmacs=macs / med / 1e3 if med > 0 else float("nan"),
                         ))
     return pd.DataFrame(rows)
+
+
+def bench_algos(backends, batch=10000, repeats=10, warmup=2, *, signed=False, seed=0) -> pd.DataFrame:
+    """Every concrete variant of each backend on each LeNet-5 layer at one batch size: time and the
+    workspace it needs (the weight-expanded table), or why it does not apply to that shape."""
+    rows = []
+    for backend in backends:
+        device = torch.device("cuda" if backend == "cuda" else "cpu")
+        timer = _timer(device)
+        lut = exact_lut(signed).to(device)
+        for name, kind, a_shape, w_shape in LENET5_LAYERS:
+            gen = torch.Generator().manual_seed(seed)
+            a = synthetic_codes((batch, *a_shape), signed, "uniform", gen).to(device)
+            w = torch.randint(-127, 128, w_shape, generator=gen, dtype=torch.int8).to(device)
+            macs = layer_macs(kind, a_shape, w_shape, batch)
+            for algo in ("auto", *ops.BACKEND_ALGOS[backend]):
+                fn = ((lambda: ops.lut_conv2d(a, w, lut, backend=backend, algo=algo)) if kind == "conv"  # noqa: E731
+                      else (lambda: ops.lut_linear(a, w, lut, backend=backend, algo=algo)))
+                row = dict(backend=backend, algo=algo, layer=name, batch=batch, device=str(device),
+                           threads=torch.get_num_threads(), macs=macs)
+                try:
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                        torch.cuda.reset_peak_memory_stats()
+                        base = torch.cuda.memory_allocated()
+                    timer(fn)
+                    workspace = (torch.cuda.max_memory_allocated() - base if device.type == "cuda"
+                                 else expanded_table_bytes(kind, a_shape, w_shape) if algo == "expanded" else 0)
+                    for _ in range(warmup):
+                        timer(fn)
+                    ts = [timer(fn) for _ in range(repeats)]
+                except RuntimeError as exc:  # a variant that does not apply to this shape says why
+                    rows.append({**row, "supported": False, "note": str(exc).splitlines()[0]})
+                    continue
+                med = statistics.median(ts)
+                rows.append({**row, "supported": True, "median_us": med, "min_us": min(ts),
+                             "gmacs": macs / med / 1e3, "workspace_mib": workspace / 2**20, "note": ""})
+    return pd.DataFrame(rows)
+
+
+def expanded_table_bytes(kind, a_shape, w_shape) -> int:
+    """Size of the CPU weight-expanded table T[k][code][n] (int16 entries, channels padded to 8)."""
+    k = w_shape[1] if kind == "linear" else w_shape[1] * w_shape[2] * w_shape[3]
+    return k * 256 * ((w_shape[0] + 7) // 8 * 8) * 2
+
+
+def bench_models(model, multiplier, qcfg, calib_x, x, backends, *, batch_size, repeats, warmup,
+                 python_repeats=1) -> pd.DataFrame:
+    """The whole LeNet-5 over x: pytorch fp32 and fakequant on every device in play, approx on each backend."""
+    from runner.evaluate import run_timed
+    from runner.layers import quantized_models
+
+    fq, _, stats = quantized_models(model, multiplier, qcfg, calib_x, backend="python")
+    from runner.layers import convert_model
+    from runner.models import fold_input_normalization
+
+    folded = fold_input_normalization(model)
+    runs = []
+    devices = ["cpu"] + (["cuda"] if "cuda" in backends else [])
+    for dev in devices:
+        runs += [("pytorch", "torch", dev, model), ("fakequant", "torch", dev, fq)]
+    for backend in backends:
+        approx = convert_model(folded, multiplier, qcfg, stats, backend=backend)
+        runs.append(("approx", backend, "cuda" if backend == "cuda" else "cpu", approx))
+    rows = []
+    for path, backend, dev, m in runs:
+        reps, warm = (python_repeats, 0) if backend == "python" else (repeats, warmup)
+        timed = run_timed(m, x, batch_size, torch.device(dev), warmup=warm, repeats=reps)
+        rows.append(dict(path=path, backend=backend, device=dev, images=len(x), batch_size=batch_size,
+                         threads=torch.get_num_threads(), repeats=reps,
+                         min_ms=min(timed.pass_ms), median_ms=timed.total_ms_median,
+                         mean_ms=statistics.fmean(timed.pass_ms),
+                         images_per_s=len(x) / (timed.total_ms_median / 1e3)))
+    df = pd.DataFrame(rows)
+    for dev in devices:
+        ref = df.loc[(df.path == "pytorch") & (df.device == dev), "median_ms"].iloc[0]
+        df.loc[df.device == dev, "x_pytorch_time"] = df.loc[df.device == dev, "median_ms"] / ref
+    return df
+
+
+# what the terminal tables show; the CSVs hold every column
+_SHOWN = {
+    "ops": ("backend", "algo", "layer", "batch", "dist", "threads", "median_us", "gmacs"),
+    "algos": ("backend", "algo", "layer", "supported", "median_us", "gmacs", "workspace_mib", "note"),
+    "model": ("path", "backend", "device", "images", "threads", "median_ms", "images_per_s", "x_pytorch_time"),
+}
+
+
+def run(cfg, out_dir):
+    """`approx-run bench`: op-level, variant-level (--algos) and model-level timing; CSVs in the run dir."""
+    from rich.table import Table
+
+    from runner._ext import backend_status
+    from runner.console import console
+    from runner.errors import UserError
+    from runner.multipliers import resolve
+    from runner.provenance import atomic_write_json, environment
+    from runner.quant import QuantConfig
+    from runner.results import write_csv
+    from runner.train import load_or_train
+
+    b = cfg.bench
+    status = backend_status()
+    unknown = [x for x in b.backends if x not in status]
+    if unknown:
+        raise UserError(f"bench.backends has unknown backend(s) {unknown}; choose from {list(status)}.")
+    backends = [x for x in b.backends if status[x] == "available"]
+    for x in b.backends:
+        if status[x] != "available":
+            console.print(f"[yellow]skipping backend {x}[/]: {status[x]}")
+    if b.threads:
+        torch.set_num_threads(int(b.threads))
+    tables = {}
+    if b.ops:
+        tables["ops"] = bench_ops(backends, batches=tuple(b.batches), repeats=int(b.repeats),
+                                  warmup=int(b.warmup), python_max_macs=int(b.python_max_macs))
+    if b.algos:
+        tables["algos"] = bench_algos([x for x in backends if x != "python"], batch=int(max(b.batches)),
+                                      repeats=int(b.repeats), warmup=int(b.warmup))
+    if b.model:
+        model, _, _, data = load_or_train(cfg)
+        reps = -(-int(b.model_images) // len(data.test_x))
+        x = data.test_x.repeat(reps, 1, 1, 1)[: int(b.model_images)]
+        mult = resolve(cfg.multiplier)
+        tables["model"] = bench_models(model, mult, QuantConfig.from_cfg(cfg.quant), data.train_x, x,
+                                       [x for x in backends if x != "python" or b.python_model],
+                                       batch_size=int(b.model_batch_size), repeats=int(b.repeats),
+                                       warmup=int(b.warmup))
+    for name, df in tables.items():
+        write_csv(out_dir / f"{name}.csv", df)
+        show = df if name != "ops" else df[df.batch == max(b.batches)]
+        show = show[[c for c in _SHOWN[name] if c in show.columns]]
+        table = Table(title=f"approx-run bench: {name} (all columns: {out_dir / (name + '.csv')})")
+        for col in show.columns:
+            table.add_column(col, overflow="fold")
+        for _, r in show.iterrows():
+            table.add_row(*("" if pd.isna(v) else f"{v:.4g}" if isinstance(v, float) else str(v) for v in r))
+        console.print(table)
+    device = torch.device("cuda" if "cuda" in backends else "cpu")
+    atomic_write_json(out_dir / "run.json", {**environment(device), "seed": int(cfg.seed),
+                                             "bench": dict(b), "tables": list(tables)})
+    return {name: len(df) for name, df in tables.items()}

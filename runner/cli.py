@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             if any(a in ("-h", "--help") for a in args):
                 print_hydra_help(command)
                 return 0
+            if command == "bench" and "--algos" in args:  # cuDNN-style listing of every kernel variant
+                args = [a for a in args if a != "--algos"] + ["bench.algos=true"]
             return run_hydra_command(command, args)
         return int(importlib.import_module(module_name).main(args) or 0)
     except UserError as exc:

@@ -22,6 +22,7 @@ from runner.evaluate import run_timed
 from runner.layers import quantized_models
 from runner.models import build_model
 from runner.multipliers import resolve_per_layer
+from runner.ops import check_algo
 from runner.provenance import atomic_write_json, environment, resolve_device
 from runner.quant import QuantConfig, quant_layers
 from runner.results import append_new_rows, append_rows, done_keys, write_csv
@@ -39,6 +40,7 @@ def eval_device(cfg: DictConfig) -> torch.device:
         raise UserError(f"backend={backend} is unknown; choose python, cpp or cuda.")
     if status != "available":
         raise UserError(f"backend={backend} is not usable here: {status}")
+    check_algo(backend, cfg.backend.algo)
     want = BACKEND_DEVICE.get(backend)
     if want is None:
         return resolve_device(cfg.device)

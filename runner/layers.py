@@ -16,7 +16,7 @@ from runner import ops
 from runner.errors import UserError
 from runner.models import fold_input_normalization
 from runner.quant import (ActStats, QuantConfig, act_scale_from_amax, calibrate, dynamic_amax, fake_quant_act,
-                          fake_quant_weight, quant_layers, quantize_act, quantize_weight, weight_scale)
+                          fake_quant_weight, quant_layers, quantize_weight, weight_scale)
 
 
 class _Quantized(nn.Module):
@@ -36,9 +36,6 @@ class _Quantized(nn.Module):
 
     def input_scale(self, x: torch.Tensor) -> torch.Tensor:
         return act_scale_from_amax(dynamic_amax(x, self.signed), self.signed) if self.dynamic else self.act_scale
-
-    def _out_scale_shape(self, out: torch.Tensor) -> tuple[int, ...]:
-        return (1, -1) + (1,) * (out.dim() - 2)
 
 
 class _ConvOps:
@@ -83,9 +80,8 @@ class _Approx(_Quantized):
 
     def forward(self, x):
         scale = self.input_scale(x)
-        acc = self._lut_op(quantize_act(x, scale, self.signed).contiguous())
-        out_scale = (scale * self.weight_scale).view(self._out_scale_shape(acc))
-        return acc.to(torch.float32) * out_scale + self.bias.view(self._out_scale_shape(acc))
+        acc = self._lut_op(ops.quantize(x.contiguous(), scale, self.signed, backend=self.backend))
+        return ops.dequantize(acc, scale, self.weight_scale, self.bias, backend=self.backend)
 
     def extra_repr(self):
         return f"multiplier={self.multiplier_name}, signed={self.signed}, backend={self.backend}, algo={self.algo}"

@@ -23,8 +23,23 @@ from runner import _ext
 from runner.errors import UserError
 
 BACKENDS = ("python", "cpp", "cuda")
-# Algorithm names every backend accepts; the reference computes the same sums for all of them.
-ALGOS = ("auto", "direct", "expanded")
+# The concrete variants each backend implements; "auto" picks among them, "expanded" is the
+# backend's best weight-expanded variant. `approx-run bench --algos` times every one.
+BACKEND_ALGOS = {
+    "python": ("direct", "expanded"),
+    "cpp": ("direct", "expanded"),
+    "cuda": ("direct", "expanded_smem", "expanded_l2", "expanded_resident"),
+}
+# Every name some backend accepts; the reference computes the same sums for all of them.
+ALGOS = ("auto", "direct", "expanded", "expanded_smem", "expanded_l2", "expanded_resident")
+
+
+def check_algo(backend: str, algo: str) -> None:
+    """Config-time check, so a wrong backend.algo is a clear error before any work."""
+    valid = ("auto", "expanded", *BACKEND_ALGOS.get(backend, ()))
+    if algo not in dict.fromkeys(valid):
+        raise UserError(f"backend.algo={algo!r} is not an algorithm of backend={backend}; "
+                        f"choose one of {', '.join(dict.fromkeys(valid))}.")
 
 # The reference materialises int64 indices of shape [rows, K, N]; this bounds one chunk (bytes).
 _REF_CHUNK_BYTES = 64 << 20
@@ -194,6 +209,37 @@ def lut_conv2d(a, w, lut, stride=1, padding=0, dilation=1, groups=1, *, backend=
               list(_pair(dilation, "dilation")), groups, algo)
 
 
+def reference_quantize(x, scale, signed):
+    """Activation codes: by definition the integers torch.fake_quantize_per_tensor_affine rounds to."""
+    from runner.quant import act_qrange
+
+    qmin, qmax = act_qrange(signed)
+    zero = torch.zeros((), dtype=torch.int32, device=x.device)
+    fq = torch.fake_quantize_per_tensor_affine(x, scale, zero, qmin, qmax)
+    return torch.round(fq / scale).to(torch.int8 if signed else torch.uint8)
+
+
+def reference_dequantize(acc, act_scale, weight_scale, bias):
+    shape = (1, -1) + (1,) * (acc.dim() - 2)
+    return acc.to(torch.float32) * (act_scale * weight_scale).view(shape) + bias.view(shape)
+
+
+def quantize(x, scale, signed, *, backend="cpp"):
+    """int8 (signed) / uint8 codes of x at a per-tensor scale (0-d float32 tensor on x's device)."""
+    _check_backend(backend)
+    if backend == "python":
+        return reference_quantize(x, scale, signed)
+    return _compiled("quantize", backend, x)(x.contiguous(), scale.contiguous(), signed)
+
+
+def dequantize(acc, act_scale, weight_scale, bias, *, backend="cpp"):
+    """fp32 acc * (act_scale * weight_scale[n]) + bias[n], channel dim 1."""
+    _check_backend(backend)
+    if backend == "python":
+        return reference_dequantize(acc, act_scale, weight_scale, bias)
+    return _compiled("dequantize", backend, acc)(acc, act_scale.reshape(()).contiguous(), weight_scale, bias)
+
+
 def _register_fakes():
     """Shape functions for torch.compile / FakeTensor tracing; only once runner._C defined the ops."""
     if _ext.extension_error() is not None:
@@ -214,6 +260,15 @@ def _register_fakes():
                                   _pair(stride, "stride"), _pair(padding, "padding"),
                                   _pair(dilation, "dilation"))
         return a.new_empty((a.shape[0], w.shape[0], ho, wo), dtype=torch.int32)
+
+    @torch.library.register_fake("approx::quantize")
+    def _(x, scale, signed):
+        return torch.empty_like(x, dtype=torch.int8 if signed else torch.uint8)
+
+    @torch.library.register_fake("approx::dequantize")
+    def _(acc, act_scale, weight_scale, bias):
+        torch._check(acc.dim() >= 2, lambda: "dequantize: acc must be [B, N, ...]")
+        return torch.empty_like(acc, dtype=torch.float32)
 
     _register_fakes.done = True
 

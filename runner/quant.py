@@ -74,10 +74,11 @@ def fake_quant_act(x: torch.Tensor, scale: torch.Tensor, signed: bool) -> torch.
 
 
 def quantize_act(x: torch.Tensor, scale: torch.Tensor, signed: bool) -> torch.Tensor:
-    """int8/uint8 codes equal to fake_quant_act's integers (fq / scale is within an ulp of the code)."""
-    scale = scale.to(x.device)
-    codes = torch.round(fake_quant_act(x, scale, signed) / scale)
-    return codes.to(torch.int8 if signed else torch.uint8)
+    """int8/uint8 codes equal to fake_quant_act's integers (fq / scale is within an ulp of the code).
+    The fused kernels (runner.ops.quantize) compute the same codes in one pass."""
+    from runner.ops import reference_quantize
+
+    return reference_quantize(x, scale.to(x.device), signed)
 
 
 def weight_scale(w: torch.Tensor, granularity: str) -> torch.Tensor:

@@ -11,11 +11,28 @@
 //   Conv padding feeds activation code 0 through the multiplier, as a zero-padded input would be
 //   in hardware: with an approximate LUT, lut(0, w) may be non-zero.
 //   algo: "auto" lets the kernel choose; other names select a variant (see runner/ops.py ALGOS).
+#include <Python.h>
 #include <torch/library.h>
+
+// `import runner._C` only loads the library: the ops register through the static initialisers
+// of TORCH_LIBRARY / TORCH_LIBRARY_IMPL, so the module itself is empty (no pybind).
+extern "C" PyMODINIT_FUNC PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
 
 TORCH_LIBRARY(approx, m) {
   m.def("lut_linear(Tensor a, Tensor w, Tensor lut, str algo=\"auto\") -> Tensor");
   m.def(
       "lut_conv2d(Tensor a, Tensor w, Tensor lut, int[2] stride=1, int[2] padding=0, "
       "int[2] dilation=1, int groups=1, str algo=\"auto\") -> Tensor");
+  // The layer's two elementwise ends, fused (see runner/quant.py for the arithmetic):
+  //   quantize:   codes = clamp(nearbyint(x * (1.0f / scale)), qmin, qmax), int8 [-128, 127] when
+  //               signed else uint8 [0, 255]: the integers torch.fake_quantize_per_tensor_affine
+  //               rounds to (same float ops, same order).
+  //   dequantize: out[:, n, ...] = float(acc) * (act_scale * weight_scale[n]) + bias[n] in fp32,
+  //               the multiply and the add rounded separately (no FMA), like the eager expression.
+  // Scales are 0-d / [N] float32 tensors on the data's device, so GPU code never waits for the host.
+  m.def("quantize(Tensor x, Tensor scale, bool signed) -> Tensor");
+  m.def("dequantize(Tensor acc, Tensor act_scale, Tensor weight_scale, Tensor bias) -> Tensor");
 }

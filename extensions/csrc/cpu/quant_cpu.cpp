@@ -1,0 +1,77 @@
+// CPU kernels for approx::quantize and approx::dequantize (arithmetic: see ../ops.cpp).
+// setup.py compiles with -ffp-contract=off, so `a * b + c` below is two roundings, as in eager PyTorch.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace {
+
+void check_scale(const char* op, const at::Tensor& s, const at::Tensor& x, int64_t numel, const char* name) {
+  TORCH_CHECK(s.scalar_type() == at::kFloat, op, ": `", name, "` must be float32, got ", s.scalar_type());
+  TORCH_CHECK(s.numel() == numel, op, ": `", name, "` must have ", numel, " element(s), got ", s.numel());
+  TORCH_CHECK(s.device() == x.device(), op, ": `", name, "` must be on ", x.device(), ", got ", s.device());
+  TORCH_CHECK(s.is_contiguous(), op, ": `", name, "` must be contiguous");
+}
+
+template <typename T>
+void quantize_loop(const float* x, T* out, int64_t n, float inv, float qmin, float qmax) {
+  at::parallel_for(0, n, 1 << 15, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float q = std::nearbyint(x[i] * inv);
+      out[i] = static_cast<T>(std::fmin(std::fmax(q, qmin), qmax));
+    }
+  });
+}
+
+at::Tensor quantize_cpu(const at::Tensor& x, const at::Tensor& scale, bool is_signed) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "quantize: `x` must be float32, got ", x.scalar_type());
+  TORCH_CHECK(x.is_contiguous(), "quantize: `x` must be contiguous");
+  check_scale("quantize", scale, x, 1, "scale");
+  const float inv = 1.0f / scale.item<float>();
+  auto out = at::empty(x.sizes(), x.options().dtype(is_signed ? at::kChar : at::kByte));
+  if (is_signed)
+    quantize_loop(x.data_ptr<float>(), out.data_ptr<int8_t>(), x.numel(), inv, -128.f, 127.f);
+  else
+    quantize_loop(x.data_ptr<float>(), out.data_ptr<uint8_t>(), x.numel(), inv, 0.f, 255.f);
+  return out;
+}
+
+at::Tensor dequantize_cpu(const at::Tensor& acc, const at::Tensor& act_scale, const at::Tensor& weight_scale,
+                          const at::Tensor& bias) {
+  TORCH_CHECK(acc.scalar_type() == at::kInt, "dequantize: `acc` must be int32, got ", acc.scalar_type());
+  TORCH_CHECK(acc.dim() >= 2, "dequantize: `acc` must be [B, N, ...], got ", acc.dim(), " dims");
+  TORCH_CHECK(acc.is_contiguous(), "dequantize: `acc` must be contiguous");
+  const int64_t n = acc.size(1);
+  check_scale("dequantize", act_scale, acc, 1, "act_scale");
+  check_scale("dequantize", weight_scale, acc, n, "weight_scale");
+  check_scale("dequantize", bias, acc, n, "bias");
+  int64_t inner = 1;
+  for (int64_t d = 2; d < acc.dim(); ++d) inner *= acc.size(d);
+  const float sa = act_scale.item<float>();
+  const float* sw = weight_scale.data_ptr<float>();
+  const float* b = bias.data_ptr<float>();
+  const int32_t* in = acc.data_ptr<int32_t>();
+  auto out = at::empty(acc.sizes(), acc.options().dtype(at::kFloat));
+  float* o = out.data_ptr<float>();
+  const int64_t rows = acc.size(0) * n;  // one (batch, channel) plane of `inner` values each
+  at::parallel_for(0, rows, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(inner, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t c = r % n;
+      const float s = sa * sw[c], bc = b[c];
+      const int32_t* src = in + r * inner;
+      float* dst = o + r * inner;
+      for (int64_t i = 0; i < inner; ++i) dst[i] = static_cast<float>(src[i]) * s + bc;
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(approx, CPU, m) {
+  m.impl("quantize", &quantize_cpu);
+  m.impl("dequantize", &dequantize_cpu);
+}

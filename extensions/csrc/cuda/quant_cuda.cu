@@ -1,0 +1,100 @@
+// CUDA kernels for approx::quantize and approx::dequantize (arithmetic: see ../ops.cpp).
+// The _rn intrinsics fix each float operation to one IEEE round-to-nearest step, whatever
+// --use_fast_math or FMA contraction would otherwise do, so results equal the CPU kernels.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <string>
+
+namespace {
+
+template <typename T>
+__global__ void quantize_kernel(const float* __restrict__ x, const float* __restrict__ scale, T* __restrict__ out,
+                                int64_t n, float qmin, float qmax) {
+  const float inv = __fdiv_rn(1.0f, *scale);
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const float q = rintf(__fmul_rn(x[i], inv));
+    out[i] = static_cast<T>(fminf(fmaxf(q, qmin), qmax));
+  }
+}
+
+__global__ void dequantize_kernel(const int32_t* __restrict__ acc, const float* __restrict__ sa,
+                                  const float* __restrict__ sw, const float* __restrict__ bias,
+                                  float* __restrict__ out, int64_t total, int64_t n, int64_t inner) {
+  const float a = *sa;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t c = (i / inner) % n;
+    out[i] = __fadd_rn(__fmul_rn(__int2float_rn(acc[i]), __fmul_rn(a, sw[c])), bias[c]);
+  }
+}
+
+// Messages are built from std::string pieces only: streaming integers or ATen types into
+// TORCH_CHECK from nvcc-compiled code crashed under torch 2.11 (see lut_cuda.cu).
+std::string dtype_name(const at::Tensor& t) { return c10::toString(t.scalar_type()); }
+
+void check_scale(const char* op, const at::Tensor& s, const at::Tensor& x, int64_t numel, const char* name) {
+  TORCH_CHECK(s.scalar_type() == at::kFloat,
+              std::string(op) + ": `" + name + "` must be float32, got " + dtype_name(s));
+  TORCH_CHECK(s.numel() == numel, std::string(op) + ": `" + name + "` must have " + std::to_string(numel) +
+                                      " element(s), got " + std::to_string(s.numel()));
+  TORCH_CHECK(s.device() == x.device(),
+              std::string(op) + ": `" + name + "` must be on " + x.device().str() + ", got " + s.device().str());
+  TORCH_CHECK(s.is_contiguous(), std::string(op) + ": `" + name + "` must be contiguous");
+}
+
+dim3 grid_for(int64_t n) {
+  return dim3(static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65535 * 4)));
+}
+
+at::Tensor quantize_cuda(const at::Tensor& x, const at::Tensor& scale, bool is_signed) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat, std::string("quantize: `x` must be float32, got ") + dtype_name(x));
+  TORCH_CHECK(x.is_contiguous(), "quantize: `x` must be contiguous");
+  check_scale("quantize", scale, x, 1, "scale");
+  const c10::cuda::CUDAGuard guard(x.device());
+  auto out = at::empty(x.sizes(), x.options().dtype(is_signed ? at::kChar : at::kByte));
+  const int64_t n = x.numel();
+  if (n == 0) return out;
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  if (is_signed)
+    quantize_kernel<int8_t><<<grid_for(n), 256, 0, stream>>>(x.data_ptr<float>(), scale.data_ptr<float>(),
+                                                             out.data_ptr<int8_t>(), n, -128.f, 127.f);
+  else
+    quantize_kernel<uint8_t><<<grid_for(n), 256, 0, stream>>>(x.data_ptr<float>(), scale.data_ptr<float>(),
+                                                              out.data_ptr<uint8_t>(), n, 0.f, 255.f);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+at::Tensor dequantize_cuda(const at::Tensor& acc, const at::Tensor& act_scale, const at::Tensor& weight_scale,
+                           const at::Tensor& bias) {
+  TORCH_CHECK(acc.scalar_type() == at::kInt, std::string("dequantize: `acc` must be int32, got ") + dtype_name(acc));
+  TORCH_CHECK(acc.dim() >= 2, std::string("dequantize: `acc` must be [B, N, ...], got ") +
+                                  std::to_string(acc.dim()) + " dims");
+  TORCH_CHECK(acc.is_contiguous(), "dequantize: `acc` must be contiguous");
+  const int64_t n = acc.size(1);
+  check_scale("dequantize", act_scale, acc, 1, "act_scale");
+  check_scale("dequantize", weight_scale, acc, n, "weight_scale");
+  check_scale("dequantize", bias, acc, n, "bias");
+  const c10::cuda::CUDAGuard guard(acc.device());
+  auto out = at::empty(acc.sizes(), acc.options().dtype(at::kFloat));
+  const int64_t total = acc.numel();
+  if (total == 0) return out;
+  int64_t inner = 1;
+  for (int64_t d = 2; d < acc.dim(); ++d) inner *= acc.size(d);
+  dequantize_kernel<<<grid_for(total), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      acc.data_ptr<int32_t>(), act_scale.data_ptr<float>(), weight_scale.data_ptr<float>(),
+      bias.data_ptr<float>(), out.data_ptr<float>(), total, n, inner);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(approx, CUDA, m) {
+  m.impl("quantize", &quantize_cuda);
+  m.impl("dequantize", &dequantize_cuda);
+}

@@ -3,6 +3,7 @@ import pytest
 import torch
 from torch import nn
 
+from runner._ext import backend_status
 from runner.errors import UserError
 from runner.layers import ApproxConv2d, ApproxLinear, FakeQuantConv2d, convert_model, quantized_models
 from runner.multipliers import resolve
@@ -10,6 +11,7 @@ from runner.quant import QuantConfig, calibrate, quantize_act, quantize_weight
 from tests.conftest import has_cpp
 
 BACKENDS = ["python"] + (["cpp"] if has_cpp() else [])
+BACKENDS_ALL = [b for b, state in backend_status().items() if state == "available"]
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +119,19 @@ def test_dynamic_activation_scale(trained_lenet, mnist5k, exact_s):
     assert approx.fc1.dynamic and fq.fc1.dynamic
     with torch.no_grad():
         torch.testing.assert_close(approx(mnist5k.test_x[:200]), fq(mnist5k.test_x[:200]), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.cuda
+def test_cuda_model_bit_identical_to_cpp(trained_lenet, mnist5k):
+    """Every stage is exact or rounds like the CPU (integer LUT sums, IEEE round-to-nearest quantize and
+    dequantize), so the whole approximate LeNet-5 gives the same logits on the GPU as on the CPU."""
+    if not torch.cuda.is_available() or "cuda" not in BACKENDS_ALL:
+        pytest.skip("no CUDA device / CUDA kernels")
+    model, _ = trained_lenet
+    mult = resolve({"name": "mul8s_1L2J"})
+    _, cpu_model, _ = quantized_models(model, mult, QuantConfig(calib_batches=1), mnist5k.train_x, backend="cpp")
+    _, gpu_model, _ = quantized_models(model, mult, QuantConfig(calib_batches=1), mnist5k.train_x, backend="cuda")
+    with torch.no_grad():
+        on_cpu = cpu_model(mnist5k.test_x)
+        on_gpu = gpu_model.cuda()(mnist5k.test_x.cuda()).cpu()
+    assert torch.equal(on_cpu, on_gpu)

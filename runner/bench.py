@@ -147,9 +147,10 @@ def bench_algos(backends, batch=10000, repeats=10, warmup=2, *, signed=False, se
                         torch.cuda.synchronize()
                         torch.cuda.reset_peak_memory_stats()
                         base = torch.cuda.memory_allocated()
-                    timer(fn)
-                    workspace = (torch.cuda.max_memory_allocated() - base if device.type == "cuda"
-                                 else expanded_table_bytes(kind, a_shape, w_shape) if algo == "expanded" else 0)
+                    out_bytes = fn().numel() * 4  # the int32 result is not workspace
+                    workspace = (torch.cuda.max_memory_allocated() - base - out_bytes if device.type == "cuda"
+                                 else expanded_table_bytes(kind, a_shape, w_shape) if algo == "expanded"
+                                 else float("nan") if algo == "auto" else 0)  # cpu auto: whichever it picks
                     for _ in range(warmup):
                         timer(fn)
                     ts = [timer(fn) for _ in range(repeats)]

@@ -1,0 +1,29 @@
+"""`approx-run bench` end to end with tiny settings: every table is written, with sane numbers."""
+import json
+
+import pandas as pd
+
+from tests.conftest import has_cpp, run_cli
+
+
+def test_bench_command_writes_tables(tmp_path):
+    backends = "[python,cpp]" if has_cpp() else "[python]"
+    out = run_cli("bench", "--algos", f"bench.backends={backends}", "bench.batches=[1,8]", "bench.repeats=1",
+                  "bench.warmup=0", "bench.model_images=50", "bench.model_batch_size=25", "train.epochs=1",
+                  f"paths.results={tmp_path}/r", f"paths.checkpoints={tmp_path}/c")
+    assert out.returncode == 0, out.stderr
+    run_dir = next((tmp_path / "r" / "bench").iterdir())
+    ops, model = pd.read_csv(run_dir / "ops.csv"), pd.read_csv(run_dir / "model.csv")
+    assert set(ops.layer) == {"conv1", "conv2", "fc1", "fc2", "fc3"} and (ops.gmacs > 0).all()
+    assert {"pytorch", "fakequant", "approx"} <= set(model.path) and (model.median_ms > 0).all()
+    assert (model.images == 50).all() and (model.threads >= 1).all()
+    if has_cpp():
+        algos = pd.read_csv(run_dir / "algos.csv")
+        assert set(algos.algo) >= {"auto", "direct", "expanded"} and algos.supported.all()
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["threads"] >= 1 and "git_sha" in meta
+
+
+def test_bench_rejects_unknown_backend(tmp_path):
+    out = run_cli("bench", "bench.backends=[fpga]", f"paths.results={tmp_path}/r")
+    assert out.returncode == 2 and "fpga" in out.stderr and "Traceback" not in out.stderr

@@ -123,26 +123,20 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
               "backend": cfg.backend.name, "algo": cfg.backend.algo, "seed": int(cfg.seed)}
     try:
         return _run(cfg, out_dir, common)
-    except UserError as exc:
-        if cfg.get("on_error", "raise") != "record":
-            raise
-        # A sweep records the failure and goes on with the next multiplier.
-        spec = OmegaConf.to_container(cfg.multiplier, resolve=True)
-        row = {**common, "path": "approx", "status": "failed", "error": str(exc),
-               "multiplier": str(spec.get("name", spec)), "row_key": "",
-               "elapsed_s": time.time() - t_start}
-        write_csv(out_dir / "metrics.csv", pd.DataFrame([row]))
-        append_rows(Path(cfg.results_file), [row])
-        console.print(f"[red]failed[/] {row['multiplier']}: {exc}")
-        return {"status": "failed", "error": str(exc)}
     except Exception as exc:  # noqa: BLE001  (a crash in one sweep job must not end the sweep)
         if cfg.get("on_error", "raise") != "record":
             raise
-        row = {**common, "path": "approx", "status": "failed",
-               "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}", "row_key": "",
-               "multiplier": str(OmegaConf.to_container(cfg.multiplier, resolve=True).get("name"))}
+        # A sweep records the failure and goes on with the next multiplier; a user error's message is
+        # the reason, anything else keeps a short traceback for the bug report.
+        reason = str(exc) if isinstance(exc, UserError) else \
+            f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
+        spec = OmegaConf.to_container(cfg.multiplier, resolve=True)
+        row = {**common, "path": "approx", "status": "failed", "error": reason,
+               "multiplier": str(spec.get("name", spec)), "row_key": "", "elapsed_s": time.time() - t_start}
+        write_csv(out_dir / "metrics.csv", pd.DataFrame([row]))
         append_rows(Path(cfg.results_file), [row])
-        return {"status": "failed", "error": str(exc)}
+        console.print(f"[red]failed[/] {row['multiplier']}: {exc}")
+        return {"status": "failed", "error": reason}
 
 
 def plan(cfg: DictConfig):

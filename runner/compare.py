@@ -5,10 +5,12 @@ every multiply through the multiplier LUT on the chosen backend). One tidy row p
 <run dir>/metrics.csv and is appended to the cumulative results file; run.json records provenance."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -47,21 +49,33 @@ def eval_device(cfg: DictConfig) -> torch.device:
     if cfg.device not in ("auto", want):
         raise UserError(f"backend={backend} runs on {want}, but device={cfg.device}; "
                         f"drop device= or choose backend={'cuda' if want == 'cpu' else 'cpp'}.")
-    device = torch.device(want)
-    if device.type == "cuda":
-        device = torch.device("cuda", _job_gpu())
-    return device
+    # on a multi-GPU machine the index is the GPU this job leased (see gpu_lease)
+    return torch.device("cuda", torch.cuda.current_device()) if want == "cuda" else torch.device(want)
 
 
-def _job_gpu() -> int:
-    """In a multirun, job k uses GPU k mod n, so parallel launchers spread jobs over all visible GPUs."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        num = HydraConfig.get().job.get("num")
-    except (ValueError, ImportError):
-        num = None
-    return int(num or 0) % max(1, torch.cuda.device_count())
+@contextmanager
+def gpu_lease(lock_dir: Path, n_gpus: int, poll_s: float = 0.2):
+    """One job per GPU at a time: claim the first free GPU with an exclusive lock file, held until the
+    job ends (also by a crash: the OS drops the lock with the process). Yields the GPU index."""
+    if n_gpus <= 1:
+        yield 0
+        return
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    while True:
+        for i in range(n_gpus):
+            f = open(lock_dir / f"gpu{i}.lock", "a")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.close()
+                continue
+            try:
+                yield i
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+                f.close()
+            return
+        time.sleep(poll_s)
 
 
 def _key(obj) -> str:
@@ -122,7 +136,11 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
               "data": cfg.data.name, "model": cfg.model.name, "quant": cfg.quant.get("name", ""),
               "backend": cfg.backend.name, "algo": cfg.backend.algo, "seed": int(cfg.seed)}
     try:
-        return _run(cfg, out_dir, common)
+        n_gpus = torch.cuda.device_count() if cfg.backend.name == "cuda" else 0
+        with gpu_lease(Path(cfg.paths.results) / ".gpu-locks", n_gpus) as gpu:
+            if n_gpus:
+                torch.cuda.set_device(gpu)
+            return _run(cfg, out_dir, common)
     except Exception as exc:  # noqa: BLE001  (a crash in one sweep job must not end the sweep)
         if cfg.get("on_error", "raise") != "record":
             raise

@@ -301,7 +301,8 @@ def _print_summary(summary, sweep_dir: Path, elapsed: float) -> None:
 
 
 def _launcher_overrides(overrides: list[str], cfgs: list[DictConfig]) -> list[str]:
-    """With the joblib launcher and CUDA jobs, one job per GPU at a time (compare puts job k on GPU k mod n)."""
+    """With the joblib launcher and CUDA jobs, as many parallel jobs as GPUs; each job leases a free GPU
+    (compare.gpu_lease), so no two jobs share one."""
     if not any(o.lstrip("+") == "hydra/launcher=joblib" for o in overrides):
         return []
     if any(o.lstrip("+").startswith("hydra.launcher.n_jobs=") for o in overrides):

@@ -147,3 +147,30 @@ def test_launchers(tmp_path, checkpoints, launcher):
     assert _summary(tmp_path)["status"].tolist() == ["ok", "ok", "ok"]
     ok = _ok_rows(tmp_path / "results" / "results.csv")
     assert ok["row_key"].is_unique and (ok["path"] == "approx").sum() == 3
+
+
+def test_gpu_lease_one_job_per_gpu(tmp_path):
+    """Jobs claim distinct GPUs; a third waits until one is released (threads stand in for processes:
+    flock conflicts between separate opens of the file in one process too)."""
+    import threading
+    import time
+
+    from runner.compare import gpu_lease
+
+    got, order = [], []
+    with gpu_lease(tmp_path, 2) as a, gpu_lease(tmp_path, 2) as b:
+        got += [a, b]
+
+        def third():
+            with gpu_lease(tmp_path, 2, poll_s=0.01) as c:
+                order.append(("third", c))
+
+        t = threading.Thread(target=third)
+        t.start()
+        time.sleep(0.2)
+        order.append(("released", None))
+    t.join(5)
+    assert sorted(got) == [0, 1]
+    assert order[0] == ("released", None) and order[1][0] == "third"
+    with gpu_lease(tmp_path, 1) as only:
+        assert only == 0

@@ -351,3 +351,18 @@ def test_opcheck_cuda():
     x = make_codes(gen, (2, 4, 9, 9), False).to(DEV)
     wc = make_weights(gen, (6, 2, 3, 3), False).to(DEV)
     torch.library.opcheck(ops.lut_conv2d.default, (x, wc, lut, [2, 1], [1, 1], [1, 2], 2, "auto"))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_one_process_moves_between_gpus():
+    """A sweep worker may run one job on GPU 1 and its next on GPU 0: every variant must work on a
+    GPU after running on another (per-device kernel attributes), with the same results."""
+    gen = torch.Generator().manual_seed(11)
+    a = make_codes(gen, (4, 6, 12, 12), False)
+    w = make_weights(gen, (16, 6, 5, 5), False)
+    lut = make_lut(gen, "int16")
+    expected = reference_lut_conv2d(a, w, lut)
+    for dev in ("cuda:1", "cuda:0", "cuda:1"):
+        for algo in ["direct", "expanded_smem", "expanded_l2", "expanded", "auto"]:
+            out = ops.lut_conv2d(a.to(dev), w.to(dev), lut.to(dev), [1, 1], [0, 0], [1, 1], 1, algo)
+            assert torch.equal(out.cpu(), expected), (dev, algo)

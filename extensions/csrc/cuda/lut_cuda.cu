@@ -813,11 +813,15 @@ void prepare(Workspace& ws, const at::Tensor& lut, const ConvGeo& cg, bool need_
 
 template <typename Kern>
 void set_smem(Kern k, size_t bytes) {
-  // Once per kernel and size is enough; the attribute is per function, so a larger size wins.
+  // Once per (device, kernel) and size is enough: the attribute belongs to the function in the
+  // current device's context (a process that moves to another GPU must set it again, or the
+  // launch fails with "invalid argument"), and a larger size wins.
   static std::mutex mu;
-  static std::unordered_map<const void*, size_t> done;
+  static std::map<std::pair<int, const void*>, size_t> done;
+  int dev = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
-  size_t& cur = done[reinterpret_cast<const void*>(k)];
+  size_t& cur = done[{dev, reinterpret_cast<const void*>(k)}];
   if (bytes > cur) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(bytes)));

@@ -10,7 +10,7 @@ import torch
 
 BUILD_HINT = (
     "Build it with `pip install --no-build-isolation -e .` from the repository root "
-    "(needs a C++17 compiler; the CUDA kernels also need nvcc and a CUDA build of torch)."
+    "(needs a C++20 compiler; the CUDA kernels also need nvcc and a CUDA build of torch)."
 )
 
 

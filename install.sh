@@ -19,7 +19,7 @@ fi
 
 stamp="$VENV/.approx-run-build"
 inputs=$(cat setup.py pyproject.toml $(find extensions -type f | sort) | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null)" != "$inputs" ] || ! "$PY" -c "import runner._C" 2>/dev/null; then
+if [ "$(cat "$stamp" 2>/dev/null)" != "$inputs" ] || ! "$PY" -c "import torch, runner._C" 2>/dev/null; then
   echo "[install] approx-run + extension (a CUDA build takes a few minutes)"
   MAX_JOBS=${MAX_JOBS:-2} pip_install -c constraints.txt --no-build-isolation -e ".[test,sweep]"
   echo "$inputs" > "$stamp"

@@ -50,13 +50,12 @@ class _Clock:
 
 @torch.no_grad()
 def run_timed(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.device,
-              warmup: int = 1, repeats: int = 3, on_batch=None) -> Timed:
+              warmup: int = 1, repeats: int = 3) -> Timed:
     model = model.eval().to(device)
     batches = [x[i:i + batch_size].to(device) for i in range(0, len(x), batch_size)]
     clock = _Clock(device)
+    # the first pass yields the predictions and is the first warm-up pass
     logits = torch.cat([model(b).float().cpu() for b in batches])
-    if on_batch:
-        on_batch()
     for _ in range(max(0, warmup - 1)):
         for b in batches:
             model(b)
@@ -68,6 +67,4 @@ def run_timed(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.
             model(b)
             batch_ms.append(clock.ms_since(t0))
         pass_ms.append(clock.ms_since(t_pass))
-        if on_batch:
-            on_batch()
     return Timed(logits.argmax(1), logits, batch_ms, pass_ms)

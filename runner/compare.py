@@ -21,7 +21,7 @@ from runner._ext import backend_status
 from runner.console import console, progress_bar
 from runner.errors import UserError
 from runner.evaluate import run_timed
-from runner.layers import quantized_models
+from runner.layers import quantized_models, select_layers
 from runner.models import build_model
 from runner.multipliers import resolve_per_layer
 from runner.ops import check_algo
@@ -161,8 +161,9 @@ def plan(cfg: DictConfig):
     """(device, approx layers, per-layer multipliers, row keys) of a run, without running it; sweep uses
     it to group jobs sharing pytorch/fakequant rows and to find each job's rows afterwards."""
     device = eval_device(cfg)
-    layer_names = list(quant_layers(build_model(cfg.model, 0.0, 1.0)))
-    approx_layers = list(cfg.model.approx_layers) if cfg.model.get("approx_layers") else layer_names
+    model = build_model(cfg.model, 0.0, 1.0)
+    layer_names = list(quant_layers(model))
+    approx_layers = select_layers(model, cfg.model.get("approx_layers"))
     multipliers = resolve_per_layer(cfg.multiplier, layer_names)
     return device, approx_layers, multipliers, row_keys(cfg, multipliers, approx_layers, device)
 

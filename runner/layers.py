@@ -113,9 +113,10 @@ def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
 
 
-def _select_layers(model: nn.Module, layers) -> list[str]:
+def select_layers(model: nn.Module, layers) -> list[str]:
+    """The Conv2d/Linear layer names to convert: all when `layers` is None/"all"/empty, else those named."""
     available = list(quant_layers(model))
-    if layers is None or layers == "all":
+    if not layers or layers == "all":
         return available
     unknown = [n for n in layers if n not in available]
     if unknown:
@@ -146,7 +147,7 @@ def convert_model(model: nn.Module, multipliers, qcfg: QuantConfig, stats: dict[
     """A copy of `model` whose Conv2d/Linear layers (all, or those named) do every multiply through the
     multiplier's LUT (fake=False) or through fake-quant at the same scales (fake=True). Trained weights are
     copied. `multipliers` is one Multiplier or {layer name: Multiplier}; `stats` comes from calibrate()."""
-    names = _select_layers(model, layers)
+    names = select_layers(model, layers)
     per_layer = _per_layer(multipliers, names)
     check_signedness({n: per_layer[n] for n in names}, stats)
     out = copy.deepcopy(model)

@@ -54,7 +54,16 @@ def evaluate_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_
     return correct / len(x)
 
 
+def check_train_config(cfg: DictConfig) -> None:
+    t = cfg.train
+    if int(t.epochs) < 1 or int(t.batch_size) < 1 or int(t.eval_batch_size) < 1 or float(t.lr) <= 0:
+        raise UserError(f"train.epochs, train.batch_size and train.eval_batch_size must be >= 1 and train.lr > 0; "
+                        f"got epochs={t.epochs}, batch_size={t.batch_size}, eval_batch_size={t.eval_batch_size}, "
+                        f"lr={t.lr}.")
+
+
 def train_model(cfg: DictConfig, data: Dataset, device: torch.device) -> tuple[nn.Module, list[dict]]:
+    check_train_config(cfg)
     torch.manual_seed(int(cfg.seed))
     model = build_model(cfg.model, data.mean, data.std).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=float(cfg.train.lr), weight_decay=float(cfg.train.weight_decay))

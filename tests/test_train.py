@@ -53,3 +53,14 @@ def test_load_or_train_reuses(tmp_path, mnist5k):
     mtime = path.stat().st_mtime_ns
     _, meta2, path2, _ = load_or_train(cfg, mnist5k)
     assert path2 == path and path.stat().st_mtime_ns == mtime and meta1 == meta2
+
+
+def test_bad_training_settings_are_user_errors(tmp_path, mnist5k):
+    import pytest
+
+    from runner.errors import UserError
+    from runner.train import train_model
+
+    for bad in ("train.epochs=0", "train.batch_size=0", "train.lr=0"):
+        with pytest.raises(UserError, match="train.epochs"):
+            train_model(compose("train", [bad], tmp_path), mnist5k, torch.device("cpu"))

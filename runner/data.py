@@ -91,9 +91,14 @@ def load_mnist5k(seed: int = 0, test_per_class: int = 100) -> Dataset:
 
 
 def _find_idx(root: Path, stem: str) -> Path | None:
-    for cand in (root / stem, root / f"{stem}.gz", root / "raw" / stem, root / "raw" / f"{stem}.gz"):
-        if cand.exists():
-            return cand
+    # the standard names (train-images-idx3-ubyte) and the common variant with a dot
+    # (train-images.idx3-ubyte, as some mirrors and Kaggle ship them), plain or gzip-compressed
+    names = (stem, stem.replace("-idx", ".idx"))
+    for folder in (root, root / "raw"):
+        for name in names:
+            for cand in (folder / name, folder / f"{name}.gz"):
+                if cand.exists():
+                    return cand
     return None
 
 

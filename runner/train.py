@@ -56,6 +56,8 @@ def evaluate_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_
 
 def check_train_config(cfg: DictConfig) -> None:
     t = cfg.train
+    if t.get("schedule", "constant") not in ("constant", "cosine"):
+        raise UserError(f"train.schedule={t.schedule}: choose constant or cosine.")
     if int(t.epochs) < 1 or int(t.batch_size) < 1 or int(t.eval_batch_size) < 1 or float(t.lr) <= 0:
         raise UserError(f"train.epochs, train.batch_size and train.eval_batch_size must be >= 1 and train.lr > 0; "
                         f"got epochs={t.epochs}, batch_size={t.batch_size}, eval_batch_size={t.eval_batch_size}, "
@@ -70,6 +72,10 @@ def train_model(cfg: DictConfig, data: Dataset, device: torch.device) -> tuple[n
     loss_fn = nn.CrossEntropyLoss()
     loader = data.loader("train", int(cfg.train.batch_size), shuffle=True, seed=int(cfg.seed))
     epochs = int(cfg.train.epochs)
+    # cosine decay to 0 over the run: the last epochs settle instead of bouncing around the optimum,
+    # so the saved (last) weights are reliably among the best
+    sched = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * len(loader))
+             if cfg.train.get("schedule", "constant") == "cosine" else None)
     history = []
     with progress_bar(f"train {cfg.model.name} on {data.name}", total=epochs * len(loader)) as advance:
         for epoch in range(1, epochs + 1):
@@ -81,6 +87,8 @@ def train_model(cfg: DictConfig, data: Dataset, device: torch.device) -> tuple[n
                 loss = loss_fn(model(xb), yb)
                 loss.backward()
                 opt.step()
+                if sched is not None:
+                    sched.step()
                 total_loss += loss.item() * len(xb)
                 seen += len(xb)
                 advance(1, epoch=epoch, loss=f"{loss.item():.3f}")

@@ -53,6 +53,14 @@ def test_idx_round_trip(tmp_path, gz):
     assert torch.equal(ds.train_x[:, 0], torch.from_numpy(raw.astype(np.float32) / 255))
 
 
+def test_dotted_idx_names_accepted(tmp_path):
+    """Some mirrors name the files train-images.idx3-ubyte; the loader takes both spellings."""
+    _write_set(tmp_path)
+    for f in tmp_path.iterdir():
+        f.rename(tmp_path / f.name.replace("-idx", ".idx"))
+    assert load_idx_dataset("mnist", tmp_path).train_x.shape == (20, 1, 28, 28)
+
+
 def test_missing_dataset_names_path_and_fix(tmp_path):
     with pytest.raises(UserError) as e:
         load_idx_dataset("fashion_mnist", tmp_path / "nowhere")

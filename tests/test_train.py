@@ -64,3 +64,5 @@ def test_bad_training_settings_are_user_errors(tmp_path, mnist5k):
     for bad in ("train.epochs=0", "train.batch_size=0", "train.lr=0"):
         with pytest.raises(UserError, match="train.epochs"):
             train_model(compose("train", [bad], tmp_path), mnist5k, torch.device("cpu"))
+    with pytest.raises(UserError, match="train.schedule"):
+        train_model(compose("train", ["train.schedule=linear"], tmp_path), mnist5k, torch.device("cpu"))

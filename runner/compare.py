@@ -27,7 +27,7 @@ from runner.multipliers import resolve_per_layer
 from runner.ops import check_algo
 from runner.provenance import atomic_write_json, environment, resolve_device
 from runner.quant import QuantConfig, quant_layers
-from runner.results import append_new_rows, append_rows, done_keys, write_csv
+from runner.results import append_rows, done_keys, write_csv
 from runner.train import load_or_train, weight_config
 
 PATHS = ("pytorch", "fakequant", "approx")
@@ -218,7 +218,7 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
             advance(1, path=path)
     write_csv(out_dir / "metrics.csv", pd.DataFrame(rows))
     # with skip_done, a row another process recorded meanwhile (concurrent sweeps) is not added twice
-    (append_new_rows if cfg.skip_done else append_rows)(results_file, rows)
+    append_rows(results_file, rows, skip_recorded=bool(cfg.skip_done))
     atomic_write_json(out_dir / "run.json", {
         **env, "seed": int(cfg.seed), "checkpoint": str(ckpt), "baseline": meta,
         "config": OmegaConf.to_container(cfg, resolve=True),

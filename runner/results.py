@@ -41,39 +41,36 @@ def write_csv(path: Path, df: pd.DataFrame) -> None:
     atomic_write_bytes(Path(path), buf.getvalue().encode())
 
 
-def append_rows(path: Path, rows: list[dict]) -> None:
-    """Append under an exclusive lock; the file is rewritten atomically, so a crash mid-write leaves the
-    previous version, and new columns widen the table instead of shifting values."""
-    if not rows:
-        return
-    with locked(path):
-        old = read_csv(path)
-        new = pd.DataFrame(rows)
-        write_csv(path, new if old.empty else pd.concat([old, new], ignore_index=True, sort=False))
-
-
-def done_keys(path: Path, column: str = "row_key") -> set[str]:
-    df = read_csv(path)
+def _ok_keys(df: pd.DataFrame, column: str = "row_key") -> set[str]:
     if df.empty or column not in df or "status" not in df:
         return set()
     return set(df.loc[df["status"] == "ok", column].astype(str))
 
 
-def append_new_rows(path: Path, rows: list[dict], column: str = "row_key") -> list[dict]:
-    """Like append_rows, but rows whose key is already recorded ok are dropped (checked under the lock, so
-    two sweeps racing on the same job record it once). Failed rows are always kept. Returns the rows added."""
+def done_keys(path: Path, column: str = "row_key") -> set[str]:
+    return _ok_keys(read_csv(path), column)
+
+
+def append_rows(path: Path, rows: list[dict], *, skip_recorded: bool = False, column: str = "row_key") -> list[dict]:
+    """Append under an exclusive lock; the file is rewritten atomically, so a crash mid-write leaves the
+    previous version, and new columns widen the table instead of shifting values. With skip_recorded,
+    rows whose key is already recorded ok are dropped (checked under the lock, so two sweeps racing on
+    the same job record it once); failed rows are always kept. Returns the rows added."""
     if not rows:
         return []
     with locked(path):
         old = read_csv(path)
-        done = set()
-        if not old.empty and column in old and "status" in old:
-            done = set(old.loc[old["status"] == "ok", column].astype(str))
-        new = [r for r in rows if r.get("status") != "ok" or str(r.get(column)) not in done]
-        if new:
-            df = pd.DataFrame(new)
-            write_csv(path, df if old.empty else pd.concat([old, df], ignore_index=True, sort=False))
-        return new
+        if skip_recorded:
+            done = _ok_keys(old, column)
+            rows = [r for r in rows if r.get("status") != "ok" or str(r.get(column)) not in done]
+        if rows:
+            new = pd.DataFrame(rows)
+            write_csv(path, new if old.empty else pd.concat([old, new], ignore_index=True, sort=False))
+        return rows
+
+
+def append_new_rows(path: Path, rows: list[dict], column: str = "row_key") -> list[dict]:
+    return append_rows(path, rows, skip_recorded=True, column=column)
 
 
 # ---------------------------------------------------------------- `approx-run results`

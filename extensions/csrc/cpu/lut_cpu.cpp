@@ -310,6 +310,19 @@ void run(Problem& p, const at::Tensor& w, const at::Tensor& lut_t, Algo algo) {
 // Table rows and accumulator tiles are padded to whole 8-lane vectors.
 int64_t round8(int64_t n) { return (n + 7) / 8 * 8; }
 
+// The fields linear and conv fill alike: where the codes are, their kind, the taps, the output.
+Problem code_problem(const at::Tensor& codes, at::ScalarType code_type, const std::vector<int32_t>& off,
+                     at::Tensor& out) {
+  Problem p{};
+  p.act = reinterpret_cast<const uint8_t*>(codes.data_ptr());
+  p.is_unsigned = code_type == at::kByte;
+  p.xmask = p.is_unsigned ? 0 : 0x80;
+  p.K = static_cast<int64_t>(off.size());
+  p.off = off.data();
+  p.out = out.data_ptr<int32_t>();
+  return p;
+}
+
 at::Tensor lut_linear_cpu(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
                           c10::string_view algo_name) {
   check_common("lut_linear", a, w, lut);
@@ -323,15 +336,9 @@ at::Tensor lut_linear_cpu(const at::Tensor& a, const at::Tensor& w, const at::Te
   if (K == 0) return out.zero_();
   std::vector<int32_t> off(K);
   for (int64_t k = 0; k < K; ++k) off[k] = (int32_t)k;
-  Problem p{};
-  p.act = reinterpret_cast<const uint8_t*>(a.data_ptr());
-  p.is_unsigned = a.scalar_type() == at::kByte;
-  p.xmask = p.is_unsigned ? 0 : 0x80;
-  p.K = K;
-  p.off = off.data();
+  Problem p = code_problem(a, a.scalar_type(), off, out);
   p.B = 1; p.G = 1; p.Ho = M; p.Wo = 1;
   p.a_img = 0; p.a_grp = 0; p.a_oh = K; p.a_ow = 0;
-  p.out = out.data_ptr<int32_t>();
   p.o_img = 0; p.o_grp = 0; p.o_pix = N; p.o_ch = 1;
   p.Ng = N; p.Np = round8(N);
   run(p, w, lut, algo);
@@ -382,15 +389,9 @@ at::Tensor lut_conv2d_cpu(const at::Tensor& a, const at::Tensor& w, const at::Te
     for (int64_t i = 0; i < kh; ++i)
       for (int64_t j = 0; j < kw; ++j)
         off[(c * kh + i) * kw + j] = (int32_t)(c * Hp * Wp + i * dh * Wp + j * dw);
-  Problem p{};
-  p.act = reinterpret_cast<const uint8_t*>(src.data_ptr());
-  p.is_unsigned = a.scalar_type() == at::kByte;
-  p.xmask = p.is_unsigned ? 0 : 0x80;
-  p.K = K;
-  p.off = off.data();
+  Problem p = code_problem(src, a.scalar_type(), off, out);
   p.B = B; p.G = groups; p.Ho = Ho; p.Wo = Wo;
   p.a_img = C * Hp * Wp; p.a_grp = Cg * Hp * Wp; p.a_oh = sh * Wp; p.a_ow = sw;
-  p.out = out.data_ptr<int32_t>();
   p.Ng = N / groups; p.Np = round8(p.Ng);
   p.o_img = N * Ho * Wo; p.o_grp = p.Ng * Ho * Wo; p.o_pix = 1; p.o_ch = Ho * Wo;
   run(p, w, lut, algo);

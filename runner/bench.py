@@ -138,8 +138,9 @@ def bench_algos(backends, batch=10000, repeats=10, warmup=2, *, signed=False, se
             w = torch.randint(-127, 128, w_shape, generator=gen, dtype=torch.int8).to(device)
             macs = layer_macs(kind, a_shape, w_shape, batch)
             for algo in ("auto", *ops.BACKEND_ALGOS[backend]):
-                fn = ((lambda: ops.lut_conv2d(a, w, lut, backend=backend, algo=algo)) if kind == "conv"  # noqa: E731
-                      else (lambda: ops.lut_linear(a, w, lut, backend=backend, algo=algo)))
+                wa = w.clone()  # own weights: prepared tables are cached per weights tensor
+                fn = ((lambda: ops.lut_conv2d(a, wa, lut, backend=backend, algo=algo)) if kind == "conv"  # noqa: E731
+                      else (lambda: ops.lut_linear(a, wa, lut, backend=backend, algo=algo)))
                 row = dict(backend=backend, algo=algo, layer=name, batch=batch, device=str(device),
                            threads=torch.get_num_threads(), macs=macs)
                 try:

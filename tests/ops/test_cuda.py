@@ -41,10 +41,13 @@ if os.environ.get("APPROX_TEST_SKIP_AUTO") == "1":  # to test the rest when auto
 NO_CACHING = os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"
 
 
-def extra_algos(k, n, conv):
+def extra_algos(k, n, conv, window=False):
     """Variants with shape limits, where they apply: expanded_smem for <= 16 channels per group;
-    expanded_resident for <= 8 when its whole int16 table and a 2,048-row tile fit 227 KiB."""
+    expanded_resident for <= 8 when its whole int16 table and a 2,048-row tile fit 227 KiB;
+    expanded_window for stride-1, dilation-1 convs with 3- or 5-wide kernels (`window`);
+    expanded_rows for linear layers."""
     out = ["expanded_smem"] if n <= 16 else []
+    out += ["expanded_window"] if window else [] if conv else ["expanded_rows"]
     kpad = (k + 7) // 8 * 8
     if n <= 8 and k * 4096 + 2048 * (kpad + 8) + (2048 * 12 if conv else 0) <= 227 * 1024:
         out.append("expanded_resident")
@@ -144,6 +147,11 @@ CONV_CASES = [
     ((2, 5, 6, 6), (40, 1, 1), 1, 0, 1, 1),          # 1x1, N > 32
     ((1, 2, 5, 5), (3, 5, 5), 1, 2, 1, 1),           # mostly padding
     ((2, 4, 17, 15), (150, 3, 3), 3, 2, 2, 2),       # N above 128 (75 per group)
+    # expanded_window shapes (stride 1, dilation 1, kw 3 or 5)
+    ((5, 3, 9, 11), (20, 3, 5), 1, (1, 2), 1, 1),    # kh != kw, Wo 11: a 3-wide tail segment
+    ((40, 2, 4, 6), (12, 3, 3), 1, 0, 1, 2),         # 2x4 outputs: a tile spans 33 images
+    ((2, 1, 40, 70), (8, 5, 5), 1, 2, 1, 1),         # 70 outputs a row: tiles inside one image
+    ((3, 4, 6, 6), (4, 3, 3), 1, 1, 1, 4),           # depthwise, padding, Wo 6 (unaligned rows)
 ]
 
 
@@ -162,10 +170,38 @@ def test_conv_matches_reference(case, lutkind, signed):
     if _has_cpu():
         check_equal(ops.lut_conv2d(a, w, lut, *args, "direct"), want, "CPU kernel vs reference")
     ad, wdv, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
-    algos = ALGOS + extra_algos(c // groups * kh * kw, n // groups, True)
+    window = pair(stride) == [1, 1] and pair(dilation) == [1, 1] and kw in (3, 5)
+    algos = ALGOS + extra_algos(c // groups * kh * kw, n // groups, True, window)
     for algo in algos:
         got = poisoned_call(lambda: ops.lut_conv2d(ad, wdv, ld, *args, algo), tuple(want.shape))
         check_equal(got, want, f"lut_conv2d case {case} {lutkind} signed={signed} algo={algo}")
+
+
+@pytest.mark.parametrize("lutkind", ["int16", "wide"])
+@pytest.mark.parametrize("shape", [(3000, 256, 120), (700, 84, 10), (1100, 37, 17)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_every_rows_configuration(shape, lutkind):
+    """auto times every expanded_rows configuration (rows per thread x cluster size) and keeps
+    the fastest, so each must be exact, not only the default one."""
+    m, k, n = shape
+    gen = torch.Generator().manual_seed(hash((shape, lutkind)) & 0xFFFF)
+    a, w, lut = make_codes(gen, (m, k), True), make_weights(gen, (n, k), True), make_lut(gen, lutkind)
+    want = reference_lut_linear(a, w, lut)
+    ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
+    # clusters split the taps' chunks (8 int16 or 4 int32 taps): no more blocks than chunks
+    chunks = (k + 7) // 8 * 8 // (8 if lutkind == "int16" else 4)
+    major = torch.cuda.get_device_capability()[0]
+    for r in (1, 2, 3, 4):
+        for cs in (1, 2, 3, 8):
+            algo = f"expanded_rows_r{r}_c{cs}"
+            if cs > 1 and (major < 9 or cs > chunks):
+                with pytest.raises(RuntimeError, match="cluster"):
+                    ops.lut_linear(ad, wd, ld, algo)
+                continue
+            got = poisoned_call(lambda: ops.lut_linear(ad, wd, ld, algo), (m, n))
+            check_equal(got, want, f"{shape} {lutkind} {algo}")
+    with pytest.raises(RuntimeError, match="bad algo"):
+        ops.lut_linear(ad, wd, ld, "expanded_rows_r5_c1")
 
 
 def test_poison_reaches_output():
@@ -213,7 +249,7 @@ def test_lenet_batch10000(layer, signed):
     ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
     out_shape = (ashape[0],) + tuple(want_head.shape[1:])
     kk = wshape[1] * (wshape[2] * wshape[3] if kind == "conv" else 1)
-    algos = ALGOS + extra_algos(kk, wshape[0], kind == "conv")
+    algos = ALGOS + extra_algos(kk, wshape[0], kind == "conv", kind == "conv")
     for algo in algos:
         got = poisoned_call(lambda: op(ad, wd, ld, *extra, algo), out_shape)
         check_equal(got[:50], want_head, f"{layer} algo={algo} vs reference (first 50)")
@@ -221,7 +257,8 @@ def test_lenet_batch10000(layer, signed):
             check_equal(got, want, f"{layer} algo={algo} vs CPU kernel")
 
 
-@pytest.mark.parametrize("algo", ["direct", "expanded_smem", "expanded_l2", "expanded_resident"])
+@pytest.mark.parametrize("algo", ["direct", "expanded_smem", "expanded_l2", "expanded_resident",
+                                  "expanded_rows"])
 def test_rows_beyond_grid_y_limit(algo):
     """More rows than 65,535 x the largest tile height (2,048 rows): the row tiles run on grid.x."""
     m = 65535 * 2048 + 123
@@ -233,6 +270,8 @@ def test_rows_beyond_grid_y_limit(algo):
     got = poisoned_call(lambda: ops.lut_linear(a, w, lut, algo), (m, 1))
     assert torch.equal(got, want), f"{int((got != want).sum())} rows differ"
     del got, want
+    if algo == "expanded_rows":
+        return
     # The same through conv rows: 1x1 conv over B*H*W > the limit.
     x = torch.randint(-128, 128, (2049, 1, 256, 256), dtype=torch.int8, device=DEV)
     wc = w.reshape(1, 1, 1, 1)
@@ -266,6 +305,52 @@ def test_runs_on_current_stream():
     s.synchronize()
     for o in outs:
         check_equal(o, want, "side stream")
+
+
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+def test_table_cache_follows_weight_and_lut_changes(kind):
+    """Prepared tables are cached per (weights, LUT) tensor: in-place writes, a freed tensor whose
+    memory is reused, and another stream must all see the right table."""
+    gen = torch.Generator().manual_seed(21)
+    if kind == "linear":
+        a = make_codes(gen, (3000, 64), False).to(DEV)
+        wshape = (24, 64)
+        call = lambda w, lut, algo: ops.lut_linear(a, w, lut, algo)  # noqa: E731
+        ref = lambda w, lut: reference_lut_linear(a.cpu(), w.cpu(), lut.cpu())  # noqa: E731
+    else:
+        a = make_codes(gen, (20, 3, 12, 12), False).to(DEV)
+        wshape = (16, 3, 5, 5)
+        args = ([1, 1], [1, 1], [1, 1], 1)
+        call = lambda w, lut, algo: ops.lut_conv2d(a, w, lut, *args, algo)  # noqa: E731
+        ref = lambda w, lut: reference_lut_conv2d(a.cpu(), w.cpu(), lut.cpu(), 1, 1, 1, 1)  # noqa: E731
+    w = make_weights(gen, wshape, False).to(DEV)
+    lut = make_lut(gen, "int16").to(DEV)
+    for algo in ("expanded", "auto", "direct"):
+        check_equal(call(w, lut, algo), ref(w, lut), f"{algo} first call")
+        w[0].neg_()                        # in place: bumps the version counter
+        check_equal(call(w, lut, algo), ref(w, lut), f"{algo} after an in-place weight write")
+        lut[3:7] += 5
+        check_equal(call(w, lut, algo), ref(w, lut), f"{algo} after an in-place LUT write")
+    # Free the weights and allocate new ones of the same size: likely the same address.
+    ptr = w.data_ptr()
+    del w
+    w2 = make_weights(gen, wshape, False).to(DEV)
+    check_equal(call(w2, lut, "expanded"), ref(w2, lut), f"reallocated weights (same address: "
+                f"{w2.data_ptr() == ptr})")
+    # A table built on the default stream, used on a side stream (and the other way round).
+    w3 = make_weights(gen, wshape, False).to(DEV)
+    first = call(w3, lut, "expanded")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        side = call(w3, lut, "expanded")
+        w4 = make_weights(gen, wshape, False).to(DEV)
+        side4 = call(w4, lut, "expanded")
+    torch.cuda.current_stream().wait_stream(s)
+    again4 = call(w4, lut, "expanded")
+    for got, want, what in ((first, ref(w3, lut), "default"), (side, ref(w3, lut), "side"),
+                            (side4, ref(w4, lut), "side-built"), (again4, ref(w4, lut), "reused")):
+        check_equal(got, want, f"stream {what}")
 
 
 def test_cuda_graph_capture():

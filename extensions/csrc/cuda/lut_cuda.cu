@@ -28,20 +28,26 @@
 #include <ATen/ATen.h>
 // c10 headers only: ATen/cuda/CUDAContext.h pulls in cuBLAS/cuSPARSE headers, which some CUDA
 // installs (the toolkit-only ones CI builds with) do not ship. Same current-stream function.
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <array>
+#include <list>
 #include <map>
+#include <memory>
 #include <type_traits>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -92,6 +98,9 @@ struct Params {
   int stage_bytes;     // shared memory reserved for the staged codes (multiple of 16)
   int C, H, W, Cg, Wo, sh, sw, ph, pw;
   FastDiv fHoWo, fWo;
+  // expanded_window (stride 1, dilation 1): task = (image, output row, segment of kWinRX columns)
+  long long B, win_tasks;
+  int Ho, kh, Hp, Wp, seg, win_imgs;  // Hp x Wp: a padded input plane as staged in shared memory
 };
 
 // Image and pixel of row m0 + lr, from the tile's first image b0 and offset r0 = m0 - b0 * HoWo.
@@ -171,17 +180,18 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const int32_t* __restric
   }
 }
 
-// Expanded table, in the format the fit flags choose. One thread per pair of channels.
-// 32-bit indices: the table budget keeps pairs far below 2^31 (64-bit divisions made this
-// kernel a tenth of the five LeNet layers' time).
+// Expanded table, in the format the fit flags choose, group-major: T[g][ng][k][a][8 channels], so
+// that one 8-channel group's rows for a run of taps are one contiguous block (a chunk copies as
+// whole 32-byte sectors). One thread per pair of channels. 32-bit indices: the table budget keeps
+// pairs far below 2^31 (64-bit divisions made this kernel a tenth of the five layers' time).
 __global__ void build_table_kernel(Params p, int pairs) {
   const bool f16 = read_fits16(p.flags);
-  const int pr = p.NG * 4;  // channel pairs per (k, a)
   for (int q = blockIdx.x * blockDim.x + threadIdx.x; q < pairs; q += gridDim.x * blockDim.x) {
-    const int ka = q / pr, jp = q - ka * pr;
-    const int a = ka & 255, gk = ka >> 8;
-    const int g = gk / p.Kpad, k = gk - g * p.Kpad;
-    const int n0 = jp * 2;
+    const int jp = q & 3, rest = q >> 2;
+    const int a = rest & 255, gk = rest >> 8;
+    const int gng = gk / p.Kpad, k = gk - gng * p.Kpad;
+    const int g = gng / p.NG, ng = gng - g * p.NG;
+    const int n0 = ng * 8 + jp * 2;
     uint32_t v[2];
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
@@ -389,15 +399,15 @@ __device__ __forceinline__ void expanded_body(const Params& p, uint8_t* smem) {
   const long long m0 = (long long)blockIdx.x * Mb;
   const int ng = tid % NGB, rs = tid / NGB;
   constexpr int VPR = sizeof(TT) == 2 ? 1 : 2;  // int4 per 8 channels
-  const int rowq = p.NG * VPR;                     // int4 per T row (all channels)
-  const long long chunk_q = (long long)KC * 256 * rowq;
-  const int4* Tg = static_cast<const int4*>(p.T) + (long long)grp * p.Kpad * 256 * rowq;
+  constexpr int chunk_q = KC * 256 * VPR;  // int4 per chunk of one 8-channel group
+  const long long gq = (long long)p.Kpad * 256 * VPR;  // int4 per 8-channel group
+  const int4* Tg = static_cast<const int4*>(p.T) + (long long)grp * p.NG * gq;
 
   // Shared memory: [T buffers (SMEM)][staged codes][act Mb*KC][row info (conv)]
   uint8_t* sp = smem;
   int4* tb0 = reinterpret_cast<int4*>(sp);
-  int4* tb1 = tb0 + (SMEM ? chunk_q : 0);
-  sp += SMEM ? 2 * chunk_q * 16 : 0;
+  int4* tb1 = tb0 + (SMEM ? NGB * chunk_q : 0);
+  sp += SMEM ? 2 * NGB * chunk_q * 16 : 0;
   uint8_t* st = sp;
   sp += p.stage_bytes;
   uint8_t* act = sp;
@@ -408,9 +418,12 @@ __device__ __forceinline__ void expanded_body(const Params& p, uint8_t* smem) {
   // codes of row lr, chunk c: act + lr * KC (gathered per chunk) or st + lr * Kpad + c * KC
   const int cstride = p.stage == 2 ? p.Kpad : KC;
 
+  // smem chunk layout [group of the block][KC taps][256 codes][VPR]
   auto copy_chunk = [&](int c, int4* dst) {
-    const int4* src = Tg + c * chunk_q;
-    for (int q = tid; q < chunk_q; q += kThreads) cp_async16(dst + q, src + q);
+    for (int q = tid; q < NGB * chunk_q; q += kThreads) {
+      const int gl = q / chunk_q, r = q - gl * chunk_q;
+      cp_async16(dst + q, Tg + min(ngz + gl, p.NG - 1) * gq + (long long)c * chunk_q + r);
+    }
     cp_async_commit();
   };
 
@@ -437,8 +450,9 @@ __device__ __forceinline__ void expanded_body(const Params& p, uint8_t* smem) {
     // share each tap's slice of T in L1 (measured: fc1 0.16 ms with, 0.26 ms without).
     __syncthreads();
     if (rs < rowsets) {
-      const int4* tq = SMEM ? ((c & 1) ? tb1 : tb0) : Tg + c * chunk_q;
-      tq += (ngz + ng) * VPR;
+      // threads of groups past NG (last grid.z slice) read group NG - 1 and store nothing
+      const int4* tq = SMEM ? ((c & 1) ? tb1 : tb0) + ng * chunk_q
+                            : Tg + min(ngz + ng, p.NG - 1) * gq + (long long)c * chunk_q;
       const uint8_t* cbase = p.stage == 2 ? st + c * KC : act;
       // Padded taps hold zeros: the last chunk skips their loads; full chunks run unguarded so
       // that all their loads can be in flight together.
@@ -453,7 +467,7 @@ __device__ __forceinline__ void expanded_body(const Params& p, uint8_t* smem) {
           for (int kk = 0; kk < KC; ++kk) {
             if (!kFull && kk >= kmax) break;
             const int idx = static_cast<int>((codes >> (8 * kk)) & 255);
-            const int4* e = tq + (kk * 256 + idx) * rowq;
+            const int4* e = tq + (kk * 256 + idx) * VPR;
             if constexpr (sizeof(TT) == 2) {
               const int4 v = SMEM ? *e : __ldg(e);
               acc[i][0] += (uint32_t)v.x; acc[i][1] += (uint32_t)(v.x >> 16);
@@ -623,6 +637,314 @@ __global__ void __launch_bounds__(kResThreads, 1) resident_kernel(Params p) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// Kernels whose codes need no per-tap gather. MODE: 0 = table format read from the device flags
+// (uncached tables), 1 = int16, 2 = int32 (known on the host for cached tables, so shared memory
+// is sized for the format in use).
+
+// Adds one table row (8 channels) to a row's accumulators: int16 rows as four offset-binary
+// words (s: whole words, h: sign-extended high halves; see the top of this file), int32 rows
+// as two int4.
+template <typename TT>
+__device__ __forceinline__ void add_row(const int4* e, uint32_t (&s)[4], uint32_t (&h)[4]) {
+  if constexpr (sizeof(TT) == 2) {
+    const int4 v = *e;
+    s[0] += (uint32_t)v.x; h[0] += (uint32_t)(v.x >> 16);
+    s[1] += (uint32_t)v.y; h[1] += (uint32_t)(v.y >> 16);
+    s[2] += (uint32_t)v.z; h[2] += (uint32_t)(v.z >> 16);
+    s[3] += (uint32_t)v.w; h[3] += (uint32_t)(v.w >> 16);
+  } else {
+    const int4 v0 = e[0], v1 = e[1];
+    s[0] += (uint32_t)v0.x; s[1] += (uint32_t)v0.y; s[2] += (uint32_t)v0.z; s[3] += (uint32_t)v0.w;
+    h[0] += (uint32_t)v1.x; h[1] += (uint32_t)v1.y; h[2] += (uint32_t)v1.z; h[3] += (uint32_t)v1.w;
+  }
+}
+
+// The 8 channel sums of one row; `taps` = number of table rows summed (the int16 offsets).
+template <typename TT>
+__device__ __forceinline__ void finish_row(const uint32_t (&s)[4], const uint32_t (&h)[4],
+                                           uint32_t taps, uint32_t (&v)[8]) {
+  if constexpr (sizeof(TT) == 2) {
+    const uint32_t bias = 32768u * taps;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[2 * j] = s[j] - (h[j] << 16) - bias;
+      v[2 * j + 1] = h[j];
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[j] = s[j];
+      v[4 + j] = h[j];
+    }
+  }
+}
+
+// Stores channels n0..n0+7 (those below nlim) of one output, `stride` ints apart; 8 consecutive
+// ints go as two 16-byte stores when aligned (whole 32-byte sectors).
+__device__ __forceinline__ void store8(int32_t* o, long long stride, int n0, int nlim, bool vec,
+                                       const uint32_t (&v)[8]) {
+  if (vec && stride == 1 && n0 + 8 <= nlim) {
+    reinterpret_cast<int4*>(o)[0] = make_int4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<int4*>(o)[1] = make_int4(v[4], v[5], v[6], v[7]);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    if (n0 + j < nlim) o[j * stride] = static_cast<int32_t>(v[j]);
+}
+
+// expanded_rows (linear): block = kRowsThreads * R rows x one 8-channel group x one slice of the
+// taps. Each thread keeps its R rows' codes for a chunk of taps in registers (one load per row,
+// the next chunk's loaded while this one is summed); the group's table streams through shared
+// memory in 32 KiB chunks (8 int16 taps or 4 int32 taps; cp.async, double-buffered, one barrier
+// per chunk). Each block streams its slice of the table once per row tile, so L2 traffic is
+// row tiles x table size: on sm_90 a thread-block cluster of `gridDim.y` blocks splits the taps
+// instead, which allows 4x taller row tiles at the same parallelism; the blocks' partial sums
+// (exact in int32) are added through distributed shared memory. Padded taps are summed too:
+// their rows hold zero products, and the int16 offset counts them.
+constexpr int kRowsThreads = 256;
+constexpr int kRowsChunkQ = 2048;  // int4 per chunk (32 KiB)
+
+template <typename TT, int R>
+__device__ __forceinline__ void rows_body(const Params& p, uint8_t* smem) {
+  constexpr int VPR = sizeof(TT) == 2 ? 1 : 2;
+  constexpr int CQ = kRowsChunkQ, KC = CQ / (256 * VPR);
+  const int tid = threadIdx.x, ng = blockIdx.z, ks = blockIdx.y, cs = gridDim.y;
+  const long long m0 = (long long)blockIdx.x * (kRowsThreads * R);
+  const int4* Tg = static_cast<const int4*>(p.T) + (long long)ng * p.Kpad * 256 * VPR;
+  int4* buf = reinterpret_cast<int4*>(smem);
+  const int nchunks = p.Kpad / KC;
+  const int cb = static_cast<int>((long long)nchunks * ks / cs);
+  const int ce = static_cast<int>((long long)nchunks * (ks + 1) / cs);
+  auto copy_chunk = [&](int c) {
+    const int4* src = Tg + (long long)c * CQ;
+    int4* dst = buf + ((c - cb) & 1) * CQ;
+#pragma unroll 4
+    for (int q = tid; q < CQ; q += kRowsThreads) cp_async16(dst + q, src + q);
+    cp_async_commit();
+  };
+  const uint64_t xm = 0x0101010101010101ull * p.xmask;
+  const uint8_t* rowp[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const long long m = m0 + tid + kRowsThreads * i;
+    rowp[i] = p.a + (m < p.M ? m : 0) * p.K;  // rows past M read row 0 and store nothing
+  }
+  auto load_codes = [&](int c, uint64_t (&cw)[R]) {
+    const int k0 = c * KC;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      uint64_t w = 0;
+      if (p.vec) {  // K % 8 == 0, a 8-byte aligned: whole chunks, aligned
+        w = load_word<KC>(rowp[i] + k0);
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < KC; ++kk)
+          if (k0 + kk < p.K) w |= (uint64_t)__ldg(rowp[i] + k0 + kk) << (8 * kk);
+      }
+      cw[i] = w ^ xm;
+    }
+  };
+  uint32_t s[R][4], h[R][4];
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) s[i][j] = h[i][j] = 0;
+  uint64_t cur[R], nxt[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) nxt[i] = 0;
+  if (cb < ce) {
+    copy_chunk(cb);
+    load_codes(cb, cur);
+  }
+  for (int c = cb; c < ce; ++c) {
+    cp_async_wait<0>();
+    __syncthreads();  // chunk c is in; every thread is done with chunk c - 1, whose buffer is next
+    if (c + 1 < ce) {
+      copy_chunk(c + 1);
+      load_codes(c + 1, nxt);
+    }
+    const int4* tb = buf + ((c - cb) & 1) * CQ;
+#pragma unroll
+    for (int kk = 0; kk < KC; ++kk)
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        const int idx = static_cast<int>((cur[i] >> (8 * kk)) & 255);
+        add_row<TT>(tb + (kk * 256 + idx) * VPR, s[i], h[i]);
+      }
+#pragma unroll
+    for (int i = 0; i < R; ++i) cur[i] = nxt[i];
+  }
+  const uint32_t taps = static_cast<uint32_t>((ce - cb) * KC);
+  if (cs == 1) {
+    const bool vec = (p.N & 3) == 0;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const long long m = m0 + tid + kRowsThreads * i;
+      if (m >= p.M) continue;
+      uint32_t v[8];
+      finish_row<TT>(s[i], h[i], taps, v);
+      store8(p.out + m * p.N + ng * 8, 1, ng * 8, p.N, vec, v);
+    }
+    return;
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Partials [R][kRowsThreads][8] in this block's shared memory (the table buffers are free once
+  // every thread passed the last chunk); block `ks` of the cluster sums its share of them all.
+  __syncthreads();
+  uint32_t* part = reinterpret_cast<uint32_t*>(smem);
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    uint32_t v[8];
+    finish_row<TT>(s[i], h[i], taps, v);
+    uint4* d = reinterpret_cast<uint4*>(part + (i * kRowsThreads + tid) * 8);
+    d[0] = make_uint4(v[0], v[1], v[2], v[3]);
+    d[1] = make_uint4(v[4], v[5], v[6], v[7]);
+  }
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  constexpr int P = R * kRowsThreads * 8;
+  const int lo = P * ks / cs, hi = P * (ks + 1) / cs;
+  for (int f = lo + tid; f < hi; f += kRowsThreads) {
+    uint32_t sum = 0;
+    for (int r = 0; r < cs; ++r) sum += cluster.map_shared_rank(part, r)[f];
+    const int i = f / (kRowsThreads * 8), t = (f >> 3) & (kRowsThreads - 1), j = f & 7;
+    const long long m = m0 + t + kRowsThreads * i;
+    const int n = ng * 8 + j;
+    if (m < p.M && n < p.N) p.out[m * p.N + n] = static_cast<int32_t>(sum);
+  }
+  cluster.sync();  // no block leaves while another still reads its shared memory
+#endif
+}
+
+template <int R, int MODE>
+__global__ void __launch_bounds__(kRowsThreads, 3) rows_kernel(Params p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))
+    rows_body<int16_t, R>(p, smem);
+  else
+    rows_body<int32_t, R>(p, smem);
+}
+
+// expanded_window (conv, stride 1, dilation 1): a thread computes kWinRX neighbouring outputs of
+// one output row for one 8-channel group. The block's input planes sit in shared memory, padded
+// (padding = code 0's LUT row) and as LUT rows, so the codes of one kernel row for all kWinRX
+// outputs are a few aligned 4-byte loads, and each code is one byte_perm away from its lookup.
+// The table streams through shared memory one kernel row (KW taps) at a time.
+constexpr int kWinThreads = 256;
+constexpr int kWinRX = 8;
+
+template <typename TT, int KW>
+__device__ __forceinline__ void window_body(const Params& p, uint8_t* smem) {
+  constexpr int VPR = sizeof(TT) == 2 ? 1 : 2;
+  constexpr int RX = kWinRX, NW = (RX + KW - 1 + 3) / 4, CQ = KW * 256 * VPR;
+  const int tid = threadIdx.x, grp = blockIdx.y, ng = blockIdx.z;
+  const long long tpi = (long long)p.Ho * p.seg;  // tasks per image
+  const long long t0 = (long long)blockIdx.x * kWinThreads, task = t0 + tid;
+  const long long b0 = t0 / tpi;
+  const bool live = task < p.win_tasks;
+  const long long b = task / tpi;
+  const int r = static_cast<int>(task - b * tpi), oy = r / p.seg, ox0 = (r - oy * p.seg) * RX;
+  const int4* Tg = static_cast<const int4*>(p.T) + ((long long)grp * p.NG + ng) * p.Kpad * 256 * VPR;
+  int4* buf = reinterpret_cast<int4*>(smem);
+  uint8_t* st = smem + 2 * CQ * 16;
+  const int plane = p.Hp * p.Wp, img_bytes = p.Cg * plane;
+  const int nchunks = p.Cg * p.kh;
+  auto copy_chunk = [&](int q) {
+    const int4* src = Tg + (long long)q * CQ;
+    int4* dst = buf + (q & 1) * CQ;
+#pragma unroll 4
+    for (int e = tid; e < CQ; e += kWinThreads) cp_async16(dst + e, src + e);
+    cp_async_commit();
+  };
+  copy_chunk(0);
+  {
+    // Staging: one padded row per step; rows past the images or the padding get code 0.
+    const uint32_t xm = 0x01010101u * p.xmask;
+    const int rows = p.win_imgs * p.Cg * p.Hp, wpr = p.Wp >> 2;
+    for (int e = tid; e < rows; e += kWinThreads) {
+      const int j = e / (p.Cg * p.Hp), rem = e - j * (p.Cg * p.Hp);
+      const int c = rem / p.Hp, iy = rem - c * p.Hp - p.ph;
+      const long long bb = b0 + j;
+      const bool rowok = bb * tpi < p.win_tasks && iy >= 0 && iy < p.H;
+      const uint8_t* src = p.a + ((bb * p.C + (long long)grp * p.Cg + c) * p.H + (rowok ? iy : 0)) * p.W;
+      uint32_t* dst = reinterpret_cast<uint32_t*>(st + (long long)e * p.Wp);
+      for (int x = 0; x < wpr; ++x) {
+        uint32_t word = 0;
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const int ix = 4 * x + t - p.pw;
+          if (rowok && ix >= 0 && ix < p.W) word |= (uint32_t)__ldg(src + ix) << (8 * t);
+        }
+        dst[x] = word ^ xm;
+      }
+    }
+  }
+  const uint8_t* my = st + (live ? (b - b0) * img_bytes + oy * p.Wp + ox0 : 0);
+  uint32_t s[RX][4], h[RX][4];
+#pragma unroll
+  for (int i = 0; i < RX; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) s[i][j] = h[i][j] = 0;
+  int c = 0, i = 0;  // input channel and kernel row of chunk q
+  for (int q = 0; q < nchunks; ++q) {
+    cp_async_wait<0>();
+    __syncthreads();  // chunk q (and, at q = 0, the staged planes) in; chunk q - 1 done
+    if (q + 1 < nchunks) copy_chunk(q + 1);
+    const uint32_t* row = reinterpret_cast<const uint32_t*>(my + c * plane + i * p.Wp);
+    uint32_t w[NW];
+#pragma unroll
+    for (int t = 0; t < NW; ++t) w[t] = row[t];
+    const int4* tb = buf + (q & 1) * CQ;
+#pragma unroll
+    for (int j = 0; j < KW; ++j)
+#pragma unroll
+      for (int x = 0; x < RX; ++x) {
+        const int pos = x + j;
+        const int idx = static_cast<int>(__byte_perm(w[pos >> 2], 0, 0x4440 | (pos & 3)));
+        add_row<TT>(tb + (j * 256 + idx) * VPR, s[x], h[x]);
+      }
+    if (++i == p.kh) {
+      i = 0;
+      ++c;
+    }
+  }
+  if (!live) return;
+  const int n0 = ng * 8;
+  const long long howo = (long long)p.Ho * p.Wo;
+  int32_t* o = p.out + ((b * p.Ntot + (long long)grp * p.N + n0) * p.Ho + oy) * (long long)p.Wo + ox0;
+  uint32_t v[RX][8];
+#pragma unroll
+  for (int x = 0; x < RX; ++x) finish_row<TT>(s[x], h[x], static_cast<uint32_t>(p.K), v[x]);
+  if ((p.Wo & 3) == 0 && ox0 + RX <= p.Wo) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if (n0 + j >= p.N) break;
+      int4* oj = reinterpret_cast<int4*>(o + j * howo);
+      oj[0] = make_int4(v[0][j], v[1][j], v[2][j], v[3][j]);
+      oj[1] = make_int4(v[4][j], v[5][j], v[6][j], v[7][j]);
+    }
+  } else {
+#pragma unroll
+    for (int x = 0; x < RX; ++x)
+      if (ox0 + x < p.Wo)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if (n0 + j < p.N) o[j * howo + x] = static_cast<int32_t>(v[x][j]);
+  }
+}
+
+template <int KW, int MODE>
+__global__ void __launch_bounds__(kWinThreads, 2) window_kernel(Params p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))
+    window_body<int16_t, KW>(p, smem);
+  else
+    window_body<int32_t, KW>(p, smem);
+}
+
+// ------------------------------------------------------------------------------------------------
 // Direct: thread (rs, ng) sums R rows x 8 channels, one E lookup per MAC.
 constexpr int kDirectR = 4;
 constexpr int kDirectKC = 8;
@@ -740,9 +1062,12 @@ std::string D(c10::IntArrayRef v) {
 }
 const char* T(const at::Tensor& t) { return c10::toString(t.scalar_type()); }
 
-enum class Algo { Auto, Direct, Expanded, ExpandedSmem, ExpandedL2, ExpandedResident };
+enum class Algo {
+  Auto, Direct, Expanded, ExpandedSmem, ExpandedL2, ExpandedResident, ExpandedWindow, ExpandedRows
+};
 constexpr const char* kAlgoNames =
-    "auto, direct, expanded, expanded_smem, expanded_l2, expanded_resident";
+    "auto, direct, expanded, expanded_smem, expanded_l2, expanded_resident, expanded_window, "
+    "expanded_rows";
 
 Algo parse_algo(c10::string_view s, const char* op) {
   if (s == "auto") return Algo::Auto;
@@ -751,6 +1076,8 @@ Algo parse_algo(c10::string_view s, const char* op) {
   if (s == "expanded_smem") return Algo::ExpandedSmem;
   if (s == "expanded_l2") return Algo::ExpandedL2;
   if (s == "expanded_resident") return Algo::ExpandedResident;
+  if (s == "expanded_window") return Algo::ExpandedWindow;
+  if (s == "expanded_rows") return Algo::ExpandedRows;
   TORCH_CHECK(false, op, ": unknown algo '", std::string(s.data(), s.size()), "'; valid: ",
               kAlgoNames);
 }
@@ -776,12 +1103,6 @@ void check_common(const char* op, const at::Tensor& a, const at::Tensor& w, cons
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-struct Workspace {
-  at::Tensor buf;
-  Params p;
-  int64_t t_bytes = 0;  // bytes of T in the int32 layout (allocated size)
-};
-
 constexpr int64_t kOffE32 = 256;
 constexpr int64_t kOffE16 = kOffE32 + 256 * 256 * 4;
 constexpr int64_t kOffKinfo = kOffE16 + 256 * 256 * 2;
@@ -790,25 +1111,171 @@ struct ConvGeo {
   int kh = 1, kw = 1, dh = 1, dw = 1;
 };
 
-// Allocates the per-call workspace and runs the prep kernel. `p` holds the geometry already.
-void prepare(Workspace& ws, const at::Tensor& lut, const ConvGeo& cg, bool need_table,
-             cudaStream_t stream) {
-  Params& p = ws.p;
+int64_t table_bytes(const Params& p) { return (int64_t)p.G * p.Kpad * 256 * p.NG * 8 * 4; }
+
+int sm_count() {
+  int dev = 0, v = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+  return v;
+}
+
+// One layer's prepared tables: effective products (E32/E16), fit flags, conv tap table and, for
+// the expanded algorithms, the weight-expanded table T (allocated in the int32 size).
+struct Prepared {
+  at::Tensor buf;
+  Params p;      // E32, E16, flags, kinfo, T point into buf
+  bool has_table = false;
+  int fmt = 0;   // table format known on the host: 0 unknown (read on the device), 1 int16, 2 int32
+  cudaStream_t stream = nullptr;
+  std::vector<cudaStream_t> users;  // other streams it was used on (cached entries)
+};
+
+// Allocates the buffer and launches prep (and the table build when `need_table`).
+std::shared_ptr<Prepared> prepare(const Params& geo, const at::Tensor& lut, const ConvGeo& cg,
+                                  bool need_table, cudaStream_t stream) {
+  auto pr = std::make_shared<Prepared>();
+  Params& p = pr->p;
+  p = geo;
   const int64_t nk = p.conv ? p.Kpad : 0;
   const int64_t off_t = round_up(kOffKinfo + nk * 16, 256);
-  ws.t_bytes = need_table ? (int64_t)p.G * p.Kpad * 256 * p.NG * 8 * 4 : 0;
-  ws.buf = at::empty({off_t + ws.t_bytes}, lut.options().dtype(at::kByte));
-  uint8_t* base = ws.buf.data_ptr<uint8_t>();
+  const int64_t t_bytes = need_table ? table_bytes(p) : 0;
+  pr->buf = at::empty({off_t + t_bytes}, lut.options().dtype(at::kByte));
+  uint8_t* base = pr->buf.data_ptr<uint8_t>();
   p.flags = reinterpret_cast<int*>(base);
   p.E32 = reinterpret_cast<int32_t*>(base + kOffE32);
   p.E16 = reinterpret_cast<int16_t*>(base + kOffE16);
   p.kinfo = nk ? reinterpret_cast<int4*>(base + kOffKinfo) : nullptr;
   p.T = need_table ? base + off_t : nullptr;
+  pr->has_table = need_table;
+  pr->stream = stream;
   prep_kernel<<<kPrepBlocks, kThreads, 0, stream>>>(
       lut.data_ptr<int32_t>(), p.xmask == 0, const_cast<int32_t*>(p.E32),
       const_cast<int16_t*>(p.E16), const_cast<int*>(p.flags), const_cast<int4*>(p.kinfo),
       static_cast<int>(nk), p.K, cg.kh, cg.kw, cg.dh, cg.dw, p.H, p.W);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (need_table) {
+    const long long pairs = (long long)p.G * p.Kpad * 256 * p.NG * 4;
+    TORCH_CHECK(pairs < (1ll << 31), "approx expanded table too large");
+    const int blocks = static_cast<int>(std::min<long long>((pairs + 255) / 256, 16LL * sm_count()));
+    build_table_kernel<<<blocks, 256, 0, stream>>>(p, static_cast<int>(pairs));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return pr;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Prepared-table cache. At inference a layer's weight codes and LUT never change, so prep and the
+// table build (a large share of a small layer's time, and two launches) are paid once. Entries
+// are matched by tensor identity: the same storage (held weakly, so a freed and reallocated
+// tensor can never match), data pointer and version counter, which every in-place write through
+// PyTorch bumps. Writes that bypass the counter (through `.data`, or another library's kernel)
+// are not seen: clone the tensor, or set APPROX_RUN_TABLE_CACHE=0. A CUDA graph captured after a
+// layer's first call keeps using the table of that call (the entry is then never freed): capture
+// again after changing the weights or the LUT. A graph captured before any call prepares the
+// tables inside the graph, on every replay.
+constexpr int64_t kCacheBytes = 1ll << 30;
+constexpr size_t kCacheEntries = 64;
+
+using CacheKey = std::array<int64_t, 20>;
+
+struct CacheEntry {
+  CacheKey key;
+  c10::weak_intrusive_ptr<c10::StorageImpl> w_st, lut_st;
+  std::shared_ptr<Prepared> prep;
+};
+
+// Never destroyed: at process exit the CUDA runtime may be gone before static destructors run,
+// and freeing device memory then aborts.
+std::mutex& g_cache_mu = *new std::mutex;
+std::list<CacheEntry>& g_cache = *new std::list<CacheEntry>;  // most recently used first
+std::vector<std::shared_ptr<Prepared>>& g_graph_held = *new std::vector<std::shared_ptr<Prepared>>;
+
+bool cache_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("APPROX_RUN_TABLE_CACHE");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
+bool capturing() {
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+}
+
+int64_t version_of(const at::Tensor& t) {
+  return static_cast<int64_t>(t.unsafeGetTensorImpl()->version_counter().current_version());
+}
+int64_t addr(const void* ptr) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(ptr)); }
+
+CacheKey cache_key(const Params& p, const ConvGeo& cg, const at::Tensor& w, const at::Tensor& lut) {
+  return CacheKey{(int64_t)w.device().index(), p.conv, (int64_t)p.xmask, p.K, p.N, p.G, p.NG,
+                  cg.kh, cg.kw, cg.dh, cg.dw, p.H, p.W, addr(w.data_ptr()), version_of(w),
+                  addr(w.storage().unsafeGetStorageImpl()), addr(lut.data_ptr()), version_of(lut),
+                  addr(lut.storage().unsafeGetStorageImpl()), (int64_t)w.numel()};
+}
+
+// The prepared tables for this call: cached, or built now (and cached where allowed).
+std::shared_ptr<Prepared> get_prepared(const Params& p, const at::Tensor& w, const at::Tensor& lut,
+                                       const ConvGeo& cg, bool need_table, cudaStream_t stream) {
+  if (!cache_enabled() || w.is_inference() || lut.is_inference())
+    return prepare(p, lut, cg, need_table, stream);
+  const bool cap = capturing();
+  const CacheKey key = cache_key(p, cg, w, lut);
+  {
+    std::lock_guard<std::mutex> lock(g_cache_mu);
+    for (auto it = g_cache.begin(); it != g_cache.end();) {
+      if (it->w_st.expired() || it->lut_st.expired()) {  // tensors gone: can never match again
+        it = g_cache.erase(it);
+        continue;
+      }
+      if (it->key == key && (it->prep->has_table || !need_table)) {
+        g_cache.splice(g_cache.begin(), g_cache, it);
+        std::shared_ptr<Prepared> pr = it->prep;
+        // The build finished before the entry was cached (its flags were read back), so other
+        // streams need no wait; they only must keep its memory from being reused under them.
+        if (cap) {
+          if (std::find(g_graph_held.begin(), g_graph_held.end(), pr) == g_graph_held.end())
+            g_graph_held.push_back(pr);
+        } else if (stream != pr->stream &&
+                   std::find(pr->users.begin(), pr->users.end(), stream) == pr->users.end()) {
+          c10::cuda::CUDACachingAllocator::recordStream(pr->buf.storage().data_ptr(),
+                                                        c10::cuda::getCurrentCUDAStream());
+          pr->users.push_back(stream);
+        }
+        return pr;
+      }
+      ++it;
+    }
+  }
+  std::shared_ptr<Prepared> pr = prepare(p, lut, cg, need_table, stream);
+  if (cap) return pr;  // built inside the graph: the graph owns it
+  // One wait per layer: with the format known on the host, kernels get shared memory sized for it.
+  int flags[kPrepBlocks];
+  C10_CUDA_CHECK(cudaMemcpyAsync(flags, pr->p.flags, sizeof(flags), cudaMemcpyDeviceToHost, stream));
+  C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+  bool f16 = true;
+  for (int f : flags) f16 = f16 && f != 0;
+  pr->fmt = f16 ? 1 : 2;
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  for (auto it = g_cache.begin(); it != g_cache.end(); ++it)
+    if (it->key == key) {
+      g_cache.erase(it);
+      break;
+    }
+  g_cache.push_front(CacheEntry{key, w.storage().getWeakStorageImpl(),
+                                lut.storage().getWeakStorageImpl(), pr});
+  int64_t bytes = 0;
+  size_t n = 0;
+  for (auto it = g_cache.begin(); it != g_cache.end();) {
+    bytes += it->prep->buf.numel();
+    if (++n > 1 && (bytes > kCacheBytes || n > kCacheEntries)) {
+      it = g_cache.erase(it);
+      continue;
+    }
+    ++it;
+  }
+  return pr;
 }
 
 template <typename Kern>
@@ -836,12 +1303,6 @@ int max_smem_optin() {
   return v;
 }
 
-int sm_count() {
-  int dev = 0, v = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&dev));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-  return v;
-}
 
 int64_t rowinfo_bytes(const Params& p, int Mb) { return p.conv ? (int64_t)Mb * kRowInfoBytes : 0; }
 
@@ -879,14 +1340,6 @@ void launch_direct(Params p, cudaStream_t stream) {
               " bytes of shared memory, the device allows ", I(max_smem_optin()));
   set_smem(direct_kernel, smem);
   direct_kernel<<<grid_for(p, Mb), kThreads, smem, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-void launch_build(const Params& p, cudaStream_t stream) {
-  const long long pairs = (long long)p.G * p.Kpad * 256 * p.NG * 4;
-  TORCH_CHECK(pairs < (1ll << 31), "approx expanded table too large");
-  const int blocks = static_cast<int>(std::min<long long>((pairs + 255) / 256, 16LL * sm_count()));
-  build_table_kernel<<<blocks, 256, 0, stream>>>(p, static_cast<int>(pairs));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -957,35 +1410,207 @@ void launch_exp_l2(const Params& p, cudaStream_t stream) {
   else launch_exp_l2_t<1>(p, stream);
 }
 
-// Runs one concrete algorithm (prep included).
-void run_algo(Algo algo, Params p, const at::Tensor& lut, const ConvGeo& cg, cudaStream_t stream) {
-  Workspace ws;
-  ws.p = p;
-  const bool table = algo != Algo::Direct;
-  prepare(ws, lut, cg, table, stream);
-  if (algo == Algo::Direct) {
-    launch_direct(ws.p, stream);
-    return;
-  }
-  launch_build(ws.p, stream);
-  if (algo == Algo::ExpandedResident) launch_exp_resident(ws.p, stream);
-  else if (algo == Algo::ExpandedSmem) launch_exp_smem(ws.p, stream);
-  else launch_exp_l2(ws.p, stream);
+// expanded_window: shared memory of the table chunks (int32 size unless the format is known to be
+// int16) plus the staged planes; 0 when the shape is not one it runs.
+int64_t window_smem(const Params& p, const ConvGeo& cg, int fmt) {
+  if (!p.conv || p.sh != 1 || p.sw != 1 || cg.dh != 1 || cg.dw != 1 || (cg.kw != 3 && cg.kw != 5) ||
+      p.NG > 65535)
+    return 0;
+  const int64_t tbuf = 2 * (int64_t)cg.kw * 256 * 16 * (fmt == 1 ? 1 : 2);
+  const int64_t bytes = tbuf + (int64_t)p.win_imgs * p.Cg * p.Hp * p.Wp;
+  return bytes <= max_smem_optin() ? bytes : 0;
 }
 
-int64_t table_bytes(const Params& p) { return (int64_t)p.G * p.Kpad * 256 * p.NG * 8 * 4; }
+void set_window_geometry(Params& p, const ConvGeo& cg) {
+  p.kh = cg.kh;
+  p.Ho = static_cast<int>(p.HoWo / p.Wo);
+  p.B = p.M / p.HoWo;
+  p.seg = (p.Wo + kWinRX - 1) / kWinRX;
+  p.Hp = p.H + 2 * p.ph;
+  const int nw = (kWinRX + cg.kw - 1 + 3) / 4;
+  p.Wp = static_cast<int>(round_up(std::max(p.W + 2 * p.pw, (p.seg - 1) * kWinRX + 4 * nw), 4));
+  const int64_t tpi = (int64_t)p.Ho * p.seg;
+  p.win_tasks = p.B * tpi;
+  p.win_imgs = static_cast<int>(std::min<int64_t>((kWinThreads - 1) / tpi + 2, 1 << 20));
+}
+
+template <int KW, int MODE>
+void launch_window_t(const Params& p, size_t smem, cudaStream_t stream) {
+  auto kern = window_kernel<KW, MODE>;
+  set_smem(kern, smem);
+  const int64_t bx = (p.win_tasks + kWinThreads - 1) / kWinThreads;
+  TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
+  kern<<<dim3(static_cast<unsigned>(bx), p.G, p.NG), kWinThreads, smem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <int MODE>
+void launch_window_m(const Params& p, const ConvGeo& cg, cudaStream_t stream) {
+  const size_t smem = window_smem(p, cg, MODE);
+  if (cg.kw == 3) launch_window_t<3, MODE>(p, smem, stream);
+  else launch_window_t<5, MODE>(p, smem, stream);
+}
+
+void launch_window(const Params& p, const ConvGeo& cg, int fmt, cudaStream_t stream) {
+  if (fmt == 1) launch_window_m<1>(p, cg, stream);
+  else if (fmt == 2) launch_window_m<2>(p, cg, stream);
+  else launch_window_m<0>(p, cg, stream);
+}
+
+bool rows_applies(const Params& p) { return !p.conv && p.NG <= 65535; }
+
+template <int R, int MODE>
+void launch_rows_t(const Params& p, int cs, cudaStream_t stream) {
+  const size_t smem = (size_t)kRowsChunkQ * 16 * 2;
+  auto kern = rows_kernel<R, MODE>;
+  set_smem(kern, smem);
+  const int64_t bx = (p.M + kRowsThreads * R - 1) / (kRowsThreads * R);
+  TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(bx), cs, p.NG);
+  cfg.blockDim = dim3(kRowsThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = cs;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = cs > 1 ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, p));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Clusters need sm_90 hardware and this kernel built for it (an sm_80-only build runs there too).
+bool clusters_ok(const void* kern) {
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, bool> known;
+  int dev = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find({dev, kern});
+  if (it != known.end()) return it->second;
+  int major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  cudaFuncAttributes fa{};
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
+  return known[{dev, kern}] = major >= 9 && fa.binaryVersion >= 90;
+}
+
+// Configurations of expanded_rows: R rows per thread x a cluster of `cs` blocks over the taps.
+struct RowsCfg {
+  int r = 0, cs = 0;  // 0: chosen by rows_default
+};
+
+int rows_max_cs(const Params& p, int fmt) {
+  const int nchunks = p.Kpad / (fmt == 1 ? 8 : 4);
+  const void* kern = fmt == 1 ? reinterpret_cast<const void*>(rows_kernel<1, 1>)
+                              : reinterpret_cast<const void*>(rows_kernel<1, 2>);
+  return clusters_ok(kern) ? std::min(8, std::max(1, nchunks)) : 1;
+}
+
+int64_t rows_blocks(const Params& p, int r, int cs) {
+  return (p.M + kRowsThreads * r - 1) / (kRowsThreads * r) * p.NG * cs;
+}
+
+// Without a timed trial: the tallest row tiles (fewest passes over the table) whose blocks still
+// make several waves (few blocks per wave leave SMs idle at the tail), splitting the taps over a
+// cluster where that is what it takes.
+RowsCfg rows_default(const Params& p, int fmt) {
+  const int max_cs = rows_max_cs(p, fmt);
+  for (int r : {4, 2, 1})
+    for (int cs = 1; cs <= max_cs; cs *= 2)
+      if (rows_blocks(p, r, cs) >= 6 * sm_count()) return RowsCfg{r, cs};
+  return RowsCfg{1, max_cs};
+}
+
+// Candidates for auto's trial: every configuration that fills the GPU at least once.
+std::vector<RowsCfg> rows_candidates(const Params& p, int fmt) {
+  std::vector<RowsCfg> out{rows_default(p, fmt)};
+  const int max_cs = rows_max_cs(p, fmt);
+  for (int r : {4, 3, 2, 1})
+    for (int cs = 1; cs <= max_cs; cs *= 2) {
+      const int64_t b = rows_blocks(p, r, cs);
+      const bool dup = r == out[0].r && cs == out[0].cs;
+      if (!dup && b >= sm_count() && b <= 64 * sm_count()) out.push_back(RowsCfg{r, cs});
+    }
+  return out;
+}
+
+template <int MODE>
+void launch_rows_m(const Params& p, RowsCfg c, cudaStream_t stream) {
+  if (c.r == 0) c = rows_default(p, MODE);
+  if (c.r == 4) launch_rows_t<4, MODE>(p, c.cs, stream);
+  else if (c.r == 3) launch_rows_t<3, MODE>(p, c.cs, stream);
+  else if (c.r == 2) launch_rows_t<2, MODE>(p, c.cs, stream);
+  else launch_rows_t<1, MODE>(p, c.cs, stream);
+}
+
+void launch_rows(const Params& p, int fmt, RowsCfg c, cudaStream_t stream) {
+  if (fmt == 1) launch_rows_m<1>(p, c, stream);
+  else if (fmt == 2) launch_rows_m<2>(p, c, stream);
+  else launch_rows_m<0>(p, c, stream);
+}
+
+// One candidate of auto: an algorithm and, for expanded_rows, its configuration.
+struct Choice {
+  Algo algo;
+  RowsCfg rows{};
+};
+
+// Also accepts "expanded_rows_r<R>_c<CS>": one configuration of expanded_rows (tests, tuning).
+Choice parse_choice(c10::string_view s, const char* op) {
+  const std::string name(s.data(), s.size()), pre = "expanded_rows_r";
+  if (name.rfind(pre, 0) == 0) {
+    int r = 0, cs = 0;
+    char tail = 0;
+    const bool ok = std::sscanf(name.c_str() + pre.size(), "%d_c%d%c", &r, &cs, &tail) == 2 &&
+                    r >= 1 && r <= 4 && cs >= 1 && cs <= 8;
+    TORCH_CHECK(ok, op, ": bad algo '", name, "': expanded_rows_r<1..4>_c<1..8>");
+    return Choice{Algo::ExpandedRows, RowsCfg{r, cs}};
+  }
+  return Choice{parse_algo(s, op)};
+}
+
+// Runs one concrete algorithm on prepared tables.
+void run_algo(Choice ch, Params p, const Prepared& pr, const ConvGeo& cg, cudaStream_t stream) {
+  p.flags = pr.p.flags;
+  p.E32 = pr.p.E32;
+  p.E16 = pr.p.E16;
+  p.kinfo = pr.p.kinfo;
+  p.T = pr.p.T;
+  switch (ch.algo) {
+    case Algo::Direct: launch_direct(p, stream); break;
+    case Algo::ExpandedResident: launch_exp_resident(p, stream); break;
+    case Algo::ExpandedSmem: launch_exp_smem(p, stream); break;
+    case Algo::ExpandedWindow: launch_window(p, cg, pr.fmt, stream); break;
+    case Algo::ExpandedRows: launch_rows(p, pr.fmt, ch.rows, stream); break;
+    default: launch_exp_l2(p, stream);
+  }
+}
 
 // Resolves "expanded" and rejects variants that cannot run this shape.
-Algo concrete(Algo algo, const Params& p, const char* op) {
+Algo concrete(Algo algo, const Params& p, const ConvGeo& cg, const char* op) {
   if (algo == Algo::Expanded)
-    algo = resident_applies(p) ? Algo::ExpandedResident
-                               : smem_applies(p) ? Algo::ExpandedSmem : Algo::ExpandedL2;
+    algo = window_smem(p, cg, 0)   ? Algo::ExpandedWindow
+           : rows_applies(p)       ? Algo::ExpandedRows
+           : resident_applies(p)   ? Algo::ExpandedResident
+           : smem_applies(p)       ? Algo::ExpandedSmem
+                                   : Algo::ExpandedL2;
   if (algo == Algo::ExpandedResident)
     TORCH_CHECK(resident_applies(p), op, ": algo 'expanded_resident' needs at most 8 output "
                 "channels per group and a table that fits shared memory; use 'expanded' or 'auto'");
   if (algo == Algo::ExpandedSmem)
     TORCH_CHECK(smem_applies(p), op, ": algo 'expanded_smem' needs at most 16 output channels per "
                 "group (got ", I(p.N), "); use 'expanded_l2' or 'auto'");
+  if (algo == Algo::ExpandedWindow)
+    TORCH_CHECK(window_smem(p, cg, 0) > 0, op, ": algo 'expanded_window' needs a conv with stride "
+                "1, dilation 1, a 3- or 5-wide kernel and a few input images that fit shared "
+                "memory; use 'expanded' or 'auto'");
+  if (algo == Algo::ExpandedRows)
+    TORCH_CHECK(rows_applies(p), op, ": algo 'expanded_rows' is for lut_linear; use 'expanded' "
+                "or 'auto'");
   if (algo != Algo::Direct)
     TORCH_CHECK(table_bytes(p) <= kTableBudget, op, ": the expanded table would take ",
                 I(table_bytes(p) >> 20), " MiB (budget ", I(kTableBudget >> 20),
@@ -1001,56 +1626,77 @@ ShapeKey shape_key(const char* op, const Params& p, const at::Tensor& a) {
 }
 
 std::mutex g_auto_mu;
-std::map<ShapeKey, Algo> g_auto_cache;
+std::map<ShapeKey, Choice> g_auto_cache;
 
-void run(Algo algo, Params p, const at::Tensor& a, const at::Tensor& lut, const ConvGeo& cg,
-         const char* op) {
+void run(Choice choice, Params p, const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
+         const ConvGeo& cg, const char* op) {
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (algo != Algo::Auto) {
-    run_algo(concrete(algo, p, op), p, lut, cg, stream);
+  if (p.conv) set_window_geometry(p, cg);
+  if (choice.algo != Algo::Auto) {
+    const Algo c = concrete(choice.algo, p, cg, op);
+    const auto pr = get_prepared(p, w, lut, cg, c != Algo::Direct, stream);
+    TORCH_CHECK(choice.rows.cs <= rows_max_cs(p, pr->fmt), op, ": a cluster of ",
+                I(choice.rows.cs), " blocks is more than this GPU, build or layer allows (",
+                I(rows_max_cs(p, pr->fmt)), ")");
+    run_algo(Choice{c, choice.rows}, p, *pr, cg, stream);
     return;
   }
-  std::vector<Algo> cands{Algo::Direct};
-  if (table_bytes(p) <= kTableBudget) {
-    if (resident_applies(p)) cands.push_back(Algo::ExpandedResident);
-    if (smem_applies(p)) cands.push_back(Algo::ExpandedSmem);
-    cands.push_back(Algo::ExpandedL2);
+  // Candidates, most promising first (the pick inside a graph capture, where nothing is timed).
+  const bool table = table_bytes(p) <= kTableBudget;
+  const std::shared_ptr<Prepared> pr = get_prepared(p, w, lut, cg, table, stream);
+  std::vector<Choice> cands{Choice{Algo::Direct}};
+  if (table) {
+    if (window_smem(p, cg, 0)) cands.push_back(Choice{Algo::ExpandedWindow});
+    if (rows_applies(p))
+      for (RowsCfg c : rows_candidates(p, pr->fmt)) cands.push_back(Choice{Algo::ExpandedRows, c});
+    if (resident_applies(p)) cands.push_back(Choice{Algo::ExpandedResident});
+    if (smem_applies(p)) cands.push_back(Choice{Algo::ExpandedSmem});
+    cands.push_back(Choice{Algo::ExpandedL2});
   }
   const ShapeKey key = shape_key(op, p, a);
   {
     std::lock_guard<std::mutex> lock(g_auto_mu);
     auto it = g_auto_cache.find(key);
     if (it != g_auto_cache.end()) {
-      run_algo(it->second, p, lut, cg, stream);
+      run_algo(it->second, p, *pr, cg, stream);
       return;
     }
   }
-  if (cands.size() == 1 || c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
+  if (cands.size() == 1 || capturing()) {
     // No timing inside a graph capture: the table pays off once rows outnumber codes by far.
-    const Algo h = (cands.size() > 1 && p.M >= 4096) ? cands[1] : Algo::Direct;
-    run_algo(h, p, lut, cg, stream);
+    const Choice h = (cands.size() > 1 && p.M >= 4096) ? cands[1] : cands[0];
+    run_algo(h, p, *pr, cg, stream);
     return;
   }
   // Timed trial: each candidate once to warm up (and to write the output), then the best of
-  // kTrialRuns timed runs (host clock around a synchronised run: launch costs count too, as they
-  // do for the caller). One timed run was noisy enough to pick a variant ~2-10 % slower.
+  // kTrialRuns timings with CUDA events of two back-to-back runs (the second launch queues behind
+  // the first, so the time is mostly the GPU's). Host-clock timing of single runs was noisy
+  // enough to pick a variant ~2-10 % slower.
   constexpr int kTrialRuns = 3;
-  Algo best = cands[0];
-  double best_s = 1e30;
-  for (Algo c : cands) {
-    run_algo(c, p, lut, cg, stream);
-    C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaEvent_t ev[2];
+  for (auto& e : ev) C10_CUDA_CHECK(cudaEventCreate(&e));
+  Choice best = cands[0];
+  float best_ms = 1e30f;
+  for (const Choice& c : cands) {
+    run_algo(c, p, *pr, cg, stream);
     for (int r = 0; r < kTrialRuns; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      run_algo(c, p, lut, cg, stream);
-      C10_CUDA_CHECK(cudaStreamSynchronize(stream));
-      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (dt < best_s) {
-        best_s = dt;
+      C10_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+      run_algo(c, p, *pr, cg, stream);
+      run_algo(c, p, *pr, cg, stream);
+      C10_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+      C10_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+      float ms = 0;
+      C10_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+      if (ms < best_ms) {
+        best_ms = ms;
         best = c;
       }
     }
   }
+  for (auto& e : ev) C10_CUDA_CHECK(cudaEventDestroy(e));
+  // The output must come from one run of the pick (every candidate computes the same sums, but
+  // a final run keeps the contract simple for the caller's stream).
+  run_algo(best, p, *pr, cg, stream);
   std::lock_guard<std::mutex> lock(g_auto_mu);
   g_auto_cache[key] = best;
 }
@@ -1071,7 +1717,7 @@ at::Tensor lut_linear_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
               D(a.sizes()), ", w ", D(w.sizes()));
   TORCH_CHECK(a.size(1) == w.size(1), "lut_linear: a has K=", I(a.size(1)),
               " columns but w has K=", I(w.size(1)));
-  const Algo algo = parse_algo(algo_name, "lut_linear");
+  const Choice algo = parse_choice(algo_name, "lut_linear");
   const c10::cuda::CUDAGuard guard(a.device());
   const int64_t M = a.size(0), K = a.size(1), N = w.size(0);
   TORCH_CHECK(K < (1ll << 30) && N < (1ll << 30), "lut_linear: K and N must be below 2^30");
@@ -1088,7 +1734,7 @@ at::Tensor lut_linear_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
   p.Kpad = static_cast<int>(round_up(K, kKAlign));
   p.conv = 0;
   p.vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(p.a) % 8 == 0);
-  run(algo, p, a, lut, ConvGeo{}, "lut_linear");
+  run(algo, p, a, w, lut, ConvGeo{}, "lut_linear");
   return out;
 }
 
@@ -1130,7 +1776,7 @@ at::Tensor lut_conv2d_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
               "below 2^31 codes, its height, width, padding and dilated kernel below 32768)");
   TORCH_CHECK(groups <= 65535, "lut_conv2d: at most 65535 groups on CUDA, got ", I(groups));
   const c10::cuda::CUDAGuard guard(a.device());
-  const Algo algo = parse_algo(algo_name, "lut_conv2d");
+  const Choice algo = parse_choice(algo_name, "lut_conv2d");
   at::Tensor out = at::empty({B, N, Ho, Wo}, a.options().dtype(at::kInt));
   if (out.numel() == 0) return out;
   if (K == 0) return out.zero_();
@@ -1161,7 +1807,7 @@ at::Tensor lut_conv2d_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
   cg.kw = static_cast<int>(kw);
   cg.dh = static_cast<int>(dh);
   cg.dw = static_cast<int>(dw);
-  run(algo, p, a, lut, cg, "lut_conv2d");
+  run(algo, p, a, w, lut, cg, "lut_conv2d");
   return out;
 }
 

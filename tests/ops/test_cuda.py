@@ -191,17 +191,20 @@ def test_every_rows_configuration(shape, lutkind):
     # clusters split the taps' chunks (8 int16 or 4 int32 taps): no more blocks than chunks
     chunks = (k + 7) // 8 * 8 // (8 if lutkind == "int16" else 4)
     major = torch.cuda.get_device_capability()[0]
-    for r in (1, 2, 3, 4):
-        for cs in (1, 2, 3, 8):
-            algo = f"expanded_rows_r{r}_c{cs}"
-            if cs > 1 and (major < 9 or cs > chunks):
-                with pytest.raises(RuntimeError, match="cluster"):
-                    ops.lut_linear(ad, wd, ld, algo)
-                continue
-            got = poisoned_call(lambda: ops.lut_linear(ad, wd, ld, algo), (m, n))
-            check_equal(got, want, f"{shape} {lutkind} {algo}")
+    configs = [(r, cs, "") for r in (1, 2, 3, 4) for cs in (1, 2, 3, 8)]
+    configs += [(r, cs, "_t512") for r in (2, 4) for cs in (1, 2)]
+    for r, cs, th in configs:
+        algo = f"expanded_rows_r{r}_c{cs}{th}"
+        if cs > 1 and (major < 9 or cs > chunks):
+            with pytest.raises(RuntimeError, match="cluster"):
+                ops.lut_linear(ad, wd, ld, algo)
+            continue
+        got = poisoned_call(lambda: ops.lut_linear(ad, wd, ld, algo), (m, n))
+        check_equal(got, want, f"{shape} {lutkind} {algo}")
     with pytest.raises(RuntimeError, match="bad algo"):
         ops.lut_linear(ad, wd, ld, "expanded_rows_r5_c1")
+    with pytest.raises(RuntimeError, match="bad algo"):
+        ops.lut_linear(ad, wd, ld, "expanded_rows_r1_c1_t512")
 
 
 def test_poison_reaches_output():

@@ -48,6 +48,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -693,7 +694,7 @@ __device__ __forceinline__ void store8(int32_t* o, long long stride, int n0, int
     if (n0 + j < nlim) o[j * stride] = static_cast<int32_t>(v[j]);
 }
 
-// expanded_rows (linear): block = kRowsThreads * R rows x one 8-channel group x one slice of the
+// expanded_rows (linear): block = TH threads * R rows x one 8-channel group x one slice of the
 // taps. Each thread keeps its R rows' codes for a chunk of taps in registers (one load per row,
 // the next chunk's loaded while this one is summed); the group's table streams through shared
 // memory in 32 KiB chunks (8 int16 taps or 4 int32 taps; cp.async, double-buffered, one barrier
@@ -702,15 +703,22 @@ __device__ __forceinline__ void store8(int32_t* o, long long stride, int n0, int
 // instead, which allows 4x taller row tiles at the same parallelism; the blocks' partial sums
 // (exact in int32) are added through distributed shared memory. Padded taps are summed too:
 // their rows hold zero products, and the int16 offset counts them.
-constexpr int kRowsThreads = 256;
 constexpr int kRowsChunkQ = 2048;  // int4 per chunk (32 KiB)
 
-template <typename TT, int R>
+// Table chunks in flight: three where a block has the SM's shared memory to itself or shares it
+// with one other (blocks that run alone wait on every chunk's L2 latency with two), else two.
+template <int TH, int R>
+__host__ __device__ constexpr int rows_stages() {
+  return TH == 256 && R <= 2 ? 2 : 3;
+}
+
+template <typename TT, int TH, int R>
 __device__ __forceinline__ void rows_body(const Params& p, uint8_t* smem) {
+  constexpr int S = rows_stages<TH, R>();
   constexpr int VPR = sizeof(TT) == 2 ? 1 : 2;
   constexpr int CQ = kRowsChunkQ, KC = CQ / (256 * VPR);
   const int tid = threadIdx.x, ng = blockIdx.z, ks = blockIdx.y, cs = gridDim.y;
-  const long long m0 = (long long)blockIdx.x * (kRowsThreads * R);
+  const long long m0 = (long long)blockIdx.x * (TH * R);
   const int4* Tg = static_cast<const int4*>(p.T) + (long long)ng * p.Kpad * 256 * VPR;
   int4* buf = reinterpret_cast<int4*>(smem);
   const int nchunks = p.Kpad / KC;
@@ -718,16 +726,15 @@ __device__ __forceinline__ void rows_body(const Params& p, uint8_t* smem) {
   const int ce = static_cast<int>((long long)nchunks * (ks + 1) / cs);
   auto copy_chunk = [&](int c) {
     const int4* src = Tg + (long long)c * CQ;
-    int4* dst = buf + ((c - cb) & 1) * CQ;
+    int4* dst = buf + ((c - cb) % S) * CQ;
 #pragma unroll 4
-    for (int q = tid; q < CQ; q += kRowsThreads) cp_async16(dst + q, src + q);
-    cp_async_commit();
+    for (int q = tid; q < CQ; q += TH) cp_async16(dst + q, src + q);
   };
   const uint64_t xm = 0x0101010101010101ull * p.xmask;
   const uint8_t* rowp[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) {
-    const long long m = m0 + tid + kRowsThreads * i;
+    const long long m = m0 + tid + TH * i;
     rowp[i] = p.a + (m < p.M ? m : 0) * p.K;  // rows past M read row 0 and store nothing
   }
   auto load_codes = [&](int c, uint64_t (&cw)[R]) {
@@ -753,18 +760,21 @@ __device__ __forceinline__ void rows_body(const Params& p, uint8_t* smem) {
   uint64_t cur[R], nxt[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) nxt[i] = 0;
-  if (cb < ce) {
-    copy_chunk(cb);
-    load_codes(cb, cur);
+  // One commit group per chunk slot, empty past the last chunk, so that "all but S - 2 groups
+  // done" always means "chunk c is in".
+#pragma unroll
+  for (int j = 0; j < S - 1; ++j) {
+    if (cb + j < ce) copy_chunk(cb + j);
+    cp_async_commit();
   }
+  if (cb < ce) load_codes(cb, cur);
   for (int c = cb; c < ce; ++c) {
-    cp_async_wait<0>();
-    __syncthreads();  // chunk c is in; every thread is done with chunk c - 1, whose buffer is next
-    if (c + 1 < ce) {
-      copy_chunk(c + 1);
-      load_codes(c + 1, nxt);
-    }
-    const int4* tb = buf + ((c - cb) & 1) * CQ;
+    cp_async_wait<S - 2>();
+    __syncthreads();  // chunk c is in; every thread is done with chunk c - 1, whose slot is next
+    if (c + S - 1 < ce) copy_chunk(c + S - 1);
+    cp_async_commit();
+    if (c + 1 < ce) load_codes(c + 1, nxt);
+    const int4* tb = buf + ((c - cb) % S) * CQ;
 #pragma unroll
     for (int kk = 0; kk < KC; ++kk)
 #pragma unroll
@@ -780,7 +790,7 @@ __device__ __forceinline__ void rows_body(const Params& p, uint8_t* smem) {
     const bool vec = (p.N & 3) == 0;
 #pragma unroll
     for (int i = 0; i < R; ++i) {
-      const long long m = m0 + tid + kRowsThreads * i;
+      const long long m = m0 + tid + TH * i;
       if (m >= p.M) continue;
       uint32_t v[8];
       finish_row<TT>(s[i], h[i], taps, v);
@@ -789,28 +799,29 @@ __device__ __forceinline__ void rows_body(const Params& p, uint8_t* smem) {
     return;
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Partials [R][kRowsThreads][8] in this block's shared memory (the table buffers are free once
+  // Partials [R][TH][8] in this block's shared memory (the table buffers are free once
   // every thread passed the last chunk); block `ks` of the cluster sums its share of them all.
+  cp_async_wait<0>();  // only empty groups can be left, but drain them before reusing the buffers
   __syncthreads();
   uint32_t* part = reinterpret_cast<uint32_t*>(smem);
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     uint32_t v[8];
     finish_row<TT>(s[i], h[i], taps, v);
-    uint4* d = reinterpret_cast<uint4*>(part + (i * kRowsThreads + tid) * 8);
+    uint4* d = reinterpret_cast<uint4*>(part + (i * TH + tid) * 8);
     d[0] = make_uint4(v[0], v[1], v[2], v[3]);
     d[1] = make_uint4(v[4], v[5], v[6], v[7]);
   }
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
-  constexpr int P = R * kRowsThreads * 8;
+  constexpr int P = R * TH * 8;
   const int lo = P * ks / cs, hi = P * (ks + 1) / cs;
-  for (int f = lo + tid; f < hi; f += kRowsThreads) {
+  for (int f = lo + tid; f < hi; f += TH) {
     uint32_t sum = 0;
     for (int r = 0; r < cs; ++r) sum += cluster.map_shared_rank(part, r)[f];
-    const int i = f / (kRowsThreads * 8), t = (f >> 3) & (kRowsThreads - 1), j = f & 7;
-    const long long m = m0 + t + kRowsThreads * i;
+    const int i = f / (TH * 8), t = (f >> 3) & (TH - 1), j = f & 7;
+    const long long m = m0 + t + TH * i;
     const int n = ng * 8 + j;
     if (m < p.M && n < p.N) p.out[m * p.N + n] = static_cast<int32_t>(sum);
   }
@@ -818,13 +829,14 @@ __device__ __forceinline__ void rows_body(const Params& p, uint8_t* smem) {
 #endif
 }
 
-template <int R, int MODE>
-__global__ void __launch_bounds__(kRowsThreads, 3) rows_kernel(Params p) {
+// Blocks per SM: 256 threads, R <= 2: three (80 registers); R > 2: two; 512 threads: two or one.
+template <int TH, int R, int MODE>
+__global__ void __launch_bounds__(TH, TH == 256 ? (R <= 2 ? 3 : 2) : (R <= 2 ? 2 : 1)) rows_kernel(Params p) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))
-    rows_body<int16_t, R>(p, smem);
+    rows_body<int16_t, TH, R>(p, smem);
   else
-    rows_body<int32_t, R>(p, smem);
+    rows_body<int32_t, TH, R>(p, smem);
 }
 
 // expanded_window (conv, stride 1, dilation 1): a thread computes kWinRX neighbouring outputs of
@@ -1459,16 +1471,16 @@ void launch_window(const Params& p, const ConvGeo& cg, int fmt, cudaStream_t str
 
 bool rows_applies(const Params& p) { return !p.conv && p.NG <= 65535; }
 
-template <int R, int MODE>
+template <int TH, int R, int MODE>
 void launch_rows_t(const Params& p, int cs, cudaStream_t stream) {
-  const size_t smem = (size_t)kRowsChunkQ * 16 * 2;
-  auto kern = rows_kernel<R, MODE>;
+  const size_t smem = (size_t)kRowsChunkQ * 16 * rows_stages<TH, R>();
+  auto kern = rows_kernel<TH, R, MODE>;
   set_smem(kern, smem);
-  const int64_t bx = (p.M + kRowsThreads * R - 1) / (kRowsThreads * R);
+  const int64_t bx = (p.M + TH * R - 1) / (TH * R);
   TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(bx), cs, p.NG);
-  cfg.blockDim = dim3(kRowsThreads);
+  cfg.blockDim = dim3(TH);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -1500,18 +1512,18 @@ bool clusters_ok(const void* kern) {
 
 // Configurations of expanded_rows: R rows per thread x a cluster of `cs` blocks over the taps.
 struct RowsCfg {
-  int r = 0, cs = 0;  // 0: chosen by rows_default
+  int r = 0, cs = 0, th = 256;  // r = 0: chosen by rows_default
 };
 
 int rows_max_cs(const Params& p, int fmt) {
   const int nchunks = p.Kpad / (fmt == 1 ? 8 : 4);
-  const void* kern = fmt == 1 ? reinterpret_cast<const void*>(rows_kernel<1, 1>)
-                              : reinterpret_cast<const void*>(rows_kernel<1, 2>);
+  const void* kern = fmt == 1 ? reinterpret_cast<const void*>(rows_kernel<256, 1, 1>)
+                              : reinterpret_cast<const void*>(rows_kernel<256, 1, 2>);
   return clusters_ok(kern) ? std::min(8, std::max(1, nchunks)) : 1;
 }
 
-int64_t rows_blocks(const Params& p, int r, int cs) {
-  return (p.M + kRowsThreads * r - 1) / (kRowsThreads * r) * p.NG * cs;
+int64_t rows_blocks(const Params& p, int r, int cs, int th = 256) {
+  return (p.M + th * r - 1) / (th * r) * p.NG * cs;
 }
 
 // Without a timed trial: the tallest row tiles (fewest passes over the table) whose blocks still
@@ -1534,6 +1546,10 @@ std::vector<RowsCfg> rows_candidates(const Params& p, int fmt) {
       const int64_t b = rows_blocks(p, r, cs);
       const bool dup = r == out[0].r && cs == out[0].cs;
       if (!dup && b >= sm_count() && b <= 64 * sm_count()) out.push_back(RowsCfg{r, cs});
+      // 512-thread blocks: twice the rows per pass over the table, one block per SM
+      if ((r == 2 || r == 4) && rows_blocks(p, r, cs, 512) >= sm_count() &&
+          rows_blocks(p, r, cs, 512) <= 32 * sm_count())
+        out.push_back(RowsCfg{r, cs, 512});
     }
   return out;
 }
@@ -1541,10 +1557,12 @@ std::vector<RowsCfg> rows_candidates(const Params& p, int fmt) {
 template <int MODE>
 void launch_rows_m(const Params& p, RowsCfg c, cudaStream_t stream) {
   if (c.r == 0) c = rows_default(p, MODE);
-  if (c.r == 4) launch_rows_t<4, MODE>(p, c.cs, stream);
-  else if (c.r == 3) launch_rows_t<3, MODE>(p, c.cs, stream);
-  else if (c.r == 2) launch_rows_t<2, MODE>(p, c.cs, stream);
-  else launch_rows_t<1, MODE>(p, c.cs, stream);
+  if (c.th == 512 && c.r == 4) launch_rows_t<512, 4, MODE>(p, c.cs, stream);
+  else if (c.th == 512) launch_rows_t<512, 2, MODE>(p, c.cs, stream);
+  else if (c.r == 4) launch_rows_t<256, 4, MODE>(p, c.cs, stream);
+  else if (c.r == 3) launch_rows_t<256, 3, MODE>(p, c.cs, stream);
+  else if (c.r == 2) launch_rows_t<256, 2, MODE>(p, c.cs, stream);
+  else launch_rows_t<256, 1, MODE>(p, c.cs, stream);
 }
 
 void launch_rows(const Params& p, int fmt, RowsCfg c, cudaStream_t stream) {
@@ -1559,16 +1577,20 @@ struct Choice {
   RowsCfg rows{};
 };
 
-// Also accepts "expanded_rows_r<R>_c<CS>": one configuration of expanded_rows (tests, tuning).
+// Also accepts "expanded_rows_r<R>_c<CS>[_t512]": one configuration of expanded_rows (tests,
+// tuning): R rows per thread, a cluster of CS blocks, 256 (or 512) threads per block.
 Choice parse_choice(c10::string_view s, const char* op) {
   const std::string name(s.data(), s.size()), pre = "expanded_rows_r";
   if (name.rfind(pre, 0) == 0) {
-    int r = 0, cs = 0;
-    char tail = 0;
-    const bool ok = std::sscanf(name.c_str() + pre.size(), "%d_c%d%c", &r, &cs, &tail) == 2 &&
-                    r >= 1 && r <= 4 && cs >= 1 && cs <= 8;
-    TORCH_CHECK(ok, op, ": bad algo '", name, "': expanded_rows_r<1..4>_c<1..8>");
-    return Choice{Algo::ExpandedRows, RowsCfg{r, cs}};
+    int r = 0, cs = 0, th = 256, n = 0;
+    const char* rest = name.c_str() + pre.size();
+    bool ok = std::sscanf(rest, "%d_c%d%n", &r, &cs, &n) == 2;
+    if (ok && rest[n] != 0) ok = std::strcmp(rest + n, "_t512") == 0 && (r == 2 || r == 4);
+    if (ok && rest[n] != 0) th = 512;
+    ok = ok && r >= 1 && r <= 4 && cs >= 1 && cs <= 8;
+    TORCH_CHECK(ok, op, ": bad algo '", name, "': expanded_rows_r<1..4>_c<1..8>[_t512] (512 "
+                "threads: r 2 or 4)");
+    return Choice{Algo::ExpandedRows, RowsCfg{r, cs, th}};
   }
   return Choice{parse_algo(s, op)};
 }

@@ -193,6 +193,8 @@ def test_every_rows_configuration(shape, lutkind):
     major = torch.cuda.get_device_capability()[0]
     configs = [(r, cs, "") for r in (1, 2, 3, 4) for cs in (1, 2, 3, 8)]
     configs += [(r, cs, "_t512") for r in (2, 4) for cs in (1, 2)]
+    # shorter row tiles than threads x R (balanced waves): the tail rows of each block idle
+    configs += [(2, 1, "_m100"), (4, 2, "_t512_m333"), (1, 1, "_m1"), (3, 8, "_m700")]
     for r, cs, th in configs:
         algo = f"expanded_rows_r{r}_c{cs}{th}"
         if cs > 1 and (major < 9 or cs > chunks):
@@ -203,8 +205,10 @@ def test_every_rows_configuration(shape, lutkind):
         check_equal(got, want, f"{shape} {lutkind} {algo}")
     with pytest.raises(RuntimeError, match="bad algo"):
         ops.lut_linear(ad, wd, ld, "expanded_rows_r5_c1")
-    with pytest.raises(RuntimeError, match="bad algo"):
-        ops.lut_linear(ad, wd, ld, "expanded_rows_r1_c1_t512")
+    for bad in ("expanded_rows_r1_c1_t512", "expanded_rows_r2_c1_m513", "expanded_rows_r2_c1_m0",
+                "expanded_rows_r2_c1_mx"):
+        with pytest.raises(RuntimeError, match="bad algo"):
+            ops.lut_linear(ad, wd, ld, bad)
 
 
 def test_poison_reaches_output():

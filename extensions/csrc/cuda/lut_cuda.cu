@@ -102,6 +102,7 @@ struct Params {
   // expanded_window (stride 1, dilation 1): task = (image, output row, segment of kWinRX columns)
   long long B, win_tasks;
   int Ho, kh, Hp, Wp, seg, win_imgs;  // Hp x Wp: a padded input plane as staged in shared memory
+  int rows_mb;  // expanded_rows: rows per block (<= threads x R; fewer balance the waves)
 };
 
 // Image and pixel of row m0 + lr, from the tile's first image b0 and offset r0 = m0 - b0 * HoWo.
@@ -718,7 +719,8 @@ __device__ __forceinline__ void rows_body(const Params& p, uint8_t* smem) {
   constexpr int VPR = sizeof(TT) == 2 ? 1 : 2;
   constexpr int CQ = kRowsChunkQ, KC = CQ / (256 * VPR);
   const int tid = threadIdx.x, ng = blockIdx.z, ks = blockIdx.y, cs = gridDim.y;
-  const long long m0 = (long long)blockIdx.x * (TH * R);
+  const long long m0 = (long long)blockIdx.x * p.rows_mb;
+  const long long mlim = min(p.M, m0 + p.rows_mb);
   const int4* Tg = static_cast<const int4*>(p.T) + (long long)ng * p.Kpad * 256 * VPR;
   int4* buf = reinterpret_cast<int4*>(smem);
   const int nchunks = p.Kpad / KC;
@@ -732,10 +734,12 @@ __device__ __forceinline__ void rows_body(const Params& p, uint8_t* smem) {
   };
   const uint64_t xm = 0x0101010101010101ull * p.xmask;
   const uint8_t* rowp[R];
+  bool live[R];  // rows past the block's tile are skipped (whole warps, but for one)
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     const long long m = m0 + tid + TH * i;
-    rowp[i] = p.a + (m < p.M ? m : 0) * p.K;  // rows past M read row 0 and store nothing
+    live[i] = m < mlim;
+    rowp[i] = p.a + (live[i] ? m : 0) * p.K;
   }
   auto load_codes = [&](int c, uint64_t (&cw)[R]) {
     const int k0 = c * KC;
@@ -779,6 +783,7 @@ __device__ __forceinline__ void rows_body(const Params& p, uint8_t* smem) {
     for (int kk = 0; kk < KC; ++kk)
 #pragma unroll
       for (int i = 0; i < R; ++i) {
+        if (!live[i]) continue;
         const int idx = static_cast<int>((cur[i] >> (8 * kk)) & 255);
         add_row<TT>(tb + (kk * 256 + idx) * VPR, s[i], h[i]);
       }
@@ -791,7 +796,7 @@ __device__ __forceinline__ void rows_body(const Params& p, uint8_t* smem) {
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       const long long m = m0 + tid + TH * i;
-      if (m >= p.M) continue;
+      if (m >= mlim) continue;
       uint32_t v[8];
       finish_row<TT>(s[i], h[i], taps, v);
       store8(p.out + m * p.N + ng * 8, 1, ng * 8, p.N, vec, v);
@@ -823,7 +828,7 @@ __device__ __forceinline__ void rows_body(const Params& p, uint8_t* smem) {
     const int i = f / (TH * 8), t = (f >> 3) & (TH - 1), j = f & 7;
     const long long m = m0 + t + TH * i;
     const int n = ng * 8 + j;
-    if (m < p.M && n < p.N) p.out[m * p.N + n] = static_cast<int32_t>(sum);
+    if (m < mlim && n < p.N) p.out[m * p.N + n] = static_cast<int32_t>(sum);
   }
   cluster.sync();  // no block leaves while another still reads its shared memory
 #endif
@@ -1476,7 +1481,7 @@ void launch_rows_t(const Params& p, int cs, cudaStream_t stream) {
   const size_t smem = (size_t)kRowsChunkQ * 16 * rows_stages<TH, R>();
   auto kern = rows_kernel<TH, R, MODE>;
   set_smem(kern, smem);
-  const int64_t bx = (p.M + TH * R - 1) / (TH * R);
+  const int64_t bx = (p.M + p.rows_mb - 1) / p.rows_mb;
   TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(bx), cs, p.NG);
@@ -1513,7 +1518,11 @@ bool clusters_ok(const void* kern) {
 // Configurations of expanded_rows: R rows per thread x a cluster of `cs` blocks over the taps.
 struct RowsCfg {
   int r = 0, cs = 0, th = 256;  // r = 0: chosen by rows_default
+  int mb = 0;                   // rows per block; 0: th * r
 };
+
+// Blocks of one configuration an SM holds (registers and shared memory, see rows_kernel).
+int rows_blocks_per_sm(int th, int r) { return th == 256 ? (r <= 2 ? 3 : 2) : (r <= 2 ? 2 : 1); }
 
 int rows_max_cs(const Params& p, int fmt) {
   const int nchunks = p.Kpad / (fmt == 1 ? 8 : 4);
@@ -1522,19 +1531,39 @@ int rows_max_cs(const Params& p, int fmt) {
   return clusters_ok(kern) ? std::min(8, std::max(1, nchunks)) : 1;
 }
 
-int64_t rows_blocks(const Params& p, int r, int cs, int th = 256) {
-  return (p.M + th * r - 1) / (th * r) * p.NG * cs;
+int64_t rows_blocks(const Params& p, int r, int cs, int th = 256, int mb = 0) {
+  if (mb == 0) mb = th * r;
+  return (p.M + mb - 1) / mb * p.NG * cs;
 }
 
-// Without a timed trial: the tallest row tiles (fewest passes over the table) whose blocks still
-// make several waves (few blocks per wave leave SMs idle at the tail), splitting the taps over a
-// cluster where that is what it takes.
+// The same configuration with shorter row tiles, so that every SM gets the same number of blocks
+// (e.g. fc2 at batch 10,000: 220 blocks of 512 rows leave 88 SMs with two and 44 with one; 264
+// blocks of 417 rows give every SM two): `per_sm` blocks per SM, 0 = the fewest that hold all
+// of the full tiles' blocks. Returns 0 where that changes nothing.
+int rows_balanced_mb(const Params& p, const RowsCfg& c, int per_sm = 0) {
+  const int64_t sms = sm_count();
+  const int64_t full = rows_blocks(p, c.r, c.cs, c.th);
+  if (per_sm == 0) per_sm = static_cast<int>((full + sms - 1) / sms);
+  const int64_t tiles = per_sm * sms / ((int64_t)p.NG * c.cs);
+  if (tiles <= 0) return 0;
+  const int64_t mb = (p.M + tiles - 1) / tiles;
+  return mb < c.th * c.r && rows_blocks(p, c.r, c.cs, c.th, static_cast<int>(mb)) <= per_sm * sms
+             ? static_cast<int>(mb) : 0;
+}
+
+// Without a timed trial (explicit expanded_rows, graph capture): two rows per thread, the
+// smallest cluster that gives every SM a block, row tiles balanced over the SMs. On the H100 this
+// is the fastest or within 3 % of it for the LeNet-5 fc layers (benchmarks/CUDA.md).
 RowsCfg rows_default(const Params& p, int fmt) {
   const int max_cs = rows_max_cs(p, fmt);
-  for (int r : {4, 2, 1})
-    for (int cs = 1; cs <= max_cs; cs *= 2)
-      if (rows_blocks(p, r, cs) >= 6 * sm_count()) return RowsCfg{r, cs};
-  return RowsCfg{1, max_cs};
+  RowsCfg c{1, max_cs};
+  for (int cs = 1; cs <= max_cs; cs *= 2)
+    if (rows_blocks(p, 2, cs) >= sm_count()) {
+      c = RowsCfg{2, cs};
+      break;
+    }
+  c.mb = rows_balanced_mb(p, c);
+  return c;
 }
 
 // Candidates for auto's trial: every configuration that fills the GPU at least once.
@@ -1546,23 +1575,43 @@ std::vector<RowsCfg> rows_candidates(const Params& p, int fmt) {
       const int64_t b = rows_blocks(p, r, cs);
       const bool dup = r == out[0].r && cs == out[0].cs;
       if (!dup && b >= sm_count() && b <= 64 * sm_count()) out.push_back(RowsCfg{r, cs});
-      // 512-thread blocks: twice the rows per pass over the table, one block per SM
+      // 512-thread blocks: twice the rows per pass over the table
       if ((r == 2 || r == 4) && rows_blocks(p, r, cs, 512) >= sm_count() &&
           rows_blocks(p, r, cs, 512) <= 32 * sm_count())
         out.push_back(RowsCfg{r, cs, 512});
     }
+  const size_t n = out.size();
+  for (size_t i = 0; i < n; ++i) {
+    RowsCfg c = out[i];
+    const int a = rows_balanced_mb(p, c), b = rows_balanced_mb(p, c, rows_blocks_per_sm(c.th, c.r));
+    for (int mb : {a, b})
+      if (mb > 0) {
+        c.mb = mb;
+        if (std::none_of(out.begin(), out.end(), [&](const RowsCfg& o) {
+              return o.r == c.r && o.cs == c.cs && o.th == c.th && o.mb == c.mb;
+            }))
+          out.push_back(c);
+      }
+  }
   return out;
 }
 
 template <int MODE>
-void launch_rows_m(const Params& p, RowsCfg c, cudaStream_t stream) {
-  if (c.r == 0) c = rows_default(p, MODE);
+void launch_rows_cfg(const Params& p, const RowsCfg& c, cudaStream_t stream) {
   if (c.th == 512 && c.r == 4) launch_rows_t<512, 4, MODE>(p, c.cs, stream);
   else if (c.th == 512) launch_rows_t<512, 2, MODE>(p, c.cs, stream);
   else if (c.r == 4) launch_rows_t<256, 4, MODE>(p, c.cs, stream);
   else if (c.r == 3) launch_rows_t<256, 3, MODE>(p, c.cs, stream);
   else if (c.r == 2) launch_rows_t<256, 2, MODE>(p, c.cs, stream);
   else launch_rows_t<256, 1, MODE>(p, c.cs, stream);
+}
+
+template <int MODE>
+void launch_rows_m(const Params& p, RowsCfg c, cudaStream_t stream) {
+  if (c.r == 0) c = rows_default(p, MODE);
+  Params q = p;
+  q.rows_mb = c.mb > 0 ? c.mb : c.th * c.r;
+  launch_rows_cfg<MODE>(q, c, stream);
 }
 
 void launch_rows(const Params& p, int fmt, RowsCfg c, cudaStream_t stream) {
@@ -1577,20 +1626,26 @@ struct Choice {
   RowsCfg rows{};
 };
 
-// Also accepts "expanded_rows_r<R>_c<CS>[_t512]": one configuration of expanded_rows (tests,
-// tuning): R rows per thread, a cluster of CS blocks, 256 (or 512) threads per block.
+// Also accepts "expanded_rows_r<R>_c<CS>[_t512][_m<rows>]": one configuration of expanded_rows
+// (tests, tuning): R rows per thread, a cluster of CS blocks, 256 (or 512) threads per block,
+// and optionally fewer rows per block than threads x R.
 Choice parse_choice(c10::string_view s, const char* op) {
   const std::string name(s.data(), s.size()), pre = "expanded_rows_r";
   if (name.rfind(pre, 0) == 0) {
-    int r = 0, cs = 0, th = 256, n = 0;
+    int r = 0, cs = 0, th = 256, mb = 0, n = 0, n2 = 0;
     const char* rest = name.c_str() + pre.size();
     bool ok = std::sscanf(rest, "%d_c%d%n", &r, &cs, &n) == 2;
-    if (ok && rest[n] != 0) ok = std::strcmp(rest + n, "_t512") == 0 && (r == 2 || r == 4);
-    if (ok && rest[n] != 0) th = 512;
-    ok = ok && r >= 1 && r <= 4 && cs >= 1 && cs <= 8;
-    TORCH_CHECK(ok, op, ": bad algo '", name, "': expanded_rows_r<1..4>_c<1..8>[_t512] (512 "
-                "threads: r 2 or 4)");
-    return Choice{Algo::ExpandedRows, RowsCfg{r, cs, th}};
+    if (ok && std::strncmp(rest + n, "_t512", 5) == 0) {
+      th = 512;
+      n += 5;
+      ok = r == 2 || r == 4;
+    }
+    if (ok && rest[n] != 0)
+      ok = std::sscanf(rest + n, "_m%d%n", &mb, &n2) == 1 && rest[n + n2] == 0 && mb >= 1;
+    ok = ok && r >= 1 && r <= 4 && cs >= 1 && cs <= 8 && mb <= th * r;
+    TORCH_CHECK(ok, op, ": bad algo '", name, "': expanded_rows_r<1..4>_c<1..8>[_t512][_m<rows>] "
+                "(512 threads: r 2 or 4; rows per block at most threads x r)");
+    return Choice{Algo::ExpandedRows, RowsCfg{r, cs, th, mb}};
   }
   return Choice{parse_algo(s, op)};
 }

@@ -27,3 +27,14 @@ def test_bench_command_writes_tables(tmp_path):
 def test_bench_rejects_unknown_backend(tmp_path):
     out = run_cli("bench", "bench.backends=[fpga]", f"paths.results={tmp_path}/r")
     assert out.returncode == 2 and "fpga" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_cuda_workspace_is_prep_plus_expanded_table():
+    from runner.bench import cuda_workspace_bytes
+    prep = 256 + 256 * 256 * 6
+    assert cuda_workspace_bytes("linear", (120, 256), "direct") == -(-prep // 256) * 256
+    # fc1: 256 taps x 256 codes x 120 channels (already a multiple of 8) x 4 bytes
+    assert cuda_workspace_bytes("linear", (120, 256), "expanded_rows") == -(-prep // 256) * 256 + 256 * 256 * 120 * 4
+    # conv1: 25 taps padded to 32, 6 channels padded to 8, plus the tap table
+    conv_prep = -(-(prep + 32 * 16) // 256) * 256
+    assert cuda_workspace_bytes("conv", (6, 1, 5, 5), "expanded_window") == conv_prep + 32 * 256 * 8 * 4

@@ -24,6 +24,15 @@ def to(dev, *ts):
     return [t.to(dev) for t in ts]
 
 
+def assert_prints_ok(code, **env):
+    """Runs `code` in a fresh Python (from the repo root, with extra environment) and checks
+    that it exits cleanly after printing 'ok'."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                         env={**os.environ, **env}, timeout=300)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+
+
 @pytest.mark.parametrize("backend,device", backend_params())
 @pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("signed", SIGNS)
@@ -139,10 +148,7 @@ def test_cpu_isa_variants(isa):
         "            assert torch.equal(got, want), (signed, lk, algo)\n"
         "print('ok')\n"
     )
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
-                         env={**os.environ, "APPROX_RUN_CPU_ISA": isa}, timeout=300)
-    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+    assert_prints_ok(code, APPROX_RUN_CPU_ISA=isa)
 
 
 def test_python_backend_and_errors(gen):
@@ -177,7 +183,4 @@ def test_without_extension():
         "    assert 'pip install' in str(e), e\n"
         "    print('ok')\n"
     )
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
-                         timeout=300)
-    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+    assert_prints_ok(code)

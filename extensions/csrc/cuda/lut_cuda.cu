@@ -389,6 +389,44 @@ __device__ __forceinline__ void store_row(const Params& p, int grp, long long m,
     if (nbase + j < p.N) p.out[obase + (nbase + j) * ostr] = static_cast<int32_t>(v[j]);
 }
 
+// Adds one table row (8 channels) to a row's accumulators: int16 rows as four offset-binary
+// words (s: whole words, h: sign-extended high halves; see the top of this file), int32 rows
+// as two int4. LDG: the row is in global memory (read through the read-only path).
+template <typename TT, bool LDG = false>
+__device__ __forceinline__ void add_row(const int4* e, uint32_t (&s)[4], uint32_t (&h)[4]) {
+  if constexpr (sizeof(TT) == 2) {
+    const int4 v = LDG ? __ldg(e) : *e;
+    s[0] += (uint32_t)v.x; h[0] += (uint32_t)(v.x >> 16);
+    s[1] += (uint32_t)v.y; h[1] += (uint32_t)(v.y >> 16);
+    s[2] += (uint32_t)v.z; h[2] += (uint32_t)(v.z >> 16);
+    s[3] += (uint32_t)v.w; h[3] += (uint32_t)(v.w >> 16);
+  } else {
+    const int4 v0 = LDG ? __ldg(e) : e[0], v1 = LDG ? __ldg(e + 1) : e[1];
+    s[0] += (uint32_t)v0.x; s[1] += (uint32_t)v0.y; s[2] += (uint32_t)v0.z; s[3] += (uint32_t)v0.w;
+    h[0] += (uint32_t)v1.x; h[1] += (uint32_t)v1.y; h[2] += (uint32_t)v1.z; h[3] += (uint32_t)v1.w;
+  }
+}
+
+// The 8 channel sums of one row; `taps` = number of table rows summed (the int16 offsets).
+template <typename TT>
+__device__ __forceinline__ void finish_row(const uint32_t (&s)[4], const uint32_t (&h)[4],
+                                           uint32_t taps, uint32_t (&v)[8]) {
+  if constexpr (sizeof(TT) == 2) {
+    const uint32_t bias = 32768u * taps;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[2 * j] = s[j] - (h[j] << 16) - bias;
+      v[2 * j + 1] = h[j];
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[j] = s[j];
+      v[4 + j] = h[j];
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // Expanded: thread (rs, ng) sums R rows (rs + rowsets * i) x 8 channels (group ng of the block).
 template <typename TT, int KC, int NGT, int R, bool SMEM>
@@ -429,11 +467,11 @@ __device__ __forceinline__ void expanded_body(const Params& p, uint8_t* smem) {
     cp_async_commit();
   };
 
-  uint32_t acc[R][8];
+  uint32_t s[R][4], h[R][4];
 #pragma unroll
   for (int i = 0; i < R; ++i)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) acc[i][j] = 0;
+    for (int j = 0; j < 4; ++j) s[i][j] = h[i][j] = 0;
 
   const int nchunks = p.Kpad / KC;
   if (SMEM) copy_chunk(0, tb0);
@@ -469,21 +507,7 @@ __device__ __forceinline__ void expanded_body(const Params& p, uint8_t* smem) {
           for (int kk = 0; kk < KC; ++kk) {
             if (!kFull && kk >= kmax) break;
             const int idx = static_cast<int>((codes >> (8 * kk)) & 255);
-            const int4* e = tq + (kk * 256 + idx) * VPR;
-            if constexpr (sizeof(TT) == 2) {
-              const int4 v = SMEM ? *e : __ldg(e);
-              acc[i][0] += (uint32_t)v.x; acc[i][1] += (uint32_t)(v.x >> 16);
-              acc[i][2] += (uint32_t)v.y; acc[i][3] += (uint32_t)(v.y >> 16);
-              acc[i][4] += (uint32_t)v.z; acc[i][5] += (uint32_t)(v.z >> 16);
-              acc[i][6] += (uint32_t)v.w; acc[i][7] += (uint32_t)(v.w >> 16);
-            } else {
-              const int4 v0 = SMEM ? e[0] : __ldg(e);
-              const int4 v1 = SMEM ? e[1] : __ldg(e + 1);
-              acc[i][0] += (uint32_t)v0.x; acc[i][1] += (uint32_t)v0.y;
-              acc[i][2] += (uint32_t)v0.z; acc[i][3] += (uint32_t)v0.w;
-              acc[i][4] += (uint32_t)v1.x; acc[i][5] += (uint32_t)v1.y;
-              acc[i][6] += (uint32_t)v1.z; acc[i][7] += (uint32_t)v1.w;
-            }
+            add_row<TT, !SMEM>(tq + (kk * 256 + idx) * VPR, s[i], h[i]);
           }
         }
       };
@@ -499,18 +523,7 @@ __device__ __forceinline__ void expanded_body(const Params& p, uint8_t* smem) {
     const long long m = m0 + rs + rowsets * i;
     if (m >= p.M) continue;
     uint32_t v[8];
-    if constexpr (sizeof(TT) == 2) {
-      const uint32_t bias = 32768u * (uint32_t)p.K;  // one offset low half per tap summed
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t h = acc[i][2 * j + 1];
-        v[2 * j] = acc[i][2 * j] - (h << 16) - bias;
-        v[2 * j + 1] = h;
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = acc[i][j];
-    }
+    finish_row<TT>(s[i], h[i], static_cast<uint32_t>(p.K), v);  // padded taps were skipped
     store_row(p, grp, m, (ngz + ng) * 8, v, tp, rs + rowsets * i);
   }
 }
@@ -568,11 +581,11 @@ __device__ __forceinline__ void resident_body(const Params& p, uint8_t* smem) {
     __syncthreads();
     const uint8_t* cb = p.stage == 2 ? st : act;
     const int cs = p.stage == 2 ? p.Kpad : astride;
-    uint32_t acc[R][8];
+    uint32_t s[R][4], h[R][4];
 #pragma unroll
     for (int i = 0; i < R; ++i)
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[i][j] = 0;
+      for (int j = 0; j < 4; ++j) s[i][j] = h[i][j] = 0;
     for (int c = 0; c < nchunks; ++c) {
       const int kmax = min(8, p.K - c * 8);
       const int4* tq = Tb + c * 8 * 256 * VPR;
@@ -585,20 +598,7 @@ __device__ __forceinline__ void resident_body(const Params& p, uint8_t* smem) {
           for (int kk = 0; kk < 8; ++kk) {
             if (!kFull && kk >= kmax) break;
             const int idx = static_cast<int>((codes >> (8 * kk)) & 255);
-            const int4* e = tq + (kk * 256 + idx) * VPR;
-            if constexpr (TSM) {
-              const int4 v = *e;
-              acc[i][0] += (uint32_t)v.x; acc[i][1] += (uint32_t)(v.x >> 16);
-              acc[i][2] += (uint32_t)v.y; acc[i][3] += (uint32_t)(v.y >> 16);
-              acc[i][4] += (uint32_t)v.z; acc[i][5] += (uint32_t)(v.z >> 16);
-              acc[i][6] += (uint32_t)v.w; acc[i][7] += (uint32_t)(v.w >> 16);
-            } else {
-              const int4 v0 = __ldg(e), v1 = __ldg(e + 1);
-              acc[i][0] += (uint32_t)v0.x; acc[i][1] += (uint32_t)v0.y;
-              acc[i][2] += (uint32_t)v0.z; acc[i][3] += (uint32_t)v0.w;
-              acc[i][4] += (uint32_t)v1.x; acc[i][5] += (uint32_t)v1.y;
-              acc[i][6] += (uint32_t)v1.z; acc[i][7] += (uint32_t)v1.w;
-            }
+            add_row<TT, !TSM>(tq + (kk * 256 + idx) * VPR, s[i], h[i]);
           }
         }
       };
@@ -611,18 +611,7 @@ __device__ __forceinline__ void resident_body(const Params& p, uint8_t* smem) {
       const long long m = m0 + tid + kResThreads * i;
       if (m >= p.M) continue;
       uint32_t v[8];
-      if constexpr (TSM) {
-        const uint32_t bias = 32768u * (uint32_t)p.K;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t h = acc[i][2 * j + 1];
-          v[2 * j] = acc[i][2 * j] - (h << 16) - bias;
-          v[2 * j + 1] = h;
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = acc[i][j];
-      }
+      finish_row<TT>(s[i], h[i], static_cast<uint32_t>(p.K), v);
       store_row(p, grp, m, 0, v, tp, tid + kResThreads * i);
     }
     __syncthreads();  // the next tile rewrites row info, staged codes and act
@@ -643,56 +632,18 @@ __global__ void __launch_bounds__(kResThreads, 1) resident_kernel(Params p) {
 // (uncached tables), 1 = int16, 2 = int32 (known on the host for cached tables, so shared memory
 // is sized for the format in use).
 
-// Adds one table row (8 channels) to a row's accumulators: int16 rows as four offset-binary
-// words (s: whole words, h: sign-extended high halves; see the top of this file), int32 rows
-// as two int4.
-template <typename TT>
-__device__ __forceinline__ void add_row(const int4* e, uint32_t (&s)[4], uint32_t (&h)[4]) {
-  if constexpr (sizeof(TT) == 2) {
-    const int4 v = *e;
-    s[0] += (uint32_t)v.x; h[0] += (uint32_t)(v.x >> 16);
-    s[1] += (uint32_t)v.y; h[1] += (uint32_t)(v.y >> 16);
-    s[2] += (uint32_t)v.z; h[2] += (uint32_t)(v.z >> 16);
-    s[3] += (uint32_t)v.w; h[3] += (uint32_t)(v.w >> 16);
-  } else {
-    const int4 v0 = e[0], v1 = e[1];
-    s[0] += (uint32_t)v0.x; s[1] += (uint32_t)v0.y; s[2] += (uint32_t)v0.z; s[3] += (uint32_t)v0.w;
-    h[0] += (uint32_t)v1.x; h[1] += (uint32_t)v1.y; h[2] += (uint32_t)v1.z; h[3] += (uint32_t)v1.w;
-  }
-}
-
-// The 8 channel sums of one row; `taps` = number of table rows summed (the int16 offsets).
-template <typename TT>
-__device__ __forceinline__ void finish_row(const uint32_t (&s)[4], const uint32_t (&h)[4],
-                                           uint32_t taps, uint32_t (&v)[8]) {
-  if constexpr (sizeof(TT) == 2) {
-    const uint32_t bias = 32768u * taps;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      v[2 * j] = s[j] - (h[j] << 16) - bias;
-      v[2 * j + 1] = h[j];
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      v[j] = s[j];
-      v[4 + j] = h[j];
-    }
-  }
-}
-
-// Stores channels n0..n0+7 (those below nlim) of one output, `stride` ints apart; 8 consecutive
-// ints go as two 16-byte stores when aligned (whole 32-byte sectors).
-__device__ __forceinline__ void store8(int32_t* o, long long stride, int n0, int nlim, bool vec,
+// Stores channels n0..n0+7 (those below nlim) of one output row; as two 16-byte stores when
+// aligned (whole 32-byte sectors).
+__device__ __forceinline__ void store8(int32_t* o, int n0, int nlim, bool vec,
                                        const uint32_t (&v)[8]) {
-  if (vec && stride == 1 && n0 + 8 <= nlim) {
+  if (vec && n0 + 8 <= nlim) {
     reinterpret_cast<int4*>(o)[0] = make_int4(v[0], v[1], v[2], v[3]);
     reinterpret_cast<int4*>(o)[1] = make_int4(v[4], v[5], v[6], v[7]);
     return;
   }
 #pragma unroll
   for (int j = 0; j < 8; ++j)
-    if (n0 + j < nlim) o[j * stride] = static_cast<int32_t>(v[j]);
+    if (n0 + j < nlim) o[j] = static_cast<int32_t>(v[j]);
 }
 
 // expanded_rows (linear): block = TH threads * R rows x one 8-channel group x one slice of the
@@ -799,7 +750,7 @@ __device__ __forceinline__ void rows_body(const Params& p, uint8_t* smem) {
       if (m >= mlim) continue;
       uint32_t v[8];
       finish_row<TT>(s[i], h[i], taps, v);
-      store8(p.out + m * p.N + ng * 8, 1, ng * 8, p.N, vec, v);
+      store8(p.out + m * p.N + ng * 8, ng * 8, p.N, vec, v);
     }
     return;
   }

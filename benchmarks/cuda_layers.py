@@ -16,6 +16,8 @@ import statistics
 
 import torch
 
+from runner.bench import device_timer
+
 LAYERS = {
     # name: (kind, a shape per image, w shape)
     "conv1": ("conv", (1, 28, 28), (6, 1, 5, 5)),
@@ -51,22 +53,11 @@ def call(name, a, w, lut, algo):
 
 
 def time_ms(fn, inputs, repeat, warmup=3, queued=True):
-    """queued: the GPU is kept busy (a 0.2 ms sleep kernel) while the host enqueues the call, so
-    the events time the device work alone, as in a model's forward, where the host runs ahead;
-    otherwise an idle GPU waits for the host's dispatch too."""
+    """Median, min and max ms of fn over the rotating inputs (queued: see device_timer)."""
+    timer = device_timer(torch.device("cuda"), queued)
     for i in range(warmup):
         fn(inputs[i % len(inputs)])
-    torch.cuda.synchronize()
-    times = []
-    for i in range(repeat):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        if queued:
-            torch.cuda._sleep(400_000)
-        s.record()
-        fn(inputs[i % len(inputs)])
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
+    times = [timer(lambda: fn(inputs[i % len(inputs)])) / 1e3 for i in range(repeat)]
     return statistics.median(times), min(times), max(times)
 
 

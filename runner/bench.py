@@ -8,7 +8,6 @@ expanded table, which later calls reuse), and GMAC/s from the median.
 from __future__ import annotations
 
 import statistics
-import time
 
 import pandas as pd
 import torch
@@ -56,24 +55,23 @@ def synthetic_codes(shape, signed, dist, gen):
     return a
 
 
-def _timer(device):
-    if device.type == "cuda":
-        def run(fn):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+def device_timer(device, queued=True):
+    """fn -> microseconds of one call, by runner.evaluate.Clock (CUDA events on the GPU).
+    queued: a sleep kernel keeps the GPU busy while the host dispatches fn, so that the events
+    time the device's work, as in a pipeline where the host runs ahead (an idle GPU would also
+    wait for Python and the dispatcher)."""
+    from runner.evaluate import Clock
+
+    clock = Clock(device)
+
+    def run(fn):
+        if clock.cuda:
             torch.cuda.synchronize(device)
-            # Keep the GPU busy while the host dispatches fn, so that the events time the device
-            # work, as in a pipeline where the host runs ahead (an idle GPU would wait for Python).
-            torch.cuda._sleep(400_000)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize(device)
-            return start.elapsed_time(end) * 1e3  # ms -> us
-    else:
-        def run(fn):
-            t0 = time.perf_counter()
-            fn()
-            return (time.perf_counter() - t0) * 1e6
+            if queued:
+                torch.cuda._sleep(400_000)
+        t0 = clock.start()
+        fn()
+        return clock.ms_since(t0) * 1e3
     return run
 
 
@@ -93,7 +91,7 @@ def bench_ops(backends=("python", "cpp"), batches=(1, 256, 10000), repeats=20, w
     rows = []
     for backend in backends:
         device = torch.device("cuda" if backend == "cuda" else "cpu")
-        timer = _timer(device)
+        timer = device_timer(device)
         lut_d = lut.to(device)
         for name, kind, a_shape, w_shape in layers:
             for batch in batches:
@@ -133,7 +131,7 @@ def bench_algos(backends, batch=10000, repeats=10, warmup=2, *, signed=False, se
     rows = []
     for backend in backends:
         device = torch.device("cuda" if backend == "cuda" else "cpu")
-        timer = _timer(device)
+        timer = device_timer(device)
         lut = exact_lut(signed).to(device)
         for name, kind, a_shape, w_shape in LENET5_LAYERS:
             gen = torch.Generator().manual_seed(seed)

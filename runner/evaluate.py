@@ -26,7 +26,7 @@ class Timed:
         return statistics.median(self.pass_ms) if self.pass_ms else float("nan")
 
 
-class _Clock:
+class Clock:
     """Wall time on CPU; CUDA events on GPU (they measure the device, not the launch queue)."""
 
     def __init__(self, device: torch.device):
@@ -53,7 +53,7 @@ def run_timed(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.
               warmup: int = 1, repeats: int = 3) -> Timed:
     model = model.eval().to(device)
     batches = [x[i:i + batch_size].to(device) for i in range(0, len(x), batch_size)]
-    clock = _Clock(device)
+    clock = Clock(device)
     # the first pass yields the predictions and is the first warm-up pass
     logits = torch.cat([model(b).float().cpu() for b in batches])
     for _ in range(max(0, warmup - 1)):

@@ -94,6 +94,7 @@ struct Params {
   int K, N, G, NG, NGB, Kpad, Ntot;
   unsigned xmask;      // code ^ xmask = LUT row (0x80 for int8 codes)
   int conv, vec;
+  int vec4;            // linear: K % 4 == 0 and a 4-byte aligned
   int stage;           // 0: codes from global per chunk; 1: conv images staged in shared memory;
                        // 2: linear rows [Mb][Kpad] staged in shared memory
   int stage_bytes;     // shared memory reserved for the staged codes (multiple of 16)
@@ -699,6 +700,10 @@ __device__ __forceinline__ void rows_body(const Params& p, uint8_t* smem) {
       uint64_t w = 0;
       if (p.vec) {  // K % 8 == 0, a 8-byte aligned: whole chunks, aligned
         w = load_word<KC>(rowp[i] + k0);
+      } else if (p.vec4) {  // K % 4 == 0 (fc3: K = 84): 4-byte words, each inside K or past it
+#pragma unroll
+        for (int j = 0; j < KC / 4; ++j)
+          if (k0 + 4 * j < p.K) w |= (uint64_t)load_word<4>(rowp[i] + k0 + 4 * j) << (32 * j);
       } else {
 #pragma unroll
         for (int kk = 0; kk < KC; ++kk)
@@ -1762,6 +1767,7 @@ at::Tensor lut_linear_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
   p.Kpad = static_cast<int>(round_up(K, kKAlign));
   p.conv = 0;
   p.vec = (K % 8 == 0) && (reinterpret_cast<uintptr_t>(p.a) % 8 == 0);
+  p.vec4 = (K % 4 == 0) && (reinterpret_cast<uintptr_t>(p.a) % 4 == 0);
   run(algo, p, a, w, lut, ConvGeo{}, "lut_linear");
   return out;
 }

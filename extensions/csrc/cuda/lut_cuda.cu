@@ -94,7 +94,7 @@ struct Params {
   int K, N, G, NG, NGB, Kpad, Ntot;
   unsigned xmask;      // code ^ xmask = LUT row (0x80 for int8 codes)
   int conv, vec;
-  int vec4;            // linear: K % 4 == 0 and a 4-byte aligned
+  int vec4;            // linear: K % 4 == 0 and a 4-byte aligned (aligned 4-byte code words)
   int stage;           // 0: codes from global per chunk; 1: conv images staged in shared memory;
                        // 2: linear rows [Mb][Kpad] staged in shared memory
   int stage_bytes;     // shared memory reserved for the staged codes (multiple of 16)
@@ -308,7 +308,7 @@ __device__ __forceinline__ void stage_codes(const Params& p, int grp, long long 
       uint32_t word = 0;
       if (m < p.M) {
         const uint8_t* src = p.a + m * p.K + k;
-        if (p.vec) {
+        if (p.vec4) {
           if (k < p.K) word = __ldg(reinterpret_cast<const uint32_t*>(src));
         } else {
 #pragma unroll

@@ -1,6 +1,7 @@
 """GPU timings of approx::lut_conv2d / approx::lut_linear on the LeNet-5 layer shapes.
 
     python benchmarks/cuda_layers.py [--batch 10000] [--repeat 30] [--out FILE.json]
+        [--algos A,B,...] [--layers fc2,fc3,...]
 
 Per layer, data kind (uniform random codes; ReLU-like: half zeros) and algo: median of `repeat`
 timings with CUDA events after warm-up, rotating among 3 input sets so that repeats do not run
@@ -26,8 +27,8 @@ LAYERS = {
     "fc2": ("linear", (120,), (84, 120)),
     "fc3": ("linear", (84,), (10, 84)),
 }
-ALGOS = ["direct", "expanded_window", "expanded_rows", "expanded_resident", "expanded_smem",
-         "expanded_l2", "auto"]
+ALGOS = ["direct", "expanded_window", "expanded_rows", "expanded_cluster", "expanded_resident",
+         "expanded_smem", "expanded_l2", "auto"]
 
 
 def macs(name, batch):
@@ -67,6 +68,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--out", default=None)
     ap.add_argument("--algos", default=",".join(ALGOS))
+    ap.add_argument("--layers", default=",".join(LAYERS), help="layers to time one by one")
     ap.add_argument("--profile", action="store_true", help="print a kernel time breakdown")
     ap.add_argument("--five-algo", default="auto", help="algo of the five-layer runs")
     args = ap.parse_args()
@@ -86,7 +88,7 @@ def main():
             w = torch.randint(-127, 128, wshape, generator=gen, dtype=torch.int8, device="cuda")
             inputs = [codes((args.batch, *ashape), data, gen) for _ in range(3)]
             seqs[name] = (w, inputs)
-            for algo in args.algos.split(","):
+            for algo in args.algos.split(",") if name in args.layers.split(",") else []:
                 try:
                     call(name, inputs[0], w, lut, algo)
                 except RuntimeError:  # a variant that does not run this shape

@@ -48,10 +48,26 @@ def extra_algos(k, n, conv, window=False):
     expanded_rows for linear layers."""
     out = ["expanded_smem"] if n <= 16 else []
     out += ["expanded_window"] if window else [] if conv else ["expanded_rows"]
+    if not conv and cluster_fits(k, n, min(16, (k + 7) // 8 * 2)):
+        out.append("expanded_cluster")
     kpad = (k + 7) // 8 * 8
     if n <= 8 and k * 4096 + 2048 * (kpad + 8) + (2048 * 12 if conv else 0) <= 227 * 1024:
         out.append("expanded_resident")
     return out
+
+
+def cluster_fits(k, n, cs):
+    """expanded_cluster runs a linear layer of <= 16 channels on sm_90 when a cluster of `cs`
+    blocks holds its table: the slice of one block (taps in units of 4, 16 bytes per whole
+    8-channel group and 4 per 2-channel word of a tail of <= 4 channels) and four rows' codes and
+    two buffers of partials fit 227 KiB."""
+    units = (k + 7) // 8 * 2
+    if n > 16 or torch.cuda.get_device_capability()[0] < 9 or not 1 <= cs <= min(16, units):
+        return False
+    r = n % 8
+    g8, lw = (-(-n // 8), 0) if r == 0 or r > 4 else (n // 8, (r + 1) // 2)
+    umax = -(-units // cs)
+    return umax * 4 * 256 * (16 * g8 + 4 * lw) + 16 + 4 * (4 * umax + 8 * n) <= 227 * 1024
 
 
 def _has_cpu():
@@ -209,6 +225,66 @@ def test_every_rows_configuration(shape, lutkind):
                 "expanded_rows_r2_c1_mx"):
         with pytest.raises(RuntimeError, match="bad algo"):
             ops.lut_linear(ad, wd, ld, bad)
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
+@pytest.mark.parametrize("lutkind", ["int16", "wide"])
+@pytest.mark.parametrize("shape", [(700, 84, 10), (1100, 37, 3), (2000, 200, 16), (333, 8, 1),
+                                   (517, 60, 12), (90, 13, 7), (1, 84, 10)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_every_cluster_configuration(shape, lutkind, signed):
+    """auto times expanded_cluster for clusters of 2, 4, 8 and 16 blocks; every size that fits
+    must be exact (one block's slice of the taps, the compact tail, the int32 fallback), and a
+    size that does not fit must say so."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        with pytest.raises(RuntimeError, match="expanded_cluster"):
+            ops.lut_linear(torch.zeros((4, 8), dtype=torch.int8, device=DEV),
+                           torch.zeros((2, 8), dtype=torch.int8, device=DEV),
+                           torch.zeros((256, 256), dtype=torch.int32, device=DEV), "expanded_cluster")
+        return
+    m, k, n = shape
+    gen = torch.Generator().manual_seed(hash((shape, lutkind, signed, "cl")) & 0xFFFF)
+    a, w, lut = make_codes(gen, (m, k), signed), make_weights(gen, (n, k), signed), make_lut(gen, lutkind)
+    want = reference_lut_linear(a, w, lut)
+    ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
+    for cs in range(1, 17):
+        algo = f"expanded_cluster_c{cs}"
+        if not cluster_fits(k, n, cs):
+            with pytest.raises(RuntimeError, match="does not fit"):
+                ops.lut_linear(ad, wd, ld, algo)
+            continue
+        got = poisoned_call(lambda: ops.lut_linear(ad, wd, ld, algo), (m, n))
+        check_equal(got, want, f"{shape} {lutkind} {algo}")
+    # Inference tensors bypass the table cache: the format is then read on the device.
+    with torch.inference_mode():
+        wi, li = wd.clone(), ld.clone()
+        got = poisoned_call(lambda: ops.lut_linear(ad, wi, li, "expanded_cluster"), (m, n))
+    check_equal(got, want, f"{shape} {lutkind} expanded_cluster, uncached")
+
+
+def test_cluster_persistent_tiles_and_bad_names():
+    """More rows than the clusters hold at once (a cluster of 2 keeps 44 of fc3's taps, leaving
+    room for ~56 rows a tile): every cluster walks several tiles with double-buffered partials."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters need sm_90")
+    gen = torch.Generator().manual_seed(5)
+    a, w, lut = make_codes(gen, (40000, 84), False), make_weights(gen, (10, 84), False), make_lut(gen, "int16")
+    want = reference_lut_linear(a, w, lut)
+    ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
+    for cs in (2, 3, 8):
+        got = poisoned_call(lambda: ops.lut_linear(ad, wd, ld, f"expanded_cluster_c{cs}"), (40000, 10))
+        check_equal(got, want, f"40000x84x10 expanded_cluster_c{cs}")
+    for bad in ("expanded_cluster_c0", "expanded_cluster_c17", "expanded_cluster_cx",
+                "expanded_cluster_c2x"):
+        with pytest.raises(RuntimeError, match="bad algo"):
+            ops.lut_linear(ad, wd, ld, bad)
+    with pytest.raises(RuntimeError, match="at most 16 output channels"):
+        ops.lut_linear(ad[:, :80].contiguous(), torch.zeros((17, 80), dtype=torch.int8, device=DEV), ld,
+                       "expanded_cluster")
+    x = torch.zeros((2, 1, 8, 8), dtype=torch.int8, device=DEV)
+    with pytest.raises(RuntimeError, match="expanded_cluster"):
+        ops.lut_conv2d(x, torch.zeros((4, 1, 3, 3), dtype=torch.int8, device=DEV), ld, [1, 1],
+                       [0, 0], [1, 1], 1, "expanded_cluster")
 
 
 def test_poison_reaches_output():

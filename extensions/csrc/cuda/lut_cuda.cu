@@ -43,6 +43,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <tuple>
 #include <type_traits>
 #include <chrono>
 #include <cstdint>
@@ -104,6 +105,9 @@ struct Params {
   long long B, win_tasks;
   int Ho, kh, Hp, Wp, seg, win_imgs;  // Hp x Wp: a padded input plane as staged in shared memory
   int rows_mb;  // expanded_rows: rows per block (<= threads x R; fewer balance the waves)
+  const void* Ttail;  // expanded_cluster: compact copy of T's last group (see cluster_kernel)
+  int cl_rows;        // expanded_cluster: rows per tile
+  int cl_fmt;         // expanded_cluster: table format known on the host (0: read the flags)
 };
 
 // Image and pixel of row m0 + lr, from the tile's first image b0 and offset r0 = m0 - b0 * HoWo.
@@ -800,6 +804,199 @@ __global__ void __launch_bounds__(TH, TH == 256 ? (R <= 2 ? 3 : 2) : (R <= 2 ? 2
     rows_body<int32_t, TH, R>(p, smem);
 }
 
+// expanded_cluster (linear, N <= 16): a narrow layer's whole table fits in the shared memory of
+// one thread-block cluster (fc3: 88 taps x 256 codes x 10 channels = 440 KiB as int16), so each
+// block of a cluster of `cs` loads the table of its slice of the taps once and keeps it, instead
+// of every row tile streaming the whole table from L2 (expanded_rows moved 27 MB through L2 for
+// fc3's 8.4 M MACs). Channels: G8 whole 8-channel groups of T (16-byte rows), then a tail of LW
+// words (2 channels each) from a compact copy of T's last group, so fc3's 10 channels cost 20
+// bytes a lookup instead of 32. A persistent grid of clusters walks row tiles; per tile a block
+// stages its slice of the tile's codes (cp.async), sums its taps for every row into partials in
+// its shared memory, and after one cluster barrier adds a 1/cs share of all blocks' partials
+// through distributed shared memory and writes it (contiguous rows x N). The partials are double
+// buffered, so a tile needs one cluster barrier: a block writes tile t + 1's partials only after
+// tile t's barrier, which every block reaches after reading tile t - 1's.
+constexpr int kClusterMaxN = 16;
+constexpr int kClusterMaxThreads = 768;  // 80 registers a thread (1,024 threads: 64, and spills)
+
+[[maybe_unused]] __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
+}
+
+// Compact tail: word j < LW of every (tap, code) row of T's group g8 (int16 tables only).
+__global__ void build_tail_kernel(Params p, int g8, int lw, int words) {
+  if (!read_fits16(p.flags)) return;  // int32 products: expanded_cluster reads T itself
+  const uint32_t* src = static_cast<const uint32_t*>(p.T) + (size_t)g8 * p.Kpad * 256 * 4;
+  uint32_t* dst = static_cast<uint32_t*>(const_cast<void*>(p.Ttail));
+  for (int q = blockIdx.x * blockDim.x + threadIdx.x; q < words; q += gridDim.x * blockDim.x) {
+    const int e = q / lw;
+    dst[q] = src[e * 4 + (q - e * lw)];
+  }
+}
+
+template <int G8, int LW>
+__global__ void __launch_bounds__(kClusterMaxThreads, 1) cluster_kernel(Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(16) uint8_t smem[];
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int tid = threadIdx.x, nth = blockDim.x, ks = blockIdx.x, cs = gridDim.x;
+  const int U = p.Kpad >> 2, umax = (U + cs - 1) / cs;  // taps in units of 4 (one code word)
+  const int ub = U * ks / cs, nu = U * (ks + 1) / cs - ub, kb = ub * 4, nk = nu * 4;
+  const int RT = p.cl_rows, N = p.N;
+  const bool f16 = p.cl_fmt == 1 || (p.cl_fmt == 0 && read_fits16(p.flags));
+  int4* tab = reinterpret_cast<int4*>(smem);  // [G8][nk][256] int4
+  uint32_t* tail = reinterpret_cast<uint32_t*>(smem + (size_t)umax * 4 * 256 * (16 * G8));
+  uint32_t* codes = tail + (size_t)umax * 4 * 256 * LW;  // [RT][nu] code words
+  uint32_t* part = codes + ((RT * umax + 3) & ~3);         // 2 x [RT][N]
+  if (f16) {
+#pragma unroll
+    for (int g = 0; g < G8; ++g) {
+      const int4* src = static_cast<const int4*>(p.T) + ((long long)g * p.Kpad + kb) * 256;
+      for (int q = tid; q < nk * 256; q += nth) cp_async16(tab + g * nk * 256 + q, src + q);
+    }
+    if (LW > 0) {
+      const int4* src = static_cast<const int4*>(p.Ttail) + kb * 64 * LW;
+      for (int q = tid; q < nk * 64 * LW; q += nth) cp_async16(reinterpret_cast<int4*>(tail) + q, src + q);
+    }
+  }
+  const uint32_t xm = 0x01010101u * p.xmask, taps = static_cast<uint32_t>(nk);
+  const long long tiles = (p.M + RT - 1) / RT;
+  int pb = 0;
+  for (long long t = blockIdx.y; t < tiles; t += gridDim.y, pb ^= 1) {
+    const long long m0 = t * RT;
+    const int rows = static_cast<int>(min((long long)RT, p.M - m0));
+    const uint8_t* a0 = p.a + m0 * p.K;
+    for (int e = tid; e < rows * nu; e += nth) {
+      const int lr = e / nu, k = (ub + e - lr * nu) * 4;
+      const uint8_t* src = a0 + (long long)lr * p.K + k;
+      if (k >= p.K) {
+        codes[e] = 0;  // padded taps: zero rows of T, any code
+      } else if (p.vec4) {
+        cp_async4(codes + e, src);
+      } else {
+        uint32_t w = 0;
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+          if (k + b < p.K) w |= (uint32_t)__ldg(src + b) << (8 * b);
+        codes[e] = w;
+      }
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    uint32_t* pt = part + pb * RT * N;
+    for (int lr = tid; lr < rows; lr += nth) {
+      const uint32_t* cw = codes + lr * nu;
+      uint32_t v[16];
+      if (f16) {
+        uint32_t s[G8 > 0 ? G8 : 1][4], h[G8 > 0 ? G8 : 1][4], st[LW > 0 ? LW : 1], ht[LW > 0 ? LW : 1];
+#pragma unroll
+        for (int g = 0; g < G8; ++g)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) s[g][j] = h[g][j] = 0;
+#pragma unroll
+        for (int j = 0; j < LW; ++j) st[j] = ht[j] = 0;
+        auto unit = [&](int u, uint32_t word) {
+          word ^= xm;
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const int row = (u * 4 + b) * 256 + ((word >> (8 * b)) & 255);
+#pragma unroll
+            for (int g = 0; g < G8; ++g) add_row<int16_t>(tab + g * nk * 256 + row, s[g], h[g]);
+            if constexpr (LW == 1) {
+              const uint32_t x = tail[row];
+              st[0] += x;
+              ht[0] += (uint32_t)((int)x >> 16);
+            } else if constexpr (LW == 2) {
+              const uint2 x = reinterpret_cast<const uint2*>(tail)[row];
+              st[0] += x.x;
+              ht[0] += (uint32_t)((int)x.x >> 16);
+              st[1] += x.y;
+              ht[1] += (uint32_t)((int)x.y >> 16);
+            }
+          }
+        };
+        // two code words a step, so that both words' lookups are in flight together
+        int u = 0;
+        for (; u + 2 <= nu; u += 2) {
+          const uint32_t w0 = cw[u], w1 = cw[u + 1];
+          unit(u, w0);
+          unit(u + 1, w1);
+        }
+        if (u < nu) unit(u, cw[u]);
+#pragma unroll
+        for (int g = 0; g < G8; ++g) {
+          uint32_t gv[8];
+          finish_row<int16_t>(s[g], h[g], taps, gv);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[g * 8 + j] = gv[j];
+        }
+#pragma unroll
+        for (int j = 0; j < LW; ++j) {
+          v[G8 * 8 + 2 * j] = st[j] - (ht[j] << 16) - 32768u * taps;
+          v[G8 * 8 + 2 * j + 1] = ht[j];
+        }
+      } else {  // int32 products: T's rows straight from L2 (correct, not fast)
+        const int4* T32 = static_cast<const int4*>(p.T);
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          if (g * 8 >= N) break;
+          uint32_t s[4] = {0, 0, 0, 0}, h[4] = {0, 0, 0, 0};
+          for (int u = 0; u < nu; ++u) {
+            const uint32_t word = cw[u] ^ xm;
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+              const long long row = ((long long)g * p.Kpad + kb + u * 4 + b) * 256 + ((word >> (8 * b)) & 255);
+              add_row<int32_t, true>(T32 + row * 2, s, h);
+            }
+          }
+          uint32_t gv[8];
+          finish_row<int32_t>(s, h, taps, gv);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[g * 8 + j] = gv[j];
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kClusterMaxN; ++n)
+        if (n < N) pt[lr * N + n] = v[n];
+    }
+    cluster.sync();
+    // This block's share of the tile's rows x N sums, as 16-byte words (tiles start at a multiple
+    // of 4 rows, so the words are aligned here and in `out`); every rank's word is requested
+    // before the first is added, so a sum waits for one round trip, not cs.
+    const int E = rows * N, Q = E >> 2, lo = Q * ks / cs, hi = Q * (ks + 1) / cs;
+    int32_t* o = p.out + m0 * N;
+    for (int q = lo + tid; q < hi; q += nth) {
+      uint4 sum = make_uint4(0, 0, 0, 0);
+      for (int r0 = 0; r0 < cs; r0 += 8) {  // 8 ranks at a time: 32 registers of words
+        uint4 v[8];
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+          if (r0 + r < cs) v[r] = reinterpret_cast<const uint4*>(cluster.map_shared_rank(pt, r0 + r))[q];
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+          if (r0 + r < cs) {
+            sum.x += v[r].x;
+            sum.y += v[r].y;
+            sum.z += v[r].z;
+            sum.w += v[r].w;
+          }
+      }
+      reinterpret_cast<uint4*>(o)[q] = sum;
+    }
+    if (ks == cs - 1)
+      for (int f = 4 * Q + tid; f < E; f += nth) {
+        uint32_t sum = 0;
+        for (int r = 0; r < cs; ++r) sum += cluster.map_shared_rank(pt, r)[f];
+        o[f] = static_cast<int32_t>(sum);
+      }
+  }
+  cluster.sync();  // no block leaves while another still reads its shared memory
+#endif
+}
+
 // expanded_window (conv, stride 1, dilation 1): a thread computes kWinRX neighbouring outputs of
 // one output row for one 8-channel group. The block's input planes sit in shared memory, padded
 // (padding = code 0's LUT row) and as LUT rows, so the codes of one kernel row for all kWinRX
@@ -1036,11 +1233,12 @@ std::string D(c10::IntArrayRef v) {
 const char* T(const at::Tensor& t) { return c10::toString(t.scalar_type()); }
 
 enum class Algo {
-  Auto, Direct, Expanded, ExpandedSmem, ExpandedL2, ExpandedResident, ExpandedWindow, ExpandedRows
+  Auto, Direct, Expanded, ExpandedSmem, ExpandedL2, ExpandedResident, ExpandedWindow, ExpandedRows,
+  ExpandedCluster
 };
 constexpr const char* kAlgoNames =
     "auto, direct, expanded, expanded_smem, expanded_l2, expanded_resident, expanded_window, "
-    "expanded_rows";
+    "expanded_rows, expanded_cluster";
 
 Algo parse_algo(c10::string_view s, const char* op) {
   if (s == "auto") return Algo::Auto;
@@ -1051,6 +1249,7 @@ Algo parse_algo(c10::string_view s, const char* op) {
   if (s == "expanded_resident") return Algo::ExpandedResident;
   if (s == "expanded_window") return Algo::ExpandedWindow;
   if (s == "expanded_rows") return Algo::ExpandedRows;
+  if (s == "expanded_cluster") return Algo::ExpandedCluster;
   TORCH_CHECK(false, op, ": unknown algo '", std::string(s.data(), s.size()), "'; valid: ",
               kAlgoNames);
 }
@@ -1086,6 +1285,21 @@ struct ConvGeo {
 
 int64_t table_bytes(const Params& p) { return (int64_t)p.G * p.Kpad * 256 * p.NG * 8 * 4; }
 
+// expanded_cluster's channels: g8 whole 8-channel groups of T, then lw words (2 channels each) of
+// the compact tail table, built with T for every linear layer of <= 16 channels whose last group
+// holds at most 4 (fc3: 8 + 2).
+struct ClusterLayout {
+  int g8, lw;
+};
+bool cluster_applies(const Params& p) { return !p.conv && p.N <= kClusterMaxN; }
+ClusterLayout cluster_layout(const Params& p) {
+  const int r = p.N % 8;
+  return (r == 0 || r > 4) ? ClusterLayout{p.NG, 0} : ClusterLayout{p.N / 8, (r + 1) / 2};
+}
+int64_t tail_bytes(const Params& p) {
+  return cluster_applies(p) ? (int64_t)p.Kpad * 256 * cluster_layout(p).lw * 4 : 0;
+}
+
 int sm_count() {
   int dev = 0, v = 0;
   C10_CUDA_CHECK(cudaGetDevice(&dev));
@@ -1113,13 +1327,15 @@ std::shared_ptr<Prepared> prepare(const Params& geo, const at::Tensor& lut, cons
   const int64_t nk = p.conv ? p.Kpad : 0;
   const int64_t off_t = round_up(kOffKinfo + nk * 16, 256);
   const int64_t t_bytes = need_table ? table_bytes(p) : 0;
-  pr->buf = at::empty({off_t + t_bytes}, lut.options().dtype(at::kByte));
+  const int64_t tl_bytes = need_table ? tail_bytes(p) : 0;
+  pr->buf = at::empty({off_t + t_bytes + tl_bytes}, lut.options().dtype(at::kByte));
   uint8_t* base = pr->buf.data_ptr<uint8_t>();
   p.flags = reinterpret_cast<int*>(base);
   p.E32 = reinterpret_cast<int32_t*>(base + kOffE32);
   p.E16 = reinterpret_cast<int16_t*>(base + kOffE16);
   p.kinfo = nk ? reinterpret_cast<int4*>(base + kOffKinfo) : nullptr;
   p.T = need_table ? base + off_t : nullptr;
+  p.Ttail = tl_bytes ? base + off_t + t_bytes : nullptr;
   pr->has_table = need_table;
   pr->stream = stream;
   prep_kernel<<<kPrepBlocks, kThreads, 0, stream>>>(
@@ -1133,6 +1349,12 @@ std::shared_ptr<Prepared> prepare(const Params& geo, const at::Tensor& lut, cons
     const int blocks = static_cast<int>(std::min<long long>((pairs + 255) / 256, 16LL * sm_count()));
     build_table_kernel<<<blocks, 256, 0, stream>>>(p, static_cast<int>(pairs));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (tl_bytes) {
+      const ClusterLayout l = cluster_layout(p);
+      const int words = static_cast<int>(tl_bytes / 4);
+      build_tail_kernel<<<std::min(64, (words + 255) / 256), 256, 0, stream>>>(p, l.g8, l.lw, words);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
   }
   return pr;
 }
@@ -1576,6 +1798,121 @@ void launch_rows(const Params& p, int fmt, RowsCfg c, cudaStream_t stream) {
   else launch_rows_m<0>(p, c, stream);
 }
 
+// expanded_cluster launch geometry for a cluster of `cs` blocks: rows per tile (as many as the
+// shared memory left by the table slice holds, at most the rows of one tile per cluster when
+// every SM runs one block) and the number of clusters (at most what the GPU holds at once; the
+// grid is persistent). cs == 0 in the result: this cluster size does not apply.
+using ClusterFn = void (*)(Params);
+
+ClusterFn cluster_fn(const ClusterLayout& l) {
+  switch (l.g8 * 4 + l.lw) {
+    case 1: return cluster_kernel<0, 1>;
+    case 2: return cluster_kernel<0, 2>;
+    case 4: return cluster_kernel<1, 0>;
+    case 5: return cluster_kernel<1, 1>;
+    case 6: return cluster_kernel<1, 2>;
+    default: return cluster_kernel<2, 0>;
+  }
+}
+
+struct ClusterGeo {
+  int cs = 0, rt = 0, th = 0, clusters = 0;
+  size_t smem = 0;
+};
+
+// Clusters of `cs` blocks with `smem` bytes each that fit the GPU at once (0: none), cached.
+int max_active_clusters(ClusterFn k, int cs, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int, size_t>, int> known;
+  int dev = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  auto key = std::make_tuple(dev, reinterpret_cast<const void*>(k), cs, smem);
+  auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  if (cs > 8)
+    C10_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(cs, 1, 1);
+  cfg.blockDim = dim3(kClusterMaxThreads);
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cs;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, k, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();  // a size this GPU cannot schedule: not an error of the call
+    n = 0;
+  }
+  return known[key] = n;
+}
+
+ClusterGeo cluster_geo(const Params& p, int cs) {
+  ClusterGeo g;
+  const int U = p.Kpad / 4;
+  if (!cluster_applies(p) || cs < 1 || cs > kClusterMaxN || cs > U) return g;
+  const ClusterLayout l = cluster_layout(p);
+  const ClusterFn k = cluster_fn(l);
+  if (!clusters_ok(reinterpret_cast<const void*>(k))) return g;
+  const int umax = (U + cs - 1) / cs;
+  const int64_t tab = (int64_t)umax * 4 * 256 * (16 * l.g8 + 4 * l.lw);
+  const int64_t per_row = 4 * umax + 8 * p.N, max_smem = max_smem_optin();
+  if (max_smem - tab - 16 < 4 * per_row) return g;
+  const int64_t rt_cap = std::min<int64_t>((max_smem - tab - 16) / per_row, 8192);
+  auto smem_for = [&](int64_t rt) {
+    return static_cast<size_t>(tab + round_up(rt * umax * 4, 16) + rt * 8 * p.N);
+  };
+  set_smem(k, smem_for(rt_cap));
+  const int active = max_active_clusters(k, cs, smem_for(rt_cap));
+  if (active == 0) return g;
+  g.cs = cs;
+  g.clusters = std::max(1, std::min(sm_count() / cs, active));
+  // tiles start at a multiple of 4 rows (the 16-byte words of cluster_kernel's sums)
+  g.rt = static_cast<int>(std::min<int64_t>(rt_cap / 4 * 4, round_up((p.M + g.clusters - 1) / g.clusters, 4)));
+  g.clusters = static_cast<int>(std::min<int64_t>(g.clusters, (p.M + g.rt - 1) / g.rt));
+  g.th = static_cast<int>(std::min<int64_t>(kClusterMaxThreads, round_up(g.rt, 32)));
+  g.smem = smem_for(g.rt);
+  return g;
+}
+
+// Without a timed trial: the smallest cluster whose table slice leaves room for 1,024 rows.
+int cluster_default_cs(const Params& p) {
+  for (int cs : {2, 4, 8, 16}) {
+    const ClusterGeo g = cluster_geo(p, cs);
+    if (g.cs && g.rt >= std::min<int64_t>(1024, (p.M + g.clusters - 1) / g.clusters)) return cs;
+  }
+  for (int cs = 16; cs >= 1; --cs)
+    if (cluster_geo(p, cs).cs) return cs;
+  return 0;
+}
+
+void launch_cluster(Params p, int fmt, int cs, cudaStream_t stream) {
+  if (cs == 0) cs = cluster_default_cs(p);
+  const ClusterGeo g = cluster_geo(p, cs);
+  TORCH_CHECK(g.cs > 0, "lut_linear: algo 'expanded_cluster' with a cluster of ", I(cs),
+              " blocks does not fit this layer or GPU");
+  p.cl_rows = g.rt;
+  p.cl_fmt = fmt;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(g.cs, g.clusters, 1);
+  cfg.blockDim = dim3(g.th);
+  cfg.dynamicSmemBytes = g.smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = g.cs;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cluster_fn(cluster_layout(p)), p));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 // One candidate of auto: an algorithm and, for expanded_rows, its configuration.
 struct Choice {
   Algo algo;
@@ -1603,6 +1940,14 @@ Choice parse_choice(c10::string_view s, const char* op) {
                 "(512 threads: r 2 or 4; rows per block at most threads x r)");
     return Choice{Algo::ExpandedRows, RowsCfg{r, cs, th, mb}};
   }
+  const std::string cpre = "expanded_cluster_c";
+  if (name.rfind(cpre, 0) == 0) {
+    int cs = 0, n = 0;
+    const bool ok = std::sscanf(name.c_str() + cpre.size(), "%d%n", &cs, &n) == 1 &&
+                    name.c_str()[cpre.size() + n] == 0 && cs >= 1 && cs <= kClusterMaxN;
+    TORCH_CHECK(ok, op, ": bad algo '", name, "': expanded_cluster_c<1..16>");
+    return Choice{Algo::ExpandedCluster, RowsCfg{0, cs}};
+  }
   return Choice{parse_algo(s, op)};
 }
 
@@ -1613,12 +1958,14 @@ void run_algo(Choice ch, Params p, const Prepared& pr, const ConvGeo& cg, cudaSt
   p.E16 = pr.p.E16;
   p.kinfo = pr.p.kinfo;
   p.T = pr.p.T;
+  p.Ttail = pr.p.Ttail;
   switch (ch.algo) {
     case Algo::Direct: launch_direct(p, stream); break;
     case Algo::ExpandedResident: launch_exp_resident(p, stream); break;
     case Algo::ExpandedSmem: launch_exp_smem(p, stream); break;
     case Algo::ExpandedWindow: launch_window(p, cg, pr.fmt, stream); break;
     case Algo::ExpandedRows: launch_rows(p, pr.fmt, ch.rows, stream); break;
+    case Algo::ExpandedCluster: launch_cluster(p, pr.fmt, ch.rows.cs, stream); break;
     default: launch_exp_l2(p, stream);
   }
 }
@@ -1644,6 +1991,10 @@ Algo concrete(Algo algo, const Params& p, const ConvGeo& cg, const char* op) {
   if (algo == Algo::ExpandedRows)
     TORCH_CHECK(rows_applies(p), op, ": algo 'expanded_rows' is for lut_linear; use 'expanded' "
                 "or 'auto'");
+  if (algo == Algo::ExpandedCluster)
+    TORCH_CHECK(cluster_applies(p) && cluster_default_cs(p) > 0, op, ": algo 'expanded_cluster' "
+                "needs a linear layer of at most 16 output channels and a GPU with thread-block "
+                "clusters (sm_90); use 'expanded' or 'auto'");
   if (algo != Algo::Direct)
     TORCH_CHECK(table_bytes(p) <= kTableBudget, op, ": the expanded table would take ",
                 I(table_bytes(p) >> 20), " MiB (budget ", I(kTableBudget >> 20),
@@ -1668,7 +2019,7 @@ void run(Choice choice, Params p, const at::Tensor& a, const at::Tensor& w, cons
   if (choice.algo != Algo::Auto) {
     const Algo c = concrete(choice.algo, p, cg, op);
     const auto pr = get_prepared(p, w, lut, cg, c != Algo::Direct, stream);
-    TORCH_CHECK(choice.rows.cs <= rows_max_cs(p, pr->fmt), op, ": a cluster of ",
+    TORCH_CHECK(c == Algo::ExpandedCluster || choice.rows.cs <= rows_max_cs(p, pr->fmt), op, ": a cluster of ",
                 I(choice.rows.cs), " blocks is more than this GPU, build or layer allows (",
                 I(rows_max_cs(p, pr->fmt)), ")");
     run_algo(Choice{c, choice.rows}, p, *pr, cg, stream);
@@ -1682,6 +2033,9 @@ void run(Choice choice, Params p, const at::Tensor& a, const at::Tensor& w, cons
     if (window_smem(p, cg, 0)) cands.push_back(Choice{Algo::ExpandedWindow});
     if (rows_applies(p))
       for (RowsCfg c : rows_candidates(p, pr->fmt)) cands.push_back(Choice{Algo::ExpandedRows, c});
+    if (cluster_applies(p) && pr->fmt == 1)  // int32 products: its fallback path is not a contender
+      for (int cs : {2, 4, 8, 16})
+        if (cluster_geo(p, cs).cs) cands.push_back(Choice{Algo::ExpandedCluster, RowsCfg{0, cs}});
     if (resident_applies(p)) cands.push_back(Choice{Algo::ExpandedResident});
     if (smem_applies(p)) cands.push_back(Choice{Algo::ExpandedSmem});
     cands.push_back(Choice{Algo::ExpandedL2});

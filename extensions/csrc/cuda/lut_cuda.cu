@@ -964,8 +964,8 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) cluster_kernel(Params p
     }
     cluster.sync();
     // This block's share of the tile's rows x N sums, as 16-byte words (tiles start at a multiple
-    // of 4 rows, so the words are aligned here and in `out`); every rank's word is requested
-    // before the first is added, so a sum waits for one round trip, not cs.
+    // of 4 rows, so the words are aligned here and in `out`); up to 8 ranks' words are requested
+    // before the first is added, so a sum waits for one round trip per 8 ranks, not one per rank.
     const int E = rows * N, Q = E >> 2, lo = Q * ks / cs, hi = Q * (ks + 1) / cs;
     int32_t* o = p.out + m0 * N;
     for (int q = lo + tid; q < hi; q += nth) {

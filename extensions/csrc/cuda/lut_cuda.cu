@@ -1654,6 +1654,27 @@ void launch_window(const Params& p, const ConvGeo& cg, int fmt, cudaStream_t str
 
 bool rows_applies(const Params& p) { return !p.conv && p.NG <= 65535; }
 
+// A launch configuration with a thread-block cluster of `cluster` blocks along grid axis `axis`
+// (0: x, 1: y); cluster == 1 launches without the attribute. Not copyable: cfg points at attr.
+struct ClusterLaunch {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr = {};
+  ClusterLaunch(dim3 grid, int threads, size_t smem, cudaStream_t stream, int cluster, int axis) {
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = axis == 0 ? cluster : 1;
+    attr.val.clusterDim.y = axis == 1 ? cluster : 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = cluster > 1 ? 1 : 0;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 template <int TH, int R, int MODE>
 void launch_rows_t(const Params& p, int cs, cudaStream_t stream) {
   const size_t smem = (size_t)kRowsChunkQ * 16 * rows_stages<TH, R>();
@@ -1661,19 +1682,8 @@ void launch_rows_t(const Params& p, int cs, cudaStream_t stream) {
   set_smem(kern, smem);
   const int64_t bx = (p.M + p.rows_mb - 1) / p.rows_mb;
   TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(bx), cs, p.NG);
-  cfg.blockDim = dim3(TH);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = cs;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = cs > 1 ? 1 : 0;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, p));
+  const ClusterLaunch l(dim3(static_cast<unsigned>(bx), cs, p.NG), TH, smem, stream, cs, 1);
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, kern, p));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1832,19 +1842,11 @@ int max_active_clusters(ClusterFn k, int cs, size_t smem) {
   if (it != known.end()) return it->second;
   if (cs > 8)
     C10_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(cs, 1, 1);
-  cfg.blockDim = dim3(kClusterMaxThreads);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cs;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  // The attribute even for cs == 1: the query counts clusters only when it is there.
+  ClusterLaunch l(dim3(cs, 1, 1), kClusterMaxThreads, smem, nullptr, cs, 0);
+  l.cfg.numAttrs = 1;
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, k, &cfg) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&n, k, &l.cfg) != cudaSuccess) {
     (void)cudaGetLastError();  // a size this GPU cannot schedule: not an error of the call
     n = 0;
   }
@@ -1897,26 +1899,18 @@ void launch_cluster(Params p, int fmt, int cs, cudaStream_t stream) {
               " blocks does not fit this layer or GPU");
   p.cl_rows = g.rt;
   p.cl_fmt = fmt;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(g.cs, g.clusters, 1);
-  cfg.blockDim = dim3(g.th);
-  cfg.dynamicSmemBytes = g.smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = g.cs;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cluster_fn(cluster_layout(p)), p));
+  ClusterLaunch l(dim3(g.cs, g.clusters, 1), g.th, g.smem, stream, g.cs, 0);
+  l.cfg.numAttrs = 1;  // as in the occupancy query that sized the grid, cs == 1 included
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, cluster_fn(cluster_layout(p)), p));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// One candidate of auto: an algorithm and, for expanded_rows, its configuration.
+// One candidate of auto: an algorithm and, for expanded_rows, its configuration, for
+// expanded_cluster its cluster size (0: cluster_default_cs).
 struct Choice {
   Algo algo;
   RowsCfg rows{};
+  int cluster_cs = 0;
 };
 
 // Also accepts "expanded_rows_r<R>_c<CS>[_t512][_m<rows>]": one configuration of expanded_rows
@@ -1946,7 +1940,7 @@ Choice parse_choice(c10::string_view s, const char* op) {
     const bool ok = std::sscanf(name.c_str() + cpre.size(), "%d%n", &cs, &n) == 1 &&
                     name.c_str()[cpre.size() + n] == 0 && cs >= 1 && cs <= kClusterMaxN;
     TORCH_CHECK(ok, op, ": bad algo '", name, "': expanded_cluster_c<1..16>");
-    return Choice{Algo::ExpandedCluster, RowsCfg{0, cs}};
+    return Choice{Algo::ExpandedCluster, RowsCfg{}, cs};
   }
   return Choice{parse_algo(s, op)};
 }
@@ -1965,7 +1959,7 @@ void run_algo(Choice ch, Params p, const Prepared& pr, const ConvGeo& cg, cudaSt
     case Algo::ExpandedSmem: launch_exp_smem(p, stream); break;
     case Algo::ExpandedWindow: launch_window(p, cg, pr.fmt, stream); break;
     case Algo::ExpandedRows: launch_rows(p, pr.fmt, ch.rows, stream); break;
-    case Algo::ExpandedCluster: launch_cluster(p, pr.fmt, ch.rows.cs, stream); break;
+    case Algo::ExpandedCluster: launch_cluster(p, pr.fmt, ch.cluster_cs, stream); break;
     default: launch_exp_l2(p, stream);
   }
 }
@@ -2019,10 +2013,10 @@ void run(Choice choice, Params p, const at::Tensor& a, const at::Tensor& w, cons
   if (choice.algo != Algo::Auto) {
     const Algo c = concrete(choice.algo, p, cg, op);
     const auto pr = get_prepared(p, w, lut, cg, c != Algo::Direct, stream);
-    TORCH_CHECK(c == Algo::ExpandedCluster || choice.rows.cs <= rows_max_cs(p, pr->fmt), op, ": a cluster of ",
+    TORCH_CHECK(choice.rows.cs <= rows_max_cs(p, pr->fmt), op, ": a cluster of ",
                 I(choice.rows.cs), " blocks is more than this GPU, build or layer allows (",
                 I(rows_max_cs(p, pr->fmt)), ")");
-    run_algo(Choice{c, choice.rows}, p, *pr, cg, stream);
+    run_algo(Choice{c, choice.rows, choice.cluster_cs}, p, *pr, cg, stream);
     return;
   }
   // Candidates, most promising first (the pick inside a graph capture, where nothing is timed).
@@ -2035,7 +2029,7 @@ void run(Choice choice, Params p, const at::Tensor& a, const at::Tensor& w, cons
       for (RowsCfg c : rows_candidates(p, pr->fmt)) cands.push_back(Choice{Algo::ExpandedRows, c});
     if (cluster_applies(p) && pr->fmt == 1)  // int32 products: its fallback path is not a contender
       for (int cs : {2, 4, 8, 16})
-        if (cluster_geo(p, cs).cs) cands.push_back(Choice{Algo::ExpandedCluster, RowsCfg{0, cs}});
+        if (cluster_geo(p, cs).cs) cands.push_back(Choice{Algo::ExpandedCluster, RowsCfg{}, cs});
     if (resident_applies(p)) cands.push_back(Choice{Algo::ExpandedResident});
     if (smem_applies(p)) cands.push_back(Choice{Algo::ExpandedSmem});
     cands.push_back(Choice{Algo::ExpandedL2});

@@ -807,8 +807,8 @@ __global__ void __launch_bounds__(TH, TH == 256 ? (R <= 2 ? 3 : 2) : (R <= 2 ? 2
 // expanded_cluster (linear, N <= 16): a narrow layer's whole table fits in the shared memory of
 // one thread-block cluster (fc3: 88 taps x 256 codes x 10 channels = 440 KiB as int16), so each
 // block of a cluster of `cs` loads the table of its slice of the taps once and keeps it, instead
-// of every row tile streaming the whole table from L2 (expanded_rows moved 27 MB through L2 for
-// fc3's 8.4 M MACs). Channels: G8 whole 8-channel groups of T (16-byte rows), then a tail of LW
+// of every row tile streaming the whole table from L2 (expanded_rows' fc3 config: 320 blocks x
+// 86 KiB, ~27 MB of L2 reads by count, for 8.4 M MACs). Channels: G8 whole 8-channel groups of T (16-byte rows), then a tail of LW
 // words (2 channels each) from a compact copy of T's last group, so fc3's 10 channels cost 20
 // bytes a lookup instead of 32. A persistent grid of clusters walks row tiles; per tile a block
 // stages its slice of the tile's codes (cp.async), sums its taps for every row into partials in

@@ -808,9 +808,9 @@ __device__ __forceinline__ void rows_body(const Params& p, uint8_t* smem) {
     return;
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Partials [R][TH][8] in this block's shared memory (the table buffers are free once
-  // every thread passed the last chunk); block `ks` of the cluster sums its share of them all.
-  cp_async_wait<0>();  // only empty groups can be left, but drain them before reusing the buffers
+  // Partials [R][TH][8] in this block's shared memory (the table slots are free once every
+  // summing warp passed the last chunk, whose copies it waited for); block `ks` of the cluster
+  // sums its share of them all.
   __syncthreads();
   uint32_t* part = reinterpret_cast<uint32_t*>(smem);
 #pragma unroll

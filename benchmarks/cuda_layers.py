@@ -27,7 +27,7 @@ LAYERS = {
     "fc2": ("linear", (120,), (84, 120)),
     "fc3": ("linear", (84,), (10, 84)),
 }
-ALGOS = ["direct", "expanded_window", "expanded_rows", "expanded_cluster", "expanded_resident",
+ALGOS = ["direct", "expanded_window", "expanded_rows", "expanded_cluster", "expanded_pairs", "expanded_resident",
          "expanded_smem", "expanded_l2", "auto"]
 
 

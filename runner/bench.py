@@ -166,13 +166,16 @@ def cuda_workspace_bytes(kind, w_shape, algo) -> int:
     (int32 + int16), fit flags and conv tap table, plus the weight-expanded table T (allocated in
     the int32 layout: taps padded to 8 x 256 codes x channels padded to 8) for expanded variants,
     and for linear layers of <= 16 channels whose last 8-channel group holds 1-4 the compact copy
-    of that group (int16 channel pairs) that expanded_cluster reads."""
+    of that group (int16 channel pairs) that expanded_cluster reads, and for every linear layer of
+    <= 16 channels the pair-major copy of all its channel pairs that expanded_pairs reads."""
     k = w_shape[1] if kind == "linear" else w_shape[1] * w_shape[2] * w_shape[3]
     n, kpad = w_shape[0], (k + 7) // 8 * 8
     prep = -(-(256 + 256 * 256 * 6 + (kpad * 16 if kind == "conv" else 0)) // 256) * 256
     table = kpad * 256 * ((n + 7) // 8 * 8) * 4
     if kind == "linear" and n <= 16 and 1 <= n % 8 <= 4:
         table += kpad * 256 * ((n % 8 + 1) // 2) * 4
+    if kind == "linear" and n <= 16:
+        table += kpad * 256 * ((n + 1) // 2) * 4
     return prep + (0 if algo == "direct" else table)
 
 

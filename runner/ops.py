@@ -28,12 +28,12 @@ BACKENDS = ("python", "cpp", "cuda")
 BACKEND_ALGOS = {
     "python": ("direct", "expanded"),
     "cpp": ("direct", "expanded"),
-    "cuda": ("direct", "expanded_window", "expanded_rows", "expanded_cluster", "expanded_smem",
-             "expanded_l2", "expanded_resident"),
+    "cuda": ("direct", "expanded_window", "expanded_rows", "expanded_cluster", "expanded_pairs",
+             "expanded_smem", "expanded_l2", "expanded_resident"),
 }
 # Every name some backend accepts; the reference computes the same sums for all of them.
 ALGOS = ("auto", "direct", "expanded", "expanded_window", "expanded_rows", "expanded_cluster",
-         "expanded_smem", "expanded_l2", "expanded_resident")
+         "expanded_pairs", "expanded_smem", "expanded_l2", "expanded_resident")
 
 
 def check_algo(backend: str, algo: str) -> None:

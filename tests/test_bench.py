@@ -38,8 +38,9 @@ def test_cuda_workspace_is_prep_plus_expanded_table():
     # conv1: 25 taps padded to 32, 6 channels padded to 8, plus the tap table
     conv_prep = -(-(prep + 32 * 16) // 256) * 256
     assert cuda_workspace_bytes("conv", (6, 1, 5, 5), "expanded_window") == conv_prep + 32 * 256 * 8 * 4
-    # fc3: 10 channels = one whole group + a compact tail of one 2-channel word
+    # fc3: 10 channels = one whole group + a compact tail of one 2-channel word, and the 5
+    # channel pairs of expanded_pairs
     assert cuda_workspace_bytes("linear", (10, 84), "expanded_cluster") == (
-        -(-prep // 256) * 256 + 88 * 256 * 16 * 4 + 88 * 256 * 1 * 4)
-    assert cuda_workspace_bytes("linear", (16, 84), "expanded_cluster") == (
-        -(-prep // 256) * 256 + 88 * 256 * 16 * 4)
+        -(-prep // 256) * 256 + 88 * 256 * 16 * 4 + 88 * 256 * 1 * 4 + 88 * 256 * 5 * 4)
+    assert cuda_workspace_bytes("linear", (16, 84), "expanded_pairs") == (
+        -(-prep // 256) * 256 + 88 * 256 * 16 * 4 + 88 * 256 * 8 * 4)

@@ -50,6 +50,8 @@ def extra_algos(k, n, conv, window=False):
     out += ["expanded_window"] if window else [] if conv else ["expanded_rows"]
     if not conv and cluster_fits(k, n, min(16, (k + 7) // 8 * 2)):
         out.append("expanded_cluster")
+    if not conv and n <= 16:
+        out.append("expanded_pairs")
     kpad = (k + 7) // 8 * 8
     if n <= 8 and k * 4096 + 2048 * (kpad + 8) + (2048 * 12 if conv else 0) <= 227 * 1024:
         out.append("expanded_resident")

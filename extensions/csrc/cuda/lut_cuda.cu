@@ -108,6 +108,7 @@ struct Params {
   const void* Ttail;  // expanded_cluster: compact copy of T's last group (see cluster_kernel)
   int cl_rows;        // expanded_cluster: rows per tile
   int cl_fmt;         // expanded_cluster: table format known on the host (0: read the flags)
+  const void* Tpairs;  // expanded_pairs: T's channel pairs, pair-major [NP][Kpad][256] words
 };
 
 // Image and pixel of row m0 + lr, from the tile's first image b0 and offset r0 = m0 - b0 * HoWo.
@@ -1043,6 +1044,120 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) cluster_kernel(Params p
 #endif
 }
 
+
+// expanded_pairs (linear, N <= 16): a block sums one channel pair (one 4-byte word of T) over
+// every tap for a tile of rows, so no partial sums cross blocks. What binds the narrow layers is
+// the table each SM must pull from L2 (fc3: ~20 bytes a cycle an SM when all load at once); a
+// pair's table is Kpad x 256 x 4 bytes (fc3: 88 KiB), less than expanded_cluster's slice of a
+// 4-block cluster (123 KiB), and it streams through 8 KiB slots filled by a copy warp, so the
+// sums run while it arrives. Pair-major copy of T built with T (int16 tables only).
+constexpr int kPairsThreads = 512;
+constexpr int kPairsSlots = 4;  // 32 KiB (12 slots, the whole fc3 table in flight: 8.5 us, not faster)
+constexpr int kPairsChunk = 8 * 256;  // words: 8 taps
+
+__global__ void build_pairs_kernel(Params p, int np) {
+  if (!read_fits16(p.flags)) return;  // int32 products: expanded_pairs reads T itself
+  const uint32_t* src = static_cast<const uint32_t*>(p.T);
+  uint32_t* dst = static_cast<uint32_t*>(const_cast<void*>(p.Tpairs));
+  const int per = p.Kpad * 256, words = np * per;
+  for (int q = blockIdx.x * blockDim.x + threadIdx.x; q < words; q += gridDim.x * blockDim.x) {
+    const int pr = q / per, rest = q - pr * per;
+    dst[q] = src[((long long)(pr >> 2) * per + rest) * 4 + (pr & 3)];
+  }
+}
+
+template <int MODE>
+__global__ void __launch_bounds__(kPairsThreads + 32, 1) pairs_kernel(Params p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int TH = kPairsThreads, S = kPairsSlots, CW = kPairsChunk;
+  const int tid = threadIdx.x, pr = blockIdx.y;
+  const long long m0 = (long long)blockIdx.x * p.rows_mb, m = m0 + tid;
+  const bool live = tid < TH && m < min(p.M, m0 + p.rows_mb);
+  const bool f16 = MODE == 1 || (MODE == 0 && read_fits16(p.flags));
+  const int nchunks = p.Kpad / 8;
+  const uint8_t* rowp = p.a + (live ? m : 0) * p.K;
+  const uint64_t xm = 0x0101010101010101ull * p.xmask;
+  auto codes = [&](int c) {
+    const int k0 = c * 8;
+    uint64_t w = 0;
+    if (p.vec) {
+      w = load_word<8>(rowp + k0);
+    } else if (p.vec4) {
+      for (int j = 0; j < 2; ++j)
+        if (k0 + 4 * j < p.K) w |= (uint64_t)load_word<4>(rowp + k0 + 4 * j) << (32 * j);
+    } else {
+      for (int kk = 0; kk < 8; ++kk)
+        if (k0 + kk < p.K) w |= (uint64_t)__ldg(rowp + k0 + kk) << (8 * kk);
+    }
+    return w ^ xm;
+  };
+  uint32_t lo = 0, hi = 0;
+  if (!f16) {  // int32 products: T's words straight from L2 (correct, not fast)
+    if (!live) return;
+    const uint2* T32 = static_cast<const uint2*>(p.T);
+    for (int c = 0; c < nchunks; ++c) {
+      const uint64_t cw = codes(c);
+      for (int kk = 0; kk < 8; ++kk) {
+        const int a = static_cast<int>((cw >> (8 * kk)) & 255);
+        const uint2 x = __ldg(T32 + (((long long)(pr >> 2) * p.Kpad + c * 8 + kk) * 256 + a) * 4 + (pr & 3));
+        lo += x.x;
+        hi += x.y;
+      }
+    }
+  } else {
+    uint32_t* buf = reinterpret_cast<uint32_t*>(smem);
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + (size_t)S * CW * 4);
+    uint64_t* empty = full + S;
+    if (tid == 0)
+      for (int j = 0; j < S; ++j) {
+        mbar_init(full + j, 32);
+        mbar_init(empty + j, TH / 32);
+      }
+    __syncthreads();
+    const int lane = tid & 31;
+    if (tid >= TH) {
+      const int4* Tp = static_cast<const int4*>(p.Tpairs) + (long long)pr * p.Kpad * 64;
+      for (int c = 0; c < nchunks; ++c) {
+        const int slot = c % S;
+        if (c >= S) mbar_wait(empty + slot, ((c / S) - 1) & 1);
+        int4* dst = reinterpret_cast<int4*>(buf + slot * CW);
+#pragma unroll
+        for (int q = lane; q < CW / 4; q += 32) cp_async16(dst + q, Tp + (long long)c * (CW / 4) + q);
+        cp_async_mbar_arrive(full + slot);
+      }
+      cp_async_wait<0>();
+      return;
+    }
+    uint32_t s = 0, h = 0;
+    uint64_t cur = codes(0), nxt = 0;
+    for (int c = 0; c < nchunks; ++c) {
+      const int slot = c % S;
+      if (c + 1 < nchunks) nxt = codes(c + 1);
+      mbar_wait(full + slot, (c / S) & 1);
+      const uint32_t* tb = buf + slot * CW;
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const uint32_t x = tb[kk * 256 + static_cast<int>((cur >> (8 * kk)) & 255)];
+        s += x;
+        h += (uint32_t)((int)x >> 16);
+      }
+      cur = nxt;
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + slot);
+    }
+    if (!live) return;
+    lo = s - (h << 16) - 32768u * static_cast<uint32_t>(p.Kpad);
+    hi = h;
+  }
+  int32_t* o = p.out + m * p.N + 2 * pr;
+  if (2 * pr + 1 < p.N) {
+    if ((p.N & 1) == 0) *reinterpret_cast<int2*>(o) = make_int2(lo, hi);
+    else { o[0] = lo; o[1] = hi; }
+  } else {
+    o[0] = lo;
+  }
+}
+
 // expanded_window (conv, stride 1, dilation 1): a thread computes kWinRX neighbouring outputs of
 // one output row for one 8-channel group. The block's input planes sit in shared memory, padded
 // (padding = code 0's LUT row) and as LUT rows, so the codes of one kernel row for all kWinRX
@@ -1280,11 +1395,11 @@ const char* T(const at::Tensor& t) { return c10::toString(t.scalar_type()); }
 
 enum class Algo {
   Auto, Direct, Expanded, ExpandedSmem, ExpandedL2, ExpandedResident, ExpandedWindow, ExpandedRows,
-  ExpandedCluster
+  ExpandedCluster, ExpandedPairs
 };
 constexpr const char* kAlgoNames =
     "auto, direct, expanded, expanded_smem, expanded_l2, expanded_resident, expanded_window, "
-    "expanded_rows, expanded_cluster";
+    "expanded_rows, expanded_cluster, expanded_pairs";
 
 Algo parse_algo(c10::string_view s, const char* op) {
   if (s == "auto") return Algo::Auto;
@@ -1296,6 +1411,7 @@ Algo parse_algo(c10::string_view s, const char* op) {
   if (s == "expanded_window") return Algo::ExpandedWindow;
   if (s == "expanded_rows") return Algo::ExpandedRows;
   if (s == "expanded_cluster") return Algo::ExpandedCluster;
+  if (s == "expanded_pairs") return Algo::ExpandedPairs;
   TORCH_CHECK(false, op, ": unknown algo '", std::string(s.data(), s.size()), "'; valid: ",
               kAlgoNames);
 }
@@ -1342,6 +1458,9 @@ ClusterLayout cluster_layout(const Params& p) {
   const int r = p.N % 8;
   return (r == 0 || r > 4) ? ClusterLayout{p.NG, 0} : ClusterLayout{p.N / 8, (r + 1) / 2};
 }
+int64_t pairs_bytes(const Params& p) {
+  return cluster_applies(p) ? (int64_t)(p.N + 1) / 2 * p.Kpad * 256 * 4 : 0;
+}
 int64_t tail_bytes(const Params& p) {
   return cluster_applies(p) ? (int64_t)p.Kpad * 256 * cluster_layout(p).lw * 4 : 0;
 }
@@ -1374,7 +1493,8 @@ std::shared_ptr<Prepared> prepare(const Params& geo, const at::Tensor& lut, cons
   const int64_t off_t = round_up(kOffKinfo + nk * 16, 256);
   const int64_t t_bytes = need_table ? table_bytes(p) : 0;
   const int64_t tl_bytes = need_table ? tail_bytes(p) : 0;
-  pr->buf = at::empty({off_t + t_bytes + tl_bytes}, lut.options().dtype(at::kByte));
+  const int64_t pa_bytes = need_table ? pairs_bytes(p) : 0;
+  pr->buf = at::empty({off_t + t_bytes + tl_bytes + pa_bytes}, lut.options().dtype(at::kByte));
   uint8_t* base = pr->buf.data_ptr<uint8_t>();
   p.flags = reinterpret_cast<int*>(base);
   p.E32 = reinterpret_cast<int32_t*>(base + kOffE32);
@@ -1382,6 +1502,7 @@ std::shared_ptr<Prepared> prepare(const Params& geo, const at::Tensor& lut, cons
   p.kinfo = nk ? reinterpret_cast<int4*>(base + kOffKinfo) : nullptr;
   p.T = need_table ? base + off_t : nullptr;
   p.Ttail = tl_bytes ? base + off_t + t_bytes : nullptr;
+  p.Tpairs = pa_bytes ? base + off_t + t_bytes + tl_bytes : nullptr;
   pr->has_table = need_table;
   pr->stream = stream;
   prep_kernel<<<kPrepBlocks, kThreads, 0, stream>>>(
@@ -1399,6 +1520,11 @@ std::shared_ptr<Prepared> prepare(const Params& geo, const at::Tensor& lut, cons
       const ClusterLayout l = cluster_layout(p);
       const int words = static_cast<int>(tl_bytes / 4);
       build_tail_kernel<<<std::min(64, (words + 255) / 256), 256, 0, stream>>>(p, l.g8, l.lw, words);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    if (pa_bytes) {
+      const int words = static_cast<int>(pa_bytes / 4);
+      build_pairs_kernel<<<std::min(64, (words + 255) / 256), 256, 0, stream>>>(p, (p.N + 1) / 2);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   }
@@ -1952,6 +2078,29 @@ void launch_cluster(Params p, int fmt, int cs, cudaStream_t stream) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// Row tiles so that tiles x pairs blocks fill the SMs once (one block an SM), at most
+// kPairsThreads rows a tile.
+template <int MODE>
+void launch_pairs_m(Params p, cudaStream_t stream) {
+  const int np = (p.N + 1) / 2;
+  int64_t tiles = std::max<int64_t>(1, sm_count() / np);
+  tiles = std::max<int64_t>(tiles, (p.M + kPairsThreads - 1) / kPairsThreads);
+  p.rows_mb = static_cast<int>((p.M + tiles - 1) / tiles);
+  tiles = (p.M + p.rows_mb - 1) / p.rows_mb;
+  TORCH_CHECK(tiles <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
+  const size_t smem = (size_t)kPairsSlots * kPairsChunk * 4 + 16 * kPairsSlots;
+  auto kern = pairs_kernel<MODE>;
+  set_smem(kern, smem);
+  kern<<<dim3(static_cast<unsigned>(tiles), np), kPairsThreads + 32, smem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void launch_pairs(const Params& p, int fmt, cudaStream_t stream) {
+  if (fmt == 1) launch_pairs_m<1>(p, stream);
+  else if (fmt == 2) launch_pairs_m<2>(p, stream);
+  else launch_pairs_m<0>(p, stream);
+}
+
 // One candidate of auto: an algorithm and, for expanded_rows, its configuration, for
 // expanded_cluster its cluster size (0: cluster_default_cs).
 struct Choice {
@@ -2000,6 +2149,7 @@ void run_algo(Choice ch, Params p, const Prepared& pr, const ConvGeo& cg, cudaSt
   p.kinfo = pr.p.kinfo;
   p.T = pr.p.T;
   p.Ttail = pr.p.Ttail;
+  p.Tpairs = pr.p.Tpairs;
   switch (ch.algo) {
     case Algo::Direct: launch_direct(p, stream); break;
     case Algo::ExpandedResident: launch_exp_resident(p, stream); break;
@@ -2007,6 +2157,7 @@ void run_algo(Choice ch, Params p, const Prepared& pr, const ConvGeo& cg, cudaSt
     case Algo::ExpandedWindow: launch_window(p, cg, pr.fmt, stream); break;
     case Algo::ExpandedRows: launch_rows(p, pr.fmt, ch.rows, stream); break;
     case Algo::ExpandedCluster: launch_cluster(p, pr.fmt, ch.cluster_cs, stream); break;
+    case Algo::ExpandedPairs: launch_pairs(p, pr.fmt, stream); break;
     default: launch_exp_l2(p, stream);
   }
 }
@@ -2032,6 +2183,9 @@ Algo concrete(Algo algo, const Params& p, const ConvGeo& cg, const char* op) {
   if (algo == Algo::ExpandedRows)
     TORCH_CHECK(rows_applies(p), op, ": algo 'expanded_rows' is for lut_linear; use 'expanded' "
                 "or 'auto'");
+  if (algo == Algo::ExpandedPairs)
+    TORCH_CHECK(cluster_applies(p), op, ": algo 'expanded_pairs' needs a linear layer of at most 16 "
+                "output channels; use 'expanded' or 'auto'");
   if (algo == Algo::ExpandedCluster)
     TORCH_CHECK(cluster_applies(p) && cluster_default_cs(p) > 0, op, ": algo 'expanded_cluster' "
                 "needs a linear layer of at most 16 output channels and a GPU with thread-block "
@@ -2077,6 +2231,7 @@ void run(Choice choice, Params p, const at::Tensor& a, const at::Tensor& w, cons
     if (cluster_applies(p) && pr->fmt == 1)  // int32 products: its fallback path is not a contender
       for (int cs : {2, 4, 8, 16})
         if (cluster_geo(p, cs).cs) cands.push_back(Choice{Algo::ExpandedCluster, RowsCfg{}, cs});
+    if (cluster_applies(p) && pr->fmt == 1) cands.push_back(Choice{Algo::ExpandedPairs});
     if (resident_applies(p)) cands.push_back(Choice{Algo::ExpandedResident});
     if (smem_applies(p)) cands.push_back(Choice{Algo::ExpandedSmem});
     cands.push_back(Choice{Algo::ExpandedL2});

@@ -13,16 +13,14 @@ import sys
 
 import torch
 
-from cuda_layers import LAYERS, call, macs, time_ms
+from cuda_layers import LAYERS, call, codes as layer_codes, macs, time_ms
 
 KINDS = ("uniform", "relu", "const", "tapconst")
 
 
 def codes(shape, kind, i, gen):
-    a = torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8, device="cuda")
-    if kind == "relu":
-        a[torch.rand(shape, generator=gen, device="cuda") < 0.5] = 0
-    elif kind == "const":
+    a = layer_codes(shape, "relu" if kind == "relu" else "uniform", gen)
+    if kind == "const":
         a.fill_(77 + i)
     elif kind == "tapconst":
         a[:] = a[0:1].clone()

@@ -27,8 +27,8 @@ LAYERS = {
     "fc2": ("linear", (120,), (84, 120)),
     "fc3": ("linear", (84,), (10, 84)),
 }
-ALGOS = ["direct", "expanded_window", "expanded_rows", "expanded_cluster", "expanded_pairs", "expanded_resident",
-         "expanded_smem", "expanded_l2", "auto"]
+ALGOS = ["direct", "expanded_window", "expanded_rows", "expanded_cluster", "expanded_pairs",
+         "expanded_resident", "expanded_smem", "expanded_l2", "auto"]
 
 
 def macs(name, batch):

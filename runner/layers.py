@@ -20,22 +20,54 @@ from runner.quant import (ActStats, QuantConfig, act_scale_from_amax, calibrate,
 
 
 class _Quantized(nn.Module):
-    """Quantization state shared by the fake-quant and LUT variants of a layer."""
+    """Quantization state shared by the fake-quant and LUT variants of a layer.
+
+    weight and bias are trainable parameters. The weight scale (and the LUT variant's codes) follow the
+    weights: recomputed after each change (an optimizer step, load_state_dict) and written in place, so
+    the kernels' table caches, keyed on tensor content (cpp) or identity and version counter (cuda), see
+    every change. Between changes they are reused: inference never requantizes the weights."""
 
     def __init__(self, layer: nn.Module, signed: bool, qcfg: QuantConfig, stats: ActStats | None):
         super().__init__()
         self.signed = bool(signed)
         self.dynamic = qcfg.activation == "dynamic"
-        self.register_buffer("weight", layer.weight.detach().clone())
+        self.granularity = qcfg.weight
+        self.weight = nn.Parameter(layer.weight.detach().clone())
         bias = layer.bias.detach().clone() if layer.bias is not None else torch.zeros(layer.weight.shape[0])
-        self.register_buffer("bias", bias)
+        self.bias = nn.Parameter(bias)
         self.register_buffer("weight_scale", weight_scale(self.weight, qcfg.weight))
         amax = torch.tensor(float("nan") if stats is None else
                             (stats.amax_signed if signed else stats.amax_unsigned))
         self.register_buffer("act_scale", act_scale_from_amax(amax, signed))
+        self._weight_seen = self._weight_state()
+
+    def _weight_state(self):
+        return (self.weight.data_ptr(), self.weight._version)
+
+    @torch.no_grad()
+    def refresh_weight_quant(self) -> None:
+        """Requantize the weights if they changed since the last call."""
+        state = self._weight_state()
+        if state == self._weight_seen:
+            return
+        self.weight_scale.copy_(weight_scale(self.weight, self.granularity))
+        self._requantized()
+        self._weight_seen = self._weight_state()
+
+    def _requantized(self) -> None:
+        pass
 
     def input_scale(self, x: torch.Tensor) -> torch.Tensor:
         return act_scale_from_amax(dynamic_amax(x, self.signed), self.signed) if self.dynamic else self.act_scale
+
+    def set_act_amax(self, stats: ActStats) -> None:
+        """Static activation scale from new calibration statistics (recalibration after retraining)."""
+        amax = torch.tensor(stats.amax_signed if self.signed else stats.amax_unsigned)
+        self.act_scale.copy_(act_scale_from_amax(amax, self.signed))
+
+
+def _needs_grad(x: torch.Tensor, layer: nn.Module) -> bool:
+    return torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad or layer.bias.requires_grad)
 
 
 class _ConvOps:
@@ -49,42 +81,68 @@ class _ConvOps:
     def _float_op(self, x, w, b):
         return F.conv2d(x, w, b, self.stride, self.padding, self.dilation, self.groups)
 
-    def _lut_op(self, codes):
-        return ops.lut_conv2d(codes, self.weight_codes, self.lut, self.stride, self.padding, self.dilation,
-                              self.groups, backend=self.backend, algo=self.algo)
+    def _lut_forward(self, x, scale):
+        geometry = (list(self.stride), list(self.padding), list(self.dilation), self.groups)
+        if _needs_grad(x, self):
+            return ops.qconv2d(x, self.weight, self.bias, self.weight_codes, self.weight_scale, scale, self.lut,
+                               *self._slopes(), *geometry, self.signed, self.backend, self.algo, self.grad)
+        return ops._qforward_conv2d(x, self.weight_codes, self.weight_scale, scale, self.bias, self.lut, *geometry,
+                                    self.signed, self.backend, self.algo)
 
 
 class _LinearOps:
     def _float_op(self, x, w, b):
         return F.linear(x, w, b)
 
-    def _lut_op(self, codes):
-        lead = codes.shape[:-1]
-        out = ops.lut_linear(codes.reshape(-1, codes.shape[-1]), self.weight_codes, self.lut,
-                             backend=self.backend, algo=self.algo)
-        return out.reshape(*lead, out.shape[-1])
+    def _lut_forward(self, x, scale):
+        if _needs_grad(x, self):
+            return ops.qlinear(x, self.weight, self.bias, self.weight_codes, self.weight_scale, scale, self.lut,
+                               *self._slopes(), self.signed, self.backend, self.algo, self.grad)
+        return ops._qforward_linear(x, self.weight_codes, self.weight_scale, scale, self.bias, self.lut, self.signed,
+                                    self.backend, self.algo)
 
 
 class _FakeQuant(_Quantized):
     def forward(self, x):
+        self.refresh_weight_quant()
         xq = fake_quant_act(x, self.input_scale(x), self.signed)
         return self._float_op(xq, fake_quant_weight(self.weight, self.weight_scale), self.bias)
 
 
 class _Approx(_Quantized):
-    def __init__(self, layer, multiplier, qcfg, stats, backend: str, algo: str):
+    def __init__(self, layer, multiplier, qcfg, stats, backend: str, algo: str, grad: str = "ste"):
         super().__init__(layer, multiplier.signed, qcfg, stats)
         self.multiplier_name, self.backend, self.algo = multiplier.name, backend, algo
         self.register_buffer("lut", multiplier.lut.to(torch.int32).contiguous())
         self.register_buffer("weight_codes", quantize_weight(self.weight, self.weight_scale).contiguous())
+        self.grad = "ste"
+        self.set_grad(grad)
+
+    def set_grad(self, grad: str) -> None:
+        """Which gradient a training forward records: "ste" or "lut" (see runner.ops)."""
+        ops._check_grad_mode(grad)
+        self.grad = grad
+        self._slope_cache = None
+
+    def _slopes(self):
+        if self.grad != "lut":
+            empty = self.lut.new_empty(0, dtype=torch.float32)
+            return empty, empty
+        key = (self.lut.data_ptr(), self.lut._version, self.lut.device)
+        if self._slope_cache is None or self._slope_cache[0] != key:
+            self._slope_cache = (key, ops.slope_tables(self.lut, self.signed))
+        return self._slope_cache[1]
+
+    def _requantized(self) -> None:
+        self.weight_codes.copy_(quantize_weight(self.weight, self.weight_scale))
 
     def forward(self, x):
-        scale = self.input_scale(x)
-        acc = self._lut_op(ops.quantize(x.contiguous(), scale, self.signed, backend=self.backend))
-        return ops.dequantize(acc, scale, self.weight_scale, self.bias, backend=self.backend)
+        self.refresh_weight_quant()
+        return self._lut_forward(x, self.input_scale(x))
 
     def extra_repr(self):
-        return f"multiplier={self.multiplier_name}, signed={self.signed}, backend={self.backend}, algo={self.algo}"
+        return (f"multiplier={self.multiplier_name}, signed={self.signed}, backend={self.backend}, algo={self.algo}, "
+                f"grad={self.grad}")
 
 
 class FakeQuantConv2d(_ConvOps, _FakeQuant):
@@ -174,3 +232,27 @@ def quantized_models(model: nn.Module, multipliers, qcfg: QuantConfig, calib_x: 
     fq = convert_model(folded, multipliers, qcfg, stats, fake=True, layers=layers)
     approx = convert_model(folded, multipliers, qcfg, stats, backend=backend, algo=algo, layers=layers)
     return fq, approx, stats
+
+
+def quantized_layers(model: nn.Module) -> dict[str, _Quantized]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, _Quantized)}
+
+
+def set_grad_mode(model: nn.Module, grad: str) -> None:
+    """The gradient every LUT layer of `model` records in training ("ste" or "lut")."""
+    for m in model.modules():
+        if isinstance(m, _Approx):
+            m.set_grad(grad)
+
+
+@torch.no_grad()
+def recalibrate(model: nn.Module, calib_x: torch.Tensor, qcfg: QuantConfig, seed: int = 0, device="cpu") -> dict:
+    """New static activation scales for a converted model after its weights changed (retraining), layer by
+    layer in forward order, so each layer is observed with the new scales of the layers before it."""
+    stats = {}
+    if qcfg.activation == "dynamic":
+        return stats
+    for name, layer in quantized_layers(model).items():
+        stats.update(calibrate(model, calib_x, qcfg, device=device, seed=seed, layers={name: layer}))
+        layer.set_act_amax(stats[name])
+    return stats

@@ -176,6 +176,97 @@ def reference_lut_conv2d(a, w, lut, stride=1, padding=0, dilation=1, groups=1, a
     return out
 
 
+def _check_grad(op, a, w, grad, slope):
+    if a.dtype not in (torch.int8, torch.uint8) or w.dtype != torch.int8:
+        raise RuntimeError(f"{op}: codes must be a int8/uint8 and w int8, got {a.dtype}, {w.dtype}")
+    if a.dim() != 2 or w.dim() != 2 or a.shape[1] != w.shape[1]:
+        raise RuntimeError(f"{op}: expected a [M, K] and w [N, K], got {list(a.shape)}, {list(w.shape)}")
+    if grad.dtype != torch.float32 or tuple(grad.shape) != (a.shape[0], w.shape[0]):
+        raise RuntimeError(f"{op}: grad must be float32 [M, N] = {[a.shape[0], w.shape[0]]}, "
+                           f"got {grad.dtype} {list(grad.shape)}")
+    if slope.dtype != torch.float32 or tuple(slope.shape) != (256, 256):
+        raise RuntimeError(f"{op}: slope must be float32 [256, 256], got {slope.dtype} {list(slope.shape)}")
+
+
+def _slope_products(a, w, slope, rows):
+    """slope[row(a[m, k])][w[n, k] + 128] for rows m in `rows`: float64 [m, K, N]."""
+    ai = a[rows].to(torch.int64)
+    if a.dtype == torch.int8:
+        ai = ai + 128
+    col = w.to(torch.int64).t() + 128                       # [K, N]
+    return slope.reshape(-1).to(torch.float64)[(ai * 256).unsqueeze(2) + col.unsqueeze(0)]
+
+
+def reference_lut_grad_a(a, w, grad, slope):
+    """float32 [M, K]: out[m, k] = sum_n grad[m, n] * slope[row(a[m, k])][w[n, k] + 128] (float64 sums).
+
+    With slope = dP/da of the effective product table P (see slope_tables) and grad scaled by the
+    weight scale, this is the input gradient of a LUT layer that sees the multiplier's error."""
+    _check_grad("lut_grad_a", a, w, grad, slope)
+    m, k = a.shape
+    out = torch.empty((m, k), dtype=torch.float32, device=a.device)
+    step = max(1, _REF_CHUNK_BYTES // (8 * max(1, k * w.shape[0])))
+    for s in range(0, m, step):
+        prod = _slope_products(a, w, slope, slice(s, s + step))
+        out[s:s + step] = (prod * grad[s:s + step].to(torch.float64).unsqueeze(1)).sum(2).to(torch.float32)
+    return out
+
+
+def reference_lut_grad_w(a, w, grad, slope):
+    """float32 [N, K]: out[n, k] = sum_m grad[m, n] * slope[row(a[m, k])][w[n, k] + 128] (float64 sums)."""
+    _check_grad("lut_grad_w", a, w, grad, slope)
+    m, k = a.shape
+    acc = torch.zeros((k, w.shape[0]), dtype=torch.float64, device=a.device)
+    step = max(1, _REF_CHUNK_BYTES // (8 * max(1, k * w.shape[0])))
+    for s in range(0, m, step):
+        prod = _slope_products(a, w, slope, slice(s, s + step))
+        acc += (prod * grad[s:s + step].to(torch.float64).unsqueeze(1)).sum(0)
+    return acc.t().contiguous().to(torch.float32)
+
+
+def effective_products(lut, signed):
+    """float64 [256, 256] P[row(a)][w + 128]: the product the layer adds for codes (a, w), the weight's
+    sign folded in for unsigned multipliers (P = sign(w) * lut[a][|w|]), so both kinds index alike."""
+    lut = lut.to(torch.float64).cpu()
+    if signed:
+        return lut
+    w = torch.arange(-128, 128)
+    return lut[:, w.abs()] * torch.sign(w).to(torch.float64)
+
+
+def _central_difference(p, dim):
+    """Slope of p along dim: (p[i+1] - p[i-1]) / 2 inside, one-sided at the two edges."""
+    d = torch.empty_like(p)
+    lo, hi = p.narrow(dim, 0, 254), p.narrow(dim, 2, 254)
+    d.narrow(dim, 1, 254).copy_((hi - lo) / 2)
+    d.narrow(dim, 0, 1).copy_(p.narrow(dim, 1, 1) - p.narrow(dim, 0, 1))
+    d.narrow(dim, 255, 1).copy_(p.narrow(dim, 255, 1) - p.narrow(dim, 254, 1))
+    return d
+
+
+def slope_tables(lut, signed):
+    """(dP/da, dP/dw), float32 [256, 256] on lut's device: the multiplier's own finite-difference slopes,
+    which the `lut` gradient uses in place of the exact operands. For the exact multiplier P = a * w,
+    so they are exactly w and a, and the `lut` gradient equals the straight-through one."""
+    p = effective_products(lut, signed)
+    return (_central_difference(p, 0).to(torch.float32).to(lut.device),
+            _central_difference(p, 1).to(torch.float32).to(lut.device))
+
+
+def lut_grad_a(a, w, grad, slope, *, backend="cpp"):
+    _check_backend(backend)
+    if backend == "python":
+        return reference_lut_grad_a(a, w, grad, slope)
+    return _compiled("lut_grad_a", backend, a)(a, w, grad, slope)
+
+
+def lut_grad_w(a, w, grad, slope, *, backend="cpp"):
+    _check_backend(backend)
+    if backend == "python":
+        return reference_lut_grad_w(a, w, grad, slope)
+    return _compiled("lut_grad_w", backend, a)(a, w, grad, slope)
+
+
 def _compiled(op_name, backend, a):
     err = _ext.extension_error()
     if err is not None:
@@ -242,6 +333,187 @@ def dequantize(acc, act_scale, weight_scale, bias, *, backend="cpp"):
     return _compiled("dequantize", backend, acc)(acc, act_scale.reshape(()).contiguous(), weight_scale, bias)
 
 
+# ------------------------------------------------------------------------------------------------
+# Differentiable layer ops: float input -> quantize -> LUT MAC -> dequantize -> float output.
+#
+# Autograd lives here, on float-level ops, not on lut_linear / lut_conv2d: those take integer codes,
+# which have no gradient, and the gradient of a quantized layer needs what only the float level
+# knows (the clipping masks of the quantizers, the scales). So approx::qlinear / approx::qconv2d are
+# Python custom ops whose forward composes the integer ops (quantize, lut_*, dequantize on the
+# chosen backend) and whose backward is registered with torch.library.register_autograd:
+#   grad="ste"  straight-through: the gradient of the exact product of the dequantized operands,
+#               times the quantizers' clipping masks -- exactly what fake-quant's autograd computes
+#               (the same aten calls on the same fake-quantized tensors).
+#   grad="lut"  the multiplier's own slopes (slope_tables) in place of the exact operands:
+#               dL/dx[m,k] = mask_x * sum_n g[m,n] s_w[n] dP/da(a[m,k], w[n,k])
+#               dL/dW[n,k] = mask_w * s_a * sum_m g[m,n] dP/dw(a[m,k], w[n,k])
+#               through approx::lut_grad_a / lut_grad_w (the reference above on backend=python).
+# Scales are constants of the step (as in fake-quant QAT): the activation scale is calibrated or
+# per batch, the weight scale follows the weights (runner.layers refreshes it after each step).
+GRADS = ("ste", "lut")
+
+
+def _check_grad_mode(grad):
+    if grad not in GRADS:
+        raise UserError(f"finetune.grad={grad!r}: choose {' or '.join(GRADS)}.")
+
+
+def _qforward_linear(x, weight_codes, weight_scale, act_scale, bias, lut, signed, backend, algo):
+    codes = quantize(x.contiguous(), act_scale, signed, backend=backend)
+    lead = codes.shape[:-1]
+    acc = lut_linear(codes.reshape(-1, codes.shape[-1]), weight_codes, lut, backend=backend, algo=algo)
+    return dequantize(acc, act_scale, weight_scale, bias, backend=backend).reshape(*lead, acc.shape[-1])
+
+
+def _qforward_conv2d(x, weight_codes, weight_scale, act_scale, bias, lut, stride, padding, dilation, groups,
+                     signed, backend, algo):
+    codes = quantize(x.contiguous(), act_scale, signed, backend=backend)
+    acc = lut_conv2d(codes, weight_codes, lut, stride, padding, dilation, groups, backend=backend, algo=algo)
+    return dequantize(acc, act_scale, weight_scale, bias, backend=backend)
+
+
+@torch.library.custom_op("approx::qlinear", mutates_args=())
+def qlinear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, weight_codes: torch.Tensor,
+            weight_scale: torch.Tensor, act_scale: torch.Tensor, lut: torch.Tensor, slope_a: torch.Tensor,
+            slope_w: torch.Tensor, signed: bool, backend: str, algo: str, grad: str) -> torch.Tensor:
+    """Linear layer through the LUT: x float [..., K], weight float [N, K] (its codes and scale given,
+    so kernels reuse their cached tables), act_scale 0-d. slope_a/slope_w: slope_tables() for grad="lut"
+    (unused, may be empty, for "ste")."""
+    return _qforward_linear(x, weight_codes, weight_scale, act_scale, bias, lut, signed, backend, algo)
+
+
+@torch.library.custom_op("approx::qconv2d", mutates_args=())
+def qconv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, weight_codes: torch.Tensor,
+            weight_scale: torch.Tensor, act_scale: torch.Tensor, lut: torch.Tensor, slope_a: torch.Tensor,
+            slope_w: torch.Tensor, stride: list[int], padding: list[int], dilation: list[int], groups: int,
+            signed: bool, backend: str, algo: str, grad: str) -> torch.Tensor:
+    """Conv2d through the LUT, float in and out (see qlinear)."""
+    return _qforward_conv2d(x, weight_codes, weight_scale, act_scale, bias, lut, stride, padding, dilation,
+                            groups, signed, backend, algo)
+
+
+@qlinear.register_fake
+def _(x, weight, bias, weight_codes, weight_scale, act_scale, lut, slope_a, slope_w, signed, backend, algo, grad):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@qconv2d.register_fake
+def _(x, weight, bias, weight_codes, weight_scale, act_scale, lut, slope_a, slope_w, stride, padding, dilation,
+      groups, signed, backend, algo, grad):
+    ho, wo = conv_output_size(x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], stride, padding, dilation)
+    return x.new_empty((x.shape[0], weight.shape[0], ho, wo))
+
+
+def _fake_quant_masks(x, weight, weight_scale, act_scale, signed):
+    """(x_q, mask_x, w_q, mask_w): fake-quant's own outputs and clipping masks (the aten ops that
+    torch.fake_quantize_per_{tensor,channel}_affine run), so the STE gradient is fake-quant's exactly."""
+    from runner.quant import WEIGHT_QMAX, act_qrange
+
+    qmin, qmax = act_qrange(signed)
+    one = torch.ones(1, dtype=torch.long, device=x.device)
+    zero = torch.zeros((), dtype=torch.int32, device=x.device)
+    xq, mask_x = torch.ops.aten._fake_quantize_per_tensor_affine_cachemask_tensor_qparams(
+        x, act_scale, zero, one, qmin, qmax)
+    wzero = torch.zeros(weight.shape[0], dtype=torch.int32, device=weight.device)
+    wq, mask_w = torch.ops.aten.fake_quantize_per_channel_affine_cachemask(
+        weight, weight_scale, wzero, 0, -WEIGHT_QMAX, WEIGHT_QMAX)
+    return xq, mask_x, wq, mask_w
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, weight_codes, weight_scale, act_scale, lut, slope_a, slope_w = inputs[:9]
+    ctx.save_for_backward(x, weight, weight_codes, weight_scale, act_scale, slope_a, slope_w)
+    ctx.conv = len(inputs) > 13
+    if ctx.conv:
+        ctx.stride, ctx.padding, ctx.dilation, ctx.groups = inputs[9:13]
+    ctx.signed, ctx.backend, ctx.algo, ctx.grad = inputs[-4:]
+
+
+def _lut_rows_grads(ctx, codes, weight_codes, g_rows, weight_scale, act_scale, slope_a, slope_w, need_x, need_w):
+    """The `lut` gradient in rows form (codes [M, K], g_rows [M, N]): (d codes-space input, d weight)."""
+    gx = gw = None
+    if need_x:
+        gx = lut_grad_a(codes, weight_codes, (g_rows * weight_scale).contiguous(), slope_a, backend=ctx.backend)
+    if need_w:
+        gw = lut_grad_w(codes, weight_codes, g_rows.contiguous(), slope_w, backend=ctx.backend) * act_scale
+    return gx, gw
+
+
+def _backward_linear(ctx, g):
+    x, weight, weight_codes, weight_scale, act_scale, slope_a, slope_w = ctx.saved_tensors
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    xq, mask_x, wq, mask_w = _fake_quant_masks(x, weight, weight_scale, act_scale, ctx.signed)
+    k, n = x.shape[-1], weight.shape[0]
+    g2 = g.reshape(-1, n)
+    gx = gw = gb = None
+    if ctx.grad == "ste":
+        # the aten calls F.linear's autograd makes (addmm backward), so the sums round alike
+        if need_x:
+            gx = g2.mm(wq).reshape(x.shape) * mask_x
+        if need_w:
+            gw = xq.reshape(-1, k).t().mm(g2).t() * mask_w
+    else:
+        codes = quantize(x.contiguous(), act_scale, ctx.signed, backend=ctx.backend).reshape(-1, k)
+        gx, gw = _lut_rows_grads(ctx, codes, weight_codes, g2, weight_scale, act_scale, slope_a, slope_w,
+                                 need_x, need_w)
+        gx = None if gx is None else gx.reshape(x.shape) * mask_x
+        gw = None if gw is None else gw * mask_w
+    if need_b:
+        gb = g2.sum(0)
+    return gx, gw, gb, *([None] * 10)
+
+
+def _backward_conv2d(ctx, g):
+    x, weight, weight_codes, weight_scale, act_scale, slope_a, slope_w = ctx.saved_tensors
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    xq, mask_x, wq, mask_w = _fake_quant_masks(x, weight, weight_scale, act_scale, ctx.signed)
+    gx = gw = gb = None
+    if ctx.grad == "ste":
+        # the one aten call F.conv2d's autograd makes
+        gx, gw, gb = torch.ops.aten.convolution_backward(
+            g, xq, wq, [weight.shape[0]], ctx.stride, ctx.padding, ctx.dilation, False, [0, 0], ctx.groups,
+            [need_x, need_w, need_b])
+        gx = None if gx is None else gx * mask_x
+        gw = None if gw is None else gw * mask_w
+        return gx, gw, gb, *([None] * 14)
+    gx, gw = _lut_conv_grads(ctx, x, weight_codes, g, weight_scale, act_scale, slope_a, slope_w, need_x, need_w)
+    gx = None if gx is None else gx * mask_x
+    gw = None if gw is None else gw * mask_w
+    if need_b:
+        gb = g.sum((0, 2, 3))
+    return gx, gw, gb, *([None] * 14)
+
+
+def _lut_conv_grads(ctx, x, weight_codes, g, weight_scale, act_scale, slope_a, slope_w, need_x, need_w):
+    """The `lut` gradient of a conv: its codes unfolded into rows (padding = code 0), the rows-form
+    gradients per group, the input gradient folded back (padding positions drop out)."""
+    b, c, h, wd = x.shape
+    n, cg, kh, kw = weight_codes.shape
+    groups, ng, kg = ctx.groups, n // ctx.groups, cg * kh * kw
+    codes = quantize(x.contiguous(), act_scale, ctx.signed, backend=ctx.backend)
+    cols = F.unfold(codes.to(torch.float32), (kh, kw), dilation=ctx.dilation, padding=ctx.padding,
+                    stride=ctx.stride)                                   # [B, C*kh*kw, L]
+    length = cols.shape[2]
+    gcols, gws = [], []
+    for gi in range(groups):
+        rows = cols[:, gi * kg:(gi + 1) * kg, :].transpose(1, 2).reshape(-1, kg).to(codes.dtype).contiguous()
+        g_rows = g[:, gi * ng:(gi + 1) * ng].reshape(b, ng, length).transpose(1, 2).reshape(-1, ng)
+        w_rows = weight_codes[gi * ng:(gi + 1) * ng].reshape(ng, kg)
+        gx, gw = _lut_rows_grads(ctx, rows, w_rows, g_rows, weight_scale[gi * ng:(gi + 1) * ng], act_scale,
+                                 slope_a, slope_w, need_x, need_w)
+        if gx is not None:
+            gcols.append(gx.reshape(b, length, kg).transpose(1, 2))
+        if gw is not None:
+            gws.append(gw.reshape(ng, cg, kh, kw))
+    gx = (F.fold(torch.cat(gcols, 1), (h, wd), (kh, kw), dilation=ctx.dilation, padding=ctx.padding,
+                 stride=ctx.stride) if gcols else None)
+    return gx, (torch.cat(gws, 0) if gws else None)
+
+
+torch.library.register_autograd("approx::qlinear", _backward_linear, setup_context=_setup_context)
+torch.library.register_autograd("approx::qconv2d", _backward_conv2d, setup_context=_setup_context)
+
+
 def _register_fakes():
     """Shape functions for torch.compile / FakeTensor tracing; only once runner._C defined the ops."""
     if _ext.extension_error() is not None:
@@ -271,6 +543,14 @@ def _register_fakes():
     def _(acc, act_scale, weight_scale, bias):
         torch._check(acc.dim() >= 2, lambda: "dequantize: acc must be [B, N, ...]")
         return torch.empty_like(acc, dtype=torch.float32)
+
+    @torch.library.register_fake("approx::lut_grad_a")
+    def _(a, w, grad, slope):
+        return grad.new_empty((a.shape[0], a.shape[1]))
+
+    @torch.library.register_fake("approx::lut_grad_w")
+    def _(a, w, grad, slope):
+        return grad.new_empty((w.shape[0], w.shape[1]))
 
     _register_fakes.done = True
 

@@ -113,22 +113,25 @@ def quant_layers(model: nn.Module) -> dict[str, nn.Module]:
 
 
 @torch.no_grad()
-def calibrate(model: nn.Module, x: torch.Tensor, qcfg: QuantConfig, device="cpu", seed: int = 0) -> dict[str, ActStats]:
-    """Observe the input of every Conv2d/Linear over `calib_batches` seeded random batches of x.
+def calibrate(model: nn.Module, x: torch.Tensor, qcfg: QuantConfig, device="cpu", seed: int = 0,
+              layers: dict[str, nn.Module] | None = None) -> dict[str, ActStats]:
+    """Observe the input of every Conv2d/Linear (or of `layers`) over `calib_batches` seeded random
+    batches of x.
 
     Runs for dynamic quantization too: the sign check (an unsigned multiplier needs inputs >= 0)
     must happen before inference, whatever the scale policy."""
     gen = torch.Generator().manual_seed(seed)
     n = min(len(x), qcfg.calib_batches * qcfg.calib_batch_size)
     idx = torch.randperm(len(x), generator=gen)[:n]
-    seen: dict[str, list[torch.Tensor]] = {name: [] for name in quant_layers(model)}
+    layers = quant_layers(model) if layers is None else layers
+    seen: dict[str, list[torch.Tensor]] = {name: [] for name in layers}
 
     def hook(name):
         def fn(_module, args):
             seen[name].append(args[0].detach().flatten().float().cpu())
         return fn
 
-    handles = [m.register_forward_pre_hook(hook(name)) for name, m in quant_layers(model).items()]
+    handles = [m.register_forward_pre_hook(hook(name)) for name, m in layers.items()]
     try:
         model.eval().to(device)
         for i in range(0, n, qcfg.calib_batch_size):

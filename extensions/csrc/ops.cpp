@@ -35,4 +35,11 @@ TORCH_LIBRARY(approx, m) {
   // Scales are 0-d / [N] float32 tensors on the data's device, so GPU code never waits for the host.
   m.def("quantize(Tensor x, Tensor scale, bool signed) -> Tensor");
   m.def("dequantize(Tensor acc, Tensor act_scale, Tensor weight_scale, Tensor bias) -> Tensor");
+  // Backward of the `lut` gradient (runner/ops.py slope_tables, reference_lut_grad_*), in rows form
+  // (a conv is unfolded first): a [M, K] codes, w [N, K] codes, grad [M, N] float32, slope [256, 256]
+  // float32 indexed [row(a)][w + 128] (row(a) = a + 128 for int8, a for uint8):
+  //   lut_grad_a: out[m, k] = sum_n grad[m, n] * slope[row(a[m, k])][w[n, k] + 128]   float32 [M, K]
+  //   lut_grad_w: out[n, k] = sum_m grad[m, n] * slope[row(a[m, k])][w[n, k] + 128]   float32 [N, K]
+  m.def("lut_grad_a(Tensor a, Tensor w, Tensor grad, Tensor slope) -> Tensor");
+  m.def("lut_grad_w(Tensor a, Tensor w, Tensor grad, Tensor slope) -> Tensor");
 }

@@ -17,6 +17,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 COMMANDS = {
     "train": ("runner.train", "train the baseline LeNet-5 (fp32) and save its checkpoint", True),
     "compare": ("runner.compare", "accuracy/latency of pytorch fp32, fake-quant int8 and custom-MAC inference", True),
+    "finetune": ("runner.finetune", "compare, plus the approx model retrained through its LUT layers", True),
     "sweep": ("runner.sweep", "run compare over many multipliers (Hydra multirun; resumable)", False),
     "bench": ("runner.bench", "time the LUT-MAC ops and whole models on each backend", True),
     "results": ("runner.results", "filter, pivot and plot results/results.csv", False),
@@ -28,6 +29,7 @@ EXAMPLES = """examples:
   approx-run train                                  # LeNet-5 on the embedded 5,000 MNIST digits
   approx-run train data=fashion_mnist device=cuda
   approx-run compare multiplier=mul8s_1L2J backend=cpp
+  approx-run finetune multiplier=mul8u_T83 finetune.epochs=3 finetune.grad=lut
   approx-run sweep sweep.multipliers='mul8s_*'
   approx-run lut list
   approx-run <command> --help                       # options and config groups of a command

@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from runner import finetune
 from runner._ext import backend_status
 from runner.console import console, progress_bar
 from runner.errors import UserError
@@ -30,7 +31,7 @@ from runner.quant import QuantConfig, quant_layers
 from runner.results import append_rows, done_keys, write_csv
 from runner.train import load_or_train, weight_config
 
-PATHS = ("pytorch", "fakequant", "approx")
+PATHS = ("pytorch", "fakequant", "approx", "approx_finetuned")
 BACKEND_DEVICE = {"cpp": "cpu", "cuda": "cuda"}
 
 
@@ -90,8 +91,12 @@ def row_keys(cfg: DictConfig, multipliers: dict, layers: list[str], device: torc
              "signed": {n: multipliers[n].signed for n in layers}}
     approx = {**quant, "backend": cfg.backend.name, "algo": cfg.backend.algo,
               "luts": {n: multipliers[n].sha256 for n in layers}}
-    return {"pytorch": _key({**base, "path": "pytorch"}), "fakequant": _key({**quant, "path": "fakequant"}),
+    keys = {"pytorch": _key({**base, "path": "pytorch"}), "fakequant": _key({**quant, "path": "fakequant"}),
             "approx": _key({**approx, "path": "approx"})}
+    if finetune.enabled(cfg):
+        settings = finetune.FinetuneConfig.from_cfg(cfg.finetune).as_dict()
+        keys["approx_finetuned"] = _key({**approx, "finetune": settings, "path": "approx_finetuned"})
+    return keys
 
 
 def multiplier_columns(multipliers: dict, layers: list[str]) -> dict:
@@ -175,6 +180,9 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
     wanted = [p for p in cfg.eval.paths if p in PATHS]
     if not wanted:
         raise UserError(f"eval.paths={list(cfg.eval.paths)} names none of {list(PATHS)}.")
+    if "approx_finetuned" in keys and "approx_finetuned" not in wanted:
+        wanted.append("approx_finetuned")
+    wanted = [p for p in wanted if p in keys]
     skip = done_keys(results_file) if cfg.skip_done else set()
     if all(keys[p] in skip for p in wanted):
         console.print(f"[yellow]skipping[/] {common['backend']}/{multipliers[approx_layers[0]].name}: "
@@ -188,13 +196,23 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
     fq, approx, stats = quantized_models(model, multipliers, qcfg, data.train_x, backend=cfg.backend.name,
                                          algo=cfg.backend.algo, layers=approx_layers, seed=int(cfg.seed))
     models = {"pytorch": model, "fakequant": fq, "approx": approx}
+    extra = {p: {} for p in PATHS}
+    ft_info = None
+    if "approx_finetuned" in wanted and keys["approx_finetuned"] not in skip:
+        fcfg = finetune.FinetuneConfig.from_cfg(cfg.finetune)
+        ident = finetune.identity(weight_config(cfg), multipliers, approx_layers, qcfg, fcfg)
+        models["approx_finetuned"], ft_meta, ft_ckpt = finetune.obtain(
+            cfg, approx, data, ident, qcfg, device, out_dir, label=multiplier_columns(multipliers, approx_layers)[
+                "multiplier"])
+        extra["approx_finetuned"] = finetune.row_columns(fcfg, ft_meta, ft_ckpt)
+        ft_info = {"checkpoint": str(ft_ckpt), **ft_meta}
     bs = int(cfg.eval.batch_size)
     threads = torch.get_num_threads()
     mcols = multiplier_columns(multipliers, approx_layers)
     env = environment(device)
     rows, preds = [], {}
     # fakequant predictions are needed for agreement even when its row is already recorded
-    order = ["pytorch", "fakequant"] + (["approx"] if "approx" in wanted else [])
+    order = ["pytorch", "fakequant"] + [p for p in ("approx", "approx_finetuned") if p in models and p in wanted]
     n_batches = (len(x) + bs - 1) // bs
     with progress_bar(f"compare {mcols['multiplier']} on {device}", total=len(order)) as advance:
         for path in order:
@@ -206,11 +224,12 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
             if record:
                 row = _row(path, timed, y, preds, bs, device, threads)
                 is_quant = path != "pytorch"
-                rows.append({**common, **row, **(mcols if path == "approx" else {}),
+                is_lut = path.startswith("approx")
+                rows.append({**common, **row, **(mcols if is_lut else {}), **extra[path],
                              "multiplier": mcols["multiplier"] if is_quant else "",
                              "quant": common["quant"] if is_quant else "",
-                             "backend": common["backend"] if path == "approx" else "torch",
-                             "algo": common["algo"] if path == "approx" else "",
+                             "backend": common["backend"] if is_lut else "torch",
+                             "algo": common["algo"] if is_lut else "",
                              "row_key": keys[path], "checkpoint": str(ckpt), "baseline_test_accuracy":
                              meta["test_accuracy"], "device_name": env["device_name"],
                              "git_sha": env["git_sha"], "git_dirty": env["git_dirty"],
@@ -225,6 +244,7 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
         "multipliers": {n: {"name": m.name, "signed": m.signed, "lut_sha256": m.sha256, "source": m.source}
                         for n, m in multipliers.items() if n in approx_layers},
         "calibration": {n: vars(s) for n, s in stats.items()},
+        "finetune": ft_info,
         "rows": len(rows), "results_file": str(results_file),
     })
     _print_table(rows)

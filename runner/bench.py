@@ -219,11 +219,81 @@ def bench_models(model, multiplier, qcfg, calib_x, x, backends, *, batch_size, r
     return df
 
 
+def bench_train(model, multiplier, qcfg, data, backends, *, batch_size, repeats, warmup, epochs=1,
+                grads=("ste", "lut"), lr=1e-4, seed=0) -> pd.DataFrame:
+    """Training cost per path, like a forward/backward table: one step (forward + backward + Adam) on a fixed
+    batch, median of `repeats` after `warmup`, and whole epochs over the training set (median of `epochs`
+    after one untimed epoch) for pytorch fp32, fake-quant (QAT) and approx (each backend, each gradient)."""
+    import copy
+    import time
+
+    import torch.nn.functional as F
+
+    from runner.evaluate import Clock
+    from runner.layers import convert_model, quantized_models, set_grad_mode
+    from runner.models import fold_input_normalization
+
+    fq, _, stats = quantized_models(model, multiplier, qcfg, data.train_x, backend="python", seed=seed)
+    folded = fold_input_normalization(model)
+    devices = ["cpu"] + (["cuda"] if "cuda" in backends else [])
+    runs = []
+    for dev in devices:
+        runs += [("pytorch", "torch", "", dev, model), ("fakequant", "torch", "ste", dev, fq)]
+    for backend in backends:
+        for grad in grads:
+            approx = convert_model(folded, multiplier, qcfg, stats, backend=backend)
+            set_grad_mode(approx, grad)
+            runs.append(("approx", backend, grad, "cuda" if backend == "cuda" else "cpu", approx))
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randperm(len(data.train_x), generator=gen)[:batch_size]
+    rows = []
+    for path, backend, grad, dev, base in runs:
+        device = torch.device(dev)
+        m = copy.deepcopy(base).to(device).train()
+        opt = torch.optim.Adam(m.parameters(), lr=lr)
+        xb, yb = data.train_x[idx].to(device), data.train_y[idx].to(device)
+
+        def step(x, y):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(m(x), y).backward()
+            opt.step()
+
+        clock = Clock(device)
+        for _ in range(warmup):
+            step(xb, yb)
+        step_ms = []
+        for _ in range(repeats):
+            t0 = clock.start()
+            step(xb, yb)
+            step_ms.append(clock.ms_since(t0))
+        loader = data.loader("train", batch_size, shuffle=True, seed=seed)
+        epoch_s = []
+        for e in range(epochs + 1):  # the first epoch warms up (allocator, tables, auto's trials)
+            t0 = time.perf_counter()
+            for x, y in loader:
+                step(x.to(device), y.to(device))
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if e:
+                epoch_s.append(time.perf_counter() - t0)
+        rows.append(dict(path=path, backend=backend, grad=grad, device=dev, batch_size=batch_size,
+                         threads=torch.get_num_threads(), repeats=repeats, images=len(data.train_x),
+                         step_ms_median=statistics.median(step_ms), step_ms_min=min(step_ms),
+                         epoch_s_median=statistics.median(epoch_s)))
+    df = pd.DataFrame(rows)
+    for dev in devices:
+        ref = df.loc[(df.path == "fakequant") & (df.device == dev), "epoch_s_median"].iloc[0]
+        df.loc[df.device == dev, "x_fakequant_epoch"] = df.loc[df.device == dev, "epoch_s_median"] / ref
+    return df
+
+
 # what the terminal tables show; the CSVs hold every column
 _SHOWN = {
     "ops": ("backend", "algo", "layer", "batch", "dist", "threads", "median_us", "gmacs"),
     "algos": ("backend", "algo", "layer", "supported", "median_us", "gmacs", "workspace_mib", "note"),
     "model": ("path", "backend", "device", "images", "threads", "median_ms", "images_per_s", "x_pytorch_time"),
+    "train": ("path", "backend", "grad", "device", "batch_size", "threads", "step_ms_median", "epoch_s_median",
+              "x_fakequant_epoch"),
 }
 
 
@@ -267,6 +337,13 @@ def run(cfg, out_dir):
                                        [x for x in backends if x != "python" or b.python_model],
                                        batch_size=int(b.model_batch_size), repeats=int(b.repeats),
                                        warmup=int(b.warmup))
+    if b.get("train", False):
+        model, _, _, data = load_or_train(cfg)
+        tables["train"] = bench_train(model, resolve(cfg.multiplier), QuantConfig.from_cfg(cfg.quant), data,
+                                      [x for x in backends if x != "python" or b.python_train],
+                                      batch_size=int(b.train_batch_size), repeats=int(b.repeats),
+                                      warmup=int(b.warmup), epochs=int(b.train_epochs), grads=tuple(b.train_grads),
+                                      seed=int(cfg.seed))
     for name, df in tables.items():
         write_csv(out_dir / f"{name}.csv", df)
         show = df if name != "ops" else df[df.batch == max(b.batches)]

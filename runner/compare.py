@@ -180,8 +180,8 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
     wanted = [p for p in cfg.eval.paths if p in PATHS]
     if not wanted:
         raise UserError(f"eval.paths={list(cfg.eval.paths)} names none of {list(PATHS)}.")
-    if "approx_finetuned" in keys and "approx_finetuned" not in wanted:
-        wanted.append("approx_finetuned")
+    if "approx_finetuned" in keys and "approx" in wanted and "approx_finetuned" not in wanted:
+        wanted.append("approx_finetuned")  # retraining on: its row goes beside the approx row
     wanted = [p for p in wanted if p in keys]
     skip = done_keys(results_file) if cfg.skip_done else set()
     if all(keys[p] in skip for p in wanted):

@@ -34,6 +34,11 @@ from runner.quant import QuantConfig
 
 OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("constant", "cosine")
+# When the static activation scales are recalibrated from the retrained model's own activations:
+#   epoch  before every epoch after the first, so the last epoch trains with the final scales
+#   end    once after training (the weights never see the new scales: measured worse, see docs)
+#   none   keep the baseline's calibration
+RECALIBRATE = ("none", "epoch", "end")
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,7 @@ class FinetuneConfig:
     batch_size: int = 64
     schedule: str = "cosine"       # cosine | constant
     weight_decay: float = 0.0
-    recalibrate: bool = True       # new static activation scales after training
+    recalibrate: str = "none"      # none | epoch | end (RECALIBRATE; measured: recalibrating hurts)
 
     def __post_init__(self):
         if int(self.epochs) < 0:
@@ -54,6 +59,8 @@ class FinetuneConfig:
             raise UserError(f"finetune.optimizer={self.optimizer!r}: choose {' or '.join(OPTIMIZERS)}.")
         if self.grad not in GRADS:
             raise UserError(f"finetune.grad={self.grad!r}: choose {' or '.join(GRADS)}.")
+        if self.recalibrate not in RECALIBRATE:
+            raise UserError(f"finetune.recalibrate={self.recalibrate!r}: choose one of {', '.join(RECALIBRATE)}.")
         if self.schedule not in SCHEDULES:
             raise UserError(f"finetune.schedule={self.schedule!r}: choose {' or '.join(SCHEDULES)}.")
         if not float(self.lr) > 0 or int(self.batch_size) < 1 or float(self.weight_decay) < 0:
@@ -97,9 +104,10 @@ def _optimizer(params, fcfg: FinetuneConfig):
     return torch.optim.Adam(params, lr=float(fcfg.lr), weight_decay=float(fcfg.weight_decay))
 
 
-def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, device: torch.device, seed: int,
+def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig, device: torch.device, seed: int,
                  label: str) -> list[dict]:
-    """Train `model` in place through its (LUT) layers; one log row per epoch."""
+    """Train `model` in place through its (LUT) layers, recalibrating as fcfg.recalibrate says; one log row
+    per epoch."""
     torch.manual_seed(seed)
     model.to(device).train()
     set_grad_mode(model, fcfg.grad)
@@ -113,6 +121,9 @@ def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, device: torch.dev
     with progress_bar(f"finetune {label} ({fcfg.grad} gradients)", total=epochs * len(loader)) as advance:
         for epoch in range(1, epochs + 1):
             t0, total_loss, correct, seen = time.perf_counter(), 0.0, 0, 0
+            if fcfg.recalibrate == "epoch" and epoch > 1:
+                recalibrate(model.eval(), data.train_x, qcfg, seed=seed, device=device)
+                model.train()
             for xb, yb in loader:
                 xb, yb = xb.to(device), yb.to(device)
                 opt.zero_grad(set_to_none=True)
@@ -164,9 +175,9 @@ def obtain(cfg: DictConfig, approx: nn.Module, data, ident: dict, qcfg: QuantCon
         console.print(f"[green]reusing retrained checkpoint[/] {path}")
         return model.eval(), meta, path
     seed = int(cfg.seed)
-    history = train_epochs(model, data, fcfg, device, seed, label)
+    history = train_epochs(model, data, fcfg, qcfg, device, seed, label)
     model.eval()
-    if fcfg.recalibrate:
+    if fcfg.recalibrate == "end":
         recalibrate(model, data.train_x, qcfg, seed=seed, device=device)
     model.cpu()
     meta = {"identity": ident, "history": history, "torch": str(torch.__version__),

@@ -5,6 +5,7 @@
     approx-run sweep multiplier=drum multiplier.k=2,4,6                 # a family's parameter grid
     approx-run sweep sweep.multipliers='mul8*' quant=per_channel_minmax,per_tensor_minmax backend=cpp,python
     approx-run sweep sweep.multipliers='mul8*' hydra/launcher=joblib    # parallel jobs
+    approx-run sweep sweep.multipliers='mul8*' finetune.epochs=2        # and retrain each (approx_finetuned rows)
 
 Before the jobs, the expansion is composed here once: the baseline of each distinct weight config is
 trained (once, shared by every job), and the pytorch/fakequant rows of each distinct (data, model,
@@ -222,7 +223,7 @@ def prepare(cfgs: list[DictConfig], plans: list, sweep_dir: Path) -> None:
 
 
 SUMMARY_COLUMNS = ["job", "multiplier", "data", "model", "quant", "backend", "status", "accuracy",
-                   "fp32_accuracy", "fakequant_accuracy", "agreement_fakequant", "latency_ms_median",
+                   "fp32_accuracy", "fakequant_accuracy", "finetuned_accuracy", "agreement_fakequant", "latency_ms_median",
                    "throughput_img_s", "mult_mae_pct", "published_power_mw", "elapsed_s", "error",
                    "overrides", "row_key", "job_dir"]
 
@@ -275,8 +276,9 @@ def summarize(sweep_dir: Path, jobs: list[list[str]], cfgs: list[DictConfig], pl
                     row[c] = a.get(c)
                 if status == "failed":  # an earlier failure, since recorded ok by a concurrent sweep
                     row["status"] = "ok"
-            for path, col in (("pytorch", "fp32_accuracy"), ("fakequant", "fakequant_accuracy")):
-                r = lookup(keys[path])
+            for path, col in (("pytorch", "fp32_accuracy"), ("fakequant", "fakequant_accuracy"),
+                              ("approx_finetuned", "finetuned_accuracy")):
+                r = lookup(keys.get(path))
                 row[col] = None if r is None else r.get("accuracy")
         rows.append(row)
     summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
@@ -288,7 +290,9 @@ def _print_summary(summary, sweep_dir: Path, elapsed: float) -> None:
     from runner.results import print_table
 
     cols = ["job", "multiplier", "quant", "backend", "status", "accuracy", "fp32_accuracy", "fakequant_accuracy",
-            "latency_ms_median", "mult_mae_pct", "published_power_mw"]
+            "finetuned_accuracy", "latency_ms_median", "mult_mae_pct", "published_power_mw"]
+    if summary["finetuned_accuracy"].isna().all():
+        cols.remove("finetuned_accuracy")
     if summary["quant"].nunique() <= 1:
         cols.remove("quant")
     if summary["backend"].nunique() <= 1:

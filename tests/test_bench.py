@@ -10,6 +10,7 @@ def test_bench_command_writes_tables(tmp_path):
     backends = "[python,cpp]" if has_cpp() else "[python]"
     out = run_cli("bench", "--algos", f"bench.backends={backends}", "bench.batches=[1,8]", "bench.repeats=1",
                   "bench.warmup=0", "bench.model_images=50", "bench.model_batch_size=25", "train.epochs=1",
+                  "bench.train_batch_size=1000",
                   f"paths.results={tmp_path}/r", f"paths.checkpoints={tmp_path}/c")
     assert out.returncode == 0, out.stderr
     run_dir = next((tmp_path / "r" / "bench").iterdir())
@@ -20,6 +21,11 @@ def test_bench_command_writes_tables(tmp_path):
     if has_cpp():
         algos = pd.read_csv(run_dir / "algos.csv")
         assert set(algos.algo) >= {"auto", "direct", "expanded"} and algos.supported.all()
+    train = pd.read_csv(run_dir / "train.csv")
+    assert {"pytorch", "fakequant", "approx"} <= set(train.path) and (train.step_ms_median > 0).all()
+    assert (train.epoch_s_median > 0).all() and (train.images == 4000).all()
+    if has_cpp():
+        assert set(train.loc[train.backend == "cpp", "grad"]) == {"ste", "lut"}
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["threads"] >= 1 and "git_sha" in meta
 

@@ -1582,10 +1582,40 @@ CacheKey cache_key(const Params& p, const ConvGeo& cg, const at::Tensor& w, cons
                   addr(lut.storage().unsafeGetStorageImpl()), (int64_t)w.numel()};
 }
 
+// Weights in training: a weight tensor whose version counter moved since its previous call here is
+// being updated in place (an optimizer step, runner.layers' requantization), so any table built for
+// this version serves one call. Caching it would cost a host wait per layer and step (the format
+// read-back below) and evict the inference entries; such calls build uncached (format read on the
+// device) and auto's pick charges the build (see run()). The second call with unchanged weights
+// caches again, so evaluation after training is as fast as before.
+struct SeenWeights {
+  c10::weak_intrusive_ptr<c10::StorageImpl> st;
+  int64_t version;
+};
+std::map<std::pair<int64_t, int64_t>, SeenWeights>& g_seen = *new std::map<std::pair<int64_t, int64_t>, SeenWeights>;
+
+bool weights_changing(const at::Tensor& w) {
+  if (w.is_inference()) return false;
+  const int64_t v = version_of(w);
+  const auto id = std::make_pair(addr(w.storage().unsafeGetStorageImpl()), addr(w.data_ptr()));
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  for (auto it = g_seen.begin(); it != g_seen.end();)  // forget freed tensors
+    it = it->second.st.expired() ? g_seen.erase(it) : std::next(it);
+  auto it = g_seen.find(id);
+  if (it == g_seen.end()) {
+    if (g_seen.size() < 4096) g_seen.emplace(id, SeenWeights{w.storage().getWeakStorageImpl(), v});
+    return false;
+  }
+  const bool changed = it->second.version != v;
+  it->second.version = v;
+  return changed;
+}
+
 // The prepared tables for this call: cached, or built now (and cached where allowed).
 std::shared_ptr<Prepared> get_prepared(const Params& p, const at::Tensor& w, const at::Tensor& lut,
-                                       const ConvGeo& cg, bool need_table, cudaStream_t stream) {
-  if (!cache_enabled() || w.is_inference() || lut.is_inference())
+                                       const ConvGeo& cg, bool need_table, cudaStream_t stream,
+                                       bool changing = false) {
+  if (!cache_enabled() || w.is_inference() || lut.is_inference() || changing)
     return prepare(p, lut, cg, need_table, stream);
   const bool cap = capturing();
   const CacheKey key = cache_key(p, cg, w, lut);
@@ -2211,9 +2241,17 @@ void run(Choice choice, Params p, const at::Tensor& a, const at::Tensor& w, cons
          const ConvGeo& cg, const char* op) {
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (p.conv) set_window_geometry(p, cg);
+  const bool changing = cache_enabled() && weights_changing(w);
+  if (choice.algo == Algo::Auto && changing &&
+      p.M * p.N < 512LL * p.NG * 8) {
+    // Training: this table would serve this call only. Building costs ~K*256*Np writes per group,
+    // each row saves ~K*N lookups, so below ~512 rows per group direct lookups are cheaper (the CPU
+    // backend's rule, runner/ops.py documents both).
+    choice = Choice{Algo::Direct};
+  }
   if (choice.algo != Algo::Auto) {
     const Algo c = concrete(choice.algo, p, cg, op);
-    const auto pr = get_prepared(p, w, lut, cg, c != Algo::Direct, stream);
+    const auto pr = get_prepared(p, w, lut, cg, c != Algo::Direct, stream, changing);
     TORCH_CHECK(choice.rows.cs <= rows_max_cs(p, pr->fmt), op, ": a cluster of ",
                 I(choice.rows.cs), " blocks is more than this GPU, build or layer allows (",
                 I(rows_max_cs(p, pr->fmt)), ")");
@@ -2222,7 +2260,7 @@ void run(Choice choice, Params p, const at::Tensor& a, const at::Tensor& w, cons
   }
   // Candidates, most promising first (the pick inside a graph capture, where nothing is timed).
   const bool table = table_bytes(p) <= kTableBudget;
-  const std::shared_ptr<Prepared> pr = get_prepared(p, w, lut, cg, table, stream);
+  const std::shared_ptr<Prepared> pr = get_prepared(p, w, lut, cg, table, stream, changing);
   std::vector<Choice> cands{Choice{Algo::Direct}};
   if (table) {
     if (window_smem(p, cg, 0)) cands.push_back(Choice{Algo::ExpandedWindow});

@@ -45,6 +45,20 @@ class Dataset:
     def num_classes(self) -> int:
         return 10
 
+    def validation_split(self, fraction: float = 0.2, seed: int = 0) -> "Dataset":
+        """A copy whose training images lose `fraction` of each class (seeded) to a validation set, which takes
+        the place of the test set: tuning and selection look at it, never at the real test set."""
+        gen = torch.Generator().manual_seed(seed)
+        val = []
+        for c in torch.unique(self.train_y):
+            idx = torch.nonzero(self.train_y == c).flatten()
+            val.append(idx[torch.randperm(len(idx), generator=gen)[: max(1, round(fraction * len(idx)))]])
+        val = torch.sort(torch.cat(val)).values
+        keep = torch.ones(len(self.train_y), dtype=torch.bool)
+        keep[val] = False
+        return Dataset(f"{self.name}-val", self.train_x[keep], self.train_y[keep], self.train_x[val],
+                       self.train_y[val], self.mean, self.std, self.source)
+
     def loader(self, split: str, batch_size: int, shuffle: bool = False, seed: int = 0) -> DataLoader:
         x, y = (self.train_x, self.train_y) if split == "train" else (self.test_x, self.test_y)
         gen = torch.Generator().manual_seed(seed)

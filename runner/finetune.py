@@ -27,7 +27,7 @@ from torch import nn
 
 from runner.console import console, progress_bar
 from runner.errors import UserError
-from runner.layers import recalibrate, set_grad_mode
+from runner.layers import learn_act_scales, recalibrate, set_grad_mode
 from runner.ops import GRADS
 from runner.provenance import atomic_write_bytes
 from runner.quant import QuantConfig
@@ -44,12 +44,14 @@ RECALIBRATE = ("none", "epoch", "end")
 @dataclass(frozen=True)
 class FinetuneConfig:
     epochs: int = 3
-    lr: float = 1e-4
+    lr: float = 5e-3
     optimizer: str = "adam"        # adam | sgd (momentum 0.9)
     grad: str = "ste"              # ste | lut (see runner.ops)
-    batch_size: int = 64
+    slope_window: int = 1          # lut: slopes over +-slope_window codes
+    batch_size: int = 32
     schedule: str = "cosine"       # cosine | constant
     weight_decay: float = 0.0
+    learn_scales: bool = True      # static activation scales trained with the weights (LSQ gradient, log scale)
     recalibrate: str = "none"      # none | epoch | end (RECALIBRATE; measured: recalibrating hurts)
 
     def __post_init__(self):
@@ -61,6 +63,11 @@ class FinetuneConfig:
             raise UserError(f"finetune.grad={self.grad!r}: choose {' or '.join(GRADS)}.")
         if self.recalibrate not in RECALIBRATE:
             raise UserError(f"finetune.recalibrate={self.recalibrate!r}: choose one of {', '.join(RECALIBRATE)}.")
+        if not 1 <= int(self.slope_window) <= 127:
+            raise UserError(f"finetune.slope_window={self.slope_window}: must be in 1..127.")
+        if self.learn_scales and self.recalibrate != "none":
+            raise UserError(f"finetune.recalibrate={self.recalibrate} would overwrite the learned activation scales; "
+                            "set finetune.learn_scales=false to recalibrate instead.")
         if self.schedule not in SCHEDULES:
             raise UserError(f"finetune.schedule={self.schedule!r}: choose {' or '.join(SCHEDULES)}.")
         if not float(self.lr) > 0 or int(self.batch_size) < 1 or float(self.weight_decay) < 0:
@@ -110,7 +117,8 @@ def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig
     per epoch."""
     torch.manual_seed(seed)
     model.to(device).train()
-    set_grad_mode(model, fcfg.grad)
+    set_grad_mode(model, fcfg.grad, fcfg.slope_window)
+    learn_act_scales(model, fcfg.learn_scales)
     opt = _optimizer([p for p in model.parameters() if p.requires_grad], fcfg)
     loader = data.loader("train", int(fcfg.batch_size), shuffle=True, seed=seed)
     epochs = int(fcfg.epochs)
@@ -144,6 +152,7 @@ def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig
                 torch.cuda.synchronize(device)
             history.append({"epoch": epoch, "train_loss": total_loss / seen, "train_accuracy": correct / seen,
                             "epoch_s": time.perf_counter() - t0, "lr_end": opt.param_groups[0]["lr"]})
+    learn_act_scales(model, False)  # the trained scales become the static ones
     return history
 
 

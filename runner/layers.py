@@ -15,7 +15,7 @@ from torch import nn
 from runner import ops
 from runner.errors import UserError
 from runner.models import fold_input_normalization
-from runner.quant import (ActStats, QuantConfig, act_scale_from_amax, calibrate, dynamic_amax, fake_quant_act,
+from runner.quant import (ActStats, QuantConfig, act_qrange, act_scale_from_amax, calibrate, dynamic_amax, fake_quant_act,
                           fake_quant_weight, quant_layers, quantize_weight, weight_scale)
 
 
@@ -58,7 +58,29 @@ class _Quantized(nn.Module):
         pass
 
     def input_scale(self, x: torch.Tensor) -> torch.Tensor:
-        return act_scale_from_amax(dynamic_amax(x, self.signed), self.signed) if self.dynamic else self.act_scale
+        if self.dynamic:
+            return act_scale_from_amax(dynamic_amax(x, self.signed), self.signed)
+        log_scale = getattr(self, "act_log_scale", None)
+        return self.act_scale if log_scale is None else log_scale.exp()
+
+    def learn_act_scale(self, on: bool = True) -> None:
+        """Train the static activation scale with the weights (on), or fix its trained value into the act_scale
+        buffer (off). Learned as log(scale), so an optimizer step changes it by a ratio, not by an amount
+        that would be huge for a scale of 0.01 and nothing for one of 10. Dynamic scales are never learned."""
+        if on and not self.dynamic and getattr(self, "act_log_scale", None) is None:
+            self.act_log_scale = nn.Parameter(self.act_scale.detach().log())
+        elif not on and getattr(self, "act_log_scale", None) is not None:
+            with torch.no_grad():
+                self.act_scale.copy_(self.act_log_scale.exp())
+            del self.act_log_scale
+
+    def _fake_quant_input(self, x: torch.Tensor) -> torch.Tensor:
+        scale = self.input_scale(x)
+        if scale.requires_grad and torch.is_grad_enabled():  # LSQ: torch's learnable fake-quant
+            qmin, qmax = act_qrange(self.signed)
+            return torch._fake_quantize_learnable_per_tensor_affine(
+                x, scale.reshape(1), torch.zeros(1, device=x.device), qmin, qmax, 1.0)
+        return fake_quant_act(x, scale, self.signed)
 
     def set_act_amax(self, stats: ActStats) -> None:
         """Static activation scale from new calibration statistics (recalibration after retraining)."""
@@ -66,8 +88,9 @@ class _Quantized(nn.Module):
         self.act_scale.copy_(act_scale_from_amax(amax, self.signed))
 
 
-def _needs_grad(x: torch.Tensor, layer: nn.Module) -> bool:
-    return torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad or layer.bias.requires_grad)
+def _needs_grad(x: torch.Tensor, layer: nn.Module, scale: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad or layer.bias.requires_grad
+                                        or scale.requires_grad)
 
 
 class _ConvOps:
@@ -83,7 +106,7 @@ class _ConvOps:
 
     def _lut_forward(self, x, scale):
         geometry = (list(self.stride), list(self.padding), list(self.dilation), self.groups)
-        if _needs_grad(x, self):
+        if _needs_grad(x, self, scale):
             return ops.qconv2d(x, self.weight, self.bias, self.weight_codes, self.weight_scale, scale, self.lut,
                                *self._slopes(), *geometry, self.signed, self.backend, self.algo, self.grad)
         return ops._qforward_conv2d(x, self.weight_codes, self.weight_scale, scale, self.bias, self.lut, *geometry,
@@ -95,7 +118,7 @@ class _LinearOps:
         return F.linear(x, w, b)
 
     def _lut_forward(self, x, scale):
-        if _needs_grad(x, self):
+        if _needs_grad(x, self, scale):
             return ops.qlinear(x, self.weight, self.bias, self.weight_codes, self.weight_scale, scale, self.lut,
                                *self._slopes(), self.signed, self.backend, self.algo, self.grad)
         return ops._qforward_linear(x, self.weight_codes, self.weight_scale, scale, self.bias, self.lut, self.signed,
@@ -105,8 +128,7 @@ class _LinearOps:
 class _FakeQuant(_Quantized):
     def forward(self, x):
         self.refresh_weight_quant()
-        xq = fake_quant_act(x, self.input_scale(x), self.signed)
-        return self._float_op(xq, fake_quant_weight(self.weight, self.weight_scale), self.bias)
+        return self._float_op(self._fake_quant_input(x), fake_quant_weight(self.weight, self.weight_scale), self.bias)
 
 
 class _Approx(_Quantized):
@@ -118,10 +140,11 @@ class _Approx(_Quantized):
         self.grad = "ste"
         self.set_grad(grad)
 
-    def set_grad(self, grad: str) -> None:
-        """Which gradient a training forward records: "ste" or "lut" (see runner.ops)."""
+    def set_grad(self, grad: str, slope_window: int = 1) -> None:
+        """Which gradient a training forward records: "ste" or "lut" (see runner.ops), and for "lut" over how
+        many codes either side the table's slopes are taken."""
         ops._check_grad_mode(grad)
-        self.grad = grad
+        self.grad, self.slope_window = grad, int(slope_window)
         self._slope_cache = None
 
     def _slopes(self):
@@ -130,7 +153,7 @@ class _Approx(_Quantized):
             return empty, empty
         key = (self.lut.data_ptr(), self.lut._version, self.lut.device)
         if self._slope_cache is None or self._slope_cache[0] != key:
-            self._slope_cache = (key, ops.slope_tables(self.lut, self.signed))
+            self._slope_cache = (key, ops.slope_tables(self.lut, self.signed, self.slope_window))
         return self._slope_cache[1]
 
     def _requantized(self) -> None:
@@ -238,11 +261,17 @@ def quantized_layers(model: nn.Module) -> dict[str, _Quantized]:
     return {name: m for name, m in model.named_modules() if isinstance(m, _Quantized)}
 
 
-def set_grad_mode(model: nn.Module, grad: str) -> None:
-    """The gradient every LUT layer of `model` records in training ("ste" or "lut")."""
+def learn_act_scales(model: nn.Module, on: bool = True) -> None:
+    """Every quantized layer's static activation scale trainable (on) or fixed at its trained value (off)."""
+    for m in quantized_layers(model).values():
+        m.learn_act_scale(on)
+
+
+def set_grad_mode(model: nn.Module, grad: str, slope_window: int = 1) -> None:
+    """The gradient every LUT layer of `model` records in training ("ste" or "lut", see _Approx.set_grad)."""
     for m in model.modules():
         if isinstance(m, _Approx):
-            m.set_grad(grad)
+            m.set_grad(grad, slope_window)
 
 
 @torch.no_grad()

@@ -234,23 +234,24 @@ def effective_products(lut, signed):
     return lut[:, w.abs()] * torch.sign(w).to(torch.float64)
 
 
-def _central_difference(p, dim):
-    """Slope of p along dim: (p[i+1] - p[i-1]) / 2 inside, one-sided at the two edges."""
-    d = torch.empty_like(p)
-    lo, hi = p.narrow(dim, 0, 254), p.narrow(dim, 2, 254)
-    d.narrow(dim, 1, 254).copy_((hi - lo) / 2)
-    d.narrow(dim, 0, 1).copy_(p.narrow(dim, 1, 1) - p.narrow(dim, 0, 1))
-    d.narrow(dim, 255, 1).copy_(p.narrow(dim, 255, 1) - p.narrow(dim, 254, 1))
-    return d
+def _finite_difference(p, dim, window=1):
+    """Slope of p along dim: (p[i+h] - p[i-h]) / 2h, the ends of the range clamped to the table (so h = 1 is
+    the central difference inside and one-sided at the edges)."""
+    i = torch.arange(256)
+    hi, lo = (i + window).clamp(max=255), (i - window).clamp(min=0)
+    shape = [1, 1]
+    shape[dim] = 256
+    return (p.index_select(dim, hi) - p.index_select(dim, lo)) / (hi - lo).to(p.dtype).reshape(shape)
 
 
-def slope_tables(lut, signed):
-    """(dP/da, dP/dw), float32 [256, 256] on lut's device: the multiplier's own finite-difference slopes,
-    which the `lut` gradient uses in place of the exact operands. For the exact multiplier P = a * w,
-    so they are exactly w and a, and the `lut` gradient equals the straight-through one."""
+def slope_tables(lut, signed, window=1):
+    """(dP/da, dP/dw), float32 [256, 256] on lut's device: the multiplier's own finite-difference slopes over
+    +-window codes, which the `lut` gradient uses in place of the exact operands. For the exact multiplier
+    P = a * w, so they are exactly w and a (any window), and the `lut` gradient equals the straight-through
+    one. A wider window averages the steps of a coarse table into a usable slope."""
     p = effective_products(lut, signed)
-    return (_central_difference(p, 0).to(torch.float32).to(lut.device),
-            _central_difference(p, 1).to(torch.float32).to(lut.device))
+    return (_finite_difference(p, 0, window).to(torch.float32).to(lut.device),
+            _finite_difference(p, 1, window).to(torch.float32).to(lut.device))
 
 
 def lut_grad_a(a, w, grad, slope, *, backend="cpp"):
@@ -348,8 +349,9 @@ def dequantize(acc, act_scale, weight_scale, bias, *, backend="cpp"):
 #               dL/dx[m,k] = mask_x * sum_n g[m,n] s_w[n] dP/da(a[m,k], w[n,k])
 #               dL/dW[n,k] = mask_w * s_a * sum_m g[m,n] dP/dw(a[m,k], w[n,k])
 #               through approx::lut_grad_a / lut_grad_w (the reference above on backend=python).
-# Scales are constants of the step (as in fake-quant QAT): the activation scale is calibrated or
-# per batch, the weight scale follows the weights (runner.layers refreshes it after each step).
+# The weight scale is a constant of the step (it follows the weights: runner.layers refreshes it after
+# each step). The activation scale is too, unless it requires grad: then it gets the LSQ gradient
+# (_scale_grad), the same as torch's learnable fake-quant gives the QAT model.
 GRADS = ("ste", "lut")
 
 
@@ -404,19 +406,22 @@ def _(x, weight, bias, weight_codes, weight_scale, act_scale, lut, slope_a, slop
     return x.new_empty((x.shape[0], weight.shape[0], ho, wo))
 
 
+def _fake_quant_with_mask(x, scale, qmin, qmax):
+    """(x_q, mask): torch's fake-quant output and clipping mask, with its arithmetic (q = nearbyint(x * (1/s)),
+    x_q = clamp(q) * s, mask = q inside [qmin, qmax]) in plain ops, which unlike aten's cachemask kernels
+    have fake (meta) implementations, so the op traces under torch.compile and opcheck."""
+    q = torch.round(x * scale.reciprocal())
+    return q.clamp(qmin, qmax) * scale, (q >= qmin) & (q <= qmax)
+
+
 def _fake_quant_masks(x, weight, weight_scale, act_scale, signed):
-    """(x_q, mask_x, w_q, mask_w): fake-quant's own outputs and clipping masks (the aten ops that
-    torch.fake_quantize_per_{tensor,channel}_affine run), so the STE gradient is fake-quant's exactly."""
+    """(x_q, mask_x, w_q, mask_w): fake-quant's own outputs and clipping masks, so the STE gradient is
+    fake-quant's gradient."""
     from runner.quant import WEIGHT_QMAX, act_qrange
 
-    qmin, qmax = act_qrange(signed)
-    one = torch.ones(1, dtype=torch.long, device=x.device)
-    zero = torch.zeros((), dtype=torch.int32, device=x.device)
-    xq, mask_x = torch.ops.aten._fake_quantize_per_tensor_affine_cachemask_tensor_qparams(
-        x, act_scale, zero, one, qmin, qmax)
-    wzero = torch.zeros(weight.shape[0], dtype=torch.int32, device=weight.device)
-    wq, mask_w = torch.ops.aten.fake_quantize_per_channel_affine_cachemask(
-        weight, weight_scale, wzero, 0, -WEIGHT_QMAX, WEIGHT_QMAX)
+    xq, mask_x = _fake_quant_with_mask(x, act_scale, *act_qrange(signed))
+    shape = (-1,) + (1,) * (weight.dim() - 1)
+    wq, mask_w = _fake_quant_with_mask(weight, weight_scale.reshape(shape), -WEIGHT_QMAX, WEIGHT_QMAX)
     return xq, mask_x, wq, mask_w
 
 
@@ -439,58 +444,77 @@ def _lut_rows_grads(ctx, codes, weight_codes, g_rows, weight_scale, act_scale, s
     return gx, gw
 
 
+def _scale_grad(gxq, x, xq, mask_x, act_scale):
+    """Gradient of the activation scale (LSQ, Esser et al. 2020; what torch's learnable fake-quant computes):
+    x_q = s * clamp(round(x / s)), so dx_q/ds = q - x/s inside the range and q where clipped."""
+    q = xq / act_scale
+    return (gxq * torch.where(mask_x, q - x / act_scale, q)).sum().reshape(act_scale.shape)
+
+
+def _finish(ctx, gxq, gw, x, xq, mask_x, mask_w, act_scale):
+    """Input, weight and activation-scale gradients from the gradient at the fake-quantized input."""
+    need_x, need_s = ctx.needs_input_grad[0], ctx.needs_input_grad[5]
+    gs = _scale_grad(gxq, x, xq, mask_x, act_scale) if need_s else None
+    gx = gxq * mask_x if need_x else None
+    return gx, (None if gw is None else gw * mask_w), gs
+
+
 def _backward_linear(ctx, g):
     x, weight, weight_codes, weight_scale, act_scale, slope_a, slope_w = ctx.saved_tensors
-    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    need_xq = ctx.needs_input_grad[0] or ctx.needs_input_grad[5]
+    need_w, need_b = ctx.needs_input_grad[1:3]
     xq, mask_x, wq, mask_w = _fake_quant_masks(x, weight, weight_scale, act_scale, ctx.signed)
     k, n = x.shape[-1], weight.shape[0]
     g2 = g.reshape(-1, n)
-    gx = gw = gb = None
+    gxq = gw = gb = None
     if ctx.grad == "ste":
         # the aten calls F.linear's autograd makes (addmm backward), so the sums round alike
-        if need_x:
-            gx = g2.mm(wq).reshape(x.shape) * mask_x
+        if need_xq:
+            gxq = g2.mm(wq).reshape(x.shape)
         if need_w:
-            gw = xq.reshape(-1, k).t().mm(g2).t() * mask_w
+            gw = xq.reshape(-1, k).t().mm(g2).t()
     else:
-        codes = quantize(x.contiguous(), act_scale, ctx.signed, backend=ctx.backend).reshape(-1, k)
-        gx, gw = _lut_rows_grads(ctx, codes, weight_codes, g2, weight_scale, act_scale, slope_a, slope_w,
-                                 need_x, need_w)
-        gx = None if gx is None else gx.reshape(x.shape) * mask_x
-        gw = None if gw is None else gw * mask_w
+        codes = _codes_of(xq, act_scale, ctx.signed).reshape(-1, k)
+        gxq, gw = _lut_rows_grads(ctx, codes, weight_codes, g2, weight_scale, act_scale, slope_a, slope_w,
+                                  need_xq, need_w)
+        gxq = None if gxq is None else gxq.reshape(x.shape)
+    gx, gw, gs = _finish(ctx, gxq, gw, x, xq, mask_x, mask_w, act_scale)
     if need_b:
         gb = g2.sum(0)
-    return gx, gw, gb, *([None] * 10)
+    return gx, gw, gb, None, None, gs, *([None] * 7)
 
 
 def _backward_conv2d(ctx, g):
     x, weight, weight_codes, weight_scale, act_scale, slope_a, slope_w = ctx.saved_tensors
-    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    need_xq = ctx.needs_input_grad[0] or ctx.needs_input_grad[5]
+    need_w, need_b = ctx.needs_input_grad[1:3]
     xq, mask_x, wq, mask_w = _fake_quant_masks(x, weight, weight_scale, act_scale, ctx.signed)
-    gx = gw = gb = None
+    gb = None
     if ctx.grad == "ste":
         # the one aten call F.conv2d's autograd makes
-        gx, gw, gb = torch.ops.aten.convolution_backward(
+        gxq, gw, gb = torch.ops.aten.convolution_backward(
             g, xq, wq, [weight.shape[0]], ctx.stride, ctx.padding, ctx.dilation, False, [0, 0], ctx.groups,
-            [need_x, need_w, need_b])
-        gx = None if gx is None else gx * mask_x
-        gw = None if gw is None else gw * mask_w
-        return gx, gw, gb, *([None] * 14)
-    gx, gw = _lut_conv_grads(ctx, x, weight_codes, g, weight_scale, act_scale, slope_a, slope_w, need_x, need_w)
-    gx = None if gx is None else gx * mask_x
-    gw = None if gw is None else gw * mask_w
-    if need_b:
-        gb = g.sum((0, 2, 3))
-    return gx, gw, gb, *([None] * 14)
+            [need_xq, need_w, need_b])
+    else:
+        gxq, gw = _lut_conv_grads(ctx, _codes_of(xq, act_scale, ctx.signed), weight_codes, g, weight_scale,
+                                  act_scale, slope_a, slope_w, need_xq, need_w)
+        if need_b:
+            gb = g.sum((0, 2, 3))
+    gx, gw, gs = _finish(ctx, gxq, gw, x, xq, mask_x, mask_w, act_scale)
+    return gx, gw, gb, None, None, gs, *([None] * 11)
 
 
-def _lut_conv_grads(ctx, x, weight_codes, g, weight_scale, act_scale, slope_a, slope_w, need_x, need_w):
+def _codes_of(xq, act_scale, signed):
+    """The activation codes of fake-quantized values (exact: x_q is an integer times the scale)."""
+    return torch.round(xq / act_scale).to(torch.int8 if signed else torch.uint8)
+
+
+def _lut_conv_grads(ctx, codes, weight_codes, g, weight_scale, act_scale, slope_a, slope_w, need_x, need_w):
     """The `lut` gradient of a conv: its codes unfolded into rows (padding = code 0), the rows-form
     gradients per group, the input gradient folded back (padding positions drop out)."""
-    b, c, h, wd = x.shape
+    b, c, h, wd = codes.shape
     n, cg, kh, kw = weight_codes.shape
     groups, ng, kg = ctx.groups, n // ctx.groups, cg * kh * kw
-    codes = quantize(x.contiguous(), act_scale, ctx.signed, backend=ctx.backend)
     cols = F.unfold(codes.to(torch.float32), (kh, kw), dilation=ctx.dilation, padding=ctx.padding,
                     stride=ctx.stride)                                   # [B, C*kh*kw, L]
     length = cols.shape[2]

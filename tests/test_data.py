@@ -88,3 +88,13 @@ def test_unknown_dataset_name():
 
     with pytest.raises(UserError, match="Unknown data set"):
         load_dataset(OmegaConf.create({"name": "cifar"}))
+
+
+def test_validation_split_is_stratified_seeded_and_disjoint(mnist5k):
+    val = mnist5k.validation_split(0.25, seed=1)
+    assert len(val.test_x) == 1000 and len(val.train_x) == 3000
+    assert torch.bincount(val.test_y).tolist() == [100] * 10
+    assert torch.equal(val.test_x, mnist5k.validation_split(0.25, seed=1).test_x)
+    assert not torch.equal(val.test_x, mnist5k.validation_split(0.25, seed=2).test_x)
+    flat = {tuple(r.tolist()) for r in val.train_x.flatten(1)[:, 200:260]}
+    assert not any(tuple(r.tolist()) in flat for r in val.test_x.flatten(1)[:, 200:260] if r.any())

@@ -3,9 +3,12 @@
 The baseline is trained on the training images minus a stratified 20 % validation split, each setting retrains
 the converted model on the same images, and the score is validation accuracy: the test set plays no part.
 
-    python benchmarks/finetune_tuning.py --multipliers mul8s_1L2N,mul8u_T83 --seeds 0,1 > tuning.csv
+    python benchmarks/finetune_tuning.py --multipliers mul8s_1L2N,mul8u_T83 --seeds 0,1 > finetune_tuning.csv
+    python benchmarks/finetune_tuning.py --multipliers mul8s_1L2N,mul8u_T83,mul8s_1L12 --seeds 0 \
+        --grid grad=lut --grid slope_window=1,8,16,48 > finetune_tuning_lut.csv
 
-Columns: multiplier, setting, seed, val_before, val_after, epoch_s. docs/finetune.md shows the result.
+--grid NAME=V1,V2 (repeatable) replaces the default grid; other settings keep FinetuneConfig's defaults.
+Columns: multiplier, the grid's settings, seed, val_before, val_after, epoch_s. docs/finetune.md shows the result.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import copy
 import io
 import itertools
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -51,16 +55,23 @@ def main(argv=None):
     ap.add_argument("--multipliers", default="mul8s_1L2N,mul8u_T83")
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2")
     args = ap.parse_args(argv)
+    grid = GRID
+    if args.grid:
+        types = {f.name: type(getattr(FinetuneConfig(), f.name)) for f in fields(FinetuneConfig)}
+        parse = {bool: lambda v: v.lower() in ("1", "true", "yes")}
+        grid = {k: [parse.get(types[k], types[k])(v) for v in vs.split(",")]
+                for k, vs in (g.split("=", 1) for g in args.grid)}
     data = load_mnist5k(seed=0).validation_split(0.2, seed=0)
     model = baseline(data)
     q = QuantConfig()
-    print("multiplier,lr,batch_size,learn_scales,seed,val_before,val_after,epoch_s", flush=True)
+    print(",".join(["multiplier", *grid, "seed", "val_before", "val_after", "epoch_s"]), flush=True)
     for name in args.multipliers.split(","):
         _, approx, _ = quantized_models(model, resolve(name), q, data.train_x, backend="cpp")
         before = evaluate_accuracy(approx, data.test_x, data.test_y, 1000, "cpu")
-        for values in itertools.product(*GRID.values()):
-            setting = dict(zip(GRID, values))
+        for values in itertools.product(*grid.values()):
+            setting = dict(zip(grid, values))
             for seed in (int(s) for s in args.seeds.split(",")):
                 tuned = copy.deepcopy(approx)
                 fcfg = FinetuneConfig(epochs=args.epochs, **setting)
@@ -68,8 +79,8 @@ def main(argv=None):
                     hist = train_epochs(tuned, data, fcfg, q, torch.device("cpu"), seed, name)
                 after = evaluate_accuracy(tuned.eval(), data.test_x, data.test_y, 1000, "cpu")
                 epoch_s = sum(h["epoch_s"] for h in hist) / len(hist)
-                print(f"{name},{setting['lr']},{setting['batch_size']},{setting['learn_scales']},{seed},"
-                      f"{before:.4f},{after:.4f},{epoch_s:.2f}", flush=True)
+                print(",".join([name, *map(str, values), str(seed), f"{before:.4f}", f"{after:.4f}", f"{epoch_s:.2f}"]),
+                      flush=True)
 
 
 if __name__ == "__main__":

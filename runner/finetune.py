@@ -47,7 +47,7 @@ class FinetuneConfig:
     lr: float = 5e-3
     optimizer: str = "adam"        # adam | sgd (momentum 0.9)
     grad: str = "ste"              # ste | lut (see runner.ops)
-    slope_window: int = 1          # lut: slopes over +-slope_window codes
+    slope_window: int = 48         # lut: slopes over +-slope_window codes (validated; 1 = central difference)
     batch_size: int = 32
     schedule: str = "cosine"       # cosine | constant
     weight_decay: float = 0.0

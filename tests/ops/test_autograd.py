@@ -37,9 +37,8 @@ def _operands(gen, x_shape, w_shape, signed, lut, device, learn_scale=False):
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
 def test_opcheck_qlinear(gen, backend, device, grad, signed):
     lut = random_lut(gen, -(2**12), 2**12)
-    for learn in (False, True):
-        args = _operands(gen, (6, 11), (5, 11), signed, lut, device, learn)
-        torch.library.opcheck(torch.ops.approx.qlinear.default, (*args, signed, backend, "auto", grad))
+    args = _operands(gen, (6, 11), (5, 11), signed, lut, device, learn_scale=True)
+    torch.library.opcheck(torch.ops.approx.qlinear.default, (*args, signed, backend, "auto", grad))
 
 
 @pytest.mark.parametrize("backend,device", all_backends())
@@ -47,14 +46,9 @@ def test_opcheck_qlinear(gen, backend, device, grad, signed):
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
 def test_opcheck_qconv2d(gen, backend, device, grad, signed):
     lut = random_lut(gen, -(2**12), 2**12)
-    for learn in (False, True):
-        args = _operands(gen, (2, 4, 7, 6), (6, 2, 3, 2), signed, lut, device, learn)
-        torch.library.opcheck(torch.ops.approx.qconv2d.default,
-                              (*args, [2, 1], [1, 0], [1, 2], 2, signed, backend, "auto", grad))
-
-
-def _effective(lut, signed):
-    return ops.effective_products(lut, signed)
+    args = _operands(gen, (2, 4, 7, 6), (6, 2, 3, 2), signed, lut, device, learn_scale=True)
+    torch.library.opcheck(torch.ops.approx.qconv2d.default,
+                          (*args, [2, 1], [1, 0], [1, 2], 2, signed, backend, "auto", grad))
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])

@@ -145,12 +145,16 @@ def pivot(df: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
         if c not in df:
             df[c] = ""
     df["multiplier"] = df["multiplier"].fillna("").astype(str)
-    approx = df[df["path"] == "approx"]
+    approx = df[df["path"].isin(["approx", "approx_finetuned"])]
     if approx.empty:
         raise UserError("--pivot: no successful approx rows to pivot (check --where).")
     keys = [c for c in ("data", "model", "quant") if approx[c].nunique() > 1]
     backends = sorted(approx["backend"].astype(str).unique())
-    approx = approx.assign(col=[f"approx_{b}" if len(backends) > 1 else "approx" for b in approx["backend"]])
+    # retrained rows get a column each (per gradient when several were used) beside the approx one
+    grads = approx["finetune_grad"] if "finetune_grad" in approx else pd.Series("", index=approx.index)
+    several = grads[approx["path"] == "approx_finetuned"].nunique() > 1
+    approx = approx.assign(col=[p + (f"_{g}" if p != "approx" and several else "") + (f"_{b}" if len(backends) > 1 else "")
+                                for p, g, b in zip(approx["path"], grads, approx["backend"])])
     table = approx.pivot_table(index=keys + ["multiplier"], columns="col", values=value, aggfunc="last")
     table.columns.name = None
     table = table.reset_index()

@@ -64,6 +64,21 @@ def test_pivot_fills_references_by_signedness(csv):
     assert "| mul8s_1KV8 | 0.9800 | 0.9700 | 0.9650 |" in out
 
 
+def test_pivot_puts_retrained_rows_beside_approx(tmp_path):
+    path = tmp_path / "results.csv"
+    base = {"data": "mnist5k", "model": "lenet5", "quant": "per_channel_minmax", "status": "ok", "backend": "cpp",
+            "multiplier": "mul8s_1L2N", "multiplier_signed": True}
+    extra = [{**base, "path": "approx_finetuned", "accuracy": acc, "finetune_grad": g, "row_key": f"f{g}"}
+             for g, acc in (("ste", 0.973), ("lut", 0.975))]
+    append_rows(path, _rows() + extra)
+    table = pivot(read_csv(path)).set_index("multiplier")
+    assert table.loc["mul8s_1L2N", ["approx", "approx_finetuned_lut", "approx_finetuned_ste"]].tolist() == [
+        0.90, 0.975, 0.973]
+    assert pd.isna(table.loc["mul8s_1KV8", "approx_finetuned_ste"])
+    only_ste = pivot(read_csv(path)[lambda d: d["finetune_grad"].fillna("ste") == "ste"])
+    assert "approx_finetuned" in only_ste.columns
+
+
 def test_table_and_file_outputs(csv, tmp_path):
     rc, out = _out([str(csv)])
     assert rc == 0 and "mul8s_1L2N" in out and "not a 256x256" in out

@@ -66,7 +66,9 @@ def _extensions():
     # -ffp-contract=off: fp32 a*b+c rounds twice, as in eager PyTorch (approx::dequantize matches it)
     cxx_flags = ["-O3", "-std=c++20", "-fopenmp", "-DNDEBUG", "-ffp-contract=off"]
     sources = [str(CSRC / "ops.cpp")] + sorted(str(p) for p in (CSRC / "cpu").glob("*.cpp"))
+    # cuda/: kernels (.cu, nvcc) and their host-only parts (.cpp), built only with CUDA
     cuda_sources = sorted(str(p) for p in (CSRC / "cuda").glob("*.cu"))
+    cuda_sources += sorted(str(p) for p in (CSRC / "cuda").glob("*.cpp")) if cuda_sources else []
 
     use_cuda = False
     if os.environ.get("APPROX_RUN_NO_CUDA", "0") == "1":

@@ -17,18 +17,10 @@ import statistics
 
 import torch
 
-from runner.bench import device_timer
+from runner.bench import LENET5_LAYERS, device_timer
 
-LAYERS = {
-    # name: (kind, a shape per image, w shape)
-    "conv1": ("conv", (1, 28, 28), (6, 1, 5, 5)),
-    "conv2": ("conv", (6, 12, 12), (16, 6, 5, 5)),
-    "fc1": ("linear", (256,), (120, 256)),
-    "fc2": ("linear", (120,), (84, 120)),
-    "fc3": ("linear", (84,), (10, 84)),
-}
-ALGOS = ["direct", "expanded_window", "expanded_rows", "expanded_cluster", "expanded_pairs",
-         "expanded_resident", "expanded_smem", "expanded_l2", "auto"]
+# name: (kind, a shape per image, w shape)
+LAYERS = {name: (kind, ashape, wshape) for name, kind, ashape, wshape in LENET5_LAYERS}
 
 
 def macs(name, batch):
@@ -67,12 +59,15 @@ def main():
     ap.add_argument("--batch", type=int, default=10000)
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--algos", default=",".join(ALGOS))
+    ap.add_argument("--algos", default=None, help="default: every variant the kernels list, and auto")
     ap.add_argument("--layers", default=",".join(LAYERS), help="layers to time one by one")
     ap.add_argument("--profile", action="store_true", help="print a kernel time breakdown")
     ap.add_argument("--five-algo", default="auto", help="algo of the five-layer runs")
     args = ap.parse_args()
     import runner._C  # noqa: F401
+    from runner.ops import backend_algos
+
+    args.algos = args.algos or ",".join((*backend_algos("cuda"), "auto"))
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     # exact unsigned 8x8 products (fit int16, so the int16 paths run)

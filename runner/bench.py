@@ -126,8 +126,9 @@ def bench_ops(backends=("python", "cpp"), batches=(1, 256, 10000), repeats=20, w
 
 
 def bench_algos(backends, batch=10000, repeats=10, warmup=2, *, signed=False, seed=0) -> pd.DataFrame:
-    """Every concrete variant of each backend on each LeNet-5 layer at one batch size: time and the
-    workspace it needs (the weight-expanded table), or why it does not apply to that shape."""
+    """Every concrete variant of each backend on each LeNet-5 layer at one batch size: time, the
+    workspace its prepared tables take, and for `auto` the variant it picked (approx::lut_algos), or
+    why a variant does not apply to that shape."""
     rows = []
     for backend in backends:
         device = torch.device("cuda" if backend == "cuda" else "cpu")
@@ -138,7 +139,7 @@ def bench_algos(backends, batch=10000, repeats=10, warmup=2, *, signed=False, se
             a = synthetic_codes((batch, *a_shape), signed, "uniform", gen).to(device)
             w = torch.randint(-127, 128, w_shape, generator=gen, dtype=torch.int8).to(device)
             macs = layer_macs(kind, a_shape, w_shape, batch)
-            for algo in ("auto", *ops.BACKEND_ALGOS[backend]):
+            for algo in ("auto", *ops.backend_algos(backend)):
                 wa = w.clone()  # own weights: prepared tables are cached per weights tensor
                 fn = ((lambda: ops.lut_conv2d(a, wa, lut, backend=backend, algo=algo)) if kind == "conv"  # noqa: E731
                       else (lambda: ops.lut_linear(a, wa, lut, backend=backend, algo=algo)))
@@ -146,9 +147,12 @@ def bench_algos(backends, batch=10000, repeats=10, warmup=2, *, signed=False, se
                            threads=torch.get_num_threads(), macs=macs)
                 try:
                     fn()
-                    workspace = (cuda_workspace_bytes(kind, w_shape, algo) if device.type == "cuda"
-                                 else expanded_table_bytes(kind, a_shape, w_shape) if algo == "expanded"
-                                 else float("nan") if algo == "auto" else 0)  # cpu auto: whichever it picks
+                    # the kernels' own account: workspace per variant, and auto's pick (once it ran)
+                    info = {r["algo"]: r for r in ops.algo_table(a, wa, lut, backend=backend)}
+                    pick = next((r for r in info.values() if r["auto_pick"]), None)
+                    mine = pick if algo == "auto" else info.get(algo)
+                    workspace = mine["workspace_bytes"] if mine else float("nan")
+                    row["auto_pick"] = pick["auto_pick_name"] if algo == "auto" and pick else ""
                     for _ in range(warmup):
                         timer(fn)
                     ts = [timer(fn) for _ in range(repeats)]
@@ -159,30 +163,6 @@ def bench_algos(backends, batch=10000, repeats=10, warmup=2, *, signed=False, se
                 rows.append({**row, "supported": True, "median_us": med, "min_us": min(ts),
                              "gmacs": macs / med / 1e3, "workspace_mib": workspace / 2**20, "note": ""})
     return pd.DataFrame(rows)
-
-
-def cuda_workspace_bytes(kind, w_shape, algo) -> int:
-    """Device memory the CUDA kernels prepare once per layer and keep cached: product tables
-    (int32 + int16), fit flags and conv tap table, plus the weight-expanded table T (allocated in
-    the int32 layout: taps padded to 8 x 256 codes x channels padded to 8) for expanded variants,
-    and for linear layers of <= 16 channels whose last 8-channel group holds 1-4 the compact copy
-    of that group (int16 channel pairs) that expanded_cluster reads, and for every linear layer of
-    <= 16 channels the pair-major copy of all its channel pairs that expanded_pairs reads."""
-    k = w_shape[1] if kind == "linear" else w_shape[1] * w_shape[2] * w_shape[3]
-    n, kpad = w_shape[0], (k + 7) // 8 * 8
-    prep = -(-(256 + 256 * 256 * 6 + (kpad * 16 if kind == "conv" else 0)) // 256) * 256
-    table = kpad * 256 * ((n + 7) // 8 * 8) * 4
-    if kind == "linear" and n <= 16 and 1 <= n % 8 <= 4:
-        table += kpad * 256 * ((n % 8 + 1) // 2) * 4
-    if kind == "linear" and n <= 16:
-        table += kpad * 256 * ((n + 1) // 2) * 4
-    return prep + (0 if algo == "direct" else table)
-
-
-def expanded_table_bytes(kind, a_shape, w_shape) -> int:
-    """Size of the CPU weight-expanded table T[k][code][n] (int16 entries, channels padded to 8)."""
-    k = w_shape[1] if kind == "linear" else w_shape[1] * w_shape[2] * w_shape[3]
-    return k * 256 * ((w_shape[0] + 7) // 8 * 8) * 2
 
 
 def bench_models(model, multiplier, qcfg, calib_x, x, backends, *, batch_size, repeats, warmup,
@@ -290,7 +270,7 @@ def bench_train(model, multiplier, qcfg, data, backends, *, batch_size, repeats,
 # what the terminal tables show; the CSVs hold every column
 _SHOWN = {
     "ops": ("backend", "algo", "layer", "batch", "dist", "threads", "median_us", "gmacs"),
-    "algos": ("backend", "algo", "layer", "supported", "median_us", "gmacs", "workspace_mib", "note"),
+    "algos": ("backend", "algo", "layer", "supported", "median_us", "gmacs", "workspace_mib", "auto_pick", "note"),
     "model": ("path", "backend", "device", "images", "threads", "median_ms", "images_per_s", "x_pytorch_time"),
     "train": ("path", "backend", "grad", "device", "batch_size", "threads", "step_ms_median", "epoch_s_median",
               "x_fakequant_epoch"),

@@ -22,17 +22,16 @@ from runner._ext import backend_status
 from runner.console import console, progress_bar
 from runner.errors import UserError
 from runner.evaluate import run_timed
-from runner.layers import quantized_models, select_layers
+from runner.layers import auto_picks, quantized_models, select_layers
 from runner.models import build_model
 from runner.multipliers import resolve_per_layer
-from runner.ops import check_algo
+from runner.ops import BACKEND_DEVICE, check_algo
 from runner.provenance import atomic_write_json, environment, resolve_device
 from runner.quant import QuantConfig, quant_layers
 from runner.results import append_rows, done_keys, write_csv
 from runner.train import load_or_train, weight_config
 
 PATHS = ("pytorch", "fakequant", "approx", "approx_finetuned")
-BACKEND_DEVICE = {"cpp": "cpu", "cuda": "cuda"}
 
 
 def eval_device(cfg: DictConfig) -> torch.device:
@@ -245,6 +244,7 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
                         for n, m in multipliers.items() if n in approx_layers},
         "calibration": {n: vars(s) for n, s in stats.items()},
         "finetune": ft_info,
+        "auto_picks": {p: auto_picks(models[p]) for p in order if p.startswith("approx")},
         "rows": len(rows), "results_file": str(results_file),
     })
     _print_table(rows)

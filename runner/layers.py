@@ -7,6 +7,7 @@ Both take their scales from runner.quant, so they differ only in the multiply.""
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 import torch.nn.functional as F
@@ -161,7 +162,22 @@ class _Approx(_Quantized):
 
     def forward(self, x):
         self.refresh_weight_quant()
+        self._last_input_shape = tuple(x.shape)  # for auto_picks: auto picks per call shape
         return self._lut_forward(x, self.input_scale(x))
+
+    def auto_pick(self) -> str:
+        """The kernel variant `auto` chose for this layer's last input shape ("" when it has not
+        chosen, or the layer runs another algo or the python reference)."""
+        shape = getattr(self, "_last_input_shape", None)
+        if self.algo != "auto" or self.backend == "python" or shape is None:
+            return ""
+        dtype = torch.int8 if self.signed else torch.uint8
+        conv = isinstance(self, ApproxConv2d)
+        codes = torch.zeros(shape if conv else (math.prod(shape[:-1]), shape[-1]), dtype=dtype,
+                            device=self.weight_codes.device)
+        args = (self.stride, self.padding, self.dilation, self.groups) if conv else ()
+        rows = ops.algo_table(codes, self.weight_codes, self.lut, *args, backend=self.backend)
+        return next((r["auto_pick_name"] for r in rows if r["auto_pick"]), "")
 
     def extra_repr(self):
         return (f"multiplier={self.multiplier_name}, signed={self.signed}, backend={self.backend}, algo={self.algo}, "
@@ -187,6 +203,11 @@ class ApproxConv2d(_ConvOps, _Approx):
 
 class ApproxLinear(_LinearOps, _Approx):
     pass
+
+
+def auto_picks(model: nn.Module) -> dict[str, str]:
+    """{layer: the kernel variant auto chose for its last input} for the model's LUT layers."""
+    return {name: m.auto_pick() for name, m in model.named_modules() if isinstance(m, _Approx)}
 
 
 def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:

@@ -16,32 +16,68 @@ call torch.ops.approx.* from the compiled extension runner._C.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from runner import _ext
 from runner.errors import UserError
+from runner.quant import reference_quantize
 
 BACKENDS = ("python", "cpp", "cuda")
-# The concrete variants each backend implements; "auto" picks among them, "expanded" is the
-# backend's best weight-expanded variant. `approx-run bench --algos` times every one.
-BACKEND_ALGOS = {
-    "python": ("direct", "expanded"),
-    "cpp": ("direct", "expanded"),
-    "cuda": ("direct", "expanded_window", "expanded_rows", "expanded_cluster", "expanded_pairs",
-             "expanded_smem", "expanded_l2", "expanded_resident"),
-}
-# Every name some backend accepts; the reference computes the same sums for all of them.
-ALGOS = ("auto", "direct", "expanded", "expanded_window", "expanded_rows", "expanded_cluster",
-         "expanded_pairs", "expanded_smem", "expanded_l2", "expanded_resident")
+BACKEND_DEVICE = {"cpp": "cpu", "cuda": "cuda"}  # where the compiled backends' tensors live
+# The python reference's variants (it computes the same sums for any name a backend accepts). The
+# compiled backends list theirs through approx::lut_algos (backend_algos, algo_table): "auto" picks
+# among them, "expanded" is the backend's weight-expanded variant for the shape.
+PYTHON_ALGOS = ("direct", "expanded")
+
+
+@functools.cache
+def backend_algos(backend: str) -> tuple[str, ...]:
+    """The concrete variants `backend` implements (its kernels say, for any shape)."""
+    if backend == "python":
+        return PYTHON_ALGOS
+    dev = BACKEND_DEVICE[backend]
+    a, w = torch.zeros((1, 8), dtype=torch.int8, device=dev), torch.zeros((1, 8), dtype=torch.int8, device=dev)
+    return tuple(row["algo"] for row in algo_table(a, w, torch.zeros((256, 256), dtype=torch.int32, device=dev),
+                                                   backend=backend))
+
+
+def algo_table(a, w, lut, stride=1, padding=0, dilation=1, groups=1, *, backend="cpp") -> list[dict]:
+    """For a call's shapes (a 2-d: lut_linear, 4-d: lut_conv2d), one row per variant of the backend:
+    algo, applies, workspace_bytes (device memory its prepared tables take; None where it does not
+    apply), note (why it does not apply), auto_pick (True on the variant auto chose for these shapes,
+    once it has: CUDA times its candidates on a shape's first call; auto_pick_name holds the exact
+    configuration)."""
+    _check_backend(backend)
+    if backend == "python":
+        return [dict(algo=n, applies=True, workspace_bytes=0, note="", auto_pick=False, auto_pick_name="")
+                for n in PYTHON_ALGOS]
+    op = _compiled("lut_algos", backend, a)
+    names, nbytes, notes, pick = op(a, w, lut, list(_pair(stride, "stride")), list(_pair(padding, "padding")),
+                                    list(_pair(dilation, "dilation")), groups)
+    base = "expanded_rows" if pick.startswith("expanded_rows_r") else pick
+    return [dict(algo=n, applies=b >= 0, workspace_bytes=b if b >= 0 else None, note=why, auto_pick=n == base,
+                 auto_pick_name=pick if n == base else "")
+            for n, b, why in zip(names, nbytes, notes)]
 
 
 def check_algo(backend: str, algo: str) -> None:
     """Config-time check, so a wrong backend.algo is a clear error before any work."""
-    valid = ("auto", "expanded", *BACKEND_ALGOS.get(backend, ()))
+    valid = ("auto", "expanded", *backend_algos(backend))
     if algo not in dict.fromkeys(valid):
         raise UserError(f"backend.algo={algo!r} is not an algorithm of backend={backend}; "
                         f"choose one of {', '.join(dict.fromkeys(valid))}.")
+
+
+def _known_algos() -> tuple[str, ...]:
+    """Every name the reference accepts: auto, its own, and those of the backends built here."""
+    out = ["auto", *PYTHON_ALGOS]
+    for b in ("cpp", "cuda"):
+        if _ext.backend_status().get(b) == "available":
+            out += backend_algos(b)
+    return tuple(dict.fromkeys(out))
 
 # The reference materialises int64 indices of shape [rows, K, N]; this bounds one chunk (bytes).
 _REF_CHUNK_BYTES = 64 << 20
@@ -73,8 +109,8 @@ def _check_common(op, a, w, lut, algo):
     if not (a.device == w.device == lut.device):
         raise RuntimeError(f"{op}: a, w and lut must be on the same device, got "
                            f"{a.device}, {w.device}, {lut.device}")
-    if algo not in ALGOS:
-        raise RuntimeError(f"{op}: unknown algo '{algo}'; valid: {', '.join(ALGOS)}")
+    if algo not in _known_algos() and not algo.startswith("expanded_rows_r"):
+        raise RuntimeError(f"{op}: unknown algo '{algo}'; valid: {', '.join(_known_algos())}")
 
 
 def _check_linear(a, w, lut, algo):
@@ -301,16 +337,6 @@ def lut_conv2d(a, w, lut, stride=1, padding=0, dilation=1, groups=1, *, backend=
     op = _compiled("lut_conv2d", backend, a)
     return op(a, w, lut, list(_pair(stride, "stride")), list(_pair(padding, "padding")),
               list(_pair(dilation, "dilation")), groups, algo)
-
-
-def reference_quantize(x, scale, signed):
-    """Activation codes: by definition the integers torch.fake_quantize_per_tensor_affine rounds to."""
-    from runner.quant import act_qrange
-
-    qmin, qmax = act_qrange(signed)
-    zero = torch.zeros((), dtype=torch.int32, device=x.device)
-    fq = torch.fake_quantize_per_tensor_affine(x, scale, zero, qmin, qmax)
-    return torch.round(fq / scale).to(torch.int8 if signed else torch.uint8)
 
 
 def reference_dequantize(acc, act_scale, weight_scale, bias):

@@ -73,12 +73,17 @@ def fake_quant_act(x: torch.Tensor, scale: torch.Tensor, signed: bool) -> torch.
     return torch.fake_quantize_per_tensor_affine(x, scale.to(x.device), zero, qmin, qmax)
 
 
-def quantize_act(x: torch.Tensor, scale: torch.Tensor, signed: bool) -> torch.Tensor:
-    """int8/uint8 codes equal to fake_quant_act's integers (fq / scale is within an ulp of the code).
-    The fused kernels (runner.ops.quantize) compute the same codes in one pass."""
-    from runner.ops import reference_quantize
+def reference_quantize(x: torch.Tensor, scale: torch.Tensor, signed: bool) -> torch.Tensor:
+    """Activation codes: by definition the integers torch.fake_quantize_per_tensor_affine rounds to
+    (fq / scale is within an ulp of the code). The oracle of the fused approx::quantize kernels."""
+    scale = scale.to(x.device)
+    return torch.round(fake_quant_act(x, scale, signed) / scale).to(torch.int8 if signed else torch.uint8)
 
-    return reference_quantize(x, scale.to(x.device), signed)
+
+def quantize_act(x: torch.Tensor, scale: torch.Tensor, signed: bool) -> torch.Tensor:
+    """int8/uint8 codes equal to fake_quant_act's integers; runner.ops.quantize computes the same
+    codes in one pass with the fused kernels."""
+    return reference_quantize(x, scale, signed)
 
 
 def weight_scale(w: torch.Tensor, granularity: str) -> torch.Tensor:

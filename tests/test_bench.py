@@ -35,18 +35,15 @@ def test_bench_rejects_unknown_backend(tmp_path):
     assert out.returncode == 2 and "fpga" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_cuda_workspace_is_prep_plus_expanded_table():
-    from runner.bench import cuda_workspace_bytes
-    prep = 256 + 256 * 256 * 6
-    assert cuda_workspace_bytes("linear", (120, 256), "direct") == -(-prep // 256) * 256
-    # fc1: 256 taps x 256 codes x 120 channels (already a multiple of 8) x 4 bytes
-    assert cuda_workspace_bytes("linear", (120, 256), "expanded_rows") == -(-prep // 256) * 256 + 256 * 256 * 120 * 4
-    # conv1: 25 taps padded to 32, 6 channels padded to 8, plus the tap table
-    conv_prep = -(-(prep + 32 * 16) // 256) * 256
-    assert cuda_workspace_bytes("conv", (6, 1, 5, 5), "expanded_window") == conv_prep + 32 * 256 * 8 * 4
-    # fc3: 10 channels = one whole group + a compact tail of one 2-channel word, and the 5
-    # channel pairs of expanded_pairs
-    assert cuda_workspace_bytes("linear", (10, 84), "expanded_cluster") == (
-        -(-prep // 256) * 256 + 88 * 256 * 16 * 4 + 88 * 256 * 1 * 4 + 88 * 256 * 5 * 4)
-    assert cuda_workspace_bytes("linear", (16, 84), "expanded_pairs") == (
-        -(-prep // 256) * 256 + 88 * 256 * 16 * 4 + 88 * 256 * 8 * 4)
+def test_bench_algos_reports_the_kernels_workspace_and_auto_pick():
+    """bench --algos shows, per layer, what the kernels report (approx::lut_algos): no table for
+    direct, a positive one for expanded, and which variant auto picked. (That the reported bytes are
+    what the CUDA kernels allocate: tests/ops/test_cuda.py.)"""
+    from runner.bench import bench_algos
+    if not has_cpp():
+        return
+    df = bench_algos(["cpp"], batch=300, repeats=1, warmup=0)
+    assert (df.loc[df.algo == "direct", "workspace_mib"] == 0).all()
+    assert (df.loc[df.algo == "expanded", "workspace_mib"] > 0).all()
+    auto = df[df.algo == "auto"]
+    assert set(auto.auto_pick) <= {"direct", "expanded"} and (auto.auto_pick != "").all()

@@ -10,7 +10,8 @@
 //   out int32 accumulators: out = sum_k product(a_k, w_k), exact (no saturation; wraps like int32).
 //   Conv padding feeds activation code 0 through the multiplier, as a zero-padded input would be
 //   in hardware: with an approximate LUT, lut(0, w) may be non-zero.
-//   algo: "auto" lets the kernel choose; other names select a variant (see runner/ops.py ALGOS).
+//   algo: "auto" lets the kernel choose, "expanded" takes the backend's weight-expanded variant for
+//   the shape; other names select a variant: each backend lists its own through lut_algos.
 #include <Python.h>
 #include <torch/library.h>
 
@@ -26,6 +27,14 @@ TORCH_LIBRARY(approx, m) {
   m.def(
       "lut_conv2d(Tensor a, Tensor w, Tensor lut, int[2] stride=1, int[2] padding=0, "
       "int[2] dilation=1, int groups=1, str algo=\"auto\") -> Tensor");
+  // The variants of the backend of `a`'s device for these shapes (a [M, K] and w [N, K]: linear;
+  // a and w 4-d: conv with the given stride, padding, dilation, groups): their names, the device
+  // memory each one's prepared tables take (-1 where the variant does not run the shape), why not
+  // ("" where it does), and the variant `auto` picked for these shapes ("" where it has not
+  // picked yet: CUDA times its candidates on the first call of a shape).
+  m.def(
+      "lut_algos(Tensor a, Tensor w, Tensor lut, int[2] stride=1, int[2] padding=0, "
+      "int[2] dilation=1, int groups=1) -> (str[], int[], str[], str)");
   // The layer's two elementwise ends, fused (see runner/quant.py for the arithmetic):
   //   quantize:   codes = clamp(nearbyint(x * (1.0f / scale)), qmin, qmax), int8 [-128, 127] when
   //               signed else uint8 [0, 255]: the integers torch.fake_quantize_per_tensor_affine

@@ -4,6 +4,7 @@ and the CPU kernel, every output element written, grid limits, input checks.
 Marked `cuda` (deselected by default; run with `-m cuda` on a GPU machine). Imports nothing from
 runner.cli or the Hydra configs, so it runs where hydra is not installed.
 """
+import gc
 import os
 
 import pytest
@@ -31,7 +32,8 @@ if _why:
     pytest.skip(_why, allow_module_level=True)
 
 from runner import _ext  # noqa: E402
-from runner.ops import reference_lut_conv2d, reference_lut_linear  # noqa: E402
+from runner.bench import LENET5_LAYERS  # noqa: E402
+from runner.ops import algo_table, backend_algos, reference_lut_conv2d, reference_lut_linear  # noqa: E402
 
 ops = torch.ops.approx
 DEV = torch.device("cuda")
@@ -41,35 +43,14 @@ if os.environ.get("APPROX_TEST_SKIP_AUTO") == "1":  # to test the rest when auto
 NO_CACHING = os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"
 
 
-def extra_algos(k, n, conv, window=False):
-    """Variants with shape limits, where they apply: expanded_smem for <= 16 channels per group;
-    expanded_resident for <= 8 when its whole int16 table and a 2,048-row tile fit 227 KiB;
-    expanded_window for stride-1, dilation-1 convs with 3- or 5-wide kernels (`window`);
-    expanded_rows for linear layers."""
-    out = ["expanded_smem"] if n <= 16 else []
-    out += ["expanded_window"] if window else [] if conv else ["expanded_rows"]
-    if not conv and cluster_fits(k, n, min(16, (k + 7) // 8 * 2)):
-        out.append("expanded_cluster")
-    if not conv and n <= 16:
-        out.append("expanded_pairs")
-    kpad = (k + 7) // 8 * 8
-    if n <= 8 and k * 4096 + 2048 * (kpad + 8) + (2048 * 12 if conv else 0) <= 227 * 1024:
-        out.append("expanded_resident")
-    return out
+def extra_algos(a, w, lut, *conv_args):
+    """The variants with shape limits that run this call's shapes, as the kernels' own algorithm
+    table says (approx::lut_algos): so a variant can never silently drop out of these tests."""
+    rows = algo_table(a, w, lut, *conv_args, backend="cuda")
+    return [r["algo"] for r in rows if r["applies"] and r["algo"] not in ALGOS]
 
 
-def cluster_fits(k, n, cs):
-    """expanded_cluster runs a linear layer of <= 16 channels on sm_90 when a cluster of `cs`
-    blocks holds its table: the slice of one block (taps in units of 4, 16 bytes per whole
-    8-channel group and 4 per 2-channel word of a tail of <= 4 channels) and four rows' codes and
-    two buffers of partials fit 227 KiB."""
-    units = (k + 7) // 8 * 2
-    if n > 16 or torch.cuda.get_device_capability()[0] < 9 or not 1 <= cs <= min(16, units):
-        return False
-    r = n % 8
-    g8, lw = (-(-n // 8), 0) if r == 0 or r > 4 else (n // 8, (r + 1) // 2)
-    umax = -(-units // cs)
-    return umax * 4 * 256 * (16 * g8 + 4 * lw) + 16 + 4 * (4 * umax + 8 * n) <= 227 * 1024
+EXERCISED = set()  # every variant some shape of the tests below ran (test_every_variant_is_exercised)
 
 
 def _has_cpu():
@@ -148,7 +129,8 @@ def test_linear_matches_reference(shape, lutkind, signed):
     if _has_cpu():
         check_equal(ops.lut_linear(a, w, lut, "direct"), want, "CPU kernel vs reference")
     ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
-    algos = ALGOS + extra_algos(k, n, False)
+    algos = ALGOS + extra_algos(ad, wd, ld)
+    EXERCISED.update(algos)
     for algo in algos:
         got = poisoned_call(lambda: ops.lut_linear(ad, wd, ld, algo), (m, n))
         check_equal(got, want, f"lut_linear {shape} {lutkind} signed={signed} algo={algo}")
@@ -188,8 +170,8 @@ def test_conv_matches_reference(case, lutkind, signed):
     if _has_cpu():
         check_equal(ops.lut_conv2d(a, w, lut, *args, "direct"), want, "CPU kernel vs reference")
     ad, wdv, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
-    window = pair(stride) == [1, 1] and pair(dilation) == [1, 1] and kw in (3, 5)
-    algos = ALGOS + extra_algos(c // groups * kh * kw, n // groups, True, window)
+    algos = ALGOS + extra_algos(ad, wdv, ld, *args)
+    EXERCISED.update(algos)
     for algo in algos:
         got = poisoned_call(lambda: ops.lut_conv2d(ad, wdv, ld, *args, algo), tuple(want.shape))
         check_equal(got, want, f"lut_conv2d case {case} {lutkind} signed={signed} algo={algo}")
@@ -231,64 +213,45 @@ def test_every_rows_configuration(shape, lutkind):
             ops.lut_linear(ad, wd, ld, bad)
 
 
-@pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
-@pytest.mark.parametrize("lutkind", ["int16", "wide"])
-@pytest.mark.parametrize("shape", [(700, 84, 10), (1100, 37, 3), (2000, 200, 16), (333, 8, 1),
-                                   (517, 60, 12), (90, 13, 7), (1, 84, 10)],
-                         ids=lambda s: "x".join(map(str, s)))
-def test_every_cluster_configuration(shape, lutkind, signed):
-    """auto times expanded_cluster for clusters of 2, 4, 8 and 16 blocks; every size that fits
-    must be exact (one block's slice of the taps, the compact tail, the int32 fallback), and a
-    size that does not fit must say so."""
-    if torch.cuda.get_device_capability()[0] < 9:
-        with pytest.raises(RuntimeError, match="expanded_cluster"):
-            ops.lut_linear(torch.zeros((4, 8), dtype=torch.int8, device=DEV),
-                           torch.zeros((2, 8), dtype=torch.int8, device=DEV),
-                           torch.zeros((256, 256), dtype=torch.int32, device=DEV), "expanded_cluster")
-        return
-    m, k, n = shape
-    gen = torch.Generator().manual_seed(hash((shape, lutkind, signed, "cl")) & 0xFFFF)
-    a, w, lut = make_codes(gen, (m, k), signed), make_weights(gen, (n, k), signed), make_lut(gen, lutkind)
-    want = reference_lut_linear(a, w, lut)
-    ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
-    for cs in range(1, 17):
-        algo = f"expanded_cluster_c{cs}"
-        if not cluster_fits(k, n, cs):
-            with pytest.raises(RuntimeError, match="does not fit"):
-                ops.lut_linear(ad, wd, ld, algo)
-            continue
-        got = poisoned_call(lambda: ops.lut_linear(ad, wd, ld, algo), (m, n))
-        check_equal(got, want, f"{shape} {lutkind} {algo}")
-    # Inference tensors bypass the table cache: the format is then read on the device.
-    with torch.inference_mode():
-        wi, li = wd.clone(), ld.clone()
-        got = poisoned_call(lambda: ops.lut_linear(ad, wi, li, "expanded_cluster"), (m, n))
-    check_equal(got, want, f"{shape} {lutkind} expanded_cluster, uncached")
+def test_every_variant_is_exercised():
+    """The shape tests above ran every variant of the kernels' table at least once (they run
+    first: pytest keeps file order)."""
+    if not EXERCISED:
+        pytest.skip("run with the shape tests")
+    assert set(backend_algos("cuda")) <= EXERCISED, set(backend_algos("cuda")) - EXERCISED
 
 
-def test_cluster_persistent_tiles_and_bad_names():
-    """More rows than the clusters hold at once (a cluster of 2 keeps 44 of fc3's taps, leaving
-    room for ~56 rows a tile): every cluster walks several tiles with double-buffered partials."""
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("thread-block clusters need sm_90")
-    gen = torch.Generator().manual_seed(5)
-    a, w, lut = make_codes(gen, (40000, 84), False), make_weights(gen, (10, 84), False), make_lut(gen, "int16")
-    want = reference_lut_linear(a, w, lut)
-    ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
-    for cs in (2, 3, 8):
-        got = poisoned_call(lambda: ops.lut_linear(ad, wd, ld, f"expanded_cluster_c{cs}"), (40000, 10))
-        check_equal(got, want, f"40000x84x10 expanded_cluster_c{cs}")
-    for bad in ("expanded_cluster_c0", "expanded_cluster_c17", "expanded_cluster_cx",
-                "expanded_cluster_c2x"):
-        with pytest.raises(RuntimeError, match="bad algo"):
-            ops.lut_linear(ad, wd, ld, bad)
-    with pytest.raises(RuntimeError, match="at most 16 output channels"):
-        ops.lut_linear(ad[:, :80].contiguous(), torch.zeros((17, 80), dtype=torch.int8, device=DEV), ld,
-                       "expanded_cluster")
-    x = torch.zeros((2, 1, 8, 8), dtype=torch.int8, device=DEV)
-    with pytest.raises(RuntimeError, match="expanded_cluster"):
-        ops.lut_conv2d(x, torch.zeros((4, 1, 3, 3), dtype=torch.int8, device=DEV), ld, [1, 1],
-                       [0, 0], [1, 1], 1, "expanded_cluster")
+@pytest.mark.parametrize("algo", ["direct", "expanded_rows", "expanded_pairs", "expanded_l2"])
+def test_workspace_is_what_the_kernels_allocate(algo):
+    """approx::lut_algos' workspace_bytes (what bench reports) is the device memory a layer's first
+    call keeps allocated for its prepared tables (fc3's shape: every table kind, pairs included)."""
+    gen = torch.Generator().manual_seed(11)
+    a = make_codes(gen, (300, 84), False).to(DEV)
+    w, lut = make_weights(gen, (10, 84), False).to(DEV), make_lut(gen, "int16").to(DEV)
+    want = {r["algo"]: r["workspace_bytes"] for r in algo_table(a, w, lut, backend="cuda")}[algo]
+    # earlier tests' tensors are freed now, and a call on other weights drops their cached tables,
+    # so that nothing else is freed during the measured call
+    gc.collect()
+    w_other = w.clone()  # alive until the end: its entry stays
+    ops.lut_linear(a, w_other, lut, algo)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    out = ops.lut_linear(a, w, lut, algo)
+    torch.cuda.synchronize()
+    kept = torch.cuda.memory_allocated() - before - (-(-out.numel() * 4 // 512) * 512)
+    assert kept == -(-want // 512) * 512, (algo, kept, want)  # the allocator rounds to 512 bytes
+
+
+def test_auto_pick_is_reported():
+    gen = torch.Generator().manual_seed(12)
+    a = make_codes(gen, (5000, 120), False).to(DEV)
+    w, lut = make_weights(gen, (84, 120), False).to(DEV), make_lut(gen, "int16").to(DEV)
+    ops.lut_linear(a, w, lut, "auto")
+    picks = [r for r in algo_table(a, w, lut, backend="cuda") if r["auto_pick"]]
+    assert len(picks) == 1 and picks[0]["applies"] and picks[0]["auto_pick_name"].startswith(picks[0]["algo"])
+    # the reported pick runs as an explicit algo and gives the same sums
+    check_equal(ops.lut_linear(a, w, lut, picks[0]["auto_pick_name"]), ops.lut_linear(a, w, lut, "direct").cpu(),
+                "auto's reported pick")
 
 
 def test_poison_reaches_output():
@@ -307,13 +270,8 @@ def test_poison_reaches_output():
 
 
 # LeNet-5 layers at batch 10,000 against the CPU kernel (the reference on a slice).
-LENET = {
-    "conv1": ("conv", (10000, 1, 28, 28), (6, 1, 5, 5)),
-    "conv2": ("conv", (10000, 6, 12, 12), (16, 6, 5, 5)),
-    "fc1": ("linear", (10000, 256), (120, 256)),
-    "fc2": ("linear", (10000, 120), (84, 120)),
-    "fc3": ("linear", (10000, 84), (10, 84)),
-}
+# LeNet-5's layers (runner.bench.LENET5_LAYERS) at batch 10,000
+LENET = {name: (kind, (10000, *ashape), wshape) for name, kind, ashape, wshape in LENET5_LAYERS}
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
@@ -335,8 +293,7 @@ def test_lenet_batch10000(layer, signed):
         check_equal(want[:50], want_head, f"{layer}: CPU kernel vs reference")
     ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
     out_shape = (ashape[0],) + tuple(want_head.shape[1:])
-    kk = wshape[1] * (wshape[2] * wshape[3] if kind == "conv" else 1)
-    algos = ALGOS + extra_algos(kk, wshape[0], kind == "conv", kind == "conv")
+    algos = ALGOS + extra_algos(ad, wd, ld, *extra)
     for algo in algos:
         got = poisoned_call(lambda: op(ad, wd, ld, *extra, algo), out_shape)
         check_equal(got[:50], want_head, f"{layer} algo={algo} vs reference (first 50)")
@@ -344,8 +301,7 @@ def test_lenet_batch10000(layer, signed):
             check_equal(got, want, f"{layer} algo={algo} vs CPU kernel")
 
 
-@pytest.mark.parametrize("algo", ["direct", "expanded_smem", "expanded_l2", "expanded_resident",
-                                  "expanded_rows"])
+@pytest.mark.parametrize("algo", ["direct", "expanded_smem", "expanded_l2", "expanded_rows"])
 def test_rows_beyond_grid_y_limit(algo):
     """More rows than 65,535 x the largest tile height (2,048 rows): the row tiles run on grid.x."""
     m = 65535 * 2048 + 123
@@ -482,8 +438,8 @@ def test_bad_inputs_raise():
         ops.lut_linear(torch.zeros((8, 4), dtype=torch.int8, device=DEV).t(), w, lut, "auto")
     with pytest.raises(RuntimeError, match="same device"):
         ops.lut_linear(a, w, lut.cpu(), "auto")
-    with pytest.raises(RuntimeError, match="expanded_resident"):
-        ops.lut_linear(a, torch.zeros((9, 8), dtype=torch.int8, device=DEV), lut, "expanded_resident")
+    with pytest.raises(RuntimeError, match="expanded_pairs"):
+        ops.lut_linear(a, torch.zeros((17, 8), dtype=torch.int8, device=DEV), lut, "expanded_pairs")
     with pytest.raises(RuntimeError, match="expanded_smem"):
         ops.lut_linear(a, torch.zeros((40, 8), dtype=torch.int8, device=DEV), lut, "expanded_smem")
     x = torch.zeros((1, 4, 6, 6), dtype=torch.uint8, device=DEV)

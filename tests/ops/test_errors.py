@@ -66,7 +66,21 @@ def test_conv_bad_inputs(backend, device, name, mutate, msg):
         ops.lut_conv2d(*args, backend=backend, **kw)
 
 
-def test_good_inputs_pass():
-    """The baselines above are valid, so each failure is caused by its one change."""
-    ops.lut_linear(*lin_ok(), backend="python")
-    ops.lut_conv2d(*conv_ok(), groups=2, backend="python")
+@pytest.mark.parametrize("backend,device", BACKENDS)
+def test_good_inputs_pass(backend, device):
+    """The baselines above are valid on every backend, so each failure is caused by its one change."""
+    assert ops.lut_linear(*[t.to(device) for t in lin_ok()], backend=backend).shape == (4, 3)
+    assert ops.lut_conv2d(*[t.to(device) for t in conv_ok()], groups=2, backend=backend).shape == (2, 6, 6, 6)
+
+
+@pytest.mark.parametrize("backend,device", BACKENDS)
+def test_lut_algos_reports_every_variant(backend, device):
+    """approx::lut_algos lists each variant once; the unconditional ones apply to any shape, and
+    one that does not apply says why."""
+    rows = ops.algo_table(*[t.to(device) for t in lin_ok()], backend=backend)
+    names = [r["algo"] for r in rows]
+    assert names == list(ops.backend_algos(backend)) and len(set(names)) == len(names) and "direct" in names
+    for r in rows:
+        assert r["applies"] == (r["note"] == "") and (r["workspace_bytes"] is None) == (not r["applies"])
+    conv = ops.algo_table(*[t.to(device) for t in conv_ok()], groups=2, backend=backend)
+    assert {r["algo"] for r in conv if r["applies"]} >= {"direct"}

@@ -15,11 +15,13 @@
 //             entries when every product fits. Rows go in cache-sized blocks and taps in chunks
 //             whose table slice stays in L2.
 //
-// Vector code: lut_cpu_kernels.h is compiled three times (AVX-512, AVX2, baseline) under
+// Vector code: lut_cpu_kernels.inc is compiled three times (AVX-512, AVX2, baseline) under
 // `#pragma GCC target`; the build needs no -march flag and the variant is picked at run time.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+
+#include "../checks.h"
 
 #include <immintrin.h>
 
@@ -31,6 +33,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #pragma GCC diagnostic ignored "-Wpsabi"  // vector types never cross a non-inlined call
@@ -55,10 +58,10 @@ struct Problem {
   int64_t Np;             // Ng rounded up to a multiple of 8 (table row length)
 };
 
-// The hot loops, once per instruction set (see lut_cpu_kernels.h).
+// The hot loops, once per instruction set (see lut_cpu_kernels.inc).
 #define AR_NS isabase
 #define AR_ISA 0
-#include "lut_cpu_kernels.h"
+#include "lut_cpu_kernels.inc"
 #undef AR_NS
 #undef AR_ISA
 
@@ -66,7 +69,7 @@ struct Problem {
 #pragma GCC target("avx2,fma,bmi,bmi2,popcnt")
 #define AR_NS isa256
 #define AR_ISA 256
-#include "lut_cpu_kernels.h"
+#include "lut_cpu_kernels.inc"
 #undef AR_NS
 #undef AR_ISA
 #pragma GCC pop_options
@@ -75,7 +78,7 @@ struct Problem {
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi,bmi2,popcnt")
 #define AR_NS isa512
 #define AR_ISA 512
-#include "lut_cpu_kernels.h"
+#include "lut_cpu_kernels.inc"
 #undef AR_NS
 #undef AR_ISA
 #pragma GCC pop_options
@@ -107,33 +110,16 @@ Isa detect_isa() {
   }
 
 // ------------------------------------------------------------------------------------------------
+// The CPU variants (the order approx::lut_algos lists them in).
 enum class Algo { Auto, Direct, Expanded };
+constexpr const char* kAlgoNames[] = {"direct", "expanded"};
 
 Algo parse_algo(c10::string_view s, const char* op) {
   if (s == "auto") return Algo::Auto;
-  if (s == "direct") return Algo::Direct;
-  if (s == "expanded") return Algo::Expanded;
+  if (s == kAlgoNames[0]) return Algo::Direct;
+  if (s == kAlgoNames[1]) return Algo::Expanded;
   TORCH_CHECK(false, op, ": unknown algo '", std::string(s.data(), s.size()),
               "'; valid: auto, direct, expanded");
-}
-
-void check_common(const char* op, const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut) {
-  TORCH_CHECK(a.scalar_type() == at::kChar || a.scalar_type() == at::kByte, op,
-              ": activation codes `a` must be int8 (signed multiplier) or uint8 (unsigned "
-              "multiplier), got ", a.scalar_type());
-  TORCH_CHECK(w.scalar_type() == at::kChar, op, ": weight codes `w` must be int8, got ",
-              w.scalar_type());
-  TORCH_CHECK(lut.scalar_type() == at::kInt && lut.dim() == 2 && lut.size(0) == 256 &&
-                  lut.size(1) == 256,
-              op, ": `lut` must be an int32 tensor of shape [256, 256], got ", lut.scalar_type(),
-              " ", lut.sizes());
-  TORCH_CHECK(a.is_contiguous(), op, ": `a` must be contiguous (call .contiguous() first)");
-  TORCH_CHECK(w.is_contiguous(), op, ": `w` must be contiguous (call .contiguous() first)");
-  TORCH_CHECK(lut.is_contiguous(), op, ": `lut` must be contiguous (call .contiguous() first)");
-  TORCH_CHECK(a.device() == w.device() && a.device() == lut.device(), op,
-              ": a, w and lut must be on the same device, got ", a.device(), ", ", w.device(),
-              ", ", lut.device());
-  TORCH_CHECK(a.device().is_cpu(), op, ": the CPU kernel got tensors on ", a.device());
 }
 
 // Weight column in the LUT and sign handling for weight tap k of output channel n of group g.
@@ -265,6 +251,18 @@ std::shared_ptr<TableEntry> build_entry(const Problem& p, const at::Tensor& w, c
   return e;
 }
 
+int64_t table_bytes(const Problem& p, bool fit16) {
+  return p.G * p.K * 256 * p.Np * (fit16 ? 2 : 4);
+}
+
+Algo auto_algo(const Problem& p, int64_t tbytes) {
+  // Building costs ~K*256*Np table writes per group; each row then saves ~K*Ng lookups at a few
+  // times the speed, so the build pays off after several hundred rows per group.
+  const int64_t rows_per_group = p.B * p.Ho * p.Wo;
+  return (tbytes <= kTableBudget && rows_per_group * p.Ng >= 512 * p.Np) ? Algo::Expanded
+                                                                         : Algo::Direct;
+}
+
 void run(Problem& p, const at::Tensor& w, const at::Tensor& lut_t, Algo algo) {
   const int64_t rows = p.B * p.G * p.Ho * p.Wo;
   if (rows == 0 || p.Ng == 0) return;
@@ -278,14 +276,8 @@ void run(Problem& p, const at::Tensor& w, const at::Tensor& lut_t, Algo algo) {
   if (!entry) {
     const WeightCols wc = weight_cols(w, p);
     const bool fit16 = algo != Algo::Direct && products_fit_int16(lut, wc);
-    const int64_t tbytes = p.G * p.K * 256 * p.Np * (fit16 ? 2 : 4);
-    if (algo == Algo::Auto) {
-      // Building costs ~K*256*Np table writes per group; each row then saves ~K*Ng lookups
-      // at a few times the speed, so the build pays off after several hundred rows per group.
-      const int64_t rows_per_group = p.B * p.Ho * p.Wo;
-      algo = (tbytes <= kTableBudget && rows_per_group * p.Ng >= 512 * p.Np) ? Algo::Expanded
-                                                                             : Algo::Direct;
-    }
+    const int64_t tbytes = table_bytes(p, fit16);
+    if (algo == Algo::Auto) algo = auto_algo(p, tbytes);
     if (algo == Algo::Direct) {
       const int32_t* col = wc.col.data();
       const uint32_t* neg = wc.neg.data();
@@ -325,13 +317,9 @@ Problem code_problem(const at::Tensor& codes, at::ScalarType code_type, const st
 
 at::Tensor lut_linear_cpu(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
                           c10::string_view algo_name) {
-  check_common("lut_linear", a, w, lut);
-  TORCH_CHECK(a.dim() == 2 && w.dim() == 2, "lut_linear: expected a [M, K] and w [N, K], got a ",
-              a.sizes(), ", w ", w.sizes());
-  TORCH_CHECK(a.size(1) == w.size(1), "lut_linear: a has K=", a.size(1),
-              " columns but w has K=", w.size(1));
+  const auto s = approx_checks::check_linear(a, w, lut, c10::DeviceType::CPU);
   const Algo algo = parse_algo(algo_name, "lut_linear");
-  const int64_t M = a.size(0), K = a.size(1), N = w.size(0);
+  const int64_t M = s.M, K = s.K, N = s.N;
   at::Tensor out = at::empty({M, N}, a.options().dtype(at::kInt));
   if (K == 0) return out.zero_();
   std::vector<int32_t> off(K);
@@ -348,32 +336,14 @@ at::Tensor lut_linear_cpu(const at::Tensor& a, const at::Tensor& w, const at::Te
 at::Tensor lut_conv2d_cpu(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
                           at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                           int64_t groups, c10::string_view algo_name) {
-  check_common("lut_conv2d", a, w, lut);
-  TORCH_CHECK(a.dim() == 4 && w.dim() == 4,
-              "lut_conv2d: expected a [B, C, H, W] and w [N, C/groups, kh, kw], got a ", a.sizes(),
-              ", w ", w.sizes());
-  TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
-              "lut_conv2d: stride, padding and dilation must have 2 entries");
-  const int64_t sh = stride[0], sw = stride[1], ph = padding[0], pw = padding[1];
-  const int64_t dh = dilation[0], dw = dilation[1];
-  TORCH_CHECK(sh >= 1 && sw >= 1 && dh >= 1 && dw >= 1 && ph >= 0 && pw >= 0,
-              "lut_conv2d: need stride >= 1, dilation >= 1, padding >= 0, got stride ", stride,
-              ", padding ", padding, ", dilation ", dilation);
-  const int64_t B = a.size(0), C = a.size(1), H = a.size(2), W = a.size(3);
-  const int64_t N = w.size(0), Cg = w.size(1), kh = w.size(2), kw = w.size(3);
-  TORCH_CHECK(groups >= 1 && C % groups == 0 && N % groups == 0, "lut_conv2d: groups=", groups,
-              " must divide input channels (", C, ") and output channels (", N, ")");
-  TORCH_CHECK(Cg * groups == C, "lut_conv2d: w expects ", Cg * groups, " input channels (", Cg,
-              " per group x ", groups, " groups), a has ", C);
-  const int64_t Ho = (H + 2 * ph - dh * (kh - 1) - 1) / sh + 1;
-  const int64_t Wo = (W + 2 * pw - dw * (kw - 1) - 1) / sw + 1;
-  TORCH_CHECK(Ho >= 1 && Wo >= 1 && H + 2 * ph - dh * (kh - 1) - 1 >= 0 &&
-                  W + 2 * pw - dw * (kw - 1) - 1 >= 0,
-              "lut_conv2d: output would be empty for input ", a.sizes().slice(2), ", kernel ",
-              w.sizes().slice(2));
+  const auto s = approx_checks::check_conv(a, w, lut, stride, padding, dilation, groups,
+                                           c10::DeviceType::CPU);
+  const int64_t sh = s.sh, sw = s.sw, ph = s.ph, pw = s.pw, dh = s.dh, dw = s.dw;
+  const int64_t B = s.B, C = s.C, H = s.H, W = s.W, N = s.N, Cg = s.Cg, kh = s.kh, kw = s.kw;
+  const int64_t Ho = s.Ho, Wo = s.Wo;
   const Algo algo = parse_algo(algo_name, "lut_conv2d");
   at::Tensor out = at::empty({B, N, Ho, Wo}, a.options().dtype(at::kInt));
-  const int64_t K = Cg * kh * kw;
+  const int64_t K = s.K;
   if (K == 0) return out.zero_();
 
   // Padding becomes stored code 0, so every tap is an in-bounds read; the copy is O(input).
@@ -398,9 +368,35 @@ at::Tensor lut_conv2d_cpu(const at::Tensor& a, const at::Tensor& w, const at::Te
   return out;
 }
 
+// See ops.cpp. The expanded table's size follows the format this LUT and these weights need.
+std::tuple<std::vector<std::string>, std::vector<int64_t>, std::vector<std::string>, std::string>
+lut_algos_cpu(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
+              at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+              int64_t groups) {
+  Problem p{};
+  if (a.dim() == 4) {
+    const auto s = approx_checks::check_conv(a, w, lut, stride, padding, dilation, groups,
+                                             c10::DeviceType::CPU);
+    p.B = s.B, p.G = s.groups, p.Ho = s.Ho, p.Wo = s.Wo, p.K = s.K, p.Ng = s.N / s.groups;
+  } else {
+    const auto s = approx_checks::check_linear(a, w, lut, c10::DeviceType::CPU);
+    p.B = 1, p.G = 1, p.Ho = s.M, p.Wo = 1, p.K = s.K, p.Ng = s.N;
+  }
+  p.Np = round8(p.Ng);
+  p.is_unsigned = a.scalar_type() == at::kByte;
+  const int64_t tbytes =
+      table_bytes(p, products_fit_int16(lut.data_ptr<int32_t>(), weight_cols(w, p)));
+  const bool fits = tbytes <= 16 * kTableBudget;
+  return {{kAlgoNames[0], kAlgoNames[1]},
+          {0, fits ? tbytes : -1},
+          {"", fits ? "" : "would need an expanded table of " + std::to_string(tbytes >> 20) + " MiB"},
+          kAlgoNames[auto_algo(p, tbytes) == Algo::Expanded ? 1 : 0]};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(approx, CPU, m) {
   m.impl("lut_linear", &lut_linear_cpu);
   m.impl("lut_conv2d", &lut_conv2d_cpu);
+  m.impl("lut_algos", &lut_algos_cpu);
 }

@@ -4,7 +4,7 @@
 //   lut_grad_a: out[m, k] = sum_n grad[m, n] * slope[row(a[m, k])][w[n, k] + 128]   [M, K]
 //   lut_grad_w: out[n, k] = sum_m grad[m, n] * slope[row(a[m, k])][w[n, k] + 128]   [N, K]
 //
-// Two algorithms per op (hot loops in lut_grad_cpu_kernels.h):
+// Two algorithms per op (hot loops in lut_grad_cpu_kernels.inc):
 //   lut_grad_a
 //     direct  8 taps per vector: for each (m, 8 taps, n) one 8-lane gather from slope at
 //             row(a[m, k]) * 256 + w[n, k] + 128, times grad[m, n]. No per-call table; the 8
@@ -40,7 +40,7 @@
 // across row blocks / histogram flushes). Every algorithm's pairing of terms differs from the
 // float64 reference only by float32 rounding.
 //
-// Vector code: lut_grad_cpu_kernels.h is compiled twice (AVX2+FMA, baseline x86-64) under
+// Vector code: lut_grad_cpu_kernels.inc is compiled twice (AVX2+FMA, baseline x86-64) under
 // `#pragma GCC target`; the variant is picked at run time (APPROX_RUN_CPU_ISA=base forces the
 // baseline one). AVX-512 machines run the AVX2 variant.
 #include <ATen/ATen.h>
@@ -81,7 +81,7 @@ struct GradProblem {
 #define AR_NS isabase
 #define AR_ISA 0
 namespace {
-#include "lut_grad_cpu_kernels.h"
+#include "lut_grad_cpu_kernels.inc"
 }
 #undef AR_NS
 #undef AR_ISA
@@ -91,7 +91,7 @@ namespace {
 #define AR_NS isa256
 #define AR_ISA 256
 namespace {
-#include "lut_grad_cpu_kernels.h"
+#include "lut_grad_cpu_kernels.inc"
 }
 #undef AR_NS
 #undef AR_ISA

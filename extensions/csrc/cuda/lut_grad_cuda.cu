@@ -14,7 +14,7 @@
 //               bit-for-bit the same on every run (atomicAdd order would vary with scheduling).
 //               With one chunk the first kernel writes the output directly.
 #include <ATen/ATen.h>
-// c10 headers only (see lut_cuda.cu: ATen/cuda/CUDAContext.h pulls in cuBLAS/cuSPARSE headers
+// c10 headers only (see table_cache.cpp: ATen/cuda/CUDAContext.h pulls in cuBLAS/cuSPARSE headers
 // that toolkit-only installs lack).
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -79,7 +79,7 @@ __global__ void grad_w_reduce_kernel(const float* __restrict__ partial, float* _
 }
 
 // Error messages are built from strings only: streaming integers or ATen types into TORCH_CHECK
-// from nvcc-compiled code crashed under torch 2.11 (see lut_cuda.cu).
+// from nvcc-compiled code crashed under torch 2.11 (see ../checks.h).
 std::string I(int64_t v) { return std::to_string(v); }
 std::string D(c10::IntArrayRef v) {
   std::string s = "[";

@@ -33,7 +33,7 @@ __global__ void dequantize_kernel(const int32_t* __restrict__ acc, const float* 
 }
 
 // Messages are built from std::string pieces only: streaming integers or ATen types into
-// TORCH_CHECK from nvcc-compiled code crashed under torch 2.11 (see lut_cuda.cu).
+// TORCH_CHECK from nvcc-compiled code crashed under torch 2.11 (see ../checks.h).
 std::string dtype_name(const at::Tensor& t) { return c10::toString(t.scalar_type()); }
 
 void check_scale(const char* op, const at::Tensor& s, const at::Tensor& x, int64_t numel, const char* name) {

@@ -1,0 +1,58 @@
+"""A short run of every CUDA variant, for compute-sanitizer (each result checked against the python
+reference):
+
+    compute-sanitizer --tool memcheck --error-exitcode 1 python3 benchmarks/cuda_memcheck.py
+
+Shapes: the LeNet-5 layers at batch 3, a grouped strided conv, a padded 3x3 conv, odd linear
+widths; int16 and int32 LUTs (both table formats), signed and unsigned codes. Every variant that
+approx::lut_algos says applies runs, with the prepared-table cache on (the default) and, for
+`auto`, its timed trial.
+"""
+import torch
+
+from runner.bench import LENET5_LAYERS
+from runner.ops import algo_table, lut_conv2d, lut_linear, reference_lut_conv2d, reference_lut_linear
+
+CONVS = [((3, *a), w, 1, 0, 1) for _, kind, a, w in LENET5_LAYERS if kind == "conv"] + [
+    ((2, 8, 11, 9), (12, 4, 3, 3), 2, 1, 2),
+    ((2, 3, 9, 11), (20, 3, 3, 3), 1, 1, 1),
+]
+LINEARS = [(3, *w[::-1]) for _, kind, _, w in LENET5_LAYERS if kind == "linear"] + [
+    (37, 100, 17), (5, 33, 3), (700, 84, 10)]
+
+
+def main():
+    gen = torch.Generator().manual_seed(0)
+    ran = set()
+    for signed in (True, False):
+        for lutkind in ("int16", "int32"):
+            hi = 2**15 - 1 if lutkind == "int16" else 2**31 - 1
+            lut = torch.randint(-hi, hi, (256, 256), generator=gen, dtype=torch.int64).to(torch.int32)
+            lo = (-128, 128) if signed else (0, 256)
+            dt = torch.int8 if signed else torch.uint8
+            for m, k, n in LINEARS:
+                a = torch.randint(*lo, (m, k), generator=gen, dtype=torch.int64).to(dt)
+                w = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+                want = reference_lut_linear(a, w, lut)
+                ad, wd, ld = a.cuda(), w.cuda(), lut.cuda()
+                for algo in ["auto"] + [r["algo"] for r in algo_table(ad, wd, ld, backend="cuda") if r["applies"]]:
+                    got = lut_linear(ad, wd, ld, backend="cuda", algo=algo).cpu()
+                    assert torch.equal(got, want), (m, k, n, algo)
+                    ran.add(algo)
+            for ashape, wshape, stride, pad, groups in CONVS:
+                a = torch.randint(*lo, ashape, generator=gen, dtype=torch.int64).to(dt)
+                w = torch.randint(-127, 128, wshape, generator=gen, dtype=torch.int8)
+                want = reference_lut_conv2d(a, w, lut, stride, pad, 1, groups)
+                ad, wd, ld = a.cuda(), w.cuda(), lut.cuda()
+                args = (stride, pad, 1, groups)
+                for algo in ["auto"] + [r["algo"] for r in algo_table(ad, wd, ld, *args, backend="cuda")
+                                        if r["applies"]]:
+                    got = lut_conv2d(ad, wd, ld, *args, backend="cuda", algo=algo).cpu()
+                    assert torch.equal(got, want), (ashape, wshape, algo)
+                    ran.add(algo)
+    torch.cuda.synchronize()
+    print("memcheck run: every result equals the reference; variants run:", ", ".join(sorted(ran)))
+
+
+if __name__ == "__main__":
+    main()

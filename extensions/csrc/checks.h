@@ -1,0 +1,102 @@
+// Input checks of approx::lut_linear / approx::lut_conv2d, shared by every backend's entry points
+// (cpu/lut_cpu.cpp, cuda/lut_ops.cpp), so that each mistake reads the same everywhere; the python
+// reference (runner/ops.py) words them alike. Host code only: error messages are built from
+// strings (streaming integers into TORCH_CHECK from nvcc-compiled files crashed on the GPU
+// machine with torch 2.11 / nvcc 13.0).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+namespace approx_checks {
+
+inline std::string I(int64_t v) { return std::to_string(v); }
+inline std::string D(c10::IntArrayRef v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+inline const char* T(const at::Tensor& t) { return c10::toString(t.scalar_type()); }
+
+// dtypes, LUT shape, contiguity, one device, and that device is the backend's.
+inline void check_common(const char* op, const at::Tensor& a, const at::Tensor& w,
+                         const at::Tensor& lut, c10::DeviceType backend) {
+  TORCH_CHECK(a.scalar_type() == at::kChar || a.scalar_type() == at::kByte, op,
+              ": activation codes `a` must be int8 (signed multiplier) or uint8 (unsigned "
+              "multiplier), got ", T(a));
+  TORCH_CHECK(w.scalar_type() == at::kChar, op, ": weight codes `w` must be int8, got ", T(w));
+  TORCH_CHECK(lut.scalar_type() == at::kInt && lut.dim() == 2 && lut.size(0) == 256 &&
+                  lut.size(1) == 256,
+              op, ": `lut` must be an int32 tensor of shape [256, 256], got ", T(lut), " ",
+              D(lut.sizes()));
+  TORCH_CHECK(a.is_contiguous(), op, ": `a` must be contiguous (call .contiguous() first)");
+  TORCH_CHECK(w.is_contiguous(), op, ": `w` must be contiguous (call .contiguous() first)");
+  TORCH_CHECK(lut.is_contiguous(), op, ": `lut` must be contiguous (call .contiguous() first)");
+  TORCH_CHECK(a.device() == w.device() && a.device() == lut.device(), op,
+              ": a, w and lut must be on the same device, got ", a.device().str(), ", ",
+              w.device().str(), ", ", lut.device().str());
+  TORCH_CHECK(a.device().type() == backend, op, ": the ", c10::DeviceTypeName(backend),
+              " kernel got tensors on ", a.device().str());
+}
+
+struct LinearShape {
+  int64_t M, K, N;
+};
+
+inline LinearShape check_linear(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
+                                c10::DeviceType backend) {
+  check_common("lut_linear", a, w, lut, backend);
+  TORCH_CHECK(a.dim() == 2 && w.dim() == 2, "lut_linear: expected a [M, K] and w [N, K], got a ",
+              D(a.sizes()), ", w ", D(w.sizes()));
+  TORCH_CHECK(a.size(1) == w.size(1), "lut_linear: a has K=", I(a.size(1)),
+              " columns but w has K=", I(w.size(1)));
+  return {a.size(0), a.size(1), w.size(0)};
+}
+
+struct ConvShape {
+  int64_t B, C, H, W, N, Cg, kh, kw, sh, sw, ph, pw, dh, dw, groups, Ho, Wo, K;
+};
+
+inline std::pair<int64_t, int64_t> pair_arg(c10::IntArrayRef v, const char* name) {
+  TORCH_CHECK(v.size() == 1 || v.size() == 2, "lut_conv2d: ", name,
+              " must have 1 or 2 values, got ", D(v));
+  return {v[0], v[v.size() - 1]};
+}
+
+inline ConvShape check_conv(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
+                            c10::IntArrayRef stride, c10::IntArrayRef padding,
+                            c10::IntArrayRef dilation, int64_t groups, c10::DeviceType backend) {
+  check_common("lut_conv2d", a, w, lut, backend);
+  TORCH_CHECK(a.dim() == 4 && w.dim() == 4,
+              "lut_conv2d: expected a [B, C, H, W] and w [N, C/groups, kh, kw], got a ",
+              D(a.sizes()), ", w ", D(w.sizes()));
+  ConvShape s{};
+  std::tie(s.sh, s.sw) = pair_arg(stride, "stride");
+  std::tie(s.ph, s.pw) = pair_arg(padding, "padding");
+  std::tie(s.dh, s.dw) = pair_arg(dilation, "dilation");
+  TORCH_CHECK(s.sh >= 1 && s.sw >= 1 && s.dh >= 1 && s.dw >= 1 && s.ph >= 0 && s.pw >= 0,
+              "lut_conv2d: need stride >= 1, dilation >= 1, padding >= 0, got stride ", D(stride),
+              ", padding ", D(padding), ", dilation ", D(dilation));
+  s.B = a.size(0), s.C = a.size(1), s.H = a.size(2), s.W = a.size(3);
+  s.N = w.size(0), s.kh = w.size(2), s.kw = w.size(3), s.groups = groups;
+  TORCH_CHECK(groups >= 1 && s.C % groups == 0 && s.N % groups == 0, "lut_conv2d: groups=",
+              I(groups), " must divide input channels (", I(s.C), ") and output channels (",
+              I(s.N), ")");
+  TORCH_CHECK(w.size(1) * groups == s.C, "lut_conv2d: w expects ", I(w.size(1) * groups),
+              " input channels (", I(w.size(1)), " per group x ", I(groups), " groups), a has ",
+              I(s.C));
+  s.Cg = s.C / groups;
+  const int64_t hspan = s.H + 2 * s.ph - s.dh * (s.kh - 1) - 1;
+  const int64_t wspan = s.W + 2 * s.pw - s.dw * (s.kw - 1) - 1;
+  s.Ho = hspan < 0 ? 0 : hspan / s.sh + 1;
+  s.Wo = wspan < 0 ? 0 : wspan / s.sw + 1;
+  TORCH_CHECK(s.Ho >= 1 && s.Wo >= 1, "lut_conv2d: output would be empty (", I(s.Ho), "x",
+              I(s.Wo), ") for input ", D(a.sizes().slice(2)), ", kernel ",
+              D(w.sizes().slice(2)));
+  s.K = s.Cg * s.kh * s.kw;
+  return s;
+}
+
+}  // namespace approx_checks

@@ -1,0 +1,144 @@
+// The algorithm table (see algos.h) and what is derived from it.
+#include "algos.h"
+
+#include "../checks.h"
+
+namespace approx_cuda {
+namespace {
+
+using approx_checks::I;
+
+std::vector<Config> one(const Params&, int) { return {Config{}}; }
+
+}  // namespace
+
+const std::vector<Algo>& algos() {
+  static const std::vector<Algo> table = {
+      {"direct", false, false,
+       [](const Params&, const ConvGeo&) { return std::string(); },
+       [](const Params& p, const ConvGeo&, int, const Config&, cudaStream_t s) {
+         launch_direct(p, s);
+       },
+       one},
+      {"expanded_window", true, true,
+       [](const Params& p, const ConvGeo& cg) {
+         return window_smem(p, cg, 0) ? std::string()
+                                      : "needs a conv with stride 1, dilation 1, a 3- or 5-wide "
+                                        "kernel and a few input images that fit shared memory";
+       },
+       [](const Params& p, const ConvGeo& cg, int fmt, const Config&, cudaStream_t s) {
+         launch_window(p, cg, fmt, s);
+       },
+       one},
+      {"expanded_rows", true, true,
+       [](const Params& p, const ConvGeo&) {
+         return rows_applies(p) ? std::string() : "is for lut_linear";
+       },
+       [](const Params& p, const ConvGeo&, int fmt, const Config& c, cudaStream_t s) {
+         launch_rows(p, fmt, c, s);
+       },
+       rows_candidates},
+      {"expanded_pairs", true, false,
+       [](const Params& p, const ConvGeo&) {
+         return pairs_applies(p) ? std::string()
+                                 : "needs a linear layer of at most 16 output channels";
+       },
+       [](const Params& p, const ConvGeo&, int fmt, const Config&, cudaStream_t s) {
+         launch_pairs(p, fmt, s);
+       },
+       // int32 products: its fallback path reads T from L2 and is not a contender
+       [](const Params&, int fmt) { return fmt == 1 ? std::vector<Config>{Config{}} : std::vector<Config>{}; }},
+      {"expanded_smem", true, true,
+       [](const Params& p, const ConvGeo&) {
+         return smem_applies(p) ? std::string()
+                                : "needs at most 16 output channels per group (got " + I(p.N) + ")";
+       },
+       [](const Params& p, const ConvGeo&, int, const Config&, cudaStream_t s) {
+         launch_exp_smem(p, s);
+       },
+       one},
+      {"expanded_l2", true, true,
+       [](const Params&, const ConvGeo&) { return std::string(); },
+       [](const Params& p, const ConvGeo&, int, const Config&, cudaStream_t s) {
+         launch_exp_l2(p, s);
+       },
+       one},
+  };
+  return table;
+}
+
+Choice parse_choice(const std::string& name, const char* op) {
+  if (name == "auto") return Choice{kAuto};
+  if (name == "expanded") return Choice{kExpanded};
+  const auto& t = algos();
+  for (size_t i = 0; i < t.size(); ++i)
+    if (name == t[i].name) return Choice{static_cast<int>(i)};
+  if (name.rfind("expanded_rows_r", 0) == 0) {
+    Choice c{kAuto};
+    const std::string err = parse_rows_config(name, c.cfg);
+    TORCH_CHECK(err.empty(), op, ": ", err);
+    for (size_t i = 0; i < t.size(); ++i)
+      if (std::string(t[i].name) == "expanded_rows") c.algo = static_cast<int>(i);
+    return c;
+  }
+  std::string valid = "auto, expanded";
+  for (const Algo& a : t) valid += std::string(", ") + a.name;
+  TORCH_CHECK(false, op, ": unknown algo '", name, "'; valid: ", valid);
+}
+
+std::string choice_name(const Choice& c) {
+  if (c.algo == kAuto) return "auto";
+  if (c.algo == kExpanded) return "expanded";
+  const Algo& a = algos()[c.algo];
+  return std::string(a.name) == "expanded_rows" ? rows_config_name(c.cfg) : a.name;
+}
+
+std::string why_not(const Algo& a, const Params& p, const ConvGeo& cg) {
+  std::string why = a.why_not(p, cg);
+  if (why.empty() && a.table && table_bytes(p) > kTableBudget)
+    why = "would need an expanded table of " + I(table_bytes(p) >> 20) + " MiB (budget " +
+          I(kTableBudget >> 20) + " MiB); use algo='direct'";
+  return why;
+}
+
+Choice resolve(Choice c, const Params& p, const ConvGeo& cg, const char* op) {
+  const auto& t = algos();
+  if (c.algo == kExpanded) {
+    for (size_t i = 0; i < t.size(); ++i)
+      if (t[i].expanded && t[i].why_not(p, cg).empty()) {
+        c.algo = static_cast<int>(i);
+        break;
+      }
+    TORCH_CHECK(c.algo != kExpanded, op, ": no expanded variant runs this shape");
+  }
+  const std::string why = why_not(t[c.algo], p, cg);
+  TORCH_CHECK(why.empty(), op, ": algo '", t[c.algo].name, "' ", why,
+              why.find("use algo=") == std::string::npos ? "; use 'expanded' or 'auto'" : "");
+  return c;
+}
+
+int64_t workspace_bytes(const Algo& a, const Params& p) {
+  return prep_bytes(p) + (a.table ? table_bytes(p) + pairs_bytes(p) : 0);
+}
+
+std::vector<Choice> auto_candidates(const Params& p, const ConvGeo& cg, int fmt, bool table) {
+  std::vector<Choice> out;
+  const auto& t = algos();
+  for (size_t i = 0; i < t.size(); ++i) {
+    if ((t[i].table && !table) || !t[i].why_not(p, cg).empty()) continue;
+    for (const Config& c : t[i].candidates(p, fmt)) out.push_back(Choice{static_cast<int>(i), c});
+  }
+  return out;
+}
+
+void run_choice(const Choice& c, Params p, const Prepared& pr, const ConvGeo& cg, cudaStream_t s) {
+  p.flags = pr.p.flags;
+  p.E32 = pr.p.E32;
+  p.E16 = pr.p.E16;
+  p.kinfo = pr.p.kinfo;
+  p.T = pr.p.T;
+  p.Tpairs = pr.p.Tpairs;
+  algos()[c.algo].launch(p, cg, pr.fmt, c.cfg, s);
+}
+
+}  // namespace approx_cuda

@@ -1,0 +1,50 @@
+// The algorithm table: every CUDA variant of approx::lut_linear / approx::lut_conv2d, once.
+// Dispatch, `expanded`, auto's candidates, approx::lut_algos (which bench, the tests and the config
+// check read) and the error messages all come from it. To add a variant: write its family file
+// (kernels.h declares the launcher) and add one row to algos() in algos.cpp.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+
+namespace approx_cuda {
+
+struct Algo {
+  const char* name;
+  bool table;     // reads the weight-expanded table T (so the table budget applies)
+  bool expanded;  // one of algo="expanded"'s picks: the first such row that runs the shape
+  // "" where the variant runs this shape, else why not (completes "<op>: algo '<name>' ...")
+  std::string (*why_not)(const Params& p, const ConvGeo& cg);
+  void (*launch)(const Params& p, const ConvGeo& cg, int fmt, const Config& c, cudaStream_t s);
+  // the configurations auto's trial times (fmt: table format); {} = not a contender here
+  std::vector<Config> (*candidates)(const Params& p, int fmt);
+};
+
+const std::vector<Algo>& algos();
+
+// A concrete variant and its configuration; algo is an index into algos(), or kAuto / kExpanded.
+constexpr int kAuto = -1, kExpanded = -2;
+struct Choice {
+  int algo = kAuto;
+  Config cfg{};
+};
+
+Choice parse_choice(const std::string& name, const char* op);  // TORCH_CHECKs unknown names
+std::string choice_name(const Choice& c);
+// `expanded` made concrete; a variant that cannot run this shape is an error that says why.
+Choice resolve(Choice c, const Params& p, const ConvGeo& cg, const char* op);
+std::string why_not(const Algo& a, const Params& p, const ConvGeo& cg);  // incl. the table budget
+// Device memory the prepared tables of a call with this variant take (what prepare() allocates).
+int64_t workspace_bytes(const Algo& a, const Params& p);
+// auto's candidates, most promising first (the pick inside a graph capture, where nothing is timed).
+std::vector<Choice> auto_candidates(const Params& p, const ConvGeo& cg, int fmt, bool table);
+// Runs one concrete choice on prepared tables.
+void run_choice(const Choice& c, Params p, const Prepared& pr, const ConvGeo& cg, cudaStream_t s);
+
+// autotune.cpp: auto's pick per call shape (timed once, cached).
+Choice auto_pick(const std::vector<Choice>& cands, const Params& p, const Prepared& pr,
+                 const ConvGeo& cg, cudaStream_t stream);
+bool cached_pick(const Params& p, Choice& out);  // auto's pick for this shape, if made already
+
+}  // namespace approx_cuda

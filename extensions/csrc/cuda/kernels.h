@@ -1,0 +1,77 @@
+// Host-side interface between the CUDA files: prepared tables (tables.cu, table_cache.cpp), the
+// kernel families (one .cu each), device queries. The algorithm table that ties the families
+// together is algos.h.
+#pragma once
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.cuh"
+
+namespace approx_cuda {
+
+inline int device_attr(cudaDeviceAttr attr) {
+  int dev = 0, v = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
+  return v;
+}
+inline int sm_count() { return device_attr(cudaDevAttrMultiProcessorCount); }
+inline int max_smem_optin() { return device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin); }
+
+// ---- tables.cu: one layer's prepared tables
+// Effective products (E32/E16), fit flags, conv tap table and, for the expanded algorithms, the
+// weight-expanded table T (allocated in the int32 size) and, for linear layers of <= 16
+// channels, its pair-major copy.
+struct Prepared {
+  at::Tensor buf;
+  Params p;      // E32, E16, flags, kinfo, T, Tpairs point into buf
+  bool has_table = false;
+  int fmt = 0;   // table format known on the host: 0 unknown (read on the device), 1 int16, 2 int32
+  cudaStream_t stream = nullptr;
+  std::vector<cudaStream_t> users;  // other streams it was used on (cached entries)
+};
+
+int64_t prep_bytes(const Params& p);   // E32, E16, flags, tap table (every algorithm)
+int64_t table_bytes(const Params& p);  // T, int32 layout
+bool pairs_applies(const Params& p);   // linear, <= 16 channels: T's pair-major copy is built too
+int64_t pairs_bytes(const Params& p);
+// Allocates the buffer and launches prep (and the table builds when `need_table`).
+std::shared_ptr<Prepared> prepare(const Params& geo, const at::Tensor& lut, const ConvGeo& cg,
+                                  bool need_table, cudaStream_t stream);
+
+// ---- table_cache.cpp
+bool cache_enabled();
+bool capturing();  // a CUDA graph capture is under way on the current stream
+bool weights_changing(const at::Tensor& w);
+// The prepared tables for this call: cached, or built now (and cached where allowed).
+std::shared_ptr<Prepared> get_prepared(const Params& p, const at::Tensor& w, const at::Tensor& lut,
+                                       const ConvGeo& cg, bool need_table, cudaStream_t stream,
+                                       bool changing);
+
+// ---- kernel families. `fmt` as in Prepared; `Config` carries expanded_rows' knobs.
+struct Config {
+  int r = 0, cs = 0, th = 256;  // rows per thread (0: default config), cluster size, threads
+  int mb = 0;                   // rows per block; 0: th * r
+};
+
+void launch_direct(const Params& p, cudaStream_t stream);                  // direct.cu
+bool smem_applies(const Params& p);                                        // expanded.cu
+void launch_exp_smem(const Params& p, cudaStream_t stream);
+void launch_exp_l2(const Params& p, cudaStream_t stream);
+int64_t window_smem(const Params& p, const ConvGeo& cg, int fmt);         // window.cu (0: n/a)
+void set_window_geometry(Params& p, const ConvGeo& cg);
+void launch_window(const Params& p, const ConvGeo& cg, int fmt, cudaStream_t stream);
+bool rows_applies(const Params& p);                                        // rows.cu
+int rows_max_cs(const Params& p, int fmt);
+std::vector<Config> rows_candidates(const Params& p, int fmt);
+void launch_rows(const Params& p, int fmt, Config c, cudaStream_t stream);
+std::string parse_rows_config(const std::string& name, Config& c);  // "" or what is wrong
+std::string rows_config_name(const Config& c);
+void launch_pairs(const Params& p, int fmt, cudaStream_t stream);           // pairs.cu
+
+}  // namespace approx_cuda

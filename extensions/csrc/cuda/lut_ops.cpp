@@ -1,0 +1,171 @@
+// CUDA entry points of approx::lut_linear, approx::lut_conv2d and approx::lut_algos (arithmetic:
+// see ../ops.cpp; design: ../README.md). Checks shapes, builds the launch parameters, gets the
+// prepared tables and runs the chosen variant (algos.h) on the current stream.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "../checks.h"
+#include "algos.h"
+
+namespace approx_cuda {
+namespace {
+
+using approx_checks::I;
+
+Params base_params(const at::Tensor& a, const at::Tensor& w, const at::Tensor* out) {
+  Params p{};
+  p.a = reinterpret_cast<const uint8_t*>(a.data_ptr());
+  p.w = w.data_ptr<int8_t>();
+  p.out = out ? out->data_ptr<int32_t>() : nullptr;
+  p.xmask = a.scalar_type() == at::kChar ? 0x80u : 0u;
+  return p;
+}
+
+Params linear_params(const at::Tensor& a, const at::Tensor& w, const at::Tensor* out,
+                     const approx_checks::LinearShape& s) {
+  TORCH_CHECK(s.K < (1ll << 30) && s.N < (1ll << 30), "lut_linear: K and N must be below 2^30");
+  Params p = base_params(a, w, out);
+  p.M = s.M;
+  p.HoWo = 1;
+  p.K = static_cast<int>(s.K);
+  p.N = p.Ntot = static_cast<int>(s.N);
+  p.G = 1;
+  p.NG = static_cast<int>((s.N + 7) / 8);
+  p.Kpad = static_cast<int>(round_up(s.K, kKAlign));
+  p.conv = 0;
+  p.vec = (s.K % 8 == 0) && (reinterpret_cast<uintptr_t>(p.a) % 8 == 0);
+  p.vec4 = (s.K % 4 == 0) && (reinterpret_cast<uintptr_t>(p.a) % 4 == 0);
+  return p;
+}
+
+Params conv_params(const at::Tensor& a, const at::Tensor& w, const at::Tensor* out,
+                   const approx_checks::ConvShape& s, ConvGeo& cg) {
+  TORCH_CHECK(s.Cg * s.H * s.W < (1ll << 31) && s.K < (1ll << 30) && s.H + s.ph < (1 << 15) &&
+                  s.W + s.pw < (1 << 15) && s.Ho * s.sh < (1 << 15) && s.Wo * s.sw < (1 << 15) &&
+                  s.dh * (s.kh - 1) < (1 << 15) && s.dw * (s.kw - 1) < (1 << 15),
+              "lut_conv2d: input too large for the CUDA kernel (one group's image must stay "
+              "below 2^31 codes, its height, width, padding and dilated kernel below 32768)");
+  TORCH_CHECK(s.groups <= 65535, "lut_conv2d: at most 65535 groups on CUDA, got ", I(s.groups));
+  Params p = base_params(a, w, out);
+  p.M = s.B * s.Ho * s.Wo;
+  p.HoWo = s.Ho * s.Wo;
+  p.K = static_cast<int>(s.K);
+  p.G = static_cast<int>(s.groups);
+  p.N = static_cast<int>(s.N / s.groups);
+  p.Ntot = static_cast<int>(s.N);
+  p.NG = (p.N + 7) / 8;
+  p.Kpad = static_cast<int>(round_up(s.K, kKAlign));
+  p.conv = 1;
+  p.vec = 0;
+  p.C = static_cast<int>(s.C);
+  p.H = static_cast<int>(s.H);
+  p.W = static_cast<int>(s.W);
+  p.Cg = static_cast<int>(s.Cg);
+  p.Wo = static_cast<int>(s.Wo);
+  p.sh = static_cast<int>(s.sh);
+  p.sw = static_cast<int>(s.sw);
+  p.ph = static_cast<int>(s.ph);
+  p.pw = static_cast<int>(s.pw);
+  p.fHoWo = make_fastdiv(static_cast<unsigned>(s.Ho * s.Wo));
+  p.fWo = make_fastdiv(static_cast<unsigned>(s.Wo));
+  cg.kh = static_cast<int>(s.kh);
+  cg.kw = static_cast<int>(s.kw);
+  cg.dh = static_cast<int>(s.dh);
+  cg.dw = static_cast<int>(s.dw);
+  set_window_geometry(p, cg);
+  return p;
+}
+
+void run(Choice choice, const Params& p, const at::Tensor& w, const at::Tensor& lut,
+         const ConvGeo& cg, const char* op) {
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const bool changing = cache_enabled() && weights_changing(w);
+  if (choice.algo == kAuto && changing && p.M * p.N < 512LL * p.NG * 8) {
+    // Training: this table would serve this call only. Building costs ~K*256*Np writes per group,
+    // each row saves ~K*N lookups, so below ~512 rows per group direct lookups are cheaper (the CPU
+    // backend's rule, runner/ops.py documents both).
+    choice = parse_choice("direct", op);
+  }
+  if (choice.algo != kAuto) {
+    choice = resolve(choice, p, cg, op);
+    const auto pr = get_prepared(p, w, lut, cg, algos()[choice.algo].table, stream, changing);
+    run_choice(choice, p, *pr, cg, stream);
+    return;
+  }
+  const bool table = table_bytes(p) <= kTableBudget;
+  const auto pr = get_prepared(p, w, lut, cg, table, stream, changing);
+  run_choice(auto_pick(auto_candidates(p, cg, pr->fmt, table), p, *pr, cg, stream), p, *pr, cg,
+             stream);
+}
+
+at::Tensor lut_linear_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
+                           c10::string_view algo_name) {
+  const auto s = approx_checks::check_linear(a, w, lut, c10::DeviceType::CUDA);
+  const Choice algo = parse_choice(std::string(algo_name), "lut_linear");
+  const c10::cuda::CUDAGuard guard(a.device());
+  at::Tensor out = at::empty({s.M, s.N}, a.options().dtype(at::kInt));
+  if (s.M == 0 || s.N == 0) return out;
+  if (s.K == 0) return out.zero_();
+  run(algo, linear_params(a, w, &out, s), w, lut, ConvGeo{}, "lut_linear");
+  return out;
+}
+
+at::Tensor lut_conv2d_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
+                           c10::IntArrayRef stride, c10::IntArrayRef padding,
+                           c10::IntArrayRef dilation, int64_t groups, c10::string_view algo_name) {
+  const auto s = approx_checks::check_conv(a, w, lut, stride, padding, dilation, groups,
+                                           c10::DeviceType::CUDA);
+  const c10::cuda::CUDAGuard guard(a.device());
+  const Choice algo = parse_choice(std::string(algo_name), "lut_conv2d");
+  at::Tensor out = at::empty({s.B, s.N, s.Ho, s.Wo}, a.options().dtype(at::kInt));
+  if (out.numel() == 0) return out;
+  if (s.K == 0) return out.zero_();
+  ConvGeo cg;
+  const Params p = conv_params(a, w, &out, s, cg);
+  run(algo, p, w, lut, cg, "lut_conv2d");
+  return out;
+}
+
+// For the call's shapes: every variant, the device memory its prepared tables take (-1 where it
+// does not run the shape), why not ("" where it does), and auto's pick ("" until auto has run
+// this shape; picks are timed on the first call).
+std::tuple<std::vector<std::string>, std::vector<int64_t>, std::vector<std::string>, std::string>
+lut_algos_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
+               c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+               int64_t groups) {
+  const c10::cuda::CUDAGuard guard(a.device());
+  Params p;
+  ConvGeo cg;
+  if (a.dim() == 4) {
+    p = conv_params(a, w, nullptr,
+                    approx_checks::check_conv(a, w, lut, stride, padding, dilation, groups,
+                                              c10::DeviceType::CUDA),
+                    cg);
+  } else {
+    p = linear_params(a, w, nullptr, approx_checks::check_linear(a, w, lut, c10::DeviceType::CUDA));
+  }
+  std::vector<std::string> names, notes;
+  std::vector<int64_t> bytes;
+  for (const Algo& al : algos()) {
+    const std::string why = why_not(al, p, cg);
+    names.push_back(al.name);
+    notes.push_back(why);
+    bytes.push_back(why.empty() ? workspace_bytes(al, p) : -1);
+  }
+  Choice pick;
+  return {names, bytes, notes, cached_pick(p, pick) ? choice_name(pick) : std::string()};
+}
+
+}  // namespace
+}  // namespace approx_cuda
+
+TORCH_LIBRARY_IMPL(approx, CUDA, m) {
+  m.impl("lut_linear", &approx_cuda::lut_linear_cuda);
+  m.impl("lut_conv2d", &approx_cuda::lut_conv2d_cuda);
+  m.impl("lut_algos", &approx_cuda::lut_algos_cuda);
+}

@@ -1,0 +1,163 @@
+// Prepared-table cache (see the comment below) and the detection of weights that change in place.
+// c10 headers only: ATen/cuda/CUDAContext.h pulls in cuBLAS/cuSPARSE headers, which some CUDA
+// installs (the toolkit-only ones CI builds with) do not ship. Same current-stream function.
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <list>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "kernels.h"
+
+namespace approx_cuda {
+
+// Prepared-table cache. At inference a layer's weight codes and LUT never change, so prep and the
+// table build (a large share of a small layer's time, and two launches) are paid once. Entries
+// are matched by tensor identity: the same storage (held weakly, so a freed and reallocated
+// tensor can never match), data pointer and version counter, which every in-place write through
+// PyTorch bumps. Writes that bypass the counter (through `.data`, or another library's kernel)
+// are not seen: clone the tensor, or set APPROX_RUN_TABLE_CACHE=0. A CUDA graph captured after a
+// layer's first call keeps using the table of that call (the entry is then never freed): capture
+// again after changing the weights or the LUT. A graph captured before any call prepares the
+// tables inside the graph, on every replay.
+constexpr int64_t kCacheBytes = 1ll << 30;
+constexpr size_t kCacheEntries = 64;
+
+using CacheKey = std::array<int64_t, 20>;
+
+struct CacheEntry {  // one layer's tables
+  CacheKey key;
+  c10::weak_intrusive_ptr<c10::StorageImpl> w_st, lut_st;
+  std::shared_ptr<Prepared> prep;
+};
+
+// Never destroyed: at process exit the CUDA runtime may be gone before static destructors run,
+// and freeing device memory then aborts.
+static std::mutex& g_cache_mu = *new std::mutex;
+static std::list<CacheEntry>& g_cache = *new std::list<CacheEntry>;  // most recently used first
+static std::vector<std::shared_ptr<Prepared>>& g_graph_held = *new std::vector<std::shared_ptr<Prepared>>;
+
+bool cache_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("APPROX_RUN_TABLE_CACHE");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
+bool capturing() {
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+}
+
+static int64_t version_of(const at::Tensor& t) {
+  return static_cast<int64_t>(t.unsafeGetTensorImpl()->version_counter().current_version());
+}
+static int64_t addr(const void* ptr) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(ptr)); }
+
+static CacheKey cache_key(const Params& p, const ConvGeo& cg, const at::Tensor& w, const at::Tensor& lut) {
+  return CacheKey{(int64_t)w.device().index(), p.conv, (int64_t)p.xmask, p.K, p.N, p.G, p.NG,
+                  cg.kh, cg.kw, cg.dh, cg.dw, p.H, p.W, addr(w.data_ptr()), version_of(w),
+                  addr(w.storage().unsafeGetStorageImpl()), addr(lut.data_ptr()), version_of(lut),
+                  addr(lut.storage().unsafeGetStorageImpl()), (int64_t)w.numel()};
+}
+
+// Weights in training: a weight tensor whose version counter moved since its previous call here is
+// being updated in place (an optimizer step, runner.layers' requantization), so any table built for
+// this version serves one call. Caching it would cost a host wait per layer and step (the format
+// read-back below) and evict the inference entries; such calls build uncached (format read on the
+// device) and auto's pick charges the build (see run() in lut_ops.cpp). The second call with
+// unchanged weights caches again, so evaluation after training is as fast as before.
+struct SeenWeights {
+  c10::weak_intrusive_ptr<c10::StorageImpl> st;
+  int64_t version;
+};
+static std::map<std::pair<int64_t, int64_t>, SeenWeights>& g_seen = *new std::map<std::pair<int64_t, int64_t>, SeenWeights>;
+
+bool weights_changing(const at::Tensor& w) {
+  if (w.is_inference()) return false;
+  const int64_t v = version_of(w);
+  const auto id = std::make_pair(addr(w.storage().unsafeGetStorageImpl()), addr(w.data_ptr()));
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  for (auto it = g_seen.begin(); it != g_seen.end();)  // forget freed tensors
+    it = it->second.st.expired() ? g_seen.erase(it) : std::next(it);
+  auto it = g_seen.find(id);
+  if (it == g_seen.end()) {
+    if (g_seen.size() < 4096) g_seen.emplace(id, SeenWeights{w.storage().getWeakStorageImpl(), v});
+    return false;
+  }
+  const bool changed = it->second.version != v;
+  it->second.version = v;
+  return changed;
+}
+
+// The prepared tables for this call: cached, or built now (and cached where allowed).
+std::shared_ptr<Prepared> get_prepared(const Params& p, const at::Tensor& w, const at::Tensor& lut,
+                                       const ConvGeo& cg, bool need_table, cudaStream_t stream,
+                                       bool changing) {
+  if (!cache_enabled() || w.is_inference() || lut.is_inference() || changing)
+    return prepare(p, lut, cg, need_table, stream);
+  const bool cap = capturing();
+  const CacheKey key = cache_key(p, cg, w, lut);
+  {
+    std::lock_guard<std::mutex> lock(g_cache_mu);
+    for (auto it = g_cache.begin(); it != g_cache.end();) {
+      if (it->w_st.expired() || it->lut_st.expired()) {  // tensors gone: can never match again
+        it = g_cache.erase(it);
+        continue;
+      }
+      if (it->key == key && (it->prep->has_table || !need_table)) {
+        g_cache.splice(g_cache.begin(), g_cache, it);
+        std::shared_ptr<Prepared> pr = it->prep;
+        // The build finished before the entry was cached (its flags were read back), so other
+        // streams need no wait; they only must keep its memory from being reused under them.
+        if (cap) {
+          if (std::find(g_graph_held.begin(), g_graph_held.end(), pr) == g_graph_held.end())
+            g_graph_held.push_back(pr);
+        } else if (stream != pr->stream &&
+                   std::find(pr->users.begin(), pr->users.end(), stream) == pr->users.end()) {
+          c10::cuda::CUDACachingAllocator::recordStream(pr->buf.storage().data_ptr(),
+                                                        c10::cuda::getCurrentCUDAStream());
+          pr->users.push_back(stream);
+        }
+        return pr;
+      }
+      ++it;
+    }
+  }
+  std::shared_ptr<Prepared> pr = prepare(p, lut, cg, need_table, stream);
+  if (cap) return pr;  // built inside the graph: the graph owns it
+  // One wait per layer: with the format known on the host, kernels get shared memory sized for it.
+  int flags[kPrepBlocks];
+  C10_CUDA_CHECK(cudaMemcpyAsync(flags, pr->p.flags, sizeof(flags), cudaMemcpyDeviceToHost, stream));
+  C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+  bool f16 = true;
+  for (int f : flags) f16 = f16 && f != 0;
+  pr->fmt = f16 ? 1 : 2;
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  for (auto it = g_cache.begin(); it != g_cache.end(); ++it)
+    if (it->key == key) {
+      g_cache.erase(it);
+      break;
+    }
+  g_cache.push_front(CacheEntry{key, w.storage().getWeakStorageImpl(),
+                                lut.storage().getWeakStorageImpl(), pr});
+  int64_t bytes = 0;
+  size_t n = 0;
+  for (auto it = g_cache.begin(); it != g_cache.end();) {
+    bytes += it->prep->buf.numel();
+    if (++n > 1 && (bytes > kCacheBytes || n > kCacheEntries)) {
+      it = g_cache.erase(it);
+      continue;
+    }
+    ++it;
+  }
+  return pr;
+}
+
+}  // namespace approx_cuda

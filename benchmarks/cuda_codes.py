@@ -7,7 +7,7 @@ Kinds: uniform (all 256 codes), relu (half zeros), const (every code the same: e
 lookup is one address, so shared-memory bank conflicts vanish; the gap to uniform is what
 conflicts cost), tapconst (every row the same codes, taps differ). Same timer and warm-up as
 cuda_layers.py (median of 30, queued); any algo name the op accepts, including one
-configuration such as expanded_rows_r2_c1_m417 or expanded_cluster_c4.
+configuration such as expanded_rows_r2_c1_m417.
 """
 import sys
 

@@ -47,7 +47,7 @@ const std::vector<Algo>& algos() {
          launch_pairs(p, fmt, s);
        },
        // int32 products: its fallback path reads T from L2 and is not a contender
-       [](const Params&, int fmt) { return fmt == 1 ? std::vector<Config>{Config{}} : std::vector<Config>{}; }},
+       [](const Params& p, int fmt) { return fmt == 1 ? one(p, fmt) : std::vector<Config>{}; }},
       {"expanded_smem", true, true,
        [](const Params& p, const ConvGeo&) {
          return smem_applies(p) ? std::string()

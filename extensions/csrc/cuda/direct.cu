@@ -14,13 +14,10 @@ constexpr int kEStride = 258;  // int16 entries per row of the shared-memory E
 template <bool E16S>
 __device__ __forceinline__ void direct_body(const Params& p, uint8_t* smem) {
   constexpr int R = kDirectR, KC = kDirectKC;
-  const int NGB = p.NGB;
-  const int rowsets = kThreads / NGB;
-  const int Mb = rowsets * R;
-  const int tid = threadIdx.x, grp = blockIdx.y;
-  const int ngz = blockIdx.z * NGB;
-  const long long m0 = (long long)blockIdx.x * Mb;
-  const int ng = tid % NGB, rs = tid / NGB;
+  const RowSets b(p.NGB, R);
+  const int NGB = b.NGB, rowsets = b.rowsets, Mb = b.Mb, grp = b.grp, ngz = b.ngz, ng = b.ng;
+  const int tid = threadIdx.x, rs = b.rs;
+  const long long m0 = b.m0;
 
   // Shared memory: [E16, rows padded to 258 entries][staged codes][act Mb*KC]
   //                [weights KC x NGB*8][row info (conv)]
@@ -94,12 +91,10 @@ __device__ __forceinline__ void direct_body(const Params& p, uint8_t* smem) {
     __syncthreads();
   }
   if (rs >= rowsets) return;
-  const TilePos tp = tile_pos(p, m0);
+  store_rows<R>(p, b, [&](int i, uint32_t (&v)[8]) {
 #pragma unroll
-  for (int i = 0; i < R; ++i) {
-    const long long m = m0 + rs + rowsets * i;
-    if (m < p.M) store_row(p, grp, m, (ngz + ng) * 8, acc[i], tp, rs + rowsets * i);
-  }
+    for (int j = 0; j < 8; ++j) v[j] = acc[i][j];
+  });
 }
 
 __global__ void __launch_bounds__(kThreads) direct_kernel(Params p) {

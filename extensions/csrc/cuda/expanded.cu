@@ -12,13 +12,10 @@ namespace {
 // Expanded: thread (rs, ng) sums R rows (rs + rowsets * i) x 8 channels (group ng of the block).
 template <typename TT, int KC, int NGT, int R, bool SMEM>
 __device__ __forceinline__ void expanded_body(const Params& p, uint8_t* smem) {
-  const int NGB = NGT ? NGT : p.NGB;
-  const int rowsets = kThreads / NGB;
-  const int Mb = rowsets * R;
-  const int tid = threadIdx.x, grp = blockIdx.y;
-  const int ngz = blockIdx.z * NGB;
-  const long long m0 = (long long)blockIdx.x * Mb;
-  const int ng = tid % NGB, rs = tid / NGB;
+  const RowSets b(NGT ? NGT : p.NGB, R);
+  const int NGB = b.NGB, rowsets = b.rowsets, Mb = b.Mb, grp = b.grp, ngz = b.ngz, ng = b.ng;
+  const int tid = threadIdx.x, rs = b.rs;
+  const long long m0 = b.m0;
   constexpr int VPR = sizeof(TT) == 2 ? 1 : 2;  // int4 per 8 channels
   constexpr int chunk_q = KC * 256 * VPR;  // int4 per chunk of one 8-channel group
   const long long gq = (long long)p.Kpad * 256 * VPR;  // int4 per 8-channel group
@@ -98,15 +95,9 @@ __device__ __forceinline__ void expanded_body(const Params& p, uint8_t* smem) {
     __syncthreads();
   }
   if (rs >= rowsets) return;
-  const TilePos tp = tile_pos(p, m0);
-#pragma unroll
-  for (int i = 0; i < R; ++i) {
-    const long long m = m0 + rs + rowsets * i;
-    if (m >= p.M) continue;
-    uint32_t v[8];
+  store_rows<R>(p, b, [&](int i, uint32_t (&v)[8]) {
     finish_row<TT>(s[i], h[i], static_cast<uint32_t>(p.K), v);  // padded taps were skipped
-    store_row(p, grp, m, (ngz + ng) * 8, v, tp, rs + rowsets * i);
-  }
+  });
 }
 
 template <int KC16, int KC32, int NGT, int R, bool SMEM>

@@ -252,6 +252,33 @@ __device__ __forceinline__ void store8(int32_t* o, int n0, int nlim, bool vec,
     if (n0 + j < nlim) o[j] = static_cast<int32_t>(v[j]);
 }
 
+// Thread layout of the direct and expanded kernels: kThreads = rowsets x NGB threads; thread
+// (rs, ng) sums R rows (rs + rowsets * i) of the block's Mb-row tile x the 8 channels of group
+// ngz + ng (grid.z covers the 8-channel groups), of conv group grp = blockIdx.y.
+struct RowSets {
+  int NGB, rowsets, Mb, grp, ngz, ng, rs;
+  long long m0;
+  __device__ __forceinline__ RowSets(int ngb, int R)
+      : NGB(ngb), rowsets(kThreads / ngb), Mb(rowsets * R), grp(blockIdx.y),
+        ngz(blockIdx.z * ngb), ng(threadIdx.x % ngb), rs(threadIdx.x / ngb),
+        m0((long long)blockIdx.x * Mb) {}
+  __device__ __forceinline__ int local(int i) const { return rs + rowsets * i; }
+};
+
+// Stores a RowSets thread's R rows; values(i, v) gives row i's 8 channel sums.
+template <int R, typename Values>
+__device__ __forceinline__ void store_rows(const Params& p, const RowSets& b, Values&& values) {
+  const TilePos tp = tile_pos(p, b.m0);
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const long long m = b.m0 + b.local(i);
+    if (m >= p.M) continue;
+    uint32_t v[8];
+    values(i, v);
+    store_row(p, b.grp, m, (b.ngz + b.ng) * 8, v, tp, b.local(i));
+  }
+}
+
 // Codes of taps [k0, k0 + KC) of one linear row (KC = 4 or 8), as LUT rows, one per byte: whole
 // aligned words where the row allows, else 4-byte words (K % 4 == 0; each inside K or past it),
 // else bytes; taps past K read 0.

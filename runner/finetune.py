@@ -153,6 +153,8 @@ def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig
             history.append({"epoch": epoch, "train_loss": total_loss / seen, "train_accuracy": correct / seen,
                             "epoch_s": time.perf_counter() - t0, "lr_end": opt.param_groups[0]["lr"]})
     learn_act_scales(model, False)  # the trained scales become the static ones
+    if fcfg.recalibrate == "end":
+        recalibrate(model.eval(), data.train_x, qcfg, seed=seed, device=device)
     return history
 
 
@@ -185,10 +187,7 @@ def obtain(cfg: DictConfig, approx: nn.Module, data, ident: dict, qcfg: QuantCon
         return model.eval(), meta, path
     seed = int(cfg.seed)
     history = train_epochs(model, data, fcfg, qcfg, device, seed, label)
-    model.eval()
-    if fcfg.recalibrate == "end":
-        recalibrate(model, data.train_x, qcfg, seed=seed, device=device)
-    model.cpu()
+    model.eval().cpu()
     meta = {"identity": ident, "history": history, "torch": str(torch.__version__),
             "device": str(device), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "epoch_s": sum(h["epoch_s"] for h in history) / len(history)}

@@ -136,3 +136,33 @@ def test_sweep_adds_a_finetuned_row_per_job_and_resumes(tmp_path, checkpoints):
     again = run_cli(*args)
     assert again.returncode == 0
     assert len(pd.read_csv(tmp_path / "results" / "results.csv")) == len(df)   # resumed: nothing redone
+
+
+@pytest.mark.parametrize("mode", ["none", "end"])
+def test_train_epochs_recalibrates_at_the_end(mode):
+    """`recalibrate=end` belongs to the training loop, so every caller (the command, the tuning benchmark)
+    gets the scales of the retrained weights; `none` keeps the calibrated ones."""
+    import copy
+
+    import torch
+
+    from runner.data import Dataset
+    from runner.finetune import train_epochs
+    from runner.layers import quantized_models, recalibrate
+    from runner.models import LeNet5
+    from runner.multipliers import resolve
+    from runner.quant import QuantConfig
+
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.rand(64, 1, 28, 28, generator=gen), torch.randint(0, 10, (64,), generator=gen)
+    data = Dataset("tiny", x, y, x[:8], y[:8], 0.1307, 0.3081, "random")
+    q = QuantConfig(calib_batches=1, calib_batch_size=64)
+    torch.manual_seed(0)
+    _, approx, _ = quantized_models(LeNet5(mean=0.1307, std=0.3081), resolve("exact"), q, x)
+    before = approx.fc2.act_scale.clone()
+    fcfg = FinetuneConfig(epochs=1, lr=0.05, batch_size=32, learn_scales=False, recalibrate=mode)
+    train_epochs(approx, data, fcfg, q, torch.device("cpu"), 0, "tiny")
+    expected = copy.deepcopy(approx)
+    recalibrate(expected, x, q)
+    assert not torch.equal(expected.fc2.act_scale, before)   # training moved the activations
+    assert torch.equal(approx.fc2.act_scale, expected.fc2.act_scale if mode == "end" else before)

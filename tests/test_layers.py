@@ -1,4 +1,4 @@
-"""Reference LUT layers and model conversion: the arithmetic of issue 4, on the python backend."""
+"""Reference LUT layers and model conversion: the quantized arithmetic, on the python backend."""
 import pytest
 import torch
 from torch import nn

@@ -71,6 +71,7 @@ def check_algo(backend: str, algo: str) -> None:
                         f"choose one of {', '.join(dict.fromkeys(valid))}.")
 
 
+@functools.cache
 def _known_algos() -> tuple[str, ...]:
     """Every name the reference accepts: auto, its own, and those of the backends built here."""
     out = ["auto", *PYTHON_ALGOS]

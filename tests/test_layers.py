@@ -5,8 +5,9 @@ from torch import nn
 
 from runner._ext import backend_status
 from runner.errors import UserError
-from runner.layers import ApproxConv2d, ApproxLinear, FakeQuantConv2d, convert_model, quantized_models
+from runner.layers import ApproxConv2d, ApproxLinear, FakeQuantConv2d, auto_picks, convert_model, quantized_models
 from runner.multipliers import resolve
+from runner.ops import backend_algos
 from runner.quant import QuantConfig, calibrate, quantize_act, quantize_weight
 from tests.conftest import has_cpp
 
@@ -144,3 +145,22 @@ def test_cuda_model_bit_identical_to_cpp(trained_lenet, mnist5k):
         on_cpu = cpu_model(mnist5k.test_x)
         on_gpu = gpu_model.cuda()(mnist5k.test_x.cuda()).cpu()
     assert torch.equal(on_cpu, on_gpu)
+
+
+@pytest.mark.parametrize("backend", ["cpp", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_auto_picks_name_each_layers_variant(trained_lenet, mnist5k, exact_s, backend):
+    """What compare's run.json records: per LUT layer, the variant auto chose for its last input, as
+    the kernels report it; nothing before the first call."""
+    if backend not in BACKENDS_ALL:
+        pytest.skip(f"backend {backend} not available here")
+    model, _ = trained_lenet
+    _, approx, _ = quantized_models(model, exact_s, QuantConfig(calib_batches=1), mnist5k.train_x, backend=backend)
+    device = "cuda" if backend == "cuda" else "cpu"
+    approx = approx.to(device)
+    assert set(auto_picks(approx).values()) == {""}
+    with torch.no_grad():
+        approx(mnist5k.test_x[:300].to(device))
+    picks = auto_picks(approx)
+    names = backend_algos(backend)
+    assert set(picks) == {"conv1", "conv2", "fc1", "fc2", "fc3"}
+    assert all(any(p == n or p.startswith(n + "_r") for n in names) for p in picks.values()), picks

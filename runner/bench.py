@@ -13,6 +13,7 @@ import pandas as pd
 import torch
 
 from runner import ops
+from runner.multipliers.core import exact_lut
 
 # LeNet-5 layers as the approx ops see them: name, kind, activation shape without batch, weight shape.
 LENET5_LAYERS = (
@@ -33,12 +34,6 @@ def layer_macs(kind, a_shape, w_shape, batch):
     ho = a_shape[1] - w_shape[2] + 1
     wo = a_shape[2] - w_shape[3] + 1
     return batch * w_shape[0] * ho * wo * w_shape[1] * w_shape[2] * w_shape[3]
-
-
-def exact_lut(signed: bool) -> torch.Tensor:
-    """The exact 8-bit multiplier in the op's LUT layout (what the timings use by default)."""
-    i = torch.arange(256, dtype=torch.int32)
-    return (i - 128)[:, None] * (i - 128)[None, :] if signed else i[:, None] * i[None, :]
 
 
 def synthetic_codes(shape, signed, dist, gen):

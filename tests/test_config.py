@@ -13,15 +13,48 @@ def test_every_axis_has_a_group():
     assert {"data", "model", "train", "multiplier", "backend", "quant"} <= set(GROUPS)
 
 
+def _check_usable(cfg, group, option, tmp_path):
+    """What a run would build from the option succeeds, not merely that it composes."""
+    if group == "quant":
+        QuantConfig.from_cfg(cfg.quant)
+    elif group == "multiplier":
+        from runner.multipliers import resolve_per_layer
+
+        m = resolve_per_layer(cfg.multiplier, ["conv1"])["conv1"]
+        assert tuple(m.lut.shape) == (256, 256) and len(m.sha256) == 64
+        if option.startswith("mul8"):
+            assert m.name == option and m.signed == option.startswith("mul8s")
+    elif group == "model":
+        from runner.models import build_model
+        from runner.quant import quant_layers
+
+        assert len(quant_layers(build_model(cfg.model, 0.0, 1.0))) > 0
+    elif group == "backend":
+        from runner.ops import check_algo
+
+        assert cfg.backend.name == option
+        check_algo(cfg.backend.name, cfg.backend.algo)
+    elif group == "finetune":
+        from runner.finetune import FinetuneConfig
+
+        FinetuneConfig.from_cfg(cfg.finetune)
+    elif group == "data":
+        assert cfg.data.name == option
+
+
 @pytest.mark.parametrize("group,option", CASES, ids=[f"{g}={o}" for g, o in CASES])
-def test_every_option_composes(group, option):
+def test_every_option_builds(group, option, tmp_path):
     overrides = [f"{group}={option}"]
     if (group, option) == ("multiplier", "file"):
-        overrides.append("multiplier.path=/tmp/table.txt")
-    cfg = compose("compare", overrides)
-    assert cfg[group] is not None
-    if group == "quant":
-        QuantConfig.from_cfg(cfg.quant)  # every shipped scheme validates
+        import numpy as np
+
+        from runner.multipliers import exact_table
+
+        np.savetxt(tmp_path / "table.txt", exact_table(True), fmt="%d")
+        overrides.append(f"multiplier.path={tmp_path / 'table.txt'}")
+    elif (group, option) == ("multiplier", "named"):
+        overrides.append("multiplier.name=exact")
+    _check_usable(compose("compare", overrides), group, option, tmp_path)
 
 
 def test_outputs_go_under_results_command_dir():

@@ -38,6 +38,11 @@ def exact_table(signed: bool) -> np.ndarray:
     return np.outer(a, a)
 
 
+def exact_lut(signed: bool) -> torch.Tensor:
+    """The exact 8-bit multiplier in the ops' LUT layout (int32 [256, 256])."""
+    return torch.from_numpy(exact_table(signed).astype(np.int32))
+
+
 def table_sha256(values) -> str:
     arr = values.numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
     return hashlib.sha256(np.ascontiguousarray(arr, dtype="<i4").tobytes()).hexdigest()

@@ -279,15 +279,13 @@ _SHOWN = {
 
 def run(cfg, out_dir):
     """`approx-run bench`: op-level, variant-level (--algos) and model-level timing; CSVs in the run dir."""
-    from rich.table import Table
-
     from runner._ext import backend_status
-    from runner.console import console
+    from runner.console import console, print_table
     from runner.errors import UserError
     from runner.multipliers import resolve
     from runner.provenance import atomic_write_json, environment
     from runner.quant import QuantConfig
-    from runner.results import write_csv
+    from runner.store import write_csv
     from runner.train import load_or_train
 
     b = cfg.bench
@@ -328,12 +326,7 @@ def run(cfg, out_dir):
         write_csv(out_dir / f"{name}.csv", df)
         show = df if name != "ops" else df[df.batch == max(b.batches)]
         show = show[[c for c in _SHOWN[name] if c in show.columns]]
-        table = Table(title=f"approx-run bench: {name} (all columns: {out_dir / (name + '.csv')})")
-        for col in show.columns:
-            table.add_column(col, overflow="fold")
-        for _, r in show.iterrows():
-            table.add_row(*("" if pd.isna(v) else f"{v:.4g}" if isinstance(v, float) else str(v) for v in r))
-        console.print(table)
+        print_table(show, f"approx-run bench: {name} (all columns: {out_dir / (name + '.csv')})")
     device = torch.device("cuda" if "cuda" in backends else "cpu")
     atomic_write_json(out_dir / "run.json", {**environment(device), "seed": int(cfg.seed),
                                              "bench": dict(b), "tables": list(tables)})

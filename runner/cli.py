@@ -20,7 +20,7 @@ COMMANDS = {
     "finetune": ("runner.finetune", "compare, plus the approx model retrained through its LUT layers", True),
     "sweep": ("runner.sweep", "run compare over many multipliers (Hydra multirun; resumable)", False),
     "bench": ("runner.bench", "time the LUT-MAC ops and whole models on each backend", True),
-    "results": ("runner.results", "filter, pivot and plot results/results.csv", False),
+    "results": ("runner.report", "filter, pivot and plot results/results.csv", False),
     "lut": ("runner.multipliers.cli", "list, show and import multiplier look-up tables", False),
     "info": ("runner.info", "versions, device, available backends, data sources", False),
 }

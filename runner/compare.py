@@ -19,16 +19,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner import finetune
 from runner._ext import backend_status
-from runner.console import console, progress_bar
+from runner.console import console, print_table, progress_bar
 from runner.errors import UserError
 from runner.evaluate import run_timed
 from runner.layers import auto_picks, quantized_models, select_layers
 from runner.models import build_model
-from runner.multipliers import resolve_per_layer
+from runner.multipliers import metrics_of, resolve_per_layer
 from runner.ops import BACKEND_DEVICE, check_algo
 from runner.provenance import atomic_write_json, environment, resolve_device
 from runner.quant import QuantConfig, quant_layers
-from runner.results import append_rows, done_keys, write_csv
+from runner.store import append_rows, done_keys, write_csv
 from runner.train import load_or_train, weight_config
 
 PATHS = ("pytorch", "fakequant", "approx", "approx_finetuned")
@@ -108,7 +108,7 @@ def multiplier_columns(multipliers: dict, layers: list[str]) -> dict:
         "lut_sha256": first.sha256 if len(names) == 1 else _key({n: multipliers[n].sha256 for n in layers}),
     }
     if len(names) == 1:
-        m = first.metrics()
+        m = metrics_of(first)
         cols.update({f"mult_{k}": v for k, v in m.items()})
         pub = first.published or {}
         for src, dst in (("pwr", "power_mw"), ("area", "area_um2"), ("delay", "delay_ns")):
@@ -252,14 +252,5 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
 
 
 def _print_table(rows: list[dict]) -> None:
-    from rich.table import Table
-
-    cols = ("path", "multiplier", "backend", "accuracy", "agreement_fakequant", "latency_ms_median",
-            "throughput_img_s")
-    table = Table(title="approx-run compare")
-    for col in cols:
-        table.add_column(col)
-    for r in rows:
-        table.add_row(*("" if r.get(c) is None else f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c])
-                        for c in cols))
-    console.print(table)
+    print_table(rows, "approx-run compare", columns=("path", "multiplier", "backend", "accuracy",
+                                                      "agreement_fakequant", "latency_ms_median", "throughput_img_s"))

@@ -196,7 +196,7 @@ def prepare(cfgs: list[DictConfig], plans: list, sweep_dir: Path) -> None:
     jobs, so parallel jobs neither train the same model nor time the same reference twice."""
     from runner import compare
     from runner.console import console
-    from runner.results import done_keys
+    from runner.store import done_keys
     from runner.train import checkpoint_path, load_or_train
 
     seen_ckpt, seen_ref = set(), set()
@@ -235,7 +235,7 @@ def summarize(sweep_dir: Path, jobs: list[list[str]], cfgs: list[DictConfig], pl
 
     import pandas as pd
 
-    from runner.results import read_csv, write_csv
+    from runner.store import read_csv, write_csv
 
     by_overrides = {}
     for f in sweep_dir.glob("*/job.json"):
@@ -287,7 +287,7 @@ def summarize(sweep_dir: Path, jobs: list[list[str]], cfgs: list[DictConfig], pl
 
 
 def _print_summary(summary, sweep_dir: Path, elapsed: float) -> None:
-    from runner.results import print_table
+    from runner.console import print_table
 
     cols = ["job", "multiplier", "quant", "backend", "status", "accuracy", "fp32_accuracy", "fakequant_accuracy",
             "finetuned_accuracy", "latency_ms_median", "mult_mae_pct", "published_power_mw"]

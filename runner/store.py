@@ -24,13 +24,21 @@ KEY_COLUMNS = ("row_key", "status")
 
 
 @contextmanager
-def locked(path: Path, timeout: float = LOCK_TIMEOUT_S):
-    """Exclusive lock on <path>.lock, a sibling file that stays (removing it would let two holders in)."""
+def locked(path: Path, timeout: float | None = LOCK_TIMEOUT_S, waiting: str | None = None):
+    """Exclusive lock on <path>.lock, a sibling file that stays (removing it would let two holders in).
+    timeout=None waits as long as the holder needs; `waiting` is printed once when another holds it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(path.with_name(path.name + ".lock")))
     try:
-        lock.acquire(timeout=timeout)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            if waiting:
+                from runner.console import console
+
+                console.print(f"[yellow]waiting[/]: {waiting} ({lock.lock_file} is held)", highlight=False)
+            lock.acquire(timeout=-1 if timeout is None else timeout)
     except Timeout:
         raise UserError(f"could not lock {path} within {timeout:.0f} s: another approx-run holds {lock.lock_file}, "
                         "or the file system does not support locks (see docs/reliability.md).") from None

@@ -21,6 +21,7 @@ from runner.data import Dataset, load_dataset
 from runner.errors import UserError
 from runner.models import build_model
 from runner.provenance import atomic_write_bytes, git_info, resolve_device
+from runner.store import locked
 
 # train.* keys that do not change the weights
 _NON_WEIGHT_KEYS = ("force", "eval_batch_size")
@@ -120,6 +121,13 @@ def load_or_train(cfg: DictConfig, data: Dataset | None = None, out_dir: Path | 
     Returns (model on CPU in eval mode, meta dict, checkpoint path, data set)."""
     data = data or load_dataset(cfg.data)
     path = checkpoint_path(cfg)
+    # Two runs needing the same baseline (parallel sweeps, a train beside a compare) train it once:
+    # the second waits for the first's checkpoint instead of training its own copy.
+    with locked(path, timeout=None, waiting=f"another approx-run is training {path.name}"):
+        return _load_or_train_locked(cfg, data, path, out_dir)
+
+
+def _load_or_train_locked(cfg: DictConfig, data: Dataset, path: Path, out_dir: Path | None):
     if path.exists() and not cfg.train.get("force", False):
         model, meta = load_checkpoint(path, cfg, data)
         console.print(f"[green]reusing checkpoint[/] {path} (test accuracy {meta['test_accuracy']:.4f})")

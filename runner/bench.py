@@ -277,6 +277,20 @@ _SHOWN = {
 }
 
 
+def check_bench_config(b) -> None:
+    from runner.errors import UserError, config_number
+
+    if not list(b.batches):
+        raise UserError("bench.batches is empty; give batch sizes, e.g. bench.batches=[1,256].")
+    for i, batch in enumerate(b.batches):
+        config_number(batch, f"bench.batches[{i}]", minimum=1)
+    for key, low in (("repeats", 1), ("warmup", 0), ("model_images", 1), ("model_batch_size", 1),
+                     ("train_batch_size", 1), ("train_epochs", 1), ("python_max_macs", 0)):
+        if key in b:
+            config_number(b[key], f"bench.{key}", minimum=low)
+    config_number(b.get("threads"), "bench.threads", minimum=1, optional=True)
+
+
 def run(cfg, out_dir):
     """`approx-run bench`: op-level, variant-level (--algos) and model-level timing; CSVs in the run dir."""
     from runner._ext import backend_status
@@ -289,11 +303,16 @@ def run(cfg, out_dir):
     from runner.train import load_or_train
 
     b = cfg.bench
+    check_bench_config(b)
     status = backend_status()
     unknown = [x for x in b.backends if x not in status]
     if unknown:
         raise UserError(f"bench.backends has unknown backend(s) {unknown}; choose from {list(status)}.")
     backends = [x for x in b.backends if status[x] == "available"]
+    if not backends:
+        why = "; ".join(f"{x}: {status[x]}" for x in b.backends) or "the list is empty"
+        raise UserError(f"none of bench.backends={list(b.backends)} can run here ({why}). Available: "
+                        f"{[x for x in status if status[x] == 'available']}.")
     for x in b.backends:
         if status[x] != "available":
             console.print(f"[yellow]skipping backend {x}[/]: {status[x]}")
@@ -323,6 +342,9 @@ def run(cfg, out_dir):
                                       warmup=int(b.warmup), epochs=int(b.train_epochs), grads=tuple(b.train_grads),
                                       seed=int(cfg.seed))
     for name, df in tables.items():
+        if df.empty:  # e.g. only the python backend, on layers past python_max_macs
+            console.print(f"[yellow]bench {name}[/]: nothing to time with these settings")
+            continue
         write_csv(out_dir / f"{name}.csv", df)
         show = df if name != "ops" else df[df.batch == max(b.batches)]
         show = show[[c for c in _SHOWN[name] if c in show.columns]]

@@ -49,6 +49,10 @@ def report_error(exc: BaseException) -> None:
     err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
 
 
+def file_system_error(exc: OSError) -> str:
+    return f"{exc} (a file system error: check the path, its permissions and the free space; finished results are kept)"
+
+
 def config_groups() -> dict[str, list[str]]:
     return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(CONFIG_DIR.iterdir()) if d.is_dir()}
 
@@ -63,7 +67,7 @@ def print_hydra_help(command: str) -> None:
     print(EXAMPLES)
 
 
-def _validate_overrides(command: str, overrides: list[str]) -> None:
+def _validate_overrides(command: str, overrides: list[str]):
     """Compose once up front so a typo in an override is a clear exit-2 error rather than Hydra's exit 1."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
@@ -71,10 +75,33 @@ def _validate_overrides(command: str, overrides: list[str]) -> None:
 
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=command):
-            compose(config_name=command, overrides=overrides)
+            cfg = compose(config_name=command, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         raise UserError(f"bad override for `approx-run {command}`: {exc}".rstrip() +
                         f"\nSee `approx-run {command} --help` for the config groups and their options.") from None
+    check_common(cfg)
+
+
+def check_common(cfg) -> None:
+    """The keys every command shares: an integer seed, and output dirs that can be created and written
+    (Hydra would otherwise fail creating its run dir with a traceback)."""
+    import os
+
+    from runner.errors import config_number
+
+    config_number(cfg.seed, "seed")
+    for key in ("results", "checkpoints"):
+        path = Path(str(cfg.paths[key]))
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            writable = os.access(path, os.W_OK)
+        except OSError as exc:
+            writable, why = False, exc.strerror
+        else:
+            why = "not writable"
+        if not writable:
+            raise UserError(f"paths.{key}={path} cannot be used ({why}); choose a directory you can write, "
+                            f"e.g. paths.{key}=$HOME/approx-run/{key}.")
 
 
 def run_hydra_command(command: str, args: list[str]) -> int:
@@ -96,6 +123,9 @@ def run_hydra_command(command: str, args: list[str]) -> int:
         except UserError as exc:
             report_error(exc)
             sys.exit(exc.exit_code)
+        except OSError as exc:  # a full disk, a vanished mount: say it plainly (Hydra would print a traceback)
+            report_error(file_system_error(exc))
+            sys.exit(1)
 
     sys.argv = [f"approx-run {command}", *args]
     hydra.main(config_path=str(CONFIG_DIR), config_name=command, version_base="1.3")(task)()
@@ -128,6 +158,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: finished results are kept; rerun the same command to resume.", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`approx-run lut list | head`): not an error of ours; silence the flush at exit
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except OSError as exc:
+        report_error(file_system_error(exc))
+        return 1
 
 
 if __name__ == "__main__":

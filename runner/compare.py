@@ -21,7 +21,7 @@ from runner import finetune
 from runner._ext import backend_status
 from runner.console import console, print_table, progress_bar
 from runner.errors import UserError
-from runner.evaluate import run_timed
+from runner.evaluate import check_eval_config, run_timed
 from runner.layers import auto_picks, quantized_models, select_layers
 from runner.models import build_model
 from runner.multipliers import metrics_of, resolve_per_layer
@@ -164,6 +164,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 def plan(cfg: DictConfig):
     """(device, approx layers, per-layer multipliers, row keys) of a run, without running it; sweep uses
     it to group jobs sharing pytorch/fakequant rows and to find each job's rows afterwards."""
+    check_eval_config(cfg.eval)
     device = eval_device(cfg)
     model = build_model(cfg.model, 0.0, 1.0)
     layer_names = list(quant_layers(model))
@@ -182,7 +183,8 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
     if "approx_finetuned" in keys and "approx" in wanted and "approx_finetuned" not in wanted:
         wanted.append("approx_finetuned")  # retraining on: its row goes beside the approx row
     wanted = [p for p in wanted if p in keys]
-    skip = done_keys(results_file) if cfg.skip_done else set()
+    recorded = done_keys(results_file)  # also checks the file: a damaged one stops the run before the work
+    skip = recorded if cfg.skip_done else set()
     if all(keys[p] in skip for p in wanted):
         console.print(f"[yellow]skipping[/] {common['backend']}/{multipliers[approx_layers[0]].name}: "
                       f"already in {results_file}")

@@ -191,6 +191,18 @@ def plot(df: pd.DataFrame, out: Path) -> Path:
     return out
 
 
+def _positive(text: str) -> int:
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return n
+
+
 def _parser():
     import argparse
 
@@ -209,7 +221,7 @@ def _parser():
     p.add_argument("--all-columns", action="store_true", help="show every column")
     p.add_argument("--pivot", action="store_true", help="multiplier x path table of --value (accuracy)")
     p.add_argument("--value", default="accuracy", help="value column of --pivot (default accuracy)")
-    p.add_argument("--limit", type=int, help="show only the first N rows")
+    p.add_argument("--limit", type=_positive, help="show only the first N rows")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--csv", nargs="?", const="-", metavar="FILE", help="write CSV (to stdout or FILE)")
     fmt.add_argument("--markdown", nargs="?", const="-", metavar="FILE", help="write a Markdown table")

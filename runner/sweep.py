@@ -330,8 +330,11 @@ def print_help() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from runner.cli import run_hydra_command
+    from runner.cli import check_common, run_hydra_command
     from runner.console import console
+    from runner.evaluate import check_eval_config
+    from runner.store import read_store
+    from runner.train import check_train_config
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
@@ -354,6 +357,12 @@ def main(argv: list[str] | None = None) -> int:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     console.print(f"[bold]sweep:[/] {len(jobs)} jobs -> {sweep_dir}")
+    for c in cfgs:  # settings shared by the jobs: a bad one stops the sweep before any work (exit 2)
+        check_common(c)
+        check_eval_config(c.eval)
+        check_train_config(c)
+    for results_file in dict.fromkeys(str(c.results_file) for c in cfgs):
+        read_store(Path(results_file))  # a damaged results file stops the sweep here, not in every job
     plans = [_plan(c) for c in cfgs]
     try:
         prepare(cfgs, plans, sweep_dir)
@@ -361,4 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:  # also after Ctrl-C: the summary says which jobs are done
         summary = summarize(sweep_dir, jobs, cfgs, plans)
         _print_summary(summary, sweep_dir, time.time() - t0)
+    failed = int((summary["status"] == "failed").sum())
+    if failed:  # the exit code says so too, for scripts and CI that do not read the table
+        print(f"sweep: {failed} of {len(summary)} jobs failed (reasons above; recorded as failed rows). "
+              "Fix them and rerun: rows recorded ok are not redone.", file=sys.stderr)
+        return 1
     return 0

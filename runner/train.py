@@ -18,7 +18,7 @@ from torch import nn
 
 from runner.console import console, progress_bar
 from runner.data import Dataset, load_dataset
-from runner.errors import UserError
+from runner.errors import UserError, config_number
 from runner.models import build_model
 from runner.provenance import atomic_write_bytes, git_info, resolve_device
 from runner.store import locked
@@ -59,10 +59,11 @@ def check_train_config(cfg: DictConfig) -> None:
     t = cfg.train
     if t.get("schedule", "constant") not in ("constant", "cosine"):
         raise UserError(f"train.schedule={t.schedule}: choose constant or cosine.")
-    if int(t.epochs) < 1 or int(t.batch_size) < 1 or int(t.eval_batch_size) < 1 or float(t.lr) <= 0:
-        raise UserError(f"train.epochs, train.batch_size and train.eval_batch_size must be >= 1 and train.lr > 0; "
-                        f"got epochs={t.epochs}, batch_size={t.batch_size}, eval_batch_size={t.eval_batch_size}, "
-                        f"lr={t.lr}.")
+    for key in ("epochs", "batch_size", "eval_batch_size"):
+        config_number(t[key], f"train.{key}", minimum=1)
+    config_number(t.get("weight_decay", 0.0), "train.weight_decay", minimum=0, kind=float)
+    if not config_number(t.lr, "train.lr", kind=float) > 0:
+        raise UserError(f"train.lr={t.lr} must be > 0.")
 
 
 def train_model(cfg: DictConfig, data: Dataset, device: torch.device) -> tuple[nn.Module, list[dict]]:

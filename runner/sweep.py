@@ -349,6 +349,12 @@ def main(argv: list[str] | None = None) -> int:
 
     jobs = expand_jobs(overrides)
     cfgs = _compose_all(jobs, [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))])
+    for c in cfgs:  # settings shared by the jobs: a bad one stops the sweep before any work (exit 2)
+        check_common(c)
+        check_eval_config(c.eval)
+        check_train_config(c)
+    for results_file in dict.fromkeys(str(c.results_file) for c in cfgs):
+        read_store(Path(results_file))  # a damaged results file stops the sweep here, not in every job
     sweep_dir = next((Path(o.split("=", 1)[1]) for o in overrides if o.startswith("hydra.sweep.dir=")), None)
     if sweep_dir is None:
         sweep_dir = Path(cfgs[0].paths.results) / "sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")
@@ -357,12 +363,6 @@ def main(argv: list[str] | None = None) -> int:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     console.print(f"[bold]sweep:[/] {len(jobs)} jobs -> {sweep_dir}")
-    for c in cfgs:  # settings shared by the jobs: a bad one stops the sweep before any work (exit 2)
-        check_common(c)
-        check_eval_config(c.eval)
-        check_train_config(c)
-    for results_file in dict.fromkeys(str(c.results_file) for c in cfgs):
-        read_store(Path(results_file))  # a damaged results file stops the sweep here, not in every job
     plans = [_plan(c) for c in cfgs]
     try:
         prepare(cfgs, plans, sweep_dir)

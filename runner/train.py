@@ -120,6 +120,7 @@ def load_checkpoint(path: Path, cfg: DictConfig, data: Dataset) -> tuple[nn.Modu
 def load_or_train(cfg: DictConfig, data: Dataset | None = None, out_dir: Path | None = None):
     """The baseline for this config: reused from checkpoints/ when present (unless train.force), else trained.
     Returns (model on CPU in eval mode, meta dict, checkpoint path, data set)."""
+    check_train_config(cfg)
     data = data or load_dataset(cfg.data)
     path = checkpoint_path(cfg)
     # Two runs needing the same baseline (parallel sweeps, a train beside a compare) train it once:

@@ -133,7 +133,18 @@ def run_hydra_command(command: str, args: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    as_script = argv is None
+    rc = _main(list(sys.argv[1:] if argv is None else argv))
+    if as_script:
+        # The work is done and recorded; a Ctrl-C during interpreter shutdown would otherwise turn the
+        # exit code into "killed by SIGINT". Not in-process (tests): the caller keeps its own Ctrl-C.
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return rc
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print_usage()
         return 0

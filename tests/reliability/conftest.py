@@ -28,7 +28,9 @@ def outputs(tmp_path: Path, checkpoints: Path | None = None) -> list[str]:
 
 
 def start(*args: str, cwd: Path | None = None) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # one thread each: on a small shared CI machine several OpenMP pools spinning against each other
+    # make a 2-second run take 20
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "runner.cli", *args], cwd=cwd or REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 

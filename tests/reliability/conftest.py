@@ -23,6 +23,25 @@ def home(tmp_path, monkeypatch):
     return tmp_path / "home"
 
 
+@pytest.fixture(scope="package")
+def baseline(tmp_path_factory):
+    """The checkpoints dir of one tiny baseline shared by the compare and sweep tests (trained in-process,
+    on one thread like the subprocesses: no start-up cost, no contention)."""
+    import torch
+
+    from runner.train import load_or_train
+    from tests.conftest import compose
+
+    root = tmp_path_factory.mktemp("baseline")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        load_or_train(compose("sweep", [*TINY, *outputs(root)]))
+    finally:
+        torch.set_num_threads(threads)
+    return root / "ckpt"
+
+
 def outputs(tmp_path: Path, checkpoints: Path | None = None) -> list[str]:
     return [f"paths.results={tmp_path / 'results'}", f"paths.checkpoints={checkpoints or tmp_path / 'ckpt'}"]
 

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from runner.store import read_csv
-from tests.conftest import compose
 from tests.reliability.conftest import TINY, assert_clean_exit, interrupt_when, ok_rows, outputs, run, start
 
 pytestmark = pytest.mark.processes
@@ -36,15 +35,6 @@ def _interrupted(sig, rc, out):
         assert rc == -signal.SIGKILL
     return True
 
-
-@pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    """One tiny baseline for the compare and sweep tests (trained in-process: no start-up cost)."""
-    from runner.train import load_or_train
-
-    root = tmp_path_factory.mktemp("baseline")
-    load_or_train(compose("sweep", [*TINY, *outputs(root)]))
-    return root / "ckpt"
 
 
 @pytest.mark.parametrize("sig", SIGNALS, ids=["SIGINT", "SIGKILL"])

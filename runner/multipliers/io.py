@@ -100,8 +100,9 @@ def parse_text(text: str, where: str) -> tuple[np.ndarray, list[int]]:
 def _read_npy(path: Path) -> np.ndarray:
     try:
         arr = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as e:
-        raise UserError(f"{path}: not a readable .npy array ({e})") from None
+    except Exception as e:  # noqa: BLE001  (a damaged header reaches numpy's Python-literal parser, which
+        # raises SyntaxError, tokenize.TokenError, ... besides the documented OSError/ValueError)
+        raise UserError(f"{path}: not a readable .npy array ({type(e).__name__}: {e})") from None
     if arr.shape != (SIZE, SIZE):
         raise UserError(f"{path}: array shape {arr.shape}, expected (256, 256)")
     if arr.dtype.kind in "iu":

@@ -42,6 +42,10 @@ def locked(path: Path, timeout: float | None = LOCK_TIMEOUT_S, waiting: str | No
     except Timeout:
         raise UserError(f"could not lock {path} within {timeout:.0f} s: another approx-run holds {lock.lock_file}, "
                         "or the file system does not support locks (see docs/reliability.md).") from None
+    except NotImplementedError:  # older filelock versions, where flock(2) answers ENOSYS
+        raise UserError(f"the file system of {path} does not support flock(2), which keeps parallel runs from "
+                        "losing rows; put paths.results and paths.checkpoints on one that does "
+                        "(see docs/reliability.md).") from None
     try:
         yield
     finally:

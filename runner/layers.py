@@ -47,11 +47,30 @@ def check_accumulator(name: str, k: int, lut: torch.Tensor) -> None:
 
 def check_finite(name: str, what: str, t: torch.Tensor) -> None:
     """NaN or Inf would silently become some activation or weight code; say where it came in instead."""
-    if not bool(torch.isfinite(t).all()):
-        bad = t[~torch.isfinite(t)]
-        raise UserError(f"layer {name}: {what} holds {bad.numel():,} non-finite value(s) (first: {bad[0].item()}), "
-                        "which have no 8-bit code. Check the input data, the checkpoint, or a retraining run that "
-                        "diverged (lower finetune.lr).")
+    # a NaN or Inf anywhere makes the sum non-finite: one cheap reduction, the exact test only then
+    if bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all()):
+        return
+    bad = t[~torch.isfinite(t)]
+    raise _non_finite(name, what, f"{bad.numel():,} non-finite value(s) (first: {bad[0].item()})")
+
+
+def _non_finite(name: str, what: str, found: str) -> UserError:
+    return UserError(f"layer {name}: {what} holds {found}, which have no 8-bit code. Check the input data, the "
+                     "checkpoint, or a retraining run that diverged (lower finetune.lr).")
+
+
+def raise_non_finite_inputs(model: nn.Module, inputs=None, output=None) -> None:
+    """Forward hook of a converted model: on a GPU the layers only note non-finite inputs on the device
+    (a check per layer would stall the launch queue at every layer); this looks once per forward."""
+    flagged = [(n, m) for n, m in quantized_layers(model).items() if m._nonfinite_input is not None]
+    if not flagged:
+        return
+    seen = torch.stack([m._nonfinite_input for _, m in flagged]).cpu()
+    for _, m in flagged:
+        m._nonfinite_input = None
+    for (name, _), bad in zip(flagged, seen.tolist()):
+        if bad:
+            raise _non_finite(name, "the input", "non-finite values")
 
 
 class _Quantized(nn.Module):
@@ -66,6 +85,7 @@ class _Quantized(nn.Module):
                  name: str = "?"):
         super().__init__()
         self.layer_name = name
+        self._nonfinite_input = None  # on a GPU: a device flag, read by raise_non_finite_inputs
         check_finite(name, "the weight", layer.weight.detach())
         if layer.bias is not None:
             check_finite(name, "the bias", layer.bias.detach())
@@ -99,6 +119,13 @@ class _Quantized(nn.Module):
 
     def _requantized(self) -> None:
         pass
+
+    def _check_input(self, x: torch.Tensor, defer: bool | None = None) -> None:
+        if not (x.is_cuda if defer is None else defer):
+            check_finite(self.layer_name, "the input", x)
+            return
+        bad = ~torch.isfinite(x).all()
+        self._nonfinite_input = bad if self._nonfinite_input is None else self._nonfinite_input | bad
 
     def input_scale(self, x: torch.Tensor) -> torch.Tensor:
         if self.dynamic:
@@ -171,7 +198,7 @@ class _LinearOps:
 class _FakeQuant(_Quantized):
     def forward(self, x):
         self.refresh_weight_quant()
-        check_finite(self.layer_name, "the input", x.detach())
+        self._check_input(x.detach())
         return self._float_op(self._fake_quant_input(x), fake_quant_weight(self.weight, self.weight_scale), self.bias)
 
 
@@ -206,7 +233,7 @@ class _Approx(_Quantized):
 
     def forward(self, x):
         self.refresh_weight_quant()
-        check_finite(self.layer_name, "the input", x.detach())
+        self._check_input(x.detach())
         self._last_input_shape = tuple(x.shape)  # for auto_picks: auto picks per call shape
         return self._lut_forward(x, self.input_scale(x))
 
@@ -307,6 +334,7 @@ def convert_model(model: nn.Module, multipliers, qcfg: QuantConfig, stats: dict[
         else:
             new = (ApproxConv2d if conv else ApproxLinear)(layer, per_layer[name], qcfg, st, backend, algo, name=name)
         _set_module(out, name, new)
+    out.register_forward_hook(raise_non_finite_inputs)
     return out.eval()
 
 

@@ -6,7 +6,8 @@ from torch import nn
 
 from runner import ops
 from runner.errors import UserError
-from runner.layers import ApproxLinear, check_accumulator, quantized_models, reduction_length
+from runner.layers import (ApproxLinear, check_accumulator, quantized_layers, quantized_models, raise_non_finite_inputs,
+                           reduction_length)
 from runner.models import build_model
 from runner.multipliers import Multiplier, get
 from runner.quant import ActStats, QuantConfig
@@ -104,3 +105,30 @@ def test_weights_that_diverge_in_training_are_named(lenet):
         approx(torch.rand(2, 1, 28, 28))
 
 
+
+
+def test_deferred_input_check_names_the_first_bad_layer(lenet):
+    """The GPU path: layers only flag on the device, the model's forward hook reads the flags once."""
+    _, approx, _ = quantized_models(lenet, get("mul8s_1L2J"), QuantConfig(calib_batches=1, calib_batch_size=8),
+                                    torch.rand(8, 1, 28, 28))
+    layers = quantized_layers(approx)
+    for name, x in (("conv1", torch.rand(2, 1, 28, 28)), ("fc1", torch.full((2, 256), float("inf"))),
+                    ("fc2", torch.full((2, 120), float("nan")))):
+        layers[name]._check_input(x, defer=True)
+    with pytest.raises(UserError, match="layer fc1: the input holds non-finite values"):
+        raise_non_finite_inputs(approx)
+    raise_non_finite_inputs(approx)                   # the flags were consumed: the next forward starts clean
+
+
+@pytest.mark.cuda
+def test_non_finite_input_on_the_gpu_is_named(lenet):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    fq, approx, _ = quantized_models(lenet, get("mul8s_1L2J"), QuantConfig(calib_batches=1, calib_batch_size=8),
+                                     torch.rand(8, 1, 28, 28), backend="python")
+    x = torch.rand(4, 1, 28, 28, device="cuda")
+    x[1, 0, 3, 3] = float("inf")
+    for model in (fq.cuda(), approx.cuda()):
+        model(x[:1])                                  # a clean input passes
+        with pytest.raises(UserError, match="layer conv1: the input holds non-finite values"):
+            model(x)

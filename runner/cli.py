@@ -6,10 +6,11 @@ and exit with code 2, never a traceback."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 
-from runner.errors import UserError
+from runner.errors import UserError, config_number
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -85,10 +86,6 @@ def _validate_overrides(command: str, overrides: list[str]):
 def check_common(cfg) -> None:
     """The keys every command shares: an integer seed, and output dirs that can be created and written
     (Hydra would otherwise fail creating its run dir with a traceback)."""
-    import os
-
-    from runner.errors import config_number
-
     config_number(cfg.seed, "seed")
     for key in ("results", "checkpoints"):
         path = Path(str(cfg.paths[key]))
@@ -171,8 +168,6 @@ def _main(argv: list[str]) -> int:
         return 130
     except BrokenPipeError:
         # the reader went away (`approx-run lut list | head`): not an error of ours; silence the flush at exit
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except OSError as exc:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 from filelock import FileLock, Timeout
 
+from runner.console import console
 from runner.errors import UserError
 from runner.provenance import atomic_write_bytes
 
@@ -35,8 +36,6 @@ def locked(path: Path, timeout: float | None = LOCK_TIMEOUT_S, waiting: str | No
             lock.acquire(timeout=0)
         except Timeout:
             if waiting:
-                from runner.console import console
-
                 console.print(f"[yellow]waiting[/]: {waiting} ({lock.lock_file} is held)", highlight=False)
             lock.acquire(timeout=-1 if timeout is None else timeout)
     except Timeout:

@@ -23,8 +23,10 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+from filelock import FileLock
 
 from ..errors import UserError
+from ..provenance import atomic_write_bytes
 from . import families
 from .core import Multiplier, table_sha256
 from .io import check_layout, check_range, load_table, raw_bytes_to_offset128, read_values, save_table
@@ -132,10 +134,6 @@ def _store(m: Multiplier) -> None:
     """Write the table to a file named by its hash, then the JSON entry naming it: replacing the entry is
     the one commit point, so a kill at any moment leaves the old entry or the new one whole, never the
     new table under the old metadata. The lock keeps two imports of one name from crossing."""
-    from filelock import FileLock
-
-    from runner.provenance import atomic_write_bytes
-
     d = user_dir()
     d.mkdir(parents=True, exist_ok=True)
     entry = d / f"{m.name}.json"

@@ -75,9 +75,9 @@ def _sweep_args(tmp_path, baseline, launcher):
             *outputs(tmp_path, baseline), *extra]
 
 
-@pytest.mark.parametrize("launcher, sig", [("basic", signal.SIGINT), ("joblib", signal.SIGINT),
-                                           ("joblib", signal.SIGKILL)], ids=["basic-SIGINT", "joblib-SIGINT",
-                                                                             "joblib-SIGKILL"])
+@pytest.mark.parametrize("launcher, sig", [("basic", signal.SIGINT), ("basic", signal.SIGKILL),
+                                           ("joblib", signal.SIGINT), ("joblib", signal.SIGKILL)],
+                         ids=["basic-SIGINT", "basic-SIGKILL", "joblib-SIGINT", "joblib-SIGKILL"])
 def test_sweep(tmp_path, baseline, launcher, sig):
     if launcher == "joblib":
         pytest.importorskip("hydra_plugins.hydra_joblib_launcher")

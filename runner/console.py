@@ -53,7 +53,7 @@ def fmt_number(v, digits: int = 4) -> str:
     numbers with thousands separators from 1,000 up (11,290, not 1.129e+04), "" for a missing value."""
     if v is None or isinstance(v, str) or type(v).__name__ == "NAType":
         return v if isinstance(v, str) else ""
-    if isinstance(v, (bool,)) or type(v).__name__ == "bool_":
+    if isinstance(v, bool) or type(v).__name__ == "bool_":
         return str(bool(v))
     if isinstance(v, numbers.Integral):
         return f"{int(v):,}" if abs(int(v)) >= 10_000 else str(int(v))

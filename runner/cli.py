@@ -106,6 +106,8 @@ def run_hydra_command(command: str, args: list[str]) -> int:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
+    from runner.provenance import atomic_write_bytes
+
     module = importlib.import_module(COMMANDS[command][0])
     multirun = any(a in ("-m", "--multirun") for a in args)
     hydra_flags = [a for a in args if a.startswith("-")]
@@ -114,7 +116,7 @@ def run_hydra_command(command: str, args: list[str]) -> int:
 
     def task(cfg):
         out_dir = Path(HydraConfig.get().runtime.output_dir)
-        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        atomic_write_bytes(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True).encode())
         try:
             return module.run(cfg, out_dir)
         except UserError as exc:

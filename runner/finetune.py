@@ -31,6 +31,7 @@ from runner.layers import learn_act_scales, recalibrate, set_grad_mode
 from runner.ops import GRADS
 from runner.provenance import atomic_write_bytes
 from runner.quant import QuantConfig
+from runner.store import write_csv
 
 OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("constant", "cosine")
@@ -193,7 +194,7 @@ def obtain(cfg: DictConfig, approx: nn.Module, data, ident: dict, qcfg: QuantCon
             "device": str(device), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "epoch_s": sum(h["epoch_s"] for h in history) / len(history)}
     _save(path, model, meta)
-    pd.DataFrame(history).to_csv(Path(out_dir) / "finetune_log.csv", index=False)
+    write_csv(Path(out_dir) / "finetune_log.csv", pd.DataFrame(history))
     console.print(f"[green]saved retrained checkpoint[/] {path}")
     return model, meta, path
 

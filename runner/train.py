@@ -21,7 +21,7 @@ from runner.data import Dataset, load_dataset
 from runner.errors import UserError, config_number
 from runner.models import build_model
 from runner.provenance import atomic_write_bytes, git_info, resolve_device
-from runner.store import locked
+from runner.store import locked, write_csv
 
 # train.* keys that do not change the weights
 _NON_WEIGHT_KEYS = ("force", "eval_batch_size")
@@ -150,7 +150,7 @@ def _load_or_train_locked(cfg: DictConfig, data: Dataset, path: Path, out_dir: P
     }
     save_checkpoint(path, model, meta)
     if out_dir is not None:
-        pd.DataFrame(history).to_csv(Path(out_dir) / "train_log.csv", index=False)
+        write_csv(Path(out_dir) / "train_log.csv", pd.DataFrame(history))
     console.print(f"[green]saved checkpoint[/] {path} (test accuracy {meta['test_accuracy']:.4f})")
     return model, meta, path, data
 

@@ -37,3 +37,15 @@ def test_two_trains_of_one_checkpoint_train_it_once(tmp_path):
     (ckpt,) = (tmp_path / "ckpt").glob("*.pt")
     assert torch.load(ckpt, weights_only=True)["meta"]["epochs"] == 1
     assert not list((tmp_path / "ckpt").glob(".*.tmp"))
+
+
+def test_two_imports_of_one_name_leave_one_whole_entry(tmp_path, home):
+    from runner.multipliers import get, save_table
+
+    tables = {n: save_table(get(n), tmp_path / f"{n}.txt") for n in ("mul8s_1L2J", "mul8s_1KVM")}
+    procs = [start("lut", "import", str(path), "--name", "mine", "--force") for path in tables.values()]
+    for p in procs:
+        assert_clean_exit(*finish(p), 0)
+    entry = get("mine")                               # reads back: the table matches its metadata
+    assert entry.sha256 in {get(n).sha256 for n in tables}
+    assert [p.name for p in (home / "multipliers").glob("mine.*.txt.gz")] == [f"mine.{entry.sha256[:16]}.txt.gz"]

@@ -118,6 +118,7 @@ def run_hydra_command(command: str, args: list[str]) -> int:
         out_dir = Path(HydraConfig.get().runtime.output_dir)
         atomic_write_bytes(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True).encode())
         try:
+            check_common(cfg)  # again here: `-m` runs skip the up-front compose
             return module.run(cfg, out_dir)
         except UserError as exc:
             report_error(exc)

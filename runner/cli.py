@@ -132,15 +132,27 @@ def run_hydra_command(command: str, args: list[str]) -> int:
     return 0
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (SLURM's time limit or preemption, `kill`): stopped like Ctrl-C, with the sweep summary
+    written and the resume hint, before the scheduler's SIGKILL."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
-    as_script = argv is None
+    import signal
+
+    as_script = argv is None  # in-process callers (tests) keep their own signal handlers
+    if as_script:
+        signal.signal(signal.SIGTERM, _raise_terminated)
     rc = _main(list(sys.argv[1:] if argv is None else argv))
     if as_script:
-        # The work is done and recorded; a Ctrl-C during interpreter shutdown would otherwise turn the
-        # exit code into "killed by SIGINT". Not in-process (tests): the caller keeps its own Ctrl-C.
-        import signal
-
+        # The work is done and recorded; a signal during interpreter shutdown would otherwise turn the
+        # exit code into "killed by SIGINT".
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return rc
 
 
@@ -166,9 +178,9 @@ def _main(argv: list[str]) -> int:
     except UserError as exc:
         report_error(exc)
         return exc.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("\ninterrupted: finished results are kept; rerun the same command to resume.", file=sys.stderr)
-        return 130
+        return 143 if isinstance(exc, Terminated) else 130
     except BrokenPipeError:
         # the reader went away (`approx-run lut list | head`): not an error of ours; silence the flush at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -14,6 +14,7 @@ from tests.reliability.conftest import TINY, assert_clean_exit, interrupt_when, 
 pytestmark = pytest.mark.processes
 
 SIGNALS = [signal.SIGINT, signal.SIGKILL]
+NAMES = ["SIGINT", "SIGKILL"]
 
 
 def _checkpoints_whole(ckpt_dir):
@@ -31,13 +32,16 @@ def _interrupted(sig, rc, out):
         # 130, or CPython's own re-raise of SIGINT at exit (-2 here), which a shell also reports as 130
         assert_clean_exit(rc, out, 130, -signal.SIGINT)
         assert "interrupted: finished results are kept" in out
+    elif sig == signal.SIGTERM:                        # a scheduler's stop: like Ctrl-C, exit 143
+        assert_clean_exit(rc, out, 143)
+        assert "interrupted: finished results are kept" in out
     else:
         assert rc == -signal.SIGKILL
     return True
 
 
 
-@pytest.mark.parametrize("sig", SIGNALS, ids=["SIGINT", "SIGKILL"])
+@pytest.mark.parametrize("sig", SIGNALS, ids=NAMES)
 def test_train(tmp_path, sig):
     rng = np.random.default_rng(int(sig))
     args = ["train", "train.epochs=2", *outputs(tmp_path)]
@@ -52,13 +56,13 @@ def test_train(tmp_path, sig):
     _checkpoints_whole(tmp_path / "ckpt")
 
 
-@pytest.mark.parametrize("sig", SIGNALS, ids=["SIGINT", "SIGKILL"])
+@pytest.mark.parametrize("sig", [*SIGNALS, signal.SIGTERM], ids=[*NAMES, "SIGTERM"])
 def test_compare(tmp_path, baseline, sig):
     args = ["compare", *TINY, *outputs(tmp_path, baseline)]
     results = tmp_path / "results" / "results.csv"
     rng = np.random.default_rng(int(sig))
     p = start(*args)
-    rc, out = interrupt_when(p, lambda t=time.time() + rng.uniform(2.5, 5.0): time.time() > t, sig)
+    rc, out = interrupt_when(p, lambda t=time.time() + rng.uniform(1.2, 3.0): time.time() > t, sig)
     stopped = _interrupted(sig, rc, out)
     before = read_csv(results)                           # absent or whole: read_csv refuses a torn file
     assert len(before) in (0, 3) if stopped else len(before) == 3

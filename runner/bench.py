@@ -272,25 +272,42 @@ _SHOWN = {
 }
 
 
+def check_bench_config(b) -> None:
+    from runner.errors import UserError, config_number
+
+    if not list(b.batches):
+        raise UserError("bench.batches is empty; give batch sizes, e.g. bench.batches=[1,256].")
+    for i, batch in enumerate(b.batches):
+        config_number(batch, f"bench.batches[{i}]", minimum=1)
+    for key, low in (("repeats", 1), ("warmup", 0), ("model_images", 1), ("model_batch_size", 1),
+                     ("train_batch_size", 1), ("train_epochs", 1), ("python_max_macs", 0)):
+        if key in b:
+            config_number(b[key], f"bench.{key}", minimum=low)
+    config_number(b.get("threads"), "bench.threads", minimum=1, optional=True)
+
+
 def run(cfg, out_dir):
     """`approx-run bench`: op-level, variant-level (--algos) and model-level timing; CSVs in the run dir."""
-    from rich.table import Table
-
     from runner._ext import backend_status
-    from runner.console import console
+    from runner.console import console, print_table
     from runner.errors import UserError
     from runner.multipliers import resolve
     from runner.provenance import atomic_write_json, environment
     from runner.quant import QuantConfig
-    from runner.results import write_csv
+    from runner.store import write_csv
     from runner.train import load_or_train
 
     b = cfg.bench
+    check_bench_config(b)
     status = backend_status()
     unknown = [x for x in b.backends if x not in status]
     if unknown:
         raise UserError(f"bench.backends has unknown backend(s) {unknown}; choose from {list(status)}.")
     backends = [x for x in b.backends if status[x] == "available"]
+    if not backends:
+        why = "; ".join(f"{x}: {status[x]}" for x in b.backends) or "the list is empty"
+        raise UserError(f"none of bench.backends={list(b.backends)} can run here ({why}). Available: "
+                        f"{[x for x in status if status[x] == 'available']}.")
     for x in b.backends:
         if status[x] != "available":
             console.print(f"[yellow]skipping backend {x}[/]: {status[x]}")
@@ -320,15 +337,13 @@ def run(cfg, out_dir):
                                       warmup=int(b.warmup), epochs=int(b.train_epochs), grads=tuple(b.train_grads),
                                       seed=int(cfg.seed))
     for name, df in tables.items():
+        if df.empty:  # e.g. only the python backend, on layers past python_max_macs
+            console.print(f"[yellow]bench {name}[/]: nothing to time with these settings")
+            continue
         write_csv(out_dir / f"{name}.csv", df)
         show = df if name != "ops" else df[df.batch == max(b.batches)]
         show = show[[c for c in _SHOWN[name] if c in show.columns]]
-        table = Table(title=f"approx-run bench: {name} (all columns: {out_dir / (name + '.csv')})")
-        for col in show.columns:
-            table.add_column(col, overflow="fold")
-        for _, r in show.iterrows():
-            table.add_row(*("" if pd.isna(v) else f"{v:.4g}" if isinstance(v, float) else str(v) for v in r))
-        console.print(table)
+        print_table(show, f"approx-run bench: {name} (all columns: {out_dir / (name + '.csv')})")
     device = torch.device("cuda" if "cuda" in backends else "cpu")
     atomic_write_json(out_dir / "run.json", {**environment(device), "seed": int(cfg.seed),
                                              "bench": dict(b), "tables": list(tables)})

@@ -6,10 +6,11 @@ and exit with code 2, never a traceback."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 
-from runner.errors import UserError
+from runner.errors import UserError, config_number
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -20,7 +21,7 @@ COMMANDS = {
     "finetune": ("runner.finetune", "compare, plus the approx model retrained through its LUT layers", True),
     "sweep": ("runner.sweep", "run compare over many multipliers (Hydra multirun; resumable)", False),
     "bench": ("runner.bench", "time the LUT-MAC ops and whole models on each backend", True),
-    "results": ("runner.results", "filter, pivot and plot results/results.csv", False),
+    "results": ("runner.report", "filter, pivot and plot results/results.csv", False),
     "lut": ("runner.multipliers.cli", "list, show and import multiplier look-up tables", False),
     "info": ("runner.info", "versions, device, available backends, data sources", False),
 }
@@ -49,6 +50,10 @@ def report_error(exc: BaseException) -> None:
     err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
 
 
+def file_system_error(exc: OSError) -> str:
+    return f"{exc} (a file system error: check the path, its permissions and the free space; finished results are kept)"
+
+
 def config_groups() -> dict[str, list[str]]:
     return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(CONFIG_DIR.iterdir()) if d.is_dir()}
 
@@ -63,7 +68,7 @@ def print_hydra_help(command: str) -> None:
     print(EXAMPLES)
 
 
-def _validate_overrides(command: str, overrides: list[str]) -> None:
+def _validate_overrides(command: str, overrides: list[str]):
     """Compose once up front so a typo in an override is a clear exit-2 error rather than Hydra's exit 1."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
@@ -71,16 +76,37 @@ def _validate_overrides(command: str, overrides: list[str]) -> None:
 
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=command):
-            compose(config_name=command, overrides=overrides)
+            cfg = compose(config_name=command, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         raise UserError(f"bad override for `approx-run {command}`: {exc}".rstrip() +
                         f"\nSee `approx-run {command} --help` for the config groups and their options.") from None
+    check_common(cfg)
+
+
+def check_common(cfg) -> None:
+    """The keys every command shares: an integer seed, and output dirs that can be created and written
+    (Hydra would otherwise fail creating its run dir with a traceback)."""
+    config_number(cfg.seed, "seed")
+    for key in ("results", "checkpoints"):
+        path = Path(str(cfg.paths[key]))
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            writable = os.access(path, os.W_OK)
+        except OSError as exc:
+            writable, why = False, exc.strerror
+        else:
+            why = "not writable"
+        if not writable:
+            raise UserError(f"paths.{key}={path} cannot be used ({why}); choose a directory you can write, "
+                            f"e.g. paths.{key}=$HOME/approx-run/{key}.")
 
 
 def run_hydra_command(command: str, args: list[str]) -> int:
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
+
+    from runner.provenance import atomic_write_bytes
 
     module = importlib.import_module(COMMANDS[command][0])
     multirun = any(a in ("-m", "--multirun") for a in args)
@@ -90,20 +116,47 @@ def run_hydra_command(command: str, args: list[str]) -> int:
 
     def task(cfg):
         out_dir = Path(HydraConfig.get().runtime.output_dir)
-        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        atomic_write_bytes(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True).encode())
         try:
+            check_common(cfg)  # again here: `-m` runs skip the up-front compose
             return module.run(cfg, out_dir)
         except UserError as exc:
             report_error(exc)
             sys.exit(exc.exit_code)
+        except OSError as exc:  # a full disk, a vanished mount: say it plainly (Hydra would print a traceback)
+            report_error(file_system_error(exc))
+            sys.exit(1)
 
     sys.argv = [f"approx-run {command}", *args]
     hydra.main(config_path=str(CONFIG_DIR), config_name=command, version_base="1.3")(task)()
     return 0
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (SLURM's time limit or preemption, `kill`): stopped like Ctrl-C, with the sweep summary
+    written and the resume hint, before the scheduler's SIGKILL."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    import signal
+
+    as_script = argv is None  # in-process callers (tests) keep their own signal handlers
+    if as_script:
+        signal.signal(signal.SIGTERM, _raise_terminated)
+    rc = _main(list(sys.argv[1:] if argv is None else argv))
+    if as_script:
+        # The work is done and recorded; a signal during interpreter shutdown would otherwise turn the
+        # exit code into "killed by SIGINT".
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return rc
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print_usage()
         return 0
@@ -125,9 +178,16 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         report_error(exc)
         return exc.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("\ninterrupted: finished results are kept; rerun the same command to resume.", file=sys.stderr)
-        return 130
+        return 143 if isinstance(exc, Terminated) else 130
+    except BrokenPipeError:
+        # the reader went away (`approx-run lut list | head`): not an error of ours; silence the flush at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except OSError as exc:
+        report_error(file_system_error(exc))
+        return 1
 
 
 if __name__ == "__main__":

@@ -19,16 +19,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner import finetune
 from runner._ext import backend_status
-from runner.console import console, progress_bar
+from runner.console import console, print_table, progress_bar
 from runner.errors import UserError
-from runner.evaluate import run_timed
+from runner.evaluate import check_eval_config, run_timed
 from runner.layers import auto_picks, quantized_models, select_layers
 from runner.models import build_model
-from runner.multipliers import resolve_per_layer
+from runner.multipliers import metrics_of, resolve_per_layer
 from runner.ops import BACKEND_DEVICE, check_algo
 from runner.provenance import atomic_write_json, environment, resolve_device
 from runner.quant import QuantConfig, quant_layers
-from runner.results import append_rows, done_keys, write_csv
+from runner.store import append_rows, done_keys, write_csv
 from runner.train import load_or_train, weight_config
 
 PATHS = ("pytorch", "fakequant", "approx", "approx_finetuned")
@@ -108,7 +108,7 @@ def multiplier_columns(multipliers: dict, layers: list[str]) -> dict:
         "lut_sha256": first.sha256 if len(names) == 1 else _key({n: multipliers[n].sha256 for n in layers}),
     }
     if len(names) == 1:
-        m = first.metrics()
+        m = metrics_of(first)
         cols.update({f"mult_{k}": v for k, v in m.items()})
         pub = first.published or {}
         for src, dst in (("pwr", "power_mw"), ("area", "area_um2"), ("delay", "delay_ns")):
@@ -164,6 +164,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 def plan(cfg: DictConfig):
     """(device, approx layers, per-layer multipliers, row keys) of a run, without running it; sweep uses
     it to group jobs sharing pytorch/fakequant rows and to find each job's rows afterwards."""
+    check_eval_config(cfg.eval)
     device = eval_device(cfg)
     model = build_model(cfg.model, 0.0, 1.0)
     layer_names = list(quant_layers(model))
@@ -182,7 +183,8 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
     if "approx_finetuned" in keys and "approx" in wanted and "approx_finetuned" not in wanted:
         wanted.append("approx_finetuned")  # retraining on: its row goes beside the approx row
     wanted = [p for p in wanted if p in keys]
-    skip = done_keys(results_file) if cfg.skip_done else set()
+    recorded = done_keys(results_file)  # also checks the file: a damaged one stops the run before the work
+    skip = recorded if cfg.skip_done else set()
     if all(keys[p] in skip for p in wanted):
         console.print(f"[yellow]skipping[/] {common['backend']}/{multipliers[approx_layers[0]].name}: "
                       f"already in {results_file}")
@@ -252,14 +254,5 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
 
 
 def _print_table(rows: list[dict]) -> None:
-    from rich.table import Table
-
-    cols = ("path", "multiplier", "backend", "accuracy", "agreement_fakequant", "latency_ms_median",
-            "throughput_img_s")
-    table = Table(title="approx-run compare")
-    for col in cols:
-        table.add_column(col)
-    for r in rows:
-        table.add_row(*("" if r.get(c) is None else f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c])
-                        for c in cols))
-    console.print(table)
+    print_table(rows, "approx-run compare", columns=("path", "multiplier", "backend", "accuracy",
+                                                      "agreement_fakequant", "latency_ms_median", "throughput_img_s"))

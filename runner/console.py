@@ -1,6 +1,9 @@
-"""Terminal output: rich tables and progress bars on a terminal, plain lines elsewhere (CI, logs)."""
+"""Terminal output: rich tables and progress bars on a terminal, plain lines elsewhere (CI, logs), and
+the one number format every table uses."""
 from __future__ import annotations
 
+import math
+import numbers
 import sys
 import time
 from contextlib import contextmanager
@@ -43,3 +46,55 @@ def progress_bar(description: str, total: int):
                   flush=True)
 
     yield advance
+
+
+def fmt_number(v, digits: int = 4) -> str:
+    """A cell for people: `digits` significant digits in fixed point (0.9712, 3.457, 0.001800), whole
+    numbers with thousands separators from 1,000 up (11,290, not 1.129e+04), "" for a missing value."""
+    if v is None or isinstance(v, str) or type(v).__name__ == "NAType":
+        return v if isinstance(v, str) else ""
+    if isinstance(v, bool) or type(v).__name__ == "bool_":
+        return str(bool(v))
+    if isinstance(v, numbers.Integral):
+        return f"{int(v):,}" if abs(int(v)) >= 10_000 else str(int(v))
+    if not isinstance(v, numbers.Real):
+        return str(v)
+    v = float(v)
+    if math.isnan(v):
+        return ""
+    if math.isinf(v) or v == 0:
+        return str(v) if v else "0"
+    decimals = digits - 1 - math.floor(math.log10(abs(v)))
+    if decimals <= 0:
+        return f"{v:,.0f}"
+    if decimals > digits + 4:  # below 1e-8 a fixed-point cell is all zeros
+        return f"{v:.{digits - 1}e}"
+    return f"{v:.{decimals}f}"
+
+
+def _numeric_column(cells: list[str]) -> bool:
+    filled = [c for c in cells if c]
+    try:
+        [float(c.replace(",", "")) for c in filled]
+    except ValueError:
+        return False
+    return bool(filled)
+
+
+def print_table(rows, title: str | None = None, *, columns=None, max_cell: int = 200) -> None:
+    """Rows (a DataFrame or a list of dicts) as a rich table, numbers right-aligned in fmt_number's format.
+    Piped output is not cut to 80 columns: a table in a log is read or grepped whole."""
+    from rich.table import Table
+
+    if hasattr(rows, "to_dict"):
+        columns = list(columns or rows.columns)
+        rows = rows.to_dict("records")
+    columns = list(columns or (rows[0] if rows else []))
+    out = console if is_interactive() else Console(width=max(80, 18 * len(columns)))
+    table = Table(title=title)
+    numeric = [_numeric_column([fmt_number(r.get(c)) for r in rows]) for c in columns]
+    for c, num in zip(columns, numeric):
+        table.add_column(str(c), overflow="fold", justify="right" if num else "left")
+    for r in rows:
+        table.add_row(*(fmt_number(r.get(c))[:max_cell] for c in columns))
+    out.print(table)

@@ -8,7 +8,9 @@ normalisation folds exactly into conv1 (see runner.models.fold_input_normalizati
 from __future__ import annotations
 
 import gzip
+import math
 import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,7 +124,7 @@ def read_idx(path: Path) -> np.ndarray:
     try:
         with opener(path, "rb") as f:
             data = f.read()
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:
         raise UserError(f"Could not read IDX file {path}: {exc}.") from exc
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
         raise UserError(
@@ -130,11 +132,13 @@ def read_idx(path: Path) -> np.ndarray:
             "expected 000008xx)."
         )
     ndim = data[3]
+    if ndim == 0:
+        raise UserError(f"{path} is malformed: its header declares no dimensions.")
     header = 4 + 4 * ndim
     if len(data) < header:
         raise UserError(f"{path} is truncated: its header promises {ndim} dimensions.")
     dims = struct.unpack(f">{ndim}I", data[4:header])
-    expected = int(np.prod(dims)) if dims else 0
+    expected = math.prod(dims)  # Python ints: np.prod would wrap for absurd headers
     if len(data) - header != expected:
         raise UserError(
             f"{path} is malformed: dimensions {dims} need {expected} bytes of data, found {len(data) - header}."

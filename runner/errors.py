@@ -8,3 +8,23 @@ class UserError(Exception):
     to fix it."""
 
     exit_code = 2
+
+
+def config_number(value, key: str, *, minimum=None, kind=int, optional: bool = False):
+    """A numeric config value as `kind`, or UserError naming the key: a typo such as train.epochs=3O or
+    eval.limit=-5 stops the run with one message before any work instead of a traceback (or a silent
+    slice from the end) later."""
+    if value is None and optional:
+        return None
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = kind(value)
+        if kind is int and float(value) != number:      # 2.5 is not an integer setting
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        what = "an integer" if kind is int else "a number"
+        raise UserError(f"{key}={value!r} is not {what}{' (or null)' if optional else ''}.") from None
+    if minimum is not None and not number >= minimum:   # `not >=` also refuses NaN
+        raise UserError(f"{key}={value} must be >= {minimum}{' (or null)' if optional else ''}.")
+    return number

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from runner.errors import config_number
+
 
 @dataclass
 class Timed:
@@ -46,6 +48,15 @@ class Clock:
             end.synchronize()
             return t0.elapsed_time(end)
         return (time.perf_counter() - t0) * 1e3
+
+
+def check_eval_config(e) -> None:
+    """The eval block: a bad value stops the run before any work (eval.limit=-5 would otherwise slice
+    the test set from the end, eval.batch_size=0 fail deep inside)."""
+    config_number(e.batch_size, "eval.batch_size", minimum=1)
+    config_number(e.warmup, "eval.warmup", minimum=0)
+    config_number(e.repeats, "eval.repeats", minimum=1)
+    config_number(e.get("limit"), "eval.limit", minimum=1, optional=True)
 
 
 @torch.no_grad()

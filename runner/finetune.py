@@ -26,11 +26,12 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from runner.console import console, progress_bar
-from runner.errors import UserError
+from runner.errors import UserError, config_number
 from runner.layers import learn_act_scales, recalibrate, set_grad_mode
 from runner.ops import GRADS
 from runner.provenance import atomic_write_bytes
 from runner.quant import QuantConfig
+from runner.store import write_csv
 
 OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("constant", "cosine")
@@ -55,8 +56,9 @@ class FinetuneConfig:
     recalibrate: str = "none"      # none | epoch | end (RECALIBRATE; measured: recalibrating hurts)
 
     def __post_init__(self):
-        if int(self.epochs) < 0:
-            raise UserError(f"finetune.epochs={self.epochs}: must be >= 1 (0 turns retraining off in compare/sweep).")
+        for key, low, kind in (("epochs", 0, int), ("slope_window", 1, int), ("batch_size", 1, int),
+                               ("lr", 0, float), ("weight_decay", 0, float)):
+            config_number(getattr(self, key), f"finetune.{key}", minimum=low, kind=kind)
         if self.optimizer not in OPTIMIZERS:
             raise UserError(f"finetune.optimizer={self.optimizer!r}: choose {' or '.join(OPTIMIZERS)}.")
         if self.grad not in GRADS:
@@ -89,7 +91,7 @@ class FinetuneConfig:
 
 def enabled(cfg: DictConfig) -> bool:
     node = cfg.get("finetune")
-    return node is not None and int(node.get("epochs", 0) or 0) > 0
+    return node is not None and config_number(node.get("epochs", 0) or 0, "finetune.epochs", minimum=0) > 0
 
 
 def checkpoint_path(cfg: DictConfig, identity: dict) -> Path:
@@ -192,7 +194,7 @@ def obtain(cfg: DictConfig, approx: nn.Module, data, ident: dict, qcfg: QuantCon
             "device": str(device), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "epoch_s": sum(h["epoch_s"] for h in history) / len(history)}
     _save(path, model, meta)
-    pd.DataFrame(history).to_csv(Path(out_dir) / "finetune_log.csv", index=False)
+    write_csv(Path(out_dir) / "finetune_log.csv", pd.DataFrame(history))
     console.print(f"[green]saved retrained checkpoint[/] {path}")
     return model, meta, path
 
@@ -207,7 +209,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     """`approx-run finetune`: compare with retraining on (finetune.epochs >= 1)."""
     from runner import compare
 
-    if int(cfg.finetune.epochs) < 1:
+    if config_number(cfg.finetune.epochs, "finetune.epochs") < 1:
         raise UserError(f"finetune.epochs={cfg.finetune.epochs}: `approx-run finetune` needs at least one epoch.")
     FinetuneConfig.from_cfg(cfg.finetune)
     return compare.run(cfg, out_dir)

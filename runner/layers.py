@@ -20,6 +20,59 @@ from runner.quant import (ActStats, QuantConfig, act_qrange, act_scale_from_amax
                           fake_quant_weight, quant_layers, quantize_weight, weight_scale)
 
 
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def reduction_length(layer: nn.Module) -> int:
+    """K: how many products one output sums (in_features; in_channels / groups * kernel area)."""
+    if isinstance(layer, nn.Conv2d):
+        return layer.in_channels // layer.groups * math.prod(layer.kernel_size)
+    return layer.in_features
+
+
+def check_accumulator(name: str, k: int, lut: torch.Tensor) -> None:
+    """The int32 accumulator sums k table entries, so it lies in [k * min(lut), k * max(lut)]; when that
+    interval fits int32, no input can overflow it (the kernels would wrap silently). Raise otherwise."""
+    lo, hi = int(lut.min()), int(lut.max())
+    if k * hi <= INT32_MAX and k * lo >= INT32_MIN:
+        return
+    widest = max(abs(lo), abs(hi))
+    k_max = min(INT32_MAX // hi if hi > 0 else k, INT32_MIN // lo if lo < 0 else k)
+    raise UserError(f"layer {name}: sums K={k:,} products of a table ranging {lo:,}..{hi:,}, so its int32 "
+                    f"accumulator could reach {k * (hi if hi >= -lo else lo):,}, past the int32 range; with this table "
+                    f"a layer may sum at most K={k_max:,} products (K = in_features, or in_channels / groups * "
+                    f"kernel area). Split the layer, or use a table whose largest |product| is at most "
+                    f"{INT32_MAX // k:,} (this one's is {widest:,}).")
+
+
+def check_finite(name: str, what: str, t: torch.Tensor) -> None:
+    """NaN or Inf would silently become some activation or weight code; say where it came in instead."""
+    # a NaN or Inf anywhere makes the sum non-finite: one cheap reduction, the exact test only then
+    if bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all()):
+        return
+    bad = t[~torch.isfinite(t)]
+    raise _non_finite(name, what, f"{bad.numel():,} non-finite value(s) (first: {bad[0].item()})")
+
+
+def _non_finite(name: str, what: str, found: str) -> UserError:
+    return UserError(f"layer {name}: {what} holds {found}, which have no 8-bit code. Check the input data, the "
+                     "checkpoint, or a retraining run that diverged (lower finetune.lr).")
+
+
+def raise_non_finite_inputs(model: nn.Module, inputs=None, output=None) -> None:
+    """Forward hook of a converted model: on a GPU the layers only note non-finite inputs on the device
+    (a check per layer would stall the launch queue at every layer); this looks once per forward."""
+    flagged = [(n, m) for n, m in quantized_layers(model).items() if m._nonfinite_input is not None]
+    if not flagged:
+        return
+    seen = torch.stack([m._nonfinite_input for _, m in flagged]).cpu()
+    for _, m in flagged:
+        m._nonfinite_input = None
+    for (name, _), bad in zip(flagged, seen.tolist()):
+        if bad:
+            raise _non_finite(name, "the input", "non-finite values")
+
+
 class _Quantized(nn.Module):
     """Quantization state shared by the fake-quant and LUT variants of a layer.
 
@@ -28,8 +81,16 @@ class _Quantized(nn.Module):
     the kernels' table caches, keyed on tensor content (cpp) or identity and version counter (cuda), see
     every change. Between changes they are reused: inference never requantizes the weights."""
 
-    def __init__(self, layer: nn.Module, signed: bool, qcfg: QuantConfig, stats: ActStats | None):
+    def __init__(self, layer: nn.Module, signed: bool, qcfg: QuantConfig, stats: ActStats | None,
+                 name: str = "?"):
         super().__init__()
+        self.layer_name = name
+        self._nonfinite_input = None  # on a GPU: a device flag, read by raise_non_finite_inputs
+        check_finite(name, "the weight", layer.weight.detach())
+        if layer.bias is not None:
+            check_finite(name, "the bias", layer.bias.detach())
+        if stats is not None:
+            check_finite(name, "the calibrated input range", torch.tensor([stats.min, stats.amax_signed]))
         self.signed = bool(signed)
         self.dynamic = qcfg.activation == "dynamic"
         self.granularity = qcfg.weight
@@ -51,12 +112,20 @@ class _Quantized(nn.Module):
         state = self._weight_state()
         if state == self._weight_seen:
             return
+        check_finite(self.layer_name, "the weight", self.weight.detach())
         self.weight_scale.copy_(weight_scale(self.weight, self.granularity))
         self._requantized()
         self._weight_seen = self._weight_state()
 
     def _requantized(self) -> None:
         pass
+
+    def _check_input(self, x: torch.Tensor, defer: bool | None = None) -> None:
+        if not (x.is_cuda if defer is None else defer):
+            check_finite(self.layer_name, "the input", x)
+            return
+        bad = ~torch.isfinite(x).all()
+        self._nonfinite_input = bad if self._nonfinite_input is None else self._nonfinite_input | bad
 
     def input_scale(self, x: torch.Tensor) -> torch.Tensor:
         if self.dynamic:
@@ -129,12 +198,14 @@ class _LinearOps:
 class _FakeQuant(_Quantized):
     def forward(self, x):
         self.refresh_weight_quant()
+        self._check_input(x.detach())
         return self._float_op(self._fake_quant_input(x), fake_quant_weight(self.weight, self.weight_scale), self.bias)
 
 
 class _Approx(_Quantized):
-    def __init__(self, layer, multiplier, qcfg, stats, backend: str, algo: str, grad: str = "ste"):
-        super().__init__(layer, multiplier.signed, qcfg, stats)
+    def __init__(self, layer, multiplier, qcfg, stats, backend: str, algo: str, grad: str = "ste", name: str = "?"):
+        check_accumulator(name, reduction_length(layer), multiplier.lut)
+        super().__init__(layer, multiplier.signed, qcfg, stats, name)
         self.multiplier_name, self.backend, self.algo = multiplier.name, backend, algo
         self.register_buffer("lut", multiplier.lut.to(torch.int32).contiguous())
         self.register_buffer("weight_codes", quantize_weight(self.weight, self.weight_scale).contiguous())
@@ -162,6 +233,7 @@ class _Approx(_Quantized):
 
     def forward(self, x):
         self.refresh_weight_quant()
+        self._check_input(x.detach())
         self._last_input_shape = tuple(x.shape)  # for auto_picks: auto picks per call shape
         return self._lut_forward(x, self.input_scale(x))
 
@@ -185,8 +257,8 @@ class _Approx(_Quantized):
 
 
 class FakeQuantConv2d(_ConvOps, _FakeQuant):
-    def __init__(self, layer: nn.Conv2d, signed: bool, qcfg: QuantConfig, stats: ActStats | None):
-        super().__init__(layer, signed, qcfg, stats)
+    def __init__(self, layer: nn.Conv2d, signed: bool, qcfg: QuantConfig, stats: ActStats | None, name: str = "?"):
+        super().__init__(layer, signed, qcfg, stats, name)
         self._init_conv(layer)
 
 
@@ -196,8 +268,8 @@ class FakeQuantLinear(_LinearOps, _FakeQuant):
 
 class ApproxConv2d(_ConvOps, _Approx):
     def __init__(self, layer: nn.Conv2d, multiplier, qcfg: QuantConfig, stats: ActStats | None,
-                 backend: str = "python", algo: str = "auto"):
-        super().__init__(layer, multiplier, qcfg, stats, backend, algo)
+                 backend: str = "python", algo: str = "auto", name: str = "?"):
+        super().__init__(layer, multiplier, qcfg, stats, backend, algo, name=name)
         self._init_conv(layer)
 
 
@@ -258,10 +330,11 @@ def convert_model(model: nn.Module, multipliers, qcfg: QuantConfig, stats: dict[
         st = None if qcfg.activation == "dynamic" else stats[name]
         conv = isinstance(layer, nn.Conv2d)
         if fake:
-            new = (FakeQuantConv2d if conv else FakeQuantLinear)(layer, per_layer[name].signed, qcfg, st)
+            new = (FakeQuantConv2d if conv else FakeQuantLinear)(layer, per_layer[name].signed, qcfg, st, name=name)
         else:
-            new = (ApproxConv2d if conv else ApproxLinear)(layer, per_layer[name], qcfg, st, backend, algo)
+            new = (ApproxConv2d if conv else ApproxLinear)(layer, per_layer[name], qcfg, st, backend, algo, name=name)
         _set_module(out, name, new)
+    out.register_forward_hook(raise_non_finite_inputs)
     return out.eval()
 
 

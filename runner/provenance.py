@@ -1,11 +1,13 @@
 """What a result needs to be reproduced: git commit, versions, device, and atomic file writes."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import platform
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -61,6 +63,11 @@ def environment(device: torch.device) -> dict:
     }
 
 
+# A temp file this old belongs to a writer that was killed (SIGKILL, power loss): writes take
+# milliseconds, so nobody is still writing it, and the next write of the same file removes it.
+STALE_TEMP_S = 3600
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temp file in the same directory, then rename: readers never see half a file."""
     path = Path(path)
@@ -69,10 +76,22 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # the data reaches the disk before the rename can: a crash leaves old or new
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _remove_stale_temps(path)
+
+
+def _remove_stale_temps(path: Path) -> None:
+    for old in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        try:
+            if time.time() - old.stat().st_mtime > STALE_TEMP_S:
+                old.unlink()
+        except OSError:  # another writer removed it first
+            pass
 
 
 def atomic_write_json(path: Path, obj) -> None:

@@ -196,7 +196,7 @@ def prepare(cfgs: list[DictConfig], plans: list, sweep_dir: Path) -> None:
     jobs, so parallel jobs neither train the same model nor time the same reference twice."""
     from runner import compare
     from runner.console import console
-    from runner.results import done_keys
+    from runner.store import done_keys
     from runner.train import checkpoint_path, load_or_train
 
     seen_ckpt, seen_ref = set(), set()
@@ -235,7 +235,7 @@ def summarize(sweep_dir: Path, jobs: list[list[str]], cfgs: list[DictConfig], pl
 
     import pandas as pd
 
-    from runner.results import read_csv, write_csv
+    from runner.store import read_csv, write_csv
 
     by_overrides = {}
     for f in sweep_dir.glob("*/job.json"):
@@ -287,7 +287,7 @@ def summarize(sweep_dir: Path, jobs: list[list[str]], cfgs: list[DictConfig], pl
 
 
 def _print_summary(summary, sweep_dir: Path, elapsed: float) -> None:
-    from runner.results import print_table
+    from runner.console import print_table
 
     cols = ["job", "multiplier", "quant", "backend", "status", "accuracy", "fp32_accuracy", "fakequant_accuracy",
             "finetuned_accuracy", "latency_ms_median", "mult_mae_pct", "published_power_mw"]
@@ -330,8 +330,11 @@ def print_help() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from runner.cli import run_hydra_command
+    from runner.cli import check_common, run_hydra_command
     from runner.console import console
+    from runner.evaluate import check_eval_config
+    from runner.store import read_store
+    from runner.train import check_train_config
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
@@ -346,6 +349,12 @@ def main(argv: list[str] | None = None) -> int:
 
     jobs = expand_jobs(overrides)
     cfgs = _compose_all(jobs, [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))])
+    for c in cfgs:  # settings shared by the jobs: a bad one stops the sweep before any work (exit 2)
+        check_common(c)
+        check_eval_config(c.eval)
+        check_train_config(c)
+    for results_file in dict.fromkeys(str(c.results_file) for c in cfgs):
+        read_store(Path(results_file))  # a damaged results file stops the sweep here, not in every job
     sweep_dir = next((Path(o.split("=", 1)[1]) for o in overrides if o.startswith("hydra.sweep.dir=")), None)
     if sweep_dir is None:
         sweep_dir = Path(cfgs[0].paths.results) / "sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")
@@ -361,4 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:  # also after Ctrl-C: the summary says which jobs are done
         summary = summarize(sweep_dir, jobs, cfgs, plans)
         _print_summary(summary, sweep_dir, time.time() - t0)
+    failed = int((summary["status"] == "failed").sum())
+    if failed:  # the exit code says so too, for scripts and CI that do not read the table
+        print(f"sweep: {failed} of {len(summary)} jobs failed (reasons above; recorded as failed rows). "
+              "Fix them and rerun: rows recorded ok are not redone.", file=sys.stderr)
+        return 1
     return 0

@@ -18,9 +18,10 @@ from torch import nn
 
 from runner.console import console, progress_bar
 from runner.data import Dataset, load_dataset
-from runner.errors import UserError
+from runner.errors import UserError, config_number
 from runner.models import build_model
 from runner.provenance import atomic_write_bytes, git_info, resolve_device
+from runner.store import locked, write_csv
 
 # train.* keys that do not change the weights
 _NON_WEIGHT_KEYS = ("force", "eval_batch_size")
@@ -58,10 +59,11 @@ def check_train_config(cfg: DictConfig) -> None:
     t = cfg.train
     if t.get("schedule", "constant") not in ("constant", "cosine"):
         raise UserError(f"train.schedule={t.schedule}: choose constant or cosine.")
-    if int(t.epochs) < 1 or int(t.batch_size) < 1 or int(t.eval_batch_size) < 1 or float(t.lr) <= 0:
-        raise UserError(f"train.epochs, train.batch_size and train.eval_batch_size must be >= 1 and train.lr > 0; "
-                        f"got epochs={t.epochs}, batch_size={t.batch_size}, eval_batch_size={t.eval_batch_size}, "
-                        f"lr={t.lr}.")
+    for key in ("epochs", "batch_size", "eval_batch_size"):
+        config_number(t[key], f"train.{key}", minimum=1)
+    config_number(t.get("weight_decay", 0.0), "train.weight_decay", minimum=0, kind=float)
+    if not config_number(t.lr, "train.lr", kind=float) > 0:
+        raise UserError(f"train.lr={t.lr} must be > 0.")
 
 
 def train_model(cfg: DictConfig, data: Dataset, device: torch.device) -> tuple[nn.Module, list[dict]]:
@@ -118,8 +120,16 @@ def load_checkpoint(path: Path, cfg: DictConfig, data: Dataset) -> tuple[nn.Modu
 def load_or_train(cfg: DictConfig, data: Dataset | None = None, out_dir: Path | None = None):
     """The baseline for this config: reused from checkpoints/ when present (unless train.force), else trained.
     Returns (model on CPU in eval mode, meta dict, checkpoint path, data set)."""
+    check_train_config(cfg)
     data = data or load_dataset(cfg.data)
     path = checkpoint_path(cfg)
+    # Two runs needing the same baseline (parallel sweeps, a train beside a compare) train it once:
+    # the second waits for the first's checkpoint instead of training its own copy.
+    with locked(path, timeout=None, waiting=f"another approx-run is training {path.name}"):
+        return _load_or_train_locked(cfg, data, path, out_dir)
+
+
+def _load_or_train_locked(cfg: DictConfig, data: Dataset, path: Path, out_dir: Path | None):
     if path.exists() and not cfg.train.get("force", False):
         model, meta = load_checkpoint(path, cfg, data)
         console.print(f"[green]reusing checkpoint[/] {path} (test accuracy {meta['test_accuracy']:.4f})")
@@ -140,7 +150,7 @@ def load_or_train(cfg: DictConfig, data: Dataset | None = None, out_dir: Path | 
     }
     save_checkpoint(path, model, meta)
     if out_dir is not None:
-        pd.DataFrame(history).to_csv(Path(out_dir) / "train_log.csv", index=False)
+        write_csv(Path(out_dir) / "train_log.csv", pd.DataFrame(history))
     console.print(f"[green]saved checkpoint[/] {path} (test accuracy {meta['test_accuracy']:.4f})")
     return model, meta, path, data
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, compose
-from tests.test_results import _rows
+from tests.test_report import _rows
 
 HYDRA = {"train", "compare", "finetune", "bench"}
 
@@ -54,7 +54,7 @@ def test_readme_command(argv, tmp_path, monkeypatch):
         assert _sweep_job_configs(args)
     else:  # cheap: run it, in a scratch directory holding a small results file
         from runner.cli import main
-        from runner.results import append_rows
+        from runner.store import append_rows
 
         monkeypatch.chdir(tmp_path)
         append_rows(tmp_path / "results" / "results.csv", _rows())

@@ -77,7 +77,7 @@ def test_sweep_three_multipliers_and_a_bad_table(tmp_path, checkpoints):
     bad.write_text("1 2 3\n4 5 6\n")
     args = _args(tmp_path, checkpoints, f"[mul8s_1KV8,mul8s_1L2N,mul8u_2V0,{bad}]")
     rc, out = _run(args)
-    assert rc == 0, out
+    assert rc == 1 and "1 of 4 jobs failed" in out, out      # recorded and reported, and the exit code says so
     results = tmp_path / "results" / "results.csv"
     df = pd.read_csv(results)
     ok = df[df["status"] == "ok"]

@@ -61,8 +61,8 @@ def test_bad_training_settings_are_user_errors(tmp_path, mnist5k):
     from runner.errors import UserError
     from runner.train import train_model
 
-    for bad in ("train.epochs=0", "train.batch_size=0", "train.lr=0"):
-        with pytest.raises(UserError, match="train.epochs"):
+    for bad in ("train.epochs=0", "train.batch_size=0", "train.lr=0", "train.epochs=3O", "train.weight_decay=-1"):
+        with pytest.raises(UserError, match=bad.split("=")[0].replace(".", r"\.") + "="):
             train_model(compose("train", [bad], tmp_path), mnist5k, torch.device("cpu"))
     with pytest.raises(UserError, match="train.schedule"):
         train_model(compose("train", ["train.schedule=linear"], tmp_path), mnist5k, torch.device("cpu"))

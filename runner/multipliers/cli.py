@@ -9,9 +9,10 @@ import csv
 import sys
 from pathlib import Path
 
+from ..console import print_table
 from ..errors import UserError
 from .io import SUFFIXES, load_table
-from .metrics import published_convention
+from .metrics import metrics_of, published_convention
 from .registry import get, import_table, list_multipliers, shipped_names, user_dir, user_names
 
 METRIC_COLUMNS = [("mae_pct", "MAE%"), ("wce_pct", "WCE%"), ("ep_pct", "EP%"), ("mre_pct", "MRE%"),
@@ -57,7 +58,7 @@ def _rows() -> list[dict]:
     rows = []
     for name in list_multipliers():
         m = get(name)
-        met = m.metrics()
+        met = metrics_of(m)
         row = {"name": m.name, "signed": m.signed, "kind": _kind(name)}
         row.update({k: met[k] for k, _ in METRIC_COLUMNS})
         row.update({k: m.published.get(k, "") for k, _ in HW_COLUMNS})
@@ -66,33 +67,19 @@ def _rows() -> list[dict]:
     return rows
 
 
-def _fmt(v: float) -> str:
-    return f"{v:.4g}" if abs(v) < 0.1 and v != 0 else f"{v:.2f}"
-
-
-def _console():
-    from rich.console import Console
-
-    con = Console()
-    # Piped output (logs, tests) gets rich's 80-column default, which would truncate the table.
-    return con if con.is_terminal else Console(width=200)
+def _number(text):
+    """A published figure (a string in the manifest) as a number for the table; "" stays empty."""
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return text
 
 
 def cmd_list(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     rows = _rows()
-    t = Table(title="Multipliers (metrics over all 65,536 operand pairs; MAE%/WCE% of 2^16)")
-    t.add_column("name", style="bold", no_wrap=True)
-    t.add_column("signed")
-    t.add_column("kind")
-    for _, h in METRIC_COLUMNS + HW_COLUMNS:
-        t.add_column(h, justify="right")
-    for r in rows:
-        t.add_row(r["name"], "yes" if r["signed"] else "no", r["kind"],
-                  *[_fmt(r[k]) for k, _ in METRIC_COLUMNS], *[str(r[k]) for k, _ in HW_COLUMNS])
-    _console().print(t)
+    shown = [{"name": r["name"], "signed": "yes" if r["signed"] else "no", "kind": r["kind"],
+              **{h: r[k] for k, h in METRIC_COLUMNS}, **{h: _number(r[k]) for k, h in HW_COLUMNS}} for r in rows]
+    print_table(shown, "Multipliers (metrics over all 65,536 operand pairs; MAE%/WCE% of 2^16)")
     if args.csv:
         path = Path(args.csv)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,7 +114,7 @@ def plot_error(m, out: Path) -> Path:
                    extent=[lo - 0.5, hi + 0.5, hi + 0.5, lo - 0.5])
     ax.set_xlabel("B (weight)")
     ax.set_ylabel("A (activation)")
-    met = m.metrics()
+    met = metrics_of(m)
     ax.set_title(f"{m.name}: error = approx - A*B\nMAE% {met['mae_pct']:.3g}, WCE% {met['wce_pct']:.3g}, "
                  f"EP% {met['ep_pct']:.2f}", fontsize=10)
     fig.colorbar(im, ax=ax, label="error")
@@ -139,41 +126,29 @@ def plot_error(m, out: Path) -> Path:
 
 
 def cmd_show(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     m = _lookup(args.name)
-    met = m.metrics()
+    met = metrics_of(m)
     lo, hi = m.operand_range
-    t = Table(title=f"{m.name} ({'signed' if m.signed else 'unsigned'}, operands {lo}..{hi})")
-    t.add_column("metric")
-    t.add_column("ours", justify="right")
     pub_keys = {"mae_pct": "mae%", "wce_pct": "wce%", "ep_pct": "ep%", "mre_pct": "mre%", "wcre_pct": "wcre%"}
-    if m.published:
-        # Published figures use EvoApproxLib's rounding (MAE rounded to 0.1 before MAE%).
-        conv = published_convention(met)
-        t.add_column("ours, as EvoApproxLib reports", justify="right")
-        t.add_column("published", justify="right")
+    # Published figures use EvoApproxLib's rounding (MAE rounded to 0.1 before MAE%).
+    conv = published_convention(met)
+    rows = []
     for k, v in met.items():
-        cells = [k, f"{v:.6g}"]
+        row = {"metric": k, "ours": v}
         if m.published:
             pk = pub_keys.get(k)
             pub = str(m.published.get(pk, "")) if pk else ""
-            if pub:
-                decimals = len(pub.split(".")[1]) if "." in pub else 0
-                cells += [f"{conv[pk]:.{decimals}f}", pub]
-            else:
-                cells += ["", ""]
-        t.add_row(*cells)
-    con = _console()
-    con.print(t)
+            decimals = len(pub.split(".")[1]) if "." in pub else 0
+            row.update({"ours, as EvoApproxLib reports": f"{conv[pk]:.{decimals}f}" if pub else "", "published": pub})
+        rows.append(row)
+    print_table(rows, f"{m.name} ({'signed' if m.signed else 'unsigned'}, operands {lo}..{hi})")
     for k, _ in HW_COLUMNS:
         if k in m.published:
-            con.print(f"{k}: {m.published[k]}")
-    con.print(f"source: {m.source}", highlight=False)
-    con.print(f"sha256: {m.sha256}", highlight=False)
+            print(f"{k}: {m.published[k]}")
+    print(f"source: {m.source}")
+    print(f"sha256: {m.sha256}")
     if m.params:
-        con.print(f"params: {m.params}", highlight=False)
+        print(f"params: {m.params}")
     if not args.no_plot:
         out = Path(args.out) if args.out else Path("results") / "lut" / f"{m.name}_error.png"
         print(f"wrote {plot_error(m, out)}")
@@ -183,7 +158,7 @@ def cmd_show(args) -> int:
 def cmd_import(args) -> int:
     m = import_table(args.file, args.name, args.signed, transpose=args.transpose, layout=args.layout,
                      force=args.force)
-    met = m.metrics()
+    met = metrics_of(m)
     print(f"imported {m.name} ({'signed' if m.signed else 'unsigned'}), {m.params['layout_note']}")
     print(f"MAE% {met['mae_pct']:.4g}  WCE% {met['wce_pct']:.4g}  EP% {met['ep_pct']:.2f}  "
           f"MRE% {met['mre_pct']:.4g}")

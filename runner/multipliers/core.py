@@ -61,7 +61,6 @@ class Multiplier:
     source: str = ""
     published: dict = field(default_factory=dict)
     params: dict = field(default_factory=dict)
-    _metrics: dict | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         lut = torch.as_tensor(self.lut)
@@ -80,13 +79,6 @@ class Multiplier:
     def activation_dtype(self) -> torch.dtype:
         """dtype of activation codes this table is indexed with (see runner/ops.py)."""
         return torch.int8 if self.signed else torch.uint8
-
-    def metrics(self) -> dict:
-        if self._metrics is None:
-            from .metrics import compute_metrics
-
-            self._metrics = compute_metrics(self.lut, self.signed)
-        return dict(self._metrics)
 
     def product(self, a: int, b: int) -> int:
         """The table's product for operand values a (activation) and b (weight)."""

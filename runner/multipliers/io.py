@@ -24,11 +24,12 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
-from .core import SIZE, TWO16, Multiplier, value_range
+from .core import SIGNED_RANGE, SIZE, TWO16, Multiplier, value_range
 
 SUFFIXES = (".txt", ".txt.gz", ".npy")
 # Widest range any 8x8 table may hold (signed int16 or unsigned uint16 products).
 ANY_RANGE = (-(1 << 15), (1 << 16) - 1)
+SIGNED_RANGE_MAX = SIGNED_RANGE[1]
 
 LAYOUTS = {
     "offset128": "signed, offset-128 rows (A = row - 128, B = col - 128; ApproxTorch text layout)",
@@ -99,8 +100,9 @@ def parse_text(text: str, where: str) -> tuple[np.ndarray, list[int]]:
 def _read_npy(path: Path) -> np.ndarray:
     try:
         arr = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as e:
-        raise UserError(f"{path}: not a readable .npy array ({e})") from None
+    except Exception as e:  # noqa: BLE001  (a damaged header reaches numpy's Python-literal parser, which
+        # raises SyntaxError, tokenize.TokenError, ... besides the documented OSError/ValueError)
+        raise UserError(f"{path}: not a readable .npy array ({type(e).__name__}: {e})") from None
     if arr.shape != (SIZE, SIZE):
         raise UserError(f"{path}: array shape {arr.shape}, expected (256, 256)")
     if arr.dtype.kind in "iu":
@@ -163,26 +165,77 @@ class LayoutReport:
     exact: bool                 # reproduces a*b exactly in that convention
     mae: dict                   # mean |table - a*b| under each convention
     converted: bool             # raw-byte order was converted to offset-128
+    symmetric: bool = False     # equal to its transpose: the operand order cannot matter
+    signed_from: str = ""       # how signedness was decided when the values did not decide it
 
     @property
     def note(self) -> str:
         s = f"layout: {LAYOUTS[self.layout]}"
+        if self.signed_from:
+            s += f"; {self.signed_from}"
         if self.converted:
             s += "; converted to offset-128 rows"
         if self.exact:
             s += "; exact (reproduces a*b)"
+        if self.symmetric:
+            s += "; symmetric (A*B = B*A for every pair, so --transpose changes nothing)"
         return s
 
 
+# A table decides its signedness when its best fit under one convention is at least this many times
+# closer to a*b (relative to an all-zero table's distance) than under the other; a real multiplier
+# fits its own convention an order of magnitude better, a constant table fits neither.
+_DECISIVE = 2.0
+
+
+def _signed_by_name(names) -> bool | None:
+    """EvoApproxLib's file-name convention: mul8u_* unsigned, mul8s_* signed."""
+    for n in names:
+        base = Path(str(n)).name.lower()
+        if base.startswith("mul8u_"):
+            return False
+        if base.startswith("mul8s_"):
+            return True
+    return None
+
+
+def infer_signed(values: np.ndarray, mae: dict, zero: dict, where: str, names=()) -> tuple[bool, str]:
+    """Signedness of a table nobody declared: from the value range (a negative product is signed, one
+    above 32767 unsigned), else from which convention the values fit clearly better, else from the file
+    name; otherwise UserError. Returns (signed, how it was decided when not by the values)."""
+    if values.min() < 0:
+        return True, ""
+    if values.max() > SIGNED_RANGE_MAX:
+        return False, ""
+    fit_signed = min(mae[k] / zero[k] for k in ("offset128", "raw_bytes"))
+    fit_unsigned = mae["unsigned"] / zero["unsigned"]
+    if fit_signed * _DECISIVE <= fit_unsigned:
+        return True, ""
+    if fit_unsigned * _DECISIVE <= fit_signed:
+        return False, ""
+    by_name = _signed_by_name(names)
+    if by_name is not None:
+        kind = "signed (mul8s_*)" if by_name else "unsigned (mul8u_*)"
+        return by_name, f"the values fit a signed and an unsigned multiplier alike; read as {kind} from the file name"
+    raise UserError(f"{where}: the values fit a signed and an unsigned multiplier alike (every value in 0..32767 "
+                    f"and neither layout fits clearly better), so the layout cannot be told from them. Say which: "
+                    f"`--signed` or `--unsigned` (lut import), multiplier.signed=true|false (config), or name the file "
+                    f"mul8s_*/mul8u_* as EvoApproxLib does")
+
+
 def check_layout(values: np.ndarray, signed: bool | None, where: str, *, expect_exact: bool = False,
-                 layout: str = "auto") -> LayoutReport:
-    """Decide which index convention a table uses; raise UserError where it contradicts the claim."""
+                 layout: str = "auto", names=()) -> LayoutReport:
+    """Decide which index convention a table uses; raise UserError where it contradicts the claim or
+    where nothing (values, claim, file name) decides it."""
     mae, zero = {}, {}
     for name in LAYOUTS:
         a = _layout_operands(name)
         exact = np.outer(a, a)
         mae[name] = float(np.abs(values - exact).mean())
         zero[name] = float(np.abs(exact).mean())
+    signed_from, declared = "", signed is not None
+    if signed is None and layout == "auto":
+        signed, signed_from = infer_signed(values, mae, zero, where, names)
     allowed = {None: list(LAYOUTS), True: ["offset128", "raw_bytes"], False: ["unsigned"]}[signed]
     if layout != "auto":
         if layout not in LAYOUTS:
@@ -193,14 +246,17 @@ def check_layout(values: np.ndarray, signed: bool | None, where: str, *, expect_
         chosen = layout
     else:
         chosen = min(allowed, key=lambda k: mae[k])  # dict order prefers offset128 on ties
-        best = min(LAYOUTS, key=lambda k: mae[k])
-        if best not in allowed and mae[best] * 2 < mae[chosen]:
+        # compared relative to an all-zero table's distance, which differs between the conventions
+        fit = {k: mae[k] / zero[k] for k in LAYOUTS}
+        best = min(LAYOUTS, key=lambda k: fit[k])
+        if declared and best not in allowed and fit[best] * _DECISIVE <= fit[chosen]:
             flag = "--unsigned" if best == "unsigned" else "--signed"
             raise UserError(f"{where}: declared {'signed' if signed else 'unsigned'}, but the table fits "
                             f"the {LAYOUTS[best]} layout (mean |error| {mae[best]:.1f} vs {mae[chosen]:.1f}); "
                             f"use {flag}")
     fmt = ", ".join(f"{k} {v / TWO16 * 100:.3g}%" for k, v in mae.items())
-    report = LayoutReport(chosen, chosen != "unsigned", mae[chosen] == 0.0, mae, chosen == "raw_bytes")
+    report = LayoutReport(chosen, chosen != "unsigned", mae[chosen] == 0.0, mae, chosen == "raw_bytes",
+                          symmetric=bool(np.array_equal(values, values.T)), signed_from=signed_from)
     if expect_exact and not report.exact:
         exact_in = [k for k, v in mae.items() if v == 0.0]
         hint = (f"it is exact in the {LAYOUTS[exact_in[0]]} layout" if exact_in
@@ -233,7 +289,8 @@ def load_table(path, signed: bool | None = None, *, name: str | None = None, lay
     check_range(values, None, where)
     if expect_exact is None:
         expect_exact = "exact" in path.name.lower()
-    report = check_layout(values, signed, str(path), expect_exact=expect_exact, layout=layout)
+    report = check_layout(values, signed, str(path), expect_exact=expect_exact, layout=layout,
+                          names=(path.name, name or ""))
     check_range(values, report.signed, where)
     if report.converted:
         values = raw_bytes_to_offset128(values)

@@ -6,8 +6,8 @@ average/maximise |err| / |exact| over the pairs whose exact product is non-zero.
 
 EvoApproxLib prints MAE rounded to one decimal in each circuit's header and derives its
 published MAE% from that rounded value (mul8s_1KV8: MAE 1.25 -> "1.2" -> 0.0018 %, while
-1.25 / 2^16 = 0.0019 %). `published_convention` reproduces that; `compute_metrics` reports
-the unrounded figures.
+1.25 / 2^16 = 0.0019 %). `published_convention` reproduces that; `compute_metrics` (and
+`metrics_of`, its cached form for a Multiplier) report the unrounded figures.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .core import TWO16, exact_table
+from .core import TWO16, Multiplier, exact_table
 
 KEYS = ("mae", "mae_pct", "wce", "wce_pct", "ep_pct", "mre_pct", "wcre_pct", "mean_error",
         "error_std", "mse")
@@ -62,6 +62,12 @@ def matches_published(value: float, published: str) -> bool:
     return f"{value:.{decimals}f}" == published.strip()
 
 
-def metrics(m) -> dict:
-    """Metrics of a Multiplier (cached on the object)."""
-    return m.metrics()
+_CACHE: dict[tuple[str, bool], dict] = {}
+
+
+def metrics_of(m: Multiplier) -> dict:
+    """compute_metrics of a Multiplier, computed once per table (by its sha256); a copy the caller may change."""
+    key = (m.sha256, m.signed)
+    if key not in _CACHE:
+        _CACHE[key] = compute_metrics(m.lut, m.signed)
+    return dict(_CACHE[key])

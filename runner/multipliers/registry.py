@@ -2,8 +2,8 @@
 
 Shipped: the 19 EvoApproxLib tables in data/ (manifest.json holds provenance and published
 figures). User imports (`approx-run lut import`) live outside the package, in
-$APPROX_RUN_HOME/multipliers/ (default ~/.approx-run/multipliers/): NAME.txt.gz plus
-NAME.json with its metadata.
+$APPROX_RUN_HOME/multipliers/ (default ~/.approx-run/multipliers/): NAME.json with its metadata,
+naming the table file NAME.<hash>.txt.gz (NAME.txt.gz in older stores).
 
 A multiplier config (configs/multiplier/*.yaml) is one of
     {name: mul8s_1L2J}                                   shipped or imported table by name
@@ -23,8 +23,10 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+from filelock import FileLock
 
 from ..errors import UserError
+from ..provenance import atomic_write_bytes
 from . import families
 from .core import Multiplier, table_sha256
 from .io import check_layout, check_range, load_table, raw_bytes_to_offset128, read_values, save_table
@@ -74,7 +76,7 @@ def user_names() -> list[str]:
     d = user_dir()
     if not d.is_dir():
         return []
-    return sorted(p.name[: -len(".json")] for p in d.glob("*.json") if (d / (p.name[:-5] + ".txt.gz")).is_file())
+    return sorted(p.name[: -len(".json")] for p in d.glob("*.json") if not p.name.startswith("."))
 
 
 def _user(name: str) -> Multiplier:
@@ -83,7 +85,7 @@ def _user(name: str) -> Multiplier:
         meta = json.loads((d / f"{name}.json").read_text())
     except (OSError, ValueError) as e:
         raise UserError(f"{d / (name + '.json')}: unreadable registry entry ({e})") from None
-    values, where = read_values(d / f"{name}.txt.gz")
+    values, where = read_values(d / meta.get("table", f"{name}.txt.gz"))
     check_range(values, meta["signed"], where)
     m = Multiplier(name, meta["signed"], values.astype(np.int32), source=meta.get("source", ""),
                    published=meta.get("published", {}), params=meta.get("params", {}))
@@ -108,7 +110,7 @@ def import_table(path, name: str, signed: bool | None = None, *, transpose: bool
     if transpose:
         values = values.T.copy()
     claims_exact = "exact" in name.lower() or "exact" in path.name.lower()
-    report = check_layout(values, signed, str(path), expect_exact=claims_exact, layout=layout)
+    report = check_layout(values, signed, str(path), expect_exact=claims_exact, layout=layout, names=(path.name, name))
     check_range(values, report.signed, where)
     if report.converted:
         values = raw_bytes_to_offset128(values)
@@ -124,16 +126,32 @@ def import_table(path, name: str, signed: bool | None = None, *, transpose: bool
         note += "; transposed on import"
     m = Multiplier(name, report.signed, values.astype(np.int32), source=f"imported from {path.resolve()}",
                    params={"layout": report.layout, "layout_note": note})
+    _store(m)
+    return m
+
+
+def _store(m: Multiplier) -> None:
+    """Write the table to a file named by its hash, then the JSON entry naming it: replacing the entry is
+    the one commit point, so a kill at any moment leaves the old entry or the new one whole, never the
+    new table under the old metadata. The lock keeps two imports of one name from crossing."""
     d = user_dir()
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{name}.tmp.txt.gz"
-    save_table(m, tmp)
-    os.replace(tmp, d / f"{name}.txt.gz")
-    meta = {"name": name, "signed": m.signed, "sha256": m.sha256, "source": m.source, "published": {},
-            "params": m.params, "imported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    (d / f".{name}.tmp.json").write_text(json.dumps(meta, indent=1))
-    os.replace(d / f".{name}.tmp.json", d / f"{name}.json")
-    return m
+    entry = d / f"{m.name}.json"
+    table = f"{m.name}.{m.sha256[:16]}.txt.gz"
+    with FileLock(str(d / ".import.lock")):
+        try:
+            old = json.loads(entry.read_text()).get("table", f"{m.name}.txt.gz")
+        except (OSError, ValueError):
+            old = None
+        tmp = d / f".{m.name}.{os.getpid()}.tmp.txt.gz"
+        save_table(m, tmp)
+        os.replace(tmp, d / table)
+        meta = {"name": m.name, "signed": m.signed, "sha256": m.sha256, "table": table, "source": m.source,
+                "published": {}, "params": m.params,
+                "imported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        atomic_write_bytes(entry, json.dumps(meta, indent=1).encode())
+        if old and old != table:
+            (d / old).unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------- lookup

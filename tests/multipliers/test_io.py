@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from runner.errors import UserError
-from runner.multipliers import Multiplier, exact_table, get, load_table, save_table, table_sha256
+from runner.multipliers import Multiplier, exact_table, get, load_table, metrics_of, save_table, table_sha256
 from runner.multipliers.io import raw_bytes_to_offset128
 
 
@@ -136,7 +136,7 @@ def test_claimed_exact_in_wrong_layout_reports_convention(tmp_path):
     msg = _err(load_table, tmp_path / "exact_raw.npy", layout="offset128")
     assert "claims to be exact" in msg and "raw two's-complement byte order" in msg
     m = load_table(tmp_path / "exact_raw.npy")  # auto: detected and converted
-    assert m.sha256 == get("exact_s").sha256 and m.metrics()["ep_pct"] == 0
+    assert m.sha256 == get("exact_s").sha256 and metrics_of(m)["ep_pct"] == 0
 
 
 def test_claimed_exact_but_approximate(tmp_path):

@@ -96,12 +96,16 @@ def test_per_layer_assignment(hydra_ctx):
 def test_import_registers_in_user_dir(tmp_path, home, approx_signed):
     save_table(approx_signed, tmp_path / "t.npy")
     m = import_table(tmp_path / "t.npy", "my_mul")
-    assert user_dir() == home / "multipliers" and (home / "multipliers" / "my_mul.txt.gz").is_file()
+    assert user_dir() == home / "multipliers" and (home / "multipliers" / "my_mul.json").is_file()
+    assert [p.name for p in user_dir().glob("my_mul.*.txt.gz")] == [f"my_mul.{m.sha256[:16]}.txt.gz"]
     assert "my_mul" in list_multipliers()
     again = resolve({"name": "my_mul"})
     assert again.sha256 == m.sha256 == approx_signed.sha256 and again.signed
     assert "already imported" in _err(import_table, tmp_path / "t.npy", "my_mul")
-    import_table(tmp_path / "t.npy", "my_mul", force=True)
+    save_table(get("mul8s_1L2J"), tmp_path / "other.npy")
+    import_table(tmp_path / "other.npy", "my_mul", force=True)
+    assert get("my_mul").sha256 == get("mul8s_1L2J").sha256
+    assert len(list(user_dir().glob("my_mul.*.txt.gz"))) == 1      # the replaced table is removed
 
 
 def test_import_name_rules(tmp_path):
@@ -122,6 +126,6 @@ def test_import_detects_transposed_shipped_table(tmp_path):
 
 def test_import_tampered_entry_detected(tmp_path, approx_signed):
     save_table(approx_signed, tmp_path / "t.txt")
-    import_table(tmp_path / "t.txt", "tamper")
-    save_table(get("exact_s"), user_dir() / "tamper.txt.gz")
+    m = import_table(tmp_path / "t.txt", "tamper")
+    save_table(get("exact_s"), user_dir() / f"tamper.{m.sha256[:16]}.txt.gz")
     assert "sha256 mismatch" in _err(get, "tamper")

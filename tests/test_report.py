@@ -5,8 +5,8 @@ from contextlib import redirect_stdout
 import pandas as pd
 import pytest
 
-from runner import results
-from runner.results import append_new_rows, append_rows, load_results, main, pareto_front, pivot, read_csv
+from runner.report import load_results, main, pareto_front, pivot
+from runner.store import append_rows, read_csv
 from tests.conftest import run_cli
 
 
@@ -105,16 +105,6 @@ def test_pareto_front():
     x = [0.42, 0.126, 0.39, 0.386]        # power: lower is better
     y = [0.965, 0.90, 0.93, 0.955]
     assert sorted(pareto_front(x, y)) == [0, 1, 3]
-
-
-def test_append_new_rows_skips_recorded_ok(tmp_path):
-    path = tmp_path / "r.csv"
-    assert len(append_new_rows(path, [{"row_key": "a", "status": "ok", "v": 1}])) == 1
-    added = append_new_rows(path, [{"row_key": "a", "status": "ok", "v": 2}, {"row_key": "", "status": "failed"},
-                                   {"row_key": "b", "status": "ok", "v": 3}])
-    assert [r["status"] for r in added] == ["failed", "ok"]
-    df = read_csv(path)
-    assert df["row_key"].fillna("").tolist() == ["a", "", "b"] and df["v"].tolist()[0] == 1
 
 
 @pytest.mark.parametrize("args, message", [

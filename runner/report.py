@@ -1,79 +1,15 @@
-"""Result tables: tidy rows with unit-suffixed columns, appended to a cumulative CSV under a file
-lock (parallel sweep jobs never interleave or lose rows), plus `approx-run results`."""
+"""`approx-run results`: filter, sort, pivot and plot the rows of results CSVs (the store's file by
+default, or run/sweep dirs), as a table, CSV or Markdown."""
 from __future__ import annotations
 
-import fcntl
-import io
-from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
 
+from runner.console import fmt_number, print_table
 from runner.errors import UserError
 from runner.provenance import atomic_write_bytes
-
-
-@contextmanager
-def locked(path: Path):
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def read_csv(path: Path) -> pd.DataFrame:
-    path = Path(path)
-    if not path.exists() or path.stat().st_size == 0:
-        return pd.DataFrame()
-    try:
-        return pd.read_csv(path)
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path} is not a readable results CSV ({exc}).") from exc
-
-
-def write_csv(path: Path, df: pd.DataFrame) -> None:
-    buf = io.StringIO()
-    df.to_csv(buf, index=False)
-    atomic_write_bytes(Path(path), buf.getvalue().encode())
-
-
-def _ok_keys(df: pd.DataFrame, column: str = "row_key") -> set[str]:
-    if df.empty or column not in df or "status" not in df:
-        return set()
-    return set(df.loc[df["status"] == "ok", column].astype(str))
-
-
-def done_keys(path: Path, column: str = "row_key") -> set[str]:
-    return _ok_keys(read_csv(path), column)
-
-
-def append_rows(path: Path, rows: list[dict], *, skip_recorded: bool = False, column: str = "row_key") -> list[dict]:
-    """Append under an exclusive lock; the file is rewritten atomically, so a crash mid-write leaves the
-    previous version, and new columns widen the table instead of shifting values. With skip_recorded,
-    rows whose key is already recorded ok are dropped (checked under the lock, so two sweeps racing on
-    the same job record it once); failed rows are always kept. Returns the rows added."""
-    if not rows:
-        return []
-    with locked(path):
-        old = read_csv(path)
-        if skip_recorded:
-            done = _ok_keys(old, column)
-            rows = [r for r in rows if r.get("status") != "ok" or str(r.get(column)) not in done]
-        if rows:
-            new = pd.DataFrame(rows)
-            write_csv(path, new if old.empty else pd.concat([old, new], ignore_index=True, sort=False))
-        return rows
-
-
-def append_new_rows(path: Path, rows: list[dict], column: str = "row_key") -> list[dict]:
-    return append_rows(path, rows, skip_recorded=True, column=column)
-
-
-# ---------------------------------------------------------------- `approx-run results`
+from runner.store import read_csv
 
 DEFAULT_COLUMNS = ["data", "quant", "multiplier", "path", "backend", "status", "accuracy", "agreement_fakequant",
                    "latency_ms_median", "throughput_img_s", "mult_mae_pct", "published_power_mw", "error"]
@@ -178,34 +114,10 @@ def pivot(df: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
     return table
 
 
-def _fmt(v) -> str:
-    if v is None or (isinstance(v, float) and pd.isna(v)):
-        return ""
-    if isinstance(v, float):
-        return f"{v:.4f}" if abs(v) < 1e5 else f"{v:.4g}"
-    return str(v)
-
-
 def to_markdown(df: pd.DataFrame) -> str:
-    cells = [[_fmt(v).replace("|", "\\|").replace("\n", " ") for v in row] for row in df.itertuples(index=False)]
+    cells = [[fmt_number(v).replace("|", "\\|").replace("\n", " ") for v in row] for row in df.itertuples(index=False)]
     lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "|".join("---" for _ in df.columns) + "|"]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in cells]) + "\n"
-
-
-def print_table(df: pd.DataFrame, title: str | None = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from runner.console import console, is_interactive
-
-    # piped output is not cut to 80 columns: a results table is read or grepped whole
-    console = console if is_interactive() else Console(width=max(80, 18 * len(df.columns)))
-    table = Table(title=title)
-    for c in df.columns:
-        table.add_column(str(c), overflow="fold")
-    for row in df.itertuples(index=False):
-        table.add_row(*(_fmt(v)[:200] for v in row))
-    console.print(table)
 
 
 def pareto_front(x, y) -> list[int]:
@@ -279,6 +191,18 @@ def plot(df: pd.DataFrame, out: Path) -> Path:
     return out
 
 
+def _positive(text: str) -> int:
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return n
+
+
 def _parser():
     import argparse
 
@@ -297,7 +221,7 @@ def _parser():
     p.add_argument("--all-columns", action="store_true", help="show every column")
     p.add_argument("--pivot", action="store_true", help="multiplier x path table of --value (accuracy)")
     p.add_argument("--value", default="accuracy", help="value column of --pivot (default accuracy)")
-    p.add_argument("--limit", type=int, help="show only the first N rows")
+    p.add_argument("--limit", type=_positive, help="show only the first N rows")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--csv", nargs="?", const="-", metavar="FILE", help="write CSV (to stdout or FILE)")
     fmt.add_argument("--markdown", nargs="?", const="-", metavar="FILE", help="write a Markdown table")

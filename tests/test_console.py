@@ -1,0 +1,25 @@
+"""The one number format of every table, and the table renderer."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from runner.console import fmt_number, print_table
+
+
+@pytest.mark.parametrize("value, text", [
+    (0.9712, "0.9712"), (0.97, "0.9700"), (3.4567, "3.457"), (-2.5, "-2.500"), (0.0018, "0.001800"),
+    (1129.3, "1,129"), (11290.3, "11,290"), (np.float32(0.5), "0.5000"), (0.0, "0"), (1e-12, "1.000e-12"),
+    (5, "5"), (np.int64(10000), "10,000"), (True, "True"), (np.bool_(False), "False"),
+    (None, ""), (math.nan, ""), (pd.NA, ""), ("mul8s_1L2J", "mul8s_1L2J"),
+])
+def test_fmt_number(value, text):
+    assert fmt_number(value) == text
+
+
+def test_table_never_uses_exponents_for_ordinary_numbers(capsys):
+    rows = [{"op": "conv2", "backend": "cpp", "throughput_img_s": 11290.3, "latency_ms_median": 0.0886}]
+    print_table(pd.DataFrame(rows), "bench")
+    out = capsys.readouterr().out
+    assert "11,290" in out and "0.08860" in out and "e+" not in out

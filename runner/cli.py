@@ -9,9 +9,9 @@ import importlib
 import sys
 from pathlib import Path
 
+from runner.config import CONFIG_DIR
 from runner.errors import UserError
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 # command -> (module with run(cfg, out_dir) or main(argv), one-line help, hydra?)
 COMMANDS = {
@@ -65,16 +65,9 @@ def print_hydra_help(command: str) -> None:
 
 def _validate_overrides(command: str, overrides: list[str]) -> None:
     """Compose once up front so a typo in an override is a clear exit-2 error rather than Hydra's exit 1."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
+    from runner.config import compose
 
-    try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=command):
-            compose(config_name=command, overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as exc:
-        raise UserError(f"bad override for `approx-run {command}`: {exc}".rstrip() +
-                        f"\nSee `approx-run {command} --help` for the config groups and their options.") from None
+    compose(command, overrides)
 
 
 def run_hydra_command(command: str, args: list[str]) -> int:

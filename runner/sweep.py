@@ -14,6 +14,7 @@ skip_done (rows recorded ok are not recomputed: a rerun resumes) and on_error=re
 writes a failed row and the sweep goes on). Afterwards <sweep dir>/summary.csv holds one row per job."""
 from __future__ import annotations
 
+import copy
 import fnmatch
 import os
 import sys
@@ -63,20 +64,21 @@ def _limit_threads() -> None:
     torch.set_num_threads(max(1, cores // n_jobs))
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict:
+def run(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None) -> dict:
     """One sweep job: a compare run; job.json records what happened for the sweep summary."""
-    from hydra.core.hydra_config import HydraConfig
-
     from runner import compare
     from runner.provenance import atomic_write_json
 
     t0 = time.time()
-    _limit_threads()
+    if overrides is None:  # launched by Hydra (a parallel or cluster launcher)
+        from hydra.core.hydra_config import HydraConfig
+
+        _limit_threads()
+        try:
+            overrides = list(HydraConfig.get().overrides.task)
+        except ValueError:
+            overrides = []
     cfg = job_config(cfg)
-    try:
-        overrides = list(HydraConfig.get().overrides.task)
-    except ValueError:
-        overrides = []
     result = compare.run(cfg, out_dir)
     atomic_write_json(Path(out_dir) / "job.json", {
         "status": result.get("status"), "error": result.get("error", ""), "overrides": overrides,
@@ -154,27 +156,30 @@ def expand_jobs(overrides: list[str]) -> list[list[str]]:
 
 
 def _compose_all(jobs: list[list[str]], hydra_overrides: list[str]) -> list[DictConfig]:
+    """Each job's config. Jobs that differ only in sweep.multiplier (a plain key) share one composition:
+    Hydra takes a quarter of a second per composition, longer than a job's evaluation."""
     from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from runner.cli import CONFIG_DIR
+    from runner.config import CONFIG_DIR, compose_errors
 
+    parser = OverridesParser.create()
+    composed: dict[tuple, DictConfig] = {}
     cfgs = []
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="sweep"):
-        try:  # a bad launcher or hydra.* override: say so before any work is done
+        with compose_errors("sweep", hint_launchers=True):  # a bad launcher or hydra.* override: say so first
             compose(config_name="sweep", overrides=[*jobs[0], *hydra_overrides], return_hydra_config=True)
-        except (HydraException, OmegaConfBaseException) as exc:
-            hint = ("\nThe joblib and submitit launchers: pip install hydra-joblib-launcher "
-                    "hydra-submitit-launcher (the package's `sweep` extra)."
-                    if "hydra/launcher" in str(exc) else "")
-            raise UserError(f"bad override for `approx-run sweep`: {exc}{hint}") from None
         for job in jobs:
-            try:
-                cfgs.append(job_config(compose(config_name="sweep", overrides=job)))
-            except (HydraException, OmegaConfBaseException) as exc:
-                raise UserError(f"bad override for `approx-run sweep` ({' '.join(job)}): {exc}\n"
-                                "See `approx-run sweep --help` for the config groups and their options.") from None
+            rest = tuple(o for o in job if not o.startswith("sweep.multiplier="))
+            if rest not in composed:
+                with compose_errors("sweep", job=job):
+                    composed[rest] = compose(config_name="sweep", overrides=list(rest))
+            cfg = copy.deepcopy(composed[rest])
+            picked = [o for o in job if o.startswith("sweep.multiplier=")]
+            if picked:
+                with open_dict(cfg):
+                    cfg.sweep.multiplier = parser.parse_override(picked[0]).value()
+            cfgs.append(job_config(cfg))
     return cfgs
 
 
@@ -304,9 +309,24 @@ def _print_summary(summary, sweep_dir: Path, elapsed: float) -> None:
         print(f"  failed job {r['job']} ({r['multiplier']}): {str(r['error']).splitlines()[0] if r['error'] else ''}")
 
 
+def _basic_launcher(overrides: list[str]) -> bool:
+    launcher = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("hydra/launcher=")]
+    return not launcher or launcher[-1] == "basic"
+
+
+def run_in_process(jobs: list[list[str]], cfgs: list[DictConfig], sweep_dir: Path) -> None:
+    """What Hydra's basic launcher does, without composing every job again: the jobs one after another in
+    this process, so they share its evaluation session (runner.session)."""
+    for num, (job, cfg) in enumerate(zip(jobs, cfgs)):
+        out_dir = sweep_dir / str(num)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        run(cfg, out_dir, overrides=job)
+
+
 def _launcher_overrides(overrides: list[str], cfgs: list[DictConfig]) -> list[str]:
     """With the joblib launcher and CUDA jobs, as many parallel jobs as GPUs; each job leases a free GPU
-    (compare.gpu_lease), so no two jobs share one."""
+    (runner.launch.gpu_lease), so no two jobs share one."""
     if not any(o.lstrip("+") == "hydra/launcher=joblib" for o in overrides):
         return []
     if any(o.lstrip("+").startswith("hydra.launcher.n_jobs=") for o in overrides):
@@ -357,7 +377,10 @@ def main(argv: list[str] | None = None) -> int:
     plans = [_plan(c) for c in cfgs]
     try:
         prepare(cfgs, plans, sweep_dir)
-        run_hydra_command("sweep", ["-m", *overrides])
+        if _basic_launcher(overrides):
+            run_in_process(jobs, cfgs, sweep_dir)
+        else:
+            run_hydra_command("sweep", ["-m", *overrides])
     finally:  # also after Ctrl-C: the summary says which jobs are done
         summary = summarize(sweep_dir, jobs, cfgs, plans)
         _print_summary(summary, sweep_dir, time.time() - t0)

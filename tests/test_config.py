@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 
 from runner.quant import QuantConfig
-from tests.conftest import CONFIG_DIR, compose
+from runner.config import CONFIG_DIR
+from tests.conftest import compose
 
 GROUPS = {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in CONFIG_DIR.iterdir() if d.is_dir()}
 CASES = [(g, o) for g, opts in sorted(GROUPS.items()) for o in opts]

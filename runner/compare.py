@@ -17,6 +17,8 @@ from runner import finetune, launch, session
 from runner._ext import backend_status
 from runner.console import console, progress_bar
 from runner.errors import UserError
+from runner import operand
+from runner.energy import energy, layer_macs
 from runner.evaluate import run_timed
 from runner.layers import auto_picks, convert_model, select_layers
 from runner.models import build_model
@@ -153,7 +155,7 @@ def build_models(cfg: DictConfig, model, ckpt, calib_x, multipliers: dict, appro
     qcfg = QuantConfig.from_cfg(cfg.quant)
     others = other_layers(cfg)
     folded, stats = session.get().calibration(model, ckpt, calib_x, qcfg, int(cfg.seed))
-    fq = session.get().fakequant(keys["fakequant"], lambda: convert_model(
+    fq = session.get().memo(("fakequant", keys["fakequant"]), lambda: convert_model(
         folded, multipliers, qcfg, stats, fake=True, layers=approx_layers, others=others))
     approx = convert_model(folded, multipliers, qcfg, stats, backend=cfg.backend.name, algo=cfg.backend.algo,
                            layers=approx_layers, others=others)
@@ -210,6 +212,14 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
     bs = int(cfg.eval.batch_size)
     threads = torch.get_num_threads()
     mcols = multiplier_columns(multipliers, approx_layers)
+    macs = layer_macs(model, tuple(x.shape[1:]))
+    spent = energy(multipliers, approx_layers, macs)
+    hists = sess.memo(("operand", keys["fakequant"]), lambda: operand.operand_histograms(
+        fq, approx_layers, data.train_x, qcfg, int(cfg.seed)))
+    op_cols, op_layers = operand.metrics(multipliers, hists, macs)
+    extra["fakequant"]["mult_energy_rel"] = 1.0  # exact int8 multiplies everywhere
+    extra["approx"].update({"mult_energy_rel": spent["mult_energy_rel"], **op_cols})
+    extra["approx_finetuned"]["mult_energy_rel"] = spent["mult_energy_rel"]
     env = environment(device)
     rows, preds = [], {}
     # fakequant predictions are needed for agreement even when its row is already recorded
@@ -253,6 +263,7 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
         "multipliers": {n: {"name": m.name, "signed": m.signed, "lut_sha256": m.sha256, "source": m.source}
                         for n, m in multipliers.items() if n in approx_layers},
         "calibration": {n: vars(s) for n, s in stats.items()},
+        "energy": spent, "operand_metrics": op_layers,
         "finetune": ft_info,
         "auto_picks": {p: auto_picks(models[p]) for p in order if p.startswith("approx")},
         "rows": len(rows), "results_file": str(results_file),

@@ -33,7 +33,7 @@ class Session:
         self._data: dict = {}
         self._baselines: dict = {}
         self._calibrations: dict = {}
-        self._fakequant: dict = {}
+        self._memo: dict = {}
         self._predictions: dict = {}
         self._prefixes: OrderedDict = OrderedDict()
 
@@ -70,10 +70,11 @@ class Session:
             self._calibrations[key] = (folded.cpu(), stats, model, calib_x)
         return self._calibrations[key][:2]
 
-    def fakequant(self, key: str, build):
-        if key not in self._fakequant:
-            self._fakequant[key] = build()
-        return self._fakequant[key]
+    def memo(self, key, build):
+        """build() once per key (fake-quant models, operand histograms)."""
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
 
     def predictions(self, key: str):
         return self._predictions.get(key)

@@ -229,7 +229,8 @@ def prepare(cfgs: list[DictConfig], plans: list, sweep_dir: Path) -> None:
 
 SUMMARY_COLUMNS = ["job", "multiplier", "data", "model", "quant", "backend", "status", "accuracy",
                    "fp32_accuracy", "fakequant_accuracy", "finetuned_accuracy", "agreement_fakequant", "latency_ms_median",
-                   "throughput_img_s", "mult_mae_pct", "published_power_mw", "elapsed_s", "error",
+                   "throughput_img_s", "mult_mae_pct", "published_power_mw", "mult_energy_rel", "op_acc_nrmse",
+                   "elapsed_s", "error",
                    "overrides", "row_key", "job_dir"]
 
 
@@ -277,7 +278,7 @@ def summarize(sweep_dir: Path, jobs: list[list[str]], cfgs: list[DictConfig], pl
             if a is not None:
                 row["multiplier"] = a.get("multiplier", row["multiplier"])
                 for c in ("accuracy", "agreement_fakequant", "latency_ms_median", "throughput_img_s",
-                          "mult_mae_pct", "published_power_mw"):
+                          "mult_mae_pct", "published_power_mw", "mult_energy_rel", "op_acc_nrmse"):
                     row[c] = a.get(c)
                 if status == "failed":  # an earlier failure, since recorded ok by a concurrent sweep
                     row["status"] = "ok"
@@ -295,7 +296,7 @@ def _print_summary(summary, sweep_dir: Path, elapsed: float) -> None:
     from runner.results import print_table
 
     cols = ["job", "multiplier", "quant", "backend", "status", "accuracy", "fp32_accuracy", "fakequant_accuracy",
-            "finetuned_accuracy", "latency_ms_median", "mult_mae_pct", "published_power_mw"]
+            "finetuned_accuracy", "latency_ms_median", "mult_mae_pct", "op_acc_nrmse", "mult_energy_rel"]
     if summary["finetuned_accuracy"].isna().all():
         cols.remove("finetuned_accuracy")
     if summary["quant"].nunique() <= 1:

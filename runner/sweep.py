@@ -97,8 +97,9 @@ def _unquote(s: str) -> str:
     return s[1:-1] if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"" else s
 
 
-def expand_multipliers(value: str) -> list[str]:
-    """'mul8s_*', 'a,b', '[a, b]' -> names (globs matched against the registry) and absolute table paths."""
+def expand_multipliers(value: str, key: str = "sweep.multipliers") -> list[str]:
+    """'mul8s_*', 'a,b', '[a, b]' -> names (globs matched against the registry) and absolute table paths;
+    key: the setting it came from, for the messages."""
     from runner.multipliers import get, list_multipliers
 
     value = _unquote(value)
@@ -106,7 +107,7 @@ def expand_multipliers(value: str) -> list[str]:
         value = value[1:-1]
     items = [_unquote(v) for v in value.split(",") if v.strip()]
     if not items:
-        raise UserError("sweep.multipliers is empty; give names, globs or table files, e.g. sweep.multipliers='mul8s_*'.")
+        raise UserError(f"{key} is empty; give names, globs or table files, e.g. {key}='mul8s_*'.")
     names, known = [], list_multipliers()
     for item in items:
         if _is_path(item):
@@ -114,7 +115,7 @@ def expand_multipliers(value: str) -> list[str]:
         elif _GLOB & set(item):
             hits = fnmatch.filter(known, item)
             if not hits:
-                raise UserError(f"sweep.multipliers: {item!r} matches no multiplier. `approx-run lut list` shows them.")
+                raise UserError(f"{key}: {item!r} matches no multiplier. `approx-run lut list` shows them.")
             names += hits
         else:
             get(item)  # an unknown name is a typo: say so now (with suggestions), not after the sweep
@@ -126,16 +127,17 @@ def _hydra_quote(s: str) -> str:
     return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _split_argv(argv: list[str]):
+def split_argv(argv: list[str], key: str = "sweep.multipliers"):
+    """(Hydra flags, overrides, the value of `key` or None): `key` takes globs, which are not Hydra syntax."""
     flags = [a for a in argv if a.startswith("-") and a not in ("-m", "--multirun")]
     overrides, multipliers = [], None
     for a in argv:
         if a.startswith("-"):
             continue
-        key = a.split("=", 1)[0].lstrip("+~")
-        if key == "sweep.multipliers":
+        name = a.split("=", 1)[0].lstrip("+~")
+        if name == key:
             multipliers = a.split("=", 1)[1] if "=" in a else ""
-        elif key == "sweep.multiplier":
+        elif name == "sweep.multiplier":
             raise UserError("sweep.multiplier is set per job; use sweep.multipliers=... (a list or a glob).")
         else:
             overrides.append(a)
@@ -143,16 +145,41 @@ def _split_argv(argv: list[str]):
 
 
 def expand_jobs(overrides: list[str]) -> list[list[str]]:
-    """The job override lists Hydra's basic sweeper will launch, in its order (job.num = index)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    """The job override lists Hydra's basic sweeper launches, in its order (job.num = index): the cartesian
+    product of every comma-separated sweep, the last override varying fastest."""
+    import itertools
+
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception as exc:  # noqa: BLE001  (hydra's parse errors have several types)
         raise UserError(f"bad override for `approx-run sweep`: {exc}") from None
-    task = [o for o in parsed if not o.is_hydra_override()]
-    return BasicSweeper.split_arguments(task, max_batch_size=None)[0]
+    axes = []
+    for o in parsed:
+        if o.is_hydra_override():
+            continue
+        key = o.get_key_element()
+        if o.is_sweep_override():
+            if not o.is_discrete_sweep():
+                raise UserError(f"{o.input_line}: `approx-run sweep` takes comma-separated lists or choice(), "
+                                "not ranges or intervals.")
+            axes.append([f"{key}={v}" for v in o.sweep_string_iterator()])
+        else:
+            axes.append([f"{key}={o.get_value_element_as_str()}"])
+    return [list(job) for job in itertools.product(*axes)]
+
+
+def plan_jobs(argv: list[str]):
+    """(Hydra flags, overrides for Hydra, each job's overrides, each job's config) of `approx-run sweep argv`."""
+    flags, overrides, multipliers = split_argv(argv)
+    if multipliers is not None:
+        overrides.append("sweep.multiplier=" + ",".join(_hydra_quote(n) for n in expand_multipliers(multipliers)))
+    if flags:
+        return flags, overrides, [], []
+    jobs = expand_jobs(overrides)
+    cfgs = _compose_all(jobs, [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))])
+    return flags, overrides, jobs, cfgs
 
 
 def _compose_all(jobs: list[list[str]], hydra_overrides: list[str]) -> list[DictConfig]:
@@ -358,15 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print_help()
         return 0
-    flags, overrides, multipliers = _split_argv(argv)
-    if multipliers is not None:
-        names = expand_multipliers(multipliers)
-        overrides.append("sweep.multiplier=" + ",".join(_hydra_quote(n) for n in names))
+    flags, overrides, jobs, cfgs = plan_jobs(argv)
     if flags:  # --cfg, --info, ...: Hydra's own inspection, no sweep around it
         return run_hydra_command("sweep", ["-m", *flags, *overrides])
-
-    jobs = expand_jobs(overrides)
-    cfgs = _compose_all(jobs, [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))])
     sweep_dir = next((Path(o.split("=", 1)[1]) for o in overrides if o.startswith("hydra.sweep.dir=")), None)
     if sweep_dir is None:
         sweep_dir = Path(cfgs[0].paths.results) / "sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")

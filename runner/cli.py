@@ -19,6 +19,7 @@ COMMANDS = {
     "compare": ("runner.compare", "accuracy/latency of pytorch fp32, fake-quant int8 and custom-MAC inference", True),
     "finetune": ("runner.finetune", "compare, plus the approx model retrained through its LUT layers", True),
     "sweep": ("runner.sweep", "run compare over many multipliers (Hydra multirun; resumable)", False),
+    "sensitivity": ("runner.sensitivity", "accuracy with one layer approximated at a time, per multiplier; heat map", False),
     "bench": ("runner.bench", "time the LUT-MAC ops and whole models on each backend", True),
     "results": ("runner.results", "filter, pivot and plot results/results.csv", False),
     "lut": ("runner.multipliers.cli", "list, show and import multiplier look-up tables", False),
@@ -31,6 +32,7 @@ EXAMPLES = """examples:
   approx-run compare multiplier=mul8s_1L2J backend=cpp
   approx-run finetune multiplier=mul8u_T83 finetune.epochs=3 finetune.grad=lut
   approx-run sweep sweep.multipliers='mul8s_*'
+  approx-run sensitivity sensitivity.multipliers='mul8*'
   approx-run lut list
   approx-run <command> --help                       # options and config groups of a command
 """
@@ -39,7 +41,7 @@ EXAMPLES = """examples:
 def print_usage(stream=sys.stdout) -> None:
     print("usage: approx-run <command> [options | hydra overrides]\n\ncommands:", file=stream)
     for name, (_, text, _) in COMMANDS.items():
-        print(f"  {name:<9} {text}", file=stream)
+        print(f"  {name:<11} {text}", file=stream)
     print("\n" + EXAMPLES, file=stream)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -111,7 +112,7 @@ def _row(path, timed, y, ref_preds, batch_size, device, threads) -> dict:
     return row
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict:
+def run(cfg: DictConfig, out_dir: Path, quiet: bool = False) -> dict:
     t_start = time.time()
     common = {"run_dir": str(out_dir), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "data": cfg.data.name, "model": cfg.model.name, "quant": cfg.quant.get("name", ""),
@@ -121,7 +122,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         with launch.gpu_lease(Path(cfg.paths.results) / ".gpu-locks", n_gpus) as gpu:
             if n_gpus:
                 torch.cuda.set_device(gpu)
-            return _run(cfg, out_dir, common)
+            return _run(cfg, out_dir, common, quiet)
     except Exception as exc:  # noqa: BLE001  (a crash in one sweep job must not end the sweep)
         if cfg.get("on_error", "raise") != "record":
             raise
@@ -176,7 +177,8 @@ def prefix_of(cfg: DictConfig, multipliers: dict, approx_layers: list[str], keys
                              "before": [(n, kind, multipliers[n].signed if kind != "fp32" else None) for n in before]})
 
 
-def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
+def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False) -> dict:
+    """quiet: no progress bar, table or skip message (a command that runs many evaluations reports them)."""
     qcfg = QuantConfig.from_cfg(cfg.quant)
     device, approx_layers, multipliers, keys = plan(cfg)
     results_file = Path(cfg.results_file)
@@ -188,8 +190,9 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
     wanted = [p for p in wanted if p in keys]
     skip = done_keys(results_file) if cfg.skip_done else set()
     if all(keys[p] in skip for p in wanted):
-        console.print(f"[yellow]skipping[/] {common['backend']}/{multipliers[approx_layers[0]].name}: "
-                      f"already in {results_file}")
+        if not quiet:
+            console.print(f"[yellow]skipping[/] {common['backend']}/{multipliers[approx_layers[0]].name}: "
+                          f"already in {results_file}")
         return {"status": "skipped"}
 
     sess = session.get()
@@ -226,7 +229,8 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
     order = ["pytorch", "fakequant"] + [p for p in ("approx", "approx_finetuned") if p in models and p in wanted]
     n_batches = (len(x) + bs - 1) // bs
     start, prefix_key = prefix_of(cfg, multipliers, approx_layers, keys)
-    with progress_bar(f"compare {mcols['multiplier']} on {device}", total=len(order)) as advance:
+    bar = _no_progress() if quiet else progress_bar(f"compare {mcols['multiplier']} on {device}", total=len(order))
+    with bar as advance:
         for path in order:
             record = path in wanted and keys[path] not in skip
             preds[path] = sess.predictions(keys[path])
@@ -268,8 +272,14 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
         "auto_picks": {p: auto_picks(models[p]) for p in order if p.startswith("approx")},
         "rows": len(rows), "results_file": str(results_file),
     })
-    _print_table(rows)
+    if not quiet:
+        _print_table(rows)
     return {"status": "ok", "rows": rows}
+
+
+@contextmanager
+def _no_progress():
+    yield lambda n=1, **info: None
 
 
 def _print_table(rows: list[dict]) -> None:

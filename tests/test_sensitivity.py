@@ -1,0 +1,56 @@
+"""`approx-run sensitivity` and `approx-run search`: rows, resume, bad input. Small: 200 test images."""
+import pandas as pd
+import pytest
+
+from runner.cli import main
+from tests.conftest import compose, has_cpp
+
+pytestmark = pytest.mark.skipif(not has_cpp(), reason="needs the C++ extension (backend=cpp)")
+
+FAST = ["eval.limit=200", "train.epochs=1", "quant.calib_batches=1"]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    from runner.train import load_or_train
+
+    root = tmp_path_factory.mktemp("sens_ckpt")
+    load_or_train(compose("sensitivity", [*FAST, f"paths.checkpoints={root}"]))
+    return root
+
+
+def _args(tmp_path, checkpoints, *extra):
+    return [*FAST, f"paths.results={tmp_path / 'results'}", f"paths.checkpoints={checkpoints}", *extra]
+
+
+def test_sensitivity_rows_and_resume(tmp_path, checkpoints, capsys):
+    args = ["sensitivity", "sensitivity.multipliers=[mul8s_1KV6,mul8u_T83]", "sensitivity.layers=[conv2,fc3]",
+            *_args(tmp_path, checkpoints)]
+    assert main(args) == 0
+    rows = pd.read_csv(tmp_path / "results" / "results.csv")
+    approx = rows[rows["path"] == "approx"]
+    assert sorted(approx["multiplier_per_layer"]) == ["conv2=mul8s_1KV6", "conv2=mul8u_T83",
+                                                       "fc3=mul8s_1KV6", "fc3=mul8u_T83"]
+    assert rows["row_key"].is_unique and (approx["status"] == "ok").all()
+    # the exact multiplier in one layer, the others fake-quant: the fake-quant model itself
+    fq = rows[rows["path"] == "fakequant"]
+    exact = approx[approx["multiplier"] == "mul8s_1KV6"]
+    assert (exact["accuracy"] == fq[fq["row_key"].isin(rows["row_key"])]["accuracy"].iloc[0]).all()
+    t83 = approx[approx["multiplier"] == "mul8u_T83"]["mult_energy_rel"]
+    assert ((t83 < 1) & (t83 > 0.08)).all()                   # one layer of five on the cheap multiplier
+    table = pd.read_csv(next((tmp_path / "results" / "sensitivity").glob("*/sensitivity.csv")))
+    assert len(table) == 4 and set(table["status"]) == {"ok"}
+    assert main(args) == 0                                    # a rerun records nothing new
+    assert len(pd.read_csv(tmp_path / "results" / "results.csv")) == len(rows)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["sensitivity.multipliers=[]"], "sensitivity.multipliers is empty"),
+    (["sensitivity.multipliers=mul8s_1KV6", "sensitivity.layers=[conv9]"], "conv9"),
+    ([], "needs a multiplier set"),
+    (["sensitivity.multipliers=nothing_*"], "matches no multiplier"),
+])
+def test_sensitivity_bad_input(tmp_path, checkpoints, capsys, extra, message):
+    assert main(["sensitivity", *extra, *_args(tmp_path, checkpoints)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("error:") == 1

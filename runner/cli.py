@@ -20,6 +20,7 @@ COMMANDS = {
     "finetune": ("runner.finetune", "compare, plus the approx model retrained through its LUT layers", True),
     "sweep": ("runner.sweep", "run compare over many multipliers (Hydra multirun; resumable)", False),
     "sensitivity": ("runner.sensitivity", "accuracy with one layer approximated at a time, per multiplier; heat map", False),
+    "search": ("runner.search", "a multiplier per layer: least energy within an accuracy budget (validation)", False),
     "bench": ("runner.bench", "time the LUT-MAC ops and whole models on each backend", True),
     "results": ("runner.results", "filter, pivot and plot results/results.csv", False),
     "lut": ("runner.multipliers.cli", "list, show and import multiplier look-up tables", False),
@@ -33,6 +34,7 @@ EXAMPLES = """examples:
   approx-run finetune multiplier=mul8u_T83 finetune.epochs=3 finetune.grad=lut
   approx-run sweep sweep.multipliers='mul8s_*'
   approx-run sensitivity sensitivity.multipliers='mul8*'
+  approx-run search search.multipliers='mul8*' search.max_loss=0.5
   approx-run lut list
   approx-run <command> --help                       # options and config groups of a command
 """

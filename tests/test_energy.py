@@ -86,3 +86,13 @@ def test_operand_metrics_of_a_constant_error():
     assert m["op_mean_error"] == pytest.approx(3) and m["op_error_std"] == pytest.approx(0, abs=1e-6)
     assert m["op_acc_error_std"] == pytest.approx(8 * 3)                     # K products, each 3 too large
     assert m["op_acc_nrmse"] == pytest.approx(24 / math.sqrt(rec["0"]["acc_ms"]))
+
+
+def test_run_from_kept_activations_equals_forward():
+    from runner.models import run_from, run_until
+
+    torch.manual_seed(0)
+    model, x = LeNet5(mean=0.13, std=0.31).eval(), torch.rand(4, 1, 28, 28)
+    with torch.no_grad():
+        for layer in ("conv1", "conv2", "fc1", "fc3"):
+            assert torch.equal(run_from(model, run_until(model, x, layer), layer), model(x))

@@ -54,3 +54,41 @@ def test_sensitivity_bad_input(tmp_path, checkpoints, capsys, extra, message):
     assert main(["sensitivity", *extra, *_args(tmp_path, checkpoints)]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("error:") == 1
+
+
+def test_search_chooses_within_budget_and_prints_the_override(tmp_path, checkpoints, capsys):
+    import shlex
+
+    from runner.multipliers import resolve_per_layer
+
+    args = ["search", "search.multipliers=[mul8s_1KV6,mul8u_T83,mul8u_17C8]", "search.layers=[fc2,fc3]",
+            "search.max_loss=1.0", *_args(tmp_path, checkpoints)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    table = pd.read_csv(next((tmp_path / "results" / "search").glob("*/pareto.csv")))
+    chosen = table[table["chosen"]]
+    assert len(chosen) >= 1 and (chosen["val_loss_pts"] <= 1.0 + 1e-9).all()
+    assert table["on_front"].any() and (table["kind"] == "uniform").sum() == 3
+    # every accepted candidate is within budget; every rejected one is not
+    cand = table[table["kind"] == "candidate"]
+    assert (cand["accepted"].astype(bool) == (cand["val_loss_pts"] <= 1.0 + 1e-9)).all()
+    line = next(ln for ln in out.splitlines() if ln.startswith("approx-run compare "))
+    cfg = compose("compare", shlex.split(line)[2:])
+    picked = resolve_per_layer(cfg.multiplier, ["conv1", "conv2", "fc1", "fc2", "fc3"])
+    want = dict(kv.split("=") for kv in chosen["assignment"].iloc[-1].split(";"))
+    assert {n: m.name for n, m in picked.items() if n in want} == want
+    assert picked["conv1"].name == "exact_s"                      # layers outside search.layers stay exact
+    rows = pd.read_csv(tmp_path / "results" / "results.csv")
+    assert (rows["path"] == "approx").sum() == 1                   # the chosen assignment's test row
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["search.multipliers=mul8u_T83", "search.max_loss=-1"], "search.max_loss=-1"),
+    (["search.multipliers=[]"], "search.multipliers is empty"),
+    (["search.multipliers=mul8u_T83", "search.layers=[fc9]"], "fc9"),
+    (["search.multipliers=drum4_s"], "no candidate multiplier has a power figure"),
+])
+def test_search_bad_input(tmp_path, checkpoints, capsys, extra, message):
+    assert main(["search", *extra, *_args(tmp_path, checkpoints)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("error:") == 1

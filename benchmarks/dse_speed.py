@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 COMMANDS = {
     "sweep": ["sweep", "sweep.multipliers=mul8*"],
     "sensitivity": ["sensitivity", "sensitivity.multipliers=mul8*"],
+    "search": ["search", "search.multipliers=mul8*"],
 }
 
 

@@ -21,7 +21,7 @@ from runner.errors import UserError
 from runner import operand
 from runner.energy import energy, layer_macs
 from runner.evaluate import run_timed
-from runner.layers import auto_picks, convert_model, select_layers
+from runner.layers import auto_picks, convert_model, quantized_layers, select_layers
 from runner.models import build_model
 from runner.multipliers import resolve_per_layer
 from runner.ops import BACKEND_DEVICE, check_algo
@@ -217,9 +217,11 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False) -> d
     mcols = multiplier_columns(multipliers, approx_layers)
     macs = layer_macs(model, tuple(x.shape[1:]))
     spent = energy(multipliers, approx_layers, macs)
+    # every fake-quant layer's histogram: the fake-quant model (its key) is shared by runs that approximate
+    # different layers of it (sensitivity)
     hists = sess.memo(("operand", keys["fakequant"]), lambda: operand.operand_histograms(
-        fq, approx_layers, data.train_x, qcfg, int(cfg.seed)))
-    op_cols, op_layers = operand.metrics(multipliers, hists, macs)
+        fq, list(quantized_layers(fq)), data.train_x, qcfg, int(cfg.seed)))
+    op_cols, op_layers = operand.metrics(multipliers, {n: hists[n] for n in approx_layers if n in hists}, macs)
     extra["fakequant"]["mult_energy_rel"] = 1.0  # exact int8 multiplies everywhere
     extra["approx"].update({"mult_energy_rel": spent["mult_energy_rel"], **op_cols})
     extra["approx_finetuned"]["mult_energy_rel"] = spent["mult_energy_rel"]

@@ -92,3 +92,17 @@ def test_search_bad_input(tmp_path, checkpoints, capsys, extra, message):
     assert main(["search", *extra, *_args(tmp_path, checkpoints)]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("error:") == 1
+
+
+def test_sensitivity_operand_metrics_follow_the_layer(tmp_path, checkpoints):
+    """Evaluations of one fake-quant model that approximate different layers get their own layer's metrics."""
+    import json
+
+    assert main(["sensitivity", "sensitivity.multipliers=mul8u_T83", "sensitivity.layers=[conv1,fc2]",
+                 *_args(tmp_path, checkpoints)]) == 0
+    runs = sorted((tmp_path / "results" / "sensitivity").glob("*/*_*/run.json"))
+    layers = [list(json.loads(r.read_text())["operand_metrics"]) for r in runs]
+    assert sorted(layers) == [["conv1"], ["fc2"]]
+    rows = pd.read_csv(tmp_path / "results" / "results.csv")
+    approx = rows[rows["path"] == "approx"]
+    assert approx["op_acc_nrmse"].nunique() == 2

@@ -225,7 +225,7 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False) -> d
     extra["fakequant"]["mult_energy_rel"] = 1.0  # exact int8 multiplies everywhere
     extra["approx"].update({"mult_energy_rel": spent["mult_energy_rel"], **op_cols})
     extra["approx_finetuned"]["mult_energy_rel"] = spent["mult_energy_rel"]
-    env = environment(device)
+    env = sess.memo(("environment", str(device)), lambda: environment(device))  # git runs once per command
     rows, preds = [], {}
     # fakequant predictions are needed for agreement even when its row is already recorded
     order = ["pytorch", "fakequant"] + [p for p in ("approx", "approx_finetuned") if p in models and p in wanted]

@@ -64,8 +64,9 @@ def _limit_threads() -> None:
     torch.set_num_threads(max(1, cores // n_jobs))
 
 
-def run(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None) -> dict:
-    """One sweep job: a compare run; job.json records what happened for the sweep summary."""
+def run(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None, quiet: bool = False) -> dict:
+    """One sweep job: a compare run; job.json records what happened for the sweep summary. quiet: no
+    per-job table (the in-process loop shows progress, the summary the numbers)."""
     from runner import compare
     from runner.provenance import atomic_write_json
 
@@ -79,7 +80,7 @@ def run(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None) -> d
         except ValueError:
             overrides = []
     cfg = job_config(cfg)
-    result = compare.run(cfg, out_dir)
+    result = compare.run(cfg, out_dir, quiet=quiet)
     atomic_write_json(Path(out_dir) / "job.json", {
         "status": result.get("status"), "error": result.get("error", ""), "overrides": overrides,
         "elapsed_s": round(time.time() - t0, 3)})
@@ -247,7 +248,7 @@ def prepare(cfgs: list[DictConfig], plans: list, sweep_dir: Path) -> None:
                 out = sweep_dir / "reference" / str(len(seen_ref) - 1)
                 out.mkdir(parents=True, exist_ok=True)
                 console.print(f"[bold]sweep:[/] reference rows ({', '.join(wanted)}) for job {i}")
-                compare.run(ref_cfg, out)
+                compare.run(ref_cfg, out, quiet=True)
         ckpt = str(checkpoint_path(cfg))
         if ckpt not in seen_ckpt:
             seen_ckpt.add(ckpt)
@@ -345,11 +346,15 @@ def _basic_launcher(overrides: list[str]) -> bool:
 def run_in_process(jobs: list[list[str]], cfgs: list[DictConfig], sweep_dir: Path) -> None:
     """What Hydra's basic launcher does, without composing every job again: the jobs one after another in
     this process, so they share its evaluation session (runner.session)."""
-    for num, (job, cfg) in enumerate(zip(jobs, cfgs)):
-        out_dir = sweep_dir / str(num)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        run(cfg, out_dir, overrides=job)
+    from runner.console import progress_bar
+
+    with progress_bar(f"sweep: {len(jobs)} jobs", total=len(jobs)) as advance:
+        for num, (job, cfg) in enumerate(zip(jobs, cfgs)):
+            out_dir = sweep_dir / str(num)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+            result = run(cfg, out_dir, overrides=job, quiet=True)
+            advance(1, job=num, status=result.get("status"))
 
 
 def _launcher_overrides(overrides: list[str], cfgs: list[DictConfig]) -> list[str]:

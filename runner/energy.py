@@ -36,8 +36,9 @@ def layer_macs(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, int]
         return fn
 
     handles = [m.register_forward_hook(hook(n)) for n, m in layers.items()]
+    device = next(model.parameters()).device  # a model an evaluation left on the GPU stays there
     try:
-        model(torch.zeros(1, *input_shape))
+        model(torch.zeros(1, *input_shape, device=device))
     finally:
         for h in handles:
             h.remove()

@@ -79,8 +79,9 @@ def operand_histograms(fq_model, layers: list[str], x: torch.Tensor, qcfg: Quant
             a, w, acc = _pairs(module, args[0])
             k = a.shape[1]
             taps = torch.arange(k).unsqueeze(0) * _SIZE
-            act = torch.bincount((a + taps).flatten(), minlength=k * _SIZE).view(k, _SIZE).double()
-            wts = torch.bincount((w + 128 + taps).flatten(), minlength=k * _SIZE).view(k, _SIZE).double()
+            taps = taps.to(a.device)
+            act = torch.bincount((a + taps).flatten(), minlength=k * _SIZE).view(k, _SIZE).double().cpu()
+            wts = torch.bincount((w + 128 + taps).flatten(), minlength=k * _SIZE).view(k, _SIZE).double().cpu()
             rec = out[name]
             rec["hist"] += act.t() @ wts
             rec["k"] = k
@@ -91,8 +92,9 @@ def operand_histograms(fq_model, layers: list[str], x: torch.Tensor, qcfg: Quant
     handles = [m.register_forward_pre_hook(hook(n)) for n, m in modules.items()]
     try:
         fq_model.eval()
+        device = next(fq_model.parameters()).device  # where an earlier evaluation left it
         for batch in _calibration_batches(x, qcfg, seed):
-            fq_model(batch)
+            fq_model(batch.to(device))
     finally:
         for h in handles:
             h.remove()

@@ -125,7 +125,10 @@ def expand_multipliers(value: str, key: str = "sweep.multipliers") -> list[str]:
 
 
 def _hydra_quote(s: str) -> str:
-    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    """s as a Hydra override value that parses back to s (Hydra's own escaping rules)."""
+    from hydra.core.override_parser.types import Quote, QuotedString
+
+    return QuotedString(text=s, quote=Quote.single).with_quotes()
 
 
 def split_argv(argv: list[str], key: str = "sweep.multipliers"):

@@ -106,6 +106,8 @@ def greedy(ev: Evaluator, candidates: list, layers: list[str], macs: dict, max_l
     current_power = {layer: power_mw(ev.exact) for layer in layers}
     rejected: set = set()
     best = dict(current)
+    log.append({"kind": "candidate", "assignment": _label(current), "val_accuracy": ev.fakequant_accuracy,
+                "mult_energy_rel": _energy(current, macs), "accepted": True})  # the start: exact everywhere
     while ev.evals < max_evals:
         predicted = sum(single.get((n, m.name), 0.0) for n, m in current.items())
         moves = []
@@ -177,16 +179,30 @@ def plot(table: pd.DataFrame, fq_acc: float, max_loss: float, chosen: str, path:
     return path
 
 
-def override(assign: dict, layers: list[str]) -> str:
-    inner = ", ".join(f"{n}: {assign[n].name}" for n in layers if n in assign)
+def _spec(m, specs: dict):
+    """A layer's multiplier config: the name, or for a table file the file node."""
+    from runner.sensitivity import multiplier_node
+
+    node = multiplier_node(specs.get(m.name, m.name))
+    return node["name"] if len(node) == 1 else node
+
+
+def override(assign: dict, layers: list[str], specs: dict) -> str:
+    def show(node):
+        if isinstance(node, str):
+            return node
+        return "{" + ", ".join(f"{k}: {v}" for k, v in node.items() if v is not None) + "}"
+
+    inner = ", ".join(f"{n}: {show(_spec(assign[n], specs))}" for n in layers if n in assign)
     return f"multiplier=exact '+multiplier.layers={{{inner}}}'"
 
 
-def test_config(cfg: DictConfig, assign: dict) -> DictConfig:
+def test_config(cfg: DictConfig, assign: dict, specs: dict) -> DictConfig:
     """The compare config that runs the chosen assignment on the test set (and retrains it if asked)."""
     job = copy.deepcopy(cfg)
     with open_dict(job):
-        job.multiplier = OmegaConf.create({"name": "exact", "layers": {n: m.name for n, m in assign.items()}})
+        job.multiplier = OmegaConf.create({"name": "exact",
+                                           "layers": {n: _spec(m, specs) for n, m in assign.items()}})
         job.model.approx_layers = None
         job.model.other_layers = "fp32"
         job.finetune.epochs = int(cfg.search.finetune_epochs)
@@ -221,11 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     check(cfg)
     layers = layer_names(cfg, cfg.search.layers)
     candidates = [resolve(multiplier_node(n)) for n in names]
+    specs = {m.name: n for m, n in zip(candidates, names)}  # a table file's multiplier is named after the file
     missing = [m.name for m in candidates if power_mw(m) is None]
     candidates = [m for m in candidates if power_mw(m) is not None]
     if missing:
-        console.print(f"[yellow]search:[/] no power figure for {', '.join(missing)} (give multiplier.power_mw or "
-                      "`lut import --power-mw`); left out")
+        console.print(f"[yellow]search:[/] no power figure for {', '.join(missing)}, left out; give one with "
+                      "`approx-run lut import FILE --name NAME --power-mw MW` and search NAME")
     if not candidates:
         raise UserError("search: no candidate multiplier has a power figure, so there is no energy to minimise.")
     run_dir = Path(cfg.paths.results) / "search" / time.strftime("%Y-%m-%d_%H-%M-%S")
@@ -253,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"search: {ev.evals} validation evaluations in {time.time() - t0:.1f}s; fake-quant "
                   f"{100 * ev.fakequant_accuracy:.2f} %")
 
-    job = test_config(cfg, chosen)
+    job = test_config(cfg, chosen, specs)
     out = run_dir / "test"
     out.mkdir(exist_ok=True)
     result = compare.run(job, out)
@@ -276,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     if "approx_finetuned" in rows:
         console.print(f"  retrained: {100 * rows['approx_finetuned']['accuracy']:.2f} % on the test set")
     console.print(f"  pareto {run_dir / 'pareto.csv'}" + (f", {png}" if png else ""))
-    print(f"\napprox-run compare {override(chosen, layers)}")
+    print(f"\napprox-run compare {override(chosen, layers, specs)}")
     return 0
 
 

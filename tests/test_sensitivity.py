@@ -106,3 +106,23 @@ def test_sensitivity_operand_metrics_follow_the_layer(tmp_path, checkpoints):
     rows = pd.read_csv(tmp_path / "results" / "results.csv")
     approx = rows[rows["path"] == "approx"]
     assert approx["op_acc_nrmse"].nunique() == 2
+
+
+def test_search_override_names_table_files(tmp_path, checkpoints, capsys):
+    """A candidate given as a table file comes back as a file node in the override (a table identical to a
+    shipped one takes its power figure), and the override composes."""
+    import shlex
+
+    import numpy as np
+
+    from runner.multipliers import get, resolve_per_layer
+
+    table = tmp_path / "cheap.txt"
+    np.savetxt(table, get("mul8s_1KV8").lut.numpy(), fmt="%d")   # near-exact: always within budget
+    args = ["search", f"search.multipliers=[{table}]", "search.layers=[fc3]", "search.max_loss=5",
+            *_args(tmp_path, checkpoints)]
+    assert main(args) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("approx-run compare "))
+    assert f"fc3: {{name: file, path: {table}}}" in line
+    picked = resolve_per_layer(compose("compare", shlex.split(line)[2:]).multiplier, ["fc3"])
+    assert picked["fc3"].sha256 == get("mul8s_1KV8").sha256

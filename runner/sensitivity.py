@@ -179,4 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"sensitivity: {len(table)} evaluations in {time.time() - t0:.1f}s "
                   f"({', '.join(f'{v} {k}' for k, v in counts.items())}); table {run_dir / 'sensitivity.csv'}"
                   + (f"; heat map {png}" if png else ""))
+    failed = table[table["status"] == "failed"]
+    for _, r in failed.iterrows():
+        print(f"  failed {r['layer']} x {r['multiplier']}: {r.get('error', '')}", file=sys.stderr)
+    if len(failed):  # the exit code says so too, for scripts that do not read the table
+        print(f"sensitivity: {len(failed)} of {len(table)} evaluations failed (recorded as failed rows); fix them "
+              "and rerun: rows recorded ok are not redone.", file=sys.stderr)
+        return 1
     return 0

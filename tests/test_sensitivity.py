@@ -126,3 +126,14 @@ def test_search_override_names_table_files(tmp_path, checkpoints, capsys):
     assert f"fc3: {{name: file, path: {table}}}" in line
     picked = resolve_per_layer(compose("compare", shlex.split(line)[2:]).multiplier, ["fc3"])
     assert picked["fc3"].sha256 == get("mul8s_1KV8").sha256
+
+
+def test_sensitivity_records_a_failing_pair_and_goes_on(tmp_path, checkpoints, capsys):
+    bad = tmp_path / "bad_table.txt"
+    bad.write_text("1 2 3\n4 5 6\n")
+    args = ["sensitivity", f"sensitivity.multipliers=[mul8u_T83,{bad}]", "sensitivity.layers=[fc3]",
+            *_args(tmp_path, checkpoints)]
+    assert main(args) == 1
+    table = pd.read_csv(next((tmp_path / "results" / "sensitivity").glob("*/sensitivity.csv")))
+    assert table["status"].tolist() == ["ok", "failed"] and "expected 256" in table["error"].iloc[1]
+    assert "1 of 2 evaluations failed" in capsys.readouterr().err

@@ -67,6 +67,18 @@ def print_hydra_help(command: str) -> None:
     print(EXAMPLES)
 
 
+def asked_for_help(argv: list[str], command: str, doc: str, keys: str = "") -> bool:
+    """For a command with its own main() over a Hydra config: print its help (the module docstring's first
+    paragraph, the config groups, its own keys) and return True when argv asks for it."""
+    if not any(a in ("-h", "--help") for a in argv):
+        return False
+    print(doc.split("\n\n", 1)[0] + "\n")
+    print_hydra_help(command)
+    if keys:
+        print(keys)
+    return True
+
+
 def _validate_overrides(command: str, overrides: list[str]) -> None:
     """Compose once up front so a typo in an override is a clear exit-2 error rather than Hydra's exit 1."""
     from runner.config import compose

@@ -223,18 +223,15 @@ def main(argv: list[str] | None = None) -> int:
     from runner.energy import layer_macs, power_mw
     from runner.multipliers import resolve
     from runner.results import write_csv
-    from runner.sensitivity import compose_command, layer_names, multiplier_node
+    from runner.sensitivity import compose_command, layer_names, make_run_dir, multiplier_node
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        from runner.cli import print_hydra_help
-
-        print(__doc__.split("\n\n", 1)[0] + "\n")
-        print_hydra_help("search")
+    composed = compose_command("search", argv, KEY, __doc__, "search keys: search.multipliers=NAMES|GLOB|FILES  "
+                               "search.layers=[...]  search.max_loss=POINTS  search.finetune_epochs=N")
+    if composed is None:
         return 0
-    t0 = time.time()
-    cfg, names = compose_command("search", argv, KEY)
+    cfg, names = composed
     check(cfg)
+    t0 = time.time()
     layers = layer_names(cfg, cfg.search.layers)
     candidates = [resolve(multiplier_node(n)) for n in names]
     specs = {m.name: n for m, n in zip(candidates, names)}  # a table file's multiplier is named after the file
@@ -245,9 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                       "`approx-run lut import FILE --name NAME --power-mw MW` and search NAME")
     if not candidates:
         raise UserError("search: no candidate multiplier has a power figure, so there is no energy to minimise.")
-    run_dir = Path(cfg.paths.results) / "search" / time.strftime("%Y-%m-%d_%H-%M-%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    run_dir = make_run_dir(cfg)
 
     ev = Evaluator(cfg)
     macs = layer_macs(ev.folded, tuple(ev.x.shape[1:]))

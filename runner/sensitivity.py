@@ -35,11 +35,16 @@ def multiplier_node(spec: str, layers: dict | None = None) -> dict:
     return node
 
 
-def compose_command(command: str, argv: list[str], key: str):
-    """(config, expanded multiplier names) of `approx-run <command> argv`; key names the multiplier set."""
+def compose_command(command: str, argv: list[str] | None, key: str, doc: str, keys_help: str):
+    """(config, expanded multiplier names) of `approx-run <command> argv`, key naming the multiplier set;
+    None when argv asks for the help, which is then printed (doc's first paragraph and keys_help)."""
+    from runner.cli import asked_for_help
     from runner.config import compose
     from runner.sweep import expand_multipliers, split_argv
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if asked_for_help(argv, command, doc, keys_help):
+        return None
     flags, overrides, value = split_argv(argv, key)
     if flags:
         raise UserError(f"`approx-run {command}` takes key=value overrides only, not {' '.join(flags)}.")
@@ -47,6 +52,14 @@ def compose_command(command: str, argv: list[str], key: str):
         raise UserError(f"`approx-run {command}` needs a multiplier set: {key}='mul8*' (names, globs or files).")
     names = expand_multipliers(value, key)
     return compose(command, overrides), names
+
+
+def make_run_dir(cfg: DictConfig) -> Path:
+    """results/<command>/<date>_<time>/ with the composed config in it."""
+    run_dir = Path(cfg.paths.results) / str(cfg.command) / time.strftime("%Y-%m-%d_%H-%M-%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    return run_dir
 
 
 def layer_names(cfg: DictConfig, wanted) -> list[str]:
@@ -145,28 +158,17 @@ def plot_heatmap(table: pd.DataFrame, path: Path, title: str) -> Path | None:
     return path
 
 
-def print_help() -> None:
-    from runner.cli import print_hydra_help
-
-    print(__doc__.split("\n\n", 1)[0] + "\n")
-    print_hydra_help("sensitivity")
-    print("sensitivity keys: sensitivity.multipliers=NAMES|GLOB|FILES  sensitivity.layers=[conv1,...]  "
-          "sensitivity.plot=true|false")
-
-
 def main(argv: list[str] | None = None) -> int:
     from runner.console import console
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        print_help()
-        return 0
     t0 = time.time()
-    cfg, names = compose_command("sensitivity", argv, KEY)
+    composed = compose_command("sensitivity", argv, KEY, __doc__, "sensitivity keys: sensitivity.multipliers="
+                               "NAMES|GLOB|FILES  sensitivity.layers=[conv1,...]  sensitivity.plot=true|false")
+    if composed is None:
+        return 0
+    cfg, names = composed
     layers = layer_names(cfg, cfg.sensitivity.layers)
-    run_dir = Path(cfg.paths.results) / "sensitivity" / time.strftime("%Y-%m-%d_%H-%M-%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    run_dir = make_run_dir(cfg)
     pairs = [(layer, name) for layer in layers for name in names]
     table = run_pairs(cfg, pairs, run_dir)
     from runner.results import write_csv

@@ -10,9 +10,9 @@ import os
 import sys
 from pathlib import Path
 
+from runner.config import CONFIG_DIR
 from runner.errors import UserError, config_number
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 # command -> (module with run(cfg, out_dir) or main(argv), one-line help, hydra?)
 COMMANDS = {
@@ -20,6 +20,8 @@ COMMANDS = {
     "compare": ("runner.compare", "accuracy/latency of pytorch fp32, fake-quant int8 and custom-MAC inference", True),
     "finetune": ("runner.finetune", "compare, plus the approx model retrained through its LUT layers", True),
     "sweep": ("runner.sweep", "run compare over many multipliers (Hydra multirun; resumable)", False),
+    "sensitivity": ("runner.sensitivity", "accuracy with one layer approximated at a time, per multiplier; heat map", False),
+    "search": ("runner.search", "a multiplier per layer: least energy within an accuracy budget (validation)", False),
     "bench": ("runner.bench", "time the LUT-MAC ops and whole models on each backend", True),
     "results": ("runner.report", "filter, pivot and plot results/results.csv", False),
     "lut": ("runner.multipliers.cli", "list, show and import multiplier look-up tables", False),
@@ -32,6 +34,8 @@ EXAMPLES = """examples:
   approx-run compare multiplier=mul8s_1L2J backend=cpp
   approx-run finetune multiplier=mul8u_T83 finetune.epochs=3 finetune.grad=lut
   approx-run sweep sweep.multipliers='mul8s_*'
+  approx-run sensitivity sensitivity.multipliers='mul8*'
+  approx-run search search.multipliers='mul8*' search.max_loss=0.5
   approx-run lut list
   approx-run <command> --help                       # options and config groups of a command
 """
@@ -40,7 +44,7 @@ EXAMPLES = """examples:
 def print_usage(stream=sys.stdout) -> None:
     print("usage: approx-run <command> [options | hydra overrides]\n\ncommands:", file=stream)
     for name, (_, text, _) in COMMANDS.items():
-        print(f"  {name:<9} {text}", file=stream)
+        print(f"  {name:<11} {text}", file=stream)
     print("\n" + EXAMPLES, file=stream)
 
 
@@ -68,18 +72,23 @@ def print_hydra_help(command: str) -> None:
     print(EXAMPLES)
 
 
+def asked_for_help(argv: list[str], command: str, doc: str, keys: str = "") -> bool:
+    """For a command with its own main() over a Hydra config: print its help (the module docstring's first
+    paragraph, the config groups, its own keys) and return True when argv asks for it."""
+    if not any(a in ("-h", "--help") for a in argv):
+        return False
+    print(doc.split("\n\n", 1)[0] + "\n")
+    print_hydra_help(command)
+    if keys:
+        print(keys)
+    return True
+
+
 def _validate_overrides(command: str, overrides: list[str]):
     """Compose once up front so a typo in an override is a clear exit-2 error rather than Hydra's exit 1."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
+    from runner.config import compose
 
-    try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=command):
-            cfg = compose(config_name=command, overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as exc:
-        raise UserError(f"bad override for `approx-run {command}`: {exc}".rstrip() +
-                        f"\nSee `approx-run {command} --help` for the config groups and their options.") from None
+    cfg = compose(command, overrides)
     check_common(cfg)
 
 

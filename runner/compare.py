@@ -5,9 +5,6 @@ every multiply through the multiplier LUT on the chosen backend). One tidy row p
 <run dir>/metrics.csv and is appended to the cumulative results file; run.json records provenance."""
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
 import time
 import traceback
 from contextlib import contextmanager
@@ -17,19 +14,22 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from runner import finetune
+from runner import finetune, launch, session
 from runner._ext import backend_status
 from runner.console import console, print_table, progress_bar
 from runner.errors import UserError
+from runner import operand
+from runner.energy import energy, layer_macs
 from runner.evaluate import check_eval_config, run_timed
-from runner.layers import auto_picks, quantized_models, select_layers
+from runner.layers import auto_picks, convert_model, quantized_layers, select_layers
 from runner.models import build_model
 from runner.multipliers import metrics_of, resolve_per_layer
 from runner.ops import BACKEND_DEVICE, check_algo
 from runner.provenance import atomic_write_json, environment, resolve_device
 from runner.quant import QuantConfig, quant_layers
+from runner.session import cache_key
 from runner.store import append_rows, done_keys, write_csv
-from runner.train import load_or_train, weight_config
+from runner.train import weight_config
 
 PATHS = ("pytorch", "fakequant", "approx", "approx_finetuned")
 
@@ -49,52 +49,30 @@ def eval_device(cfg: DictConfig) -> torch.device:
     if cfg.device not in ("auto", want):
         raise UserError(f"backend={backend} runs on {want}, but device={cfg.device}; "
                         f"drop device= or choose backend={'cuda' if want == 'cpu' else 'cpp'}.")
-    # on a multi-GPU machine the index is the GPU this job leased (see gpu_lease)
+    # on a multi-GPU machine the index is the GPU this job leased (see runner.launch.gpu_lease)
     return torch.device("cuda", torch.cuda.current_device()) if want == "cuda" else torch.device(want)
 
 
-@contextmanager
-def gpu_lease(lock_dir: Path, n_gpus: int, poll_s: float = 0.2):
-    """One job per GPU at a time: claim the first free GPU with an exclusive lock file, held until the
-    job ends (also by a crash: the OS drops the lock with the process). Yields the GPU index."""
-    if n_gpus <= 1:
-        yield 0
-        return
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    while True:
-        for i in range(n_gpus):
-            f = open(lock_dir / f"gpu{i}.lock", "a")
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                f.close()
-                continue
-            try:
-                yield i
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
-                f.close()
-            return
-        time.sleep(poll_s)
-
-
-def _key(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+def other_layers(cfg: DictConfig) -> str:
+    return str(cfg.model.get("other_layers") or "fp32")
 
 
 def row_keys(cfg: DictConfig, multipliers: dict, layers: list[str], device: torch.device) -> dict[str, str]:
     """Identity of each path's row: what determines its numbers (config and LUT hashes), nothing else."""
     base = {"weights": weight_config(cfg), "limit": cfg.eval.limit, "device": device.type,
             "batch_size": int(cfg.eval.batch_size)}
-    quant = {**base, "quant": QuantConfig.from_cfg(cfg.quant).as_dict(), "layers": layers,
-             "signed": {n: multipliers[n].signed for n in layers}}
+    quantized = list(multipliers) if other_layers(cfg) == "fakequant" else layers
+    quant = {**base, "quant": QuantConfig.from_cfg(cfg.quant).as_dict(), "layers": quantized,
+             "signed": {n: multipliers[n].signed for n in quantized}}
     approx = {**quant, "backend": cfg.backend.name, "algo": cfg.backend.algo,
               "luts": {n: multipliers[n].sha256 for n in layers}}
-    keys = {"pytorch": _key({**base, "path": "pytorch"}), "fakequant": _key({**quant, "path": "fakequant"}),
-            "approx": _key({**approx, "path": "approx"})}
+    if quantized != layers:  # only then: the keys of rows recorded before this option existed stay valid
+        approx["approx_layers"] = layers
+    keys = {"pytorch": cache_key({**base, "path": "pytorch"}), "fakequant": cache_key({**quant, "path": "fakequant"}),
+            "approx": cache_key({**approx, "path": "approx"})}
     if finetune.enabled(cfg):
         settings = finetune.FinetuneConfig.from_cfg(cfg.finetune).as_dict()
-        keys["approx_finetuned"] = _key({**approx, "finetune": settings, "path": "approx_finetuned"})
+        keys["approx_finetuned"] = cache_key({**approx, "finetune": settings, "path": "approx_finetuned"})
     return keys
 
 
@@ -105,7 +83,7 @@ def multiplier_columns(multipliers: dict, layers: list[str]) -> dict:
         "multiplier": first.name if len(names) == 1 else "mixed",
         "multiplier_per_layer": ";".join(f"{n}={multipliers[n].name}" for n in layers),
         "multiplier_signed": first.signed if len(names) == 1 else None,
-        "lut_sha256": first.sha256 if len(names) == 1 else _key({n: multipliers[n].sha256 for n in layers}),
+        "lut_sha256": first.sha256 if len(names) == 1 else cache_key({n: multipliers[n].sha256 for n in layers}),
     }
     if len(names) == 1:
         m = metrics_of(first)
@@ -134,17 +112,17 @@ def _row(path, timed, y, ref_preds, batch_size, device, threads) -> dict:
     return row
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict:
+def run(cfg: DictConfig, out_dir: Path, quiet: bool = False) -> dict:
     t_start = time.time()
     common = {"run_dir": str(out_dir), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "data": cfg.data.name, "model": cfg.model.name, "quant": cfg.quant.get("name", ""),
               "backend": cfg.backend.name, "algo": cfg.backend.algo, "seed": int(cfg.seed)}
     try:
         n_gpus = torch.cuda.device_count() if cfg.backend.name == "cuda" else 0
-        with gpu_lease(Path(cfg.paths.results) / ".gpu-locks", n_gpus) as gpu:
+        with launch.gpu_lease(Path(cfg.paths.results) / ".gpu-locks", n_gpus) as gpu:
             if n_gpus:
                 torch.cuda.set_device(gpu)
-            return _run(cfg, out_dir, common)
+            return _run(cfg, out_dir, common, quiet)
     except Exception as exc:  # noqa: BLE001  (a crash in one sweep job must not end the sweep)
         if cfg.get("on_error", "raise") != "record":
             raise
@@ -173,7 +151,35 @@ def plan(cfg: DictConfig):
     return device, approx_layers, multipliers, row_keys(cfg, multipliers, approx_layers, device)
 
 
-def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
+def build_models(cfg: DictConfig, model, ckpt, calib_x, multipliers: dict, approx_layers: list[str], keys: dict):
+    """(fake-quant model, approx model, calibration stats) of a run; calibration and the fake-quant model
+    come from the session when an earlier evaluation of this command built them."""
+    qcfg = QuantConfig.from_cfg(cfg.quant)
+    others = other_layers(cfg)
+    folded, stats = session.get().calibration(model, ckpt, calib_x, qcfg, int(cfg.seed))
+    fq = session.get().memo(("fakequant", keys["fakequant"]), lambda: convert_model(
+        folded, multipliers, qcfg, stats, fake=True, layers=approx_layers, others=others))
+    approx = convert_model(folded, multipliers, qcfg, stats, backend=cfg.backend.name, algo=cfg.backend.algo,
+                           layers=approx_layers, others=others)
+    return fq, approx, stats
+
+
+def prefix_of(cfg: DictConfig, multipliers: dict, approx_layers: list[str], keys: dict):
+    """(first approximated layer, key of what the layers before it compute), or (None, None) when the
+    approximation starts at the first layer and there is nothing before it to reuse."""
+    names = list(multipliers)
+    start = next(n for n in names if n in approx_layers)
+    before = names[:names.index(start)]
+    if not before:
+        return None, None
+    kind = other_layers(cfg)
+    return start, cache_key({"reference": keys["pytorch"], "quant": QuantConfig.from_cfg(cfg.quant).as_dict(),
+                             "seed": int(cfg.seed),
+                             "before": [(n, kind, multipliers[n].signed if kind != "fp32" else None) for n in before]})
+
+
+def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False) -> dict:
+    """quiet: no progress bar, table or skip message (a command that runs many evaluations reports them)."""
     qcfg = QuantConfig.from_cfg(cfg.quant)
     device, approx_layers, multipliers, keys = plan(cfg)
     results_file = Path(cfg.results_file)
@@ -186,16 +192,17 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
     recorded = done_keys(results_file)  # also checks the file: a damaged one stops the run before the work
     skip = recorded if cfg.skip_done else set()
     if all(keys[p] in skip for p in wanted):
-        console.print(f"[yellow]skipping[/] {common['backend']}/{multipliers[approx_layers[0]].name}: "
-                      f"already in {results_file}")
+        if not quiet:
+            console.print(f"[yellow]skipping[/] {common['backend']}/{multipliers[approx_layers[0]].name}: "
+                          f"already in {results_file}")
         return {"status": "skipped"}
 
-    model, meta, ckpt, data = load_or_train(cfg)
+    sess = session.get()
+    model, meta, ckpt, data = sess.baseline(cfg)
     x, y = data.test_x, data.test_y
     if cfg.eval.limit:
         x, y = x[: int(cfg.eval.limit)], y[: int(cfg.eval.limit)]
-    fq, approx, stats = quantized_models(model, multipliers, qcfg, data.train_x, backend=cfg.backend.name,
-                                         algo=cfg.backend.algo, layers=approx_layers, seed=int(cfg.seed))
+    fq, approx, stats = build_models(cfg, model, ckpt, data.train_x, multipliers, approx_layers, keys)
     models = {"pytorch": model, "fakequant": fq, "approx": approx}
     extra = {p: {} for p in PATHS}
     ft_info = None
@@ -210,18 +217,37 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
     bs = int(cfg.eval.batch_size)
     threads = torch.get_num_threads()
     mcols = multiplier_columns(multipliers, approx_layers)
-    env = environment(device)
+    macs = layer_macs(model, tuple(x.shape[1:]))
+    spent = energy(multipliers, approx_layers, macs)
+    # every fake-quant layer's histogram: the fake-quant model (its key) is shared by runs that approximate
+    # different layers of it (sensitivity)
+    hists = sess.memo(("operand", keys["fakequant"]), lambda: operand.operand_histograms(
+        fq, list(quantized_layers(fq)), data.train_x, qcfg, int(cfg.seed)))
+    op_cols, op_layers = operand.metrics(multipliers, {n: hists[n] for n in approx_layers if n in hists}, macs)
+    extra["fakequant"]["mult_energy_rel"] = 1.0  # exact int8 multiplies everywhere
+    extra["approx"].update({"mult_energy_rel": spent["mult_energy_rel"], **op_cols})
+    extra["approx_finetuned"]["mult_energy_rel"] = spent["mult_energy_rel"]
+    env = sess.memo(("environment", str(device)), lambda: environment(device))  # git runs once per command
     rows, preds = [], {}
     # fakequant predictions are needed for agreement even when its row is already recorded
     order = ["pytorch", "fakequant"] + [p for p in ("approx", "approx_finetuned") if p in models and p in wanted]
     n_batches = (len(x) + bs - 1) // bs
-    with progress_bar(f"compare {mcols['multiplier']} on {device}", total=len(order)) as advance:
+    start, prefix_key = prefix_of(cfg, multipliers, approx_layers, keys)
+    bar = _no_progress() if quiet else progress_bar(f"compare {mcols['multiplier']} on {device}", total=len(order))
+    with bar as advance:
         for path in order:
             record = path in wanted and keys[path] not in skip
+            preds[path] = sess.predictions(keys[path])
+            if preds[path] is not None and not record:  # a reference whose predictions this command has seen
+                advance(1, path=path)
+                continue
             timed = run_timed(models[path], x, bs, device,
                               warmup=int(cfg.eval.warmup) if record else 0,
-                              repeats=int(cfg.eval.repeats) if record else 0)
+                              repeats=int(cfg.eval.repeats) if record else 0,
+                              logits=sess.logits_from(models[path], x, bs, device, start, prefix_key)
+                              if path == "approx" and start else None)
             preds[path] = timed.predictions
+            sess.keep_predictions(keys[path], timed.predictions)
             if record:
                 row = _row(path, timed, y, preds, bs, device, threads)
                 is_quant = path != "pytorch"
@@ -245,12 +271,19 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict) -> dict:
         "multipliers": {n: {"name": m.name, "signed": m.signed, "lut_sha256": m.sha256, "source": m.source}
                         for n, m in multipliers.items() if n in approx_layers},
         "calibration": {n: vars(s) for n, s in stats.items()},
+        "energy": spent, "operand_metrics": op_layers,
         "finetune": ft_info,
         "auto_picks": {p: auto_picks(models[p]) for p in order if p.startswith("approx")},
         "rows": len(rows), "results_file": str(results_file),
     })
-    _print_table(rows)
+    if not quiet:
+        _print_table(rows)
     return {"status": "ok", "rows": rows}
+
+
+@contextmanager
+def _no_progress():
+    yield lambda n=1, **info: None
 
 
 def _print_table(rows: list[dict]) -> None:

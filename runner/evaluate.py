@@ -61,13 +61,18 @@ def check_eval_config(e) -> None:
 
 @torch.no_grad()
 def run_timed(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.device,
-              warmup: int = 1, repeats: int = 3) -> Timed:
+              warmup: int = 1, repeats: int = 3, logits: torch.Tensor | None = None) -> Timed:
+    """logits: the model's outputs over x when the caller has them (computed from kept activations);
+    the timed passes still run the whole model."""
     model = model.eval().to(device)
     batches = [x[i:i + batch_size].to(device) for i in range(0, len(x), batch_size)]
     clock = Clock(device)
-    # the first pass yields the predictions and is the first warm-up pass
-    logits = torch.cat([model(b).float().cpu() for b in batches])
-    for _ in range(max(0, warmup - 1)):
+    if logits is None:  # the first pass yields the predictions and is the first warm-up pass
+        logits = torch.cat([model(b).float().cpu() for b in batches])
+        warmup -= 1
+    if not repeats:
+        warmup = 0
+    for _ in range(max(0, warmup)):
         for b in batches:
             model(b)
     batch_ms, pass_ms = [], []

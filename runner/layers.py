@@ -20,6 +20,10 @@ from runner.quant import (ActStats, QuantConfig, act_qrange, act_scale_from_amax
                           fake_quant_weight, quant_layers, quantize_weight, weight_scale)
 
 
+# what the layers an evaluation does not approximate compute
+OTHER_LAYERS = ("fp32", "fakequant")
+
+
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
@@ -317,19 +321,25 @@ def check_signedness(multipliers: dict, stats: dict[str, ActStats]) -> None:
 
 
 def convert_model(model: nn.Module, multipliers, qcfg: QuantConfig, stats: dict[str, ActStats],
-                  backend: str = "python", algo: str = "auto", layers=None, fake: bool = False) -> nn.Module:
+                  backend: str = "python", algo: str = "auto", layers=None, fake: bool = False,
+                  others: str = "fp32") -> nn.Module:
     """A copy of `model` whose Conv2d/Linear layers (all, or those named) do every multiply through the
-    multiplier's LUT (fake=False) or through fake-quant at the same scales (fake=True). Trained weights are
-    copied. `multipliers` is one Multiplier or {layer name: Multiplier}; `stats` comes from calibrate()."""
+    multiplier's LUT (fake=False) or through fake-quant at the same scales (fake=True); the layers not named
+    stay fp32 (others="fp32") or become fake-quant with their multiplier's signedness (others="fakequant").
+    Trained weights are copied. `multipliers` is one Multiplier or {layer name: Multiplier}; `stats` comes
+    from calibrate()."""
+    if others not in OTHER_LAYERS:
+        raise UserError(f"model.other_layers={others!r}: choose {' or '.join(OTHER_LAYERS)}.")
     names = select_layers(model, layers)
-    per_layer = _per_layer(multipliers, names)
-    check_signedness({n: per_layer[n] for n in names}, stats)
+    converted = list(quant_layers(model)) if others == "fakequant" else names
+    per_layer = _per_layer(multipliers, converted)
+    check_signedness({n: per_layer[n] for n in converted}, stats)
     out = copy.deepcopy(model)
-    for name in names:
+    for name in converted:
         layer = out.get_submodule(name)
         st = None if qcfg.activation == "dynamic" else stats[name]
         conv = isinstance(layer, nn.Conv2d)
-        if fake:
+        if fake or name not in names:
             new = (FakeQuantConv2d if conv else FakeQuantLinear)(layer, per_layer[name].signed, qcfg, st, name=name)
         else:
             new = (ApproxConv2d if conv else ApproxLinear)(layer, per_layer[name], qcfg, st, backend, algo, name=name)

@@ -32,18 +32,42 @@ class LeNet5(nn.Module):
         self.fc3 = nn.Linear(84, num_classes)
         self.pool = nn.MaxPool2d(2)
         self.relu = nn.ReLU()
+        self.flatten = nn.Flatten(1)
+
+    def stages(self) -> list[tuple[str, nn.Module]]:
+        """(name, step) in forward order. Listed rather than hard-coded in forward so an evaluation can
+        start at any layer from activations it kept (runner.session); built per call, so it follows
+        layers that conversion replaced."""
+        return [("normalize", self.normalize), ("conv1", self.conv1), ("", self.relu), ("", self.pool),
+                ("conv2", self.conv2), ("", self.relu), ("", self.pool), ("", self.flatten),
+                ("fc1", self.fc1), ("", self.relu), ("fc2", self.fc2), ("", self.relu), ("fc3", self.fc3)]
 
     def forward(self, x):
-        x = self.normalize(x)
-        x = self.pool(self.relu(self.conv1(x)))
-        x = self.pool(self.relu(self.conv2(x)))
-        x = torch.flatten(x, 1)
-        x = self.relu(self.fc1(x))
-        x = self.relu(self.fc2(x))
-        return self.fc3(x)
+        for _, step in self.stages():
+            x = step(x)
+        return x
 
 
 MODELS = {"lenet5": LeNet5}
+
+
+def run_until(model: nn.Module, x: torch.Tensor, layer: str) -> torch.Tensor:
+    """The input `layer` receives when the model runs on x."""
+    for name, step in model.stages():
+        if name == layer:
+            return x
+        x = step(x)
+    raise ValueError(f"{layer!r} is not a stage of {type(model).__name__}")
+
+
+def run_from(model: nn.Module, x: torch.Tensor, layer: str) -> torch.Tensor:
+    """The model's output given the input of `layer` (what run_until returned)."""
+    started = False
+    for name, step in model.stages():
+        started = started or name == layer
+        if started:
+            x = step(x)
+    return x
 
 
 def build_model(cfg, mean: float, std: float) -> nn.Module:

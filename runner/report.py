@@ -12,7 +12,8 @@ from runner.provenance import atomic_write_bytes
 from runner.store import read_csv
 
 DEFAULT_COLUMNS = ["data", "quant", "multiplier", "path", "backend", "status", "accuracy", "agreement_fakequant",
-                   "latency_ms_median", "throughput_img_s", "mult_mae_pct", "published_power_mw", "error"]
+                   "latency_ms_median", "throughput_img_s", "mult_mae_pct", "op_acc_nrmse", "mult_energy_rel",
+                   "error"]
 
 
 def load_results(sources: list[str] | None = None) -> pd.DataFrame:
@@ -149,10 +150,15 @@ def plot(df: pd.DataFrame, out: Path) -> Path:
         raise UserError(f"--plot: rows mix several {', '.join(groups)}; pick one with --where "
                         f"(e.g. --where \"{groups[0]}=='{approx[groups[0]].iloc[0]}'\").")
     per = approx.groupby("multiplier", sort=False).last(numeric_only=False)
-    panels = [(c, label) for c, label in (("mult_mae_pct", "mean absolute error (% of max product)"),
-                                         ("published_power_mw", "published power (mW)")) if c in per]
+    # energy where the rows have it (rows recorded before it existed have the published power only)
+    cost = ("mult_energy_rel", "multiplier energy per inference (1 = exact 8-bit)") \
+        if "mult_energy_rel" in per and per["mult_energy_rel"].notna().any() else \
+        ("published_power_mw", "published power (mW)")
+    panels = [(c, label) for c, label in (("mult_mae_pct", "mean absolute error (% of max product)"), cost)
+              if c in per]
     if not panels:
-        raise UserError("--plot needs the mult_mae_pct or published_power_mw columns (written by compare).")
+        raise UserError("--plot needs the mult_mae_pct, mult_energy_rel or published_power_mw columns "
+                        "(written by compare).")
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 5), squeeze=False)
     refs = [(p, style) for p, style in (("pytorch", ("k", "--")), ("fakequant", ("tab:blue", ":")))]
     for ax, (col, label) in zip(axes[0], panels):
@@ -182,7 +188,7 @@ def plot(df: pd.DataFrame, out: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="best")
     title = " / ".join(str(approx[c].iloc[0]) for c in ("data", "model", "quant", "backend") if c in approx)
-    fig.suptitle(f"accuracy vs multiplier error and power ({title})")
+    fig.suptitle(f"accuracy vs multiplier error and {'energy' if cost[0] == 'mult_energy_rel' else 'power'} ({title})")
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

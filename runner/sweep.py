@@ -14,6 +14,7 @@ skip_done (rows recorded ok are not recomputed: a rerun resumes) and on_error=re
 writes a failed row and the sweep goes on). Afterwards <sweep dir>/summary.csv holds one row per job."""
 from __future__ import annotations
 
+import copy
 import fnmatch
 import os
 import sys
@@ -63,21 +64,23 @@ def _limit_threads() -> None:
     torch.set_num_threads(max(1, cores // n_jobs))
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict:
-    """One sweep job: a compare run; job.json records what happened for the sweep summary."""
-    from hydra.core.hydra_config import HydraConfig
-
+def run(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None, quiet: bool = False) -> dict:
+    """One sweep job: a compare run; job.json records what happened for the sweep summary. quiet: no
+    per-job table (the in-process loop shows progress, the summary the numbers)."""
     from runner import compare
     from runner.provenance import atomic_write_json
 
     t0 = time.time()
-    _limit_threads()
+    if overrides is None:  # launched by Hydra (a parallel or cluster launcher)
+        from hydra.core.hydra_config import HydraConfig
+
+        _limit_threads()
+        try:
+            overrides = list(HydraConfig.get().overrides.task)
+        except ValueError:
+            overrides = []
     cfg = job_config(cfg)
-    try:
-        overrides = list(HydraConfig.get().overrides.task)
-    except ValueError:
-        overrides = []
-    result = compare.run(cfg, out_dir)
+    result = compare.run(cfg, out_dir, quiet=quiet)
     atomic_write_json(Path(out_dir) / "job.json", {
         "status": result.get("status"), "error": result.get("error", ""), "overrides": overrides,
         "elapsed_s": round(time.time() - t0, 3)})
@@ -95,8 +98,9 @@ def _unquote(s: str) -> str:
     return s[1:-1] if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"" else s
 
 
-def expand_multipliers(value: str) -> list[str]:
-    """'mul8s_*', 'a,b', '[a, b]' -> names (globs matched against the registry) and absolute table paths."""
+def expand_multipliers(value: str, key: str = "sweep.multipliers") -> list[str]:
+    """'mul8s_*', 'a,b', '[a, b]' -> names (globs matched against the registry) and absolute table paths;
+    key: the setting it came from, for the messages."""
     from runner.multipliers import get, list_multipliers
 
     value = _unquote(value)
@@ -104,7 +108,7 @@ def expand_multipliers(value: str) -> list[str]:
         value = value[1:-1]
     items = [_unquote(v) for v in value.split(",") if v.strip()]
     if not items:
-        raise UserError("sweep.multipliers is empty; give names, globs or table files, e.g. sweep.multipliers='mul8s_*'.")
+        raise UserError(f"{key} is empty; give names, globs or table files, e.g. {key}='mul8s_*'.")
     names, known = [], list_multipliers()
     for item in items:
         if _is_path(item):
@@ -112,7 +116,7 @@ def expand_multipliers(value: str) -> list[str]:
         elif _GLOB & set(item):
             hits = fnmatch.filter(known, item)
             if not hits:
-                raise UserError(f"sweep.multipliers: {item!r} matches no multiplier. `approx-run lut list` shows them.")
+                raise UserError(f"{key}: {item!r} matches no multiplier. `approx-run lut list` shows them.")
             names += hits
         else:
             get(item)  # an unknown name is a typo: say so now (with suggestions), not after the sweep
@@ -121,19 +125,23 @@ def expand_multipliers(value: str) -> list[str]:
 
 
 def _hydra_quote(s: str) -> str:
-    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    """s as a Hydra override value that parses back to s (Hydra's own escaping rules)."""
+    from hydra.core.override_parser.types import Quote, QuotedString
+
+    return QuotedString(text=s, quote=Quote.single).with_quotes()
 
 
-def _split_argv(argv: list[str]):
+def split_argv(argv: list[str], key: str = "sweep.multipliers"):
+    """(Hydra flags, overrides, the value of `key` or None): `key` takes globs, which are not Hydra syntax."""
     flags = [a for a in argv if a.startswith("-") and a not in ("-m", "--multirun")]
     overrides, multipliers = [], None
     for a in argv:
         if a.startswith("-"):
             continue
-        key = a.split("=", 1)[0].lstrip("+~")
-        if key == "sweep.multipliers":
+        name = a.split("=", 1)[0].lstrip("+~")
+        if name == key:
             multipliers = a.split("=", 1)[1] if "=" in a else ""
-        elif key == "sweep.multiplier":
+        elif name == "sweep.multiplier":
             raise UserError("sweep.multiplier is set per job; use sweep.multipliers=... (a list or a glob).")
         else:
             overrides.append(a)
@@ -141,40 +149,68 @@ def _split_argv(argv: list[str]):
 
 
 def expand_jobs(overrides: list[str]) -> list[list[str]]:
-    """The job override lists Hydra's basic sweeper will launch, in its order (job.num = index)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    """The job override lists Hydra's basic sweeper launches, in its order (job.num = index): the cartesian
+    product of every comma-separated sweep, the last override varying fastest."""
+    import itertools
+
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception as exc:  # noqa: BLE001  (hydra's parse errors have several types)
         raise UserError(f"bad override for `approx-run sweep`: {exc}") from None
-    task = [o for o in parsed if not o.is_hydra_override()]
-    return BasicSweeper.split_arguments(task, max_batch_size=None)[0]
+    axes = []
+    for o in parsed:
+        if o.is_hydra_override():
+            continue
+        key = o.get_key_element()
+        if o.is_sweep_override():
+            if not o.is_discrete_sweep():
+                raise UserError(f"{o.input_line}: `approx-run sweep` takes comma-separated lists or choice(), "
+                                "not ranges or intervals.")
+            axes.append([f"{key}={v}" for v in o.sweep_string_iterator()])
+        else:
+            axes.append([f"{key}={o.get_value_element_as_str()}"])
+    return [list(job) for job in itertools.product(*axes)]
+
+
+def plan_jobs(argv: list[str]):
+    """(Hydra flags, overrides for Hydra, each job's overrides, each job's config) of `approx-run sweep argv`."""
+    flags, overrides, multipliers = split_argv(argv)
+    if multipliers is not None:
+        overrides.append("sweep.multiplier=" + ",".join(_hydra_quote(n) for n in expand_multipliers(multipliers)))
+    if flags:
+        return flags, overrides, [], []
+    jobs = expand_jobs(overrides)
+    cfgs = _compose_all(jobs, [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))])
+    return flags, overrides, jobs, cfgs
 
 
 def _compose_all(jobs: list[list[str]], hydra_overrides: list[str]) -> list[DictConfig]:
+    """Each job's config. Jobs that differ only in sweep.multiplier (a plain key) share one composition:
+    Hydra takes a quarter of a second per composition, longer than a job's evaluation."""
     from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from runner.cli import CONFIG_DIR
+    from runner.config import CONFIG_DIR, compose_errors
 
+    parser = OverridesParser.create()
+    composed: dict[tuple, DictConfig] = {}
     cfgs = []
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="sweep"):
-        try:  # a bad launcher or hydra.* override: say so before any work is done
+        with compose_errors("sweep", hint_launchers=True):  # a bad launcher or hydra.* override: say so first
             compose(config_name="sweep", overrides=[*jobs[0], *hydra_overrides], return_hydra_config=True)
-        except (HydraException, OmegaConfBaseException) as exc:
-            hint = ("\nThe joblib and submitit launchers: pip install hydra-joblib-launcher "
-                    "hydra-submitit-launcher (the package's `sweep` extra)."
-                    if "hydra/launcher" in str(exc) else "")
-            raise UserError(f"bad override for `approx-run sweep`: {exc}{hint}") from None
         for job in jobs:
-            try:
-                cfgs.append(job_config(compose(config_name="sweep", overrides=job)))
-            except (HydraException, OmegaConfBaseException) as exc:
-                raise UserError(f"bad override for `approx-run sweep` ({' '.join(job)}): {exc}\n"
-                                "See `approx-run sweep --help` for the config groups and their options.") from None
+            rest = tuple(o for o in job if not o.startswith("sweep.multiplier="))
+            if rest not in composed:
+                with compose_errors("sweep", job=job):
+                    composed[rest] = compose(config_name="sweep", overrides=list(rest))
+            cfg = copy.deepcopy(composed[rest])
+            picked = [o for o in job if o.startswith("sweep.multiplier=")]
+            if picked:
+                with open_dict(cfg):
+                    cfg.sweep.multiplier = parser.parse_override(picked[0]).value()
+            cfgs.append(job_config(cfg))
     return cfgs
 
 
@@ -215,7 +251,7 @@ def prepare(cfgs: list[DictConfig], plans: list, sweep_dir: Path) -> None:
                 out = sweep_dir / "reference" / str(len(seen_ref) - 1)
                 out.mkdir(parents=True, exist_ok=True)
                 console.print(f"[bold]sweep:[/] reference rows ({', '.join(wanted)}) for job {i}")
-                compare.run(ref_cfg, out)
+                compare.run(ref_cfg, out, quiet=True)
         ckpt = str(checkpoint_path(cfg))
         if ckpt not in seen_ckpt:
             seen_ckpt.add(ckpt)
@@ -224,7 +260,8 @@ def prepare(cfgs: list[DictConfig], plans: list, sweep_dir: Path) -> None:
 
 SUMMARY_COLUMNS = ["job", "multiplier", "data", "model", "quant", "backend", "status", "accuracy",
                    "fp32_accuracy", "fakequant_accuracy", "finetuned_accuracy", "agreement_fakequant", "latency_ms_median",
-                   "throughput_img_s", "mult_mae_pct", "published_power_mw", "elapsed_s", "error",
+                   "throughput_img_s", "mult_mae_pct", "published_power_mw", "mult_energy_rel", "op_acc_nrmse",
+                   "elapsed_s", "error",
                    "overrides", "row_key", "job_dir"]
 
 
@@ -272,7 +309,7 @@ def summarize(sweep_dir: Path, jobs: list[list[str]], cfgs: list[DictConfig], pl
             if a is not None:
                 row["multiplier"] = a.get("multiplier", row["multiplier"])
                 for c in ("accuracy", "agreement_fakequant", "latency_ms_median", "throughput_img_s",
-                          "mult_mae_pct", "published_power_mw"):
+                          "mult_mae_pct", "published_power_mw", "mult_energy_rel", "op_acc_nrmse"):
                     row[c] = a.get(c)
                 if status == "failed":  # an earlier failure, since recorded ok by a concurrent sweep
                     row["status"] = "ok"
@@ -290,7 +327,7 @@ def _print_summary(summary, sweep_dir: Path, elapsed: float) -> None:
     from runner.console import print_table
 
     cols = ["job", "multiplier", "quant", "backend", "status", "accuracy", "fp32_accuracy", "fakequant_accuracy",
-            "finetuned_accuracy", "latency_ms_median", "mult_mae_pct", "published_power_mw"]
+            "finetuned_accuracy", "latency_ms_median", "mult_mae_pct", "op_acc_nrmse", "mult_energy_rel"]
     if summary["finetuned_accuracy"].isna().all():
         cols.remove("finetuned_accuracy")
     if summary["quant"].nunique() <= 1:
@@ -304,9 +341,28 @@ def _print_summary(summary, sweep_dir: Path, elapsed: float) -> None:
         print(f"  failed job {r['job']} ({r['multiplier']}): {str(r['error']).splitlines()[0] if r['error'] else ''}")
 
 
+def _basic_launcher(overrides: list[str]) -> bool:
+    launcher = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("hydra/launcher=")]
+    return not launcher or launcher[-1] == "basic"
+
+
+def run_in_process(jobs: list[list[str]], cfgs: list[DictConfig], sweep_dir: Path) -> None:
+    """What Hydra's basic launcher does, without composing every job again: the jobs one after another in
+    this process, so they share its evaluation session (runner.session)."""
+    from runner.console import progress_bar
+
+    with progress_bar(f"sweep: {len(jobs)} jobs", total=len(jobs)) as advance:
+        for num, (job, cfg) in enumerate(zip(jobs, cfgs)):
+            out_dir = sweep_dir / str(num)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+            result = run(cfg, out_dir, overrides=job, quiet=True)
+            advance(1, job=num, status=result.get("status"))
+
+
 def _launcher_overrides(overrides: list[str], cfgs: list[DictConfig]) -> list[str]:
     """With the joblib launcher and CUDA jobs, as many parallel jobs as GPUs; each job leases a free GPU
-    (compare.gpu_lease), so no two jobs share one."""
+    (runner.launch.gpu_lease), so no two jobs share one."""
     if not any(o.lstrip("+") == "hydra/launcher=joblib" for o in overrides):
         return []
     if any(o.lstrip("+").startswith("hydra.launcher.n_jobs=") for o in overrides):
@@ -340,14 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print_help()
         return 0
-    flags, overrides, multipliers = _split_argv(argv)
-    if multipliers is not None:
-        names = expand_multipliers(multipliers)
-        overrides.append("sweep.multiplier=" + ",".join(_hydra_quote(n) for n in names))
+    flags, overrides, jobs, cfgs = plan_jobs(argv)
     if flags:  # --cfg, --info, ...: Hydra's own inspection, no sweep around it
         return run_hydra_command("sweep", ["-m", *flags, *overrides])
-
-    jobs = expand_jobs(overrides)
     cfgs = _compose_all(jobs, [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))])
     for c in cfgs:  # settings shared by the jobs: a bad one stops the sweep before any work (exit 2)
         check_common(c)
@@ -366,7 +417,10 @@ def main(argv: list[str] | None = None) -> int:
     plans = [_plan(c) for c in cfgs]
     try:
         prepare(cfgs, plans, sweep_dir)
-        run_hydra_command("sweep", ["-m", *overrides])
+        if _basic_launcher(overrides):
+            run_in_process(jobs, cfgs, sweep_dir)
+        else:
+            run_hydra_command("sweep", ["-m", *overrides])
     finally:  # also after Ctrl-C: the summary says which jobs are done
         summary = summarize(sweep_dir, jobs, cfgs, plans)
         _print_summary(summary, sweep_dir, time.time() - t0)

@@ -28,7 +28,7 @@ _NON_WEIGHT_KEYS = ("force", "eval_batch_size")
 # data.* keys that only say where files are, not what they contain
 _NON_DATA_KEYS = ("root", "download")
 # model.* keys that choose what to convert later, not what to train
-_NON_MODEL_KEYS = ("approx_layers",)
+_NON_MODEL_KEYS = ("approx_layers", "other_layers")
 
 
 def weight_config(cfg: DictConfig) -> dict:

@@ -7,18 +7,16 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-CONFIG_DIR = REPO / "configs"
 
 
 def compose(command: str, overrides=(), tmp_path: Path | None = None):
     """The config `approx-run <command> <overrides>` would run with; outputs redirected to tmp_path."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from runner.config import compose as compose_config
 
     extra = []
     if tmp_path is not None:
         extra = [f"paths.results={tmp_path / 'results'}", f"paths.checkpoints={tmp_path / 'checkpoints'}"]
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=command):
-        return hydra_compose(config_name=command, overrides=[*overrides, *extra])
+    return compose_config(command, [*overrides, *extra])
 
 
 def run_cli(*args, cwd=None, env=None, timeout=600):

@@ -37,11 +37,9 @@ def test_readme_shows_commands():
 def _sweep_job_configs(argv: list[str]):
     from runner import sweep
 
-    flags, overrides, multipliers = sweep._split_argv(argv)
+    flags, _, _, cfgs = sweep.plan_jobs(argv)
     assert not flags
-    if multipliers is not None:
-        overrides.append("sweep.multiplier=" + ",".join(map(sweep._hydra_quote, sweep.expand_multipliers(multipliers))))
-    return sweep._compose_all(sweep.expand_jobs(overrides), [])
+    return cfgs
 
 
 @pytest.mark.parametrize("argv", COMMANDS, ids=[" ".join(a) for a in COMMANDS])

@@ -43,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="index convention of the file (default: detected)")
     im.add_argument("--transpose", action="store_true", help="the file has B on rows: transpose it")
     im.add_argument("--force", action="store_true", help="replace an earlier import of the same name")
+    im.add_argument("--power-mw", type=float, default=None, metavar="MW",
+                    help="the circuit's power in mW, for energy estimates (EvoApproxLib's `pwr` convention)")
     return p
 
 
@@ -157,7 +159,7 @@ def cmd_show(args) -> int:
 
 def cmd_import(args) -> int:
     m = import_table(args.file, args.name, args.signed, transpose=args.transpose, layout=args.layout,
-                     force=args.force)
+                     force=args.force, power_mw=args.power_mw)
     met = metrics_of(m)
     print(f"imported {m.name} ({'signed' if m.signed else 'unsigned'}), {m.params['layout_note']}")
     print(f"MAE% {met['mae_pct']:.4g}  WCE% {met['wce_pct']:.4g}  EP% {met['ep_pct']:.2f}  "

@@ -14,6 +14,7 @@ optionally with `layers: {conv1: <spec>, fc3: <spec>}` giving some layers anothe
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import os
@@ -34,7 +35,7 @@ from .io import check_layout, check_range, load_table, raw_bytes_to_offset128, r
 DATA = Path(__file__).parent / "data"
 ALIASES = {"exact": "exact_s", "exact_signed": "exact_s", "exact_unsigned": "exact_u"}
 _NAME_OK = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
-_SPEC_KEYS = {"name", "family", "signed", "path", "layers"}
+_SPEC_KEYS = {"name", "family", "signed", "path", "layers", "power_mw"}
 
 
 # ---------------------------------------------------------------- shipped
@@ -95,9 +96,23 @@ def _user(name: str) -> Multiplier:
     return m
 
 
+def _power(value) -> dict:
+    """The `published` entry a user-given power figure (mW) becomes."""
+    if value is None:
+        return {}
+    try:
+        mw = float(value)
+    except (TypeError, ValueError):
+        mw = float("nan")
+    if not mw > 0 or mw == float("inf"):
+        raise UserError(f"power_mw={value!r}: give the circuit's power in mW, a number > 0")
+    return {"pwr": f"{mw:g}"}
+
+
 def import_table(path, name: str, signed: bool | None = None, *, transpose: bool = False,
-                 layout: str = "auto", force: bool = False) -> Multiplier:
+                 layout: str = "auto", force: bool = False, power_mw: float | None = None) -> Multiplier:
     """Validate a user's table, convert it to our layout and register it under name."""
+    published = _power(power_mw)
     if not _NAME_OK.match(name or ""):
         raise UserError(f"invalid name {name!r}: use letters, digits, '_', '-', '.', starting with a letter")
     if name in shipped_names() or name in ALIASES or families.parse_family_name(name) or name in families.FAMILIES:
@@ -124,7 +139,7 @@ def import_table(path, name: str, signed: bool | None = None, *, transpose: bool
     note = report.note + (f"; identical to shipped {shipped_sha[sha]}" if sha in shipped_sha else "")
     if transpose:
         note += "; transposed on import"
-    m = Multiplier(name, report.signed, values.astype(np.int32), source=f"imported from {path.resolve()}",
+    m = Multiplier(name, report.signed, values.astype(np.int32), source=f"imported from {path.resolve()}", published=published,
                    params={"layout": report.layout, "layout_note": note})
     _store(m)
     return m
@@ -147,7 +162,7 @@ def _store(m: Multiplier) -> None:
         save_table(m, tmp)
         os.replace(tmp, d / table)
         meta = {"name": m.name, "signed": m.signed, "sha256": m.sha256, "table": table, "source": m.source,
-                "published": {}, "params": m.params,
+                "published": m.published, "params": m.params,
                 "imported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         atomic_write_bytes(entry, json.dumps(meta, indent=1).encode())
         if old and old != table:
@@ -199,9 +214,16 @@ def _to_dict(spec) -> dict:
 
 
 def resolve(spec) -> Multiplier:
-    """The Multiplier a config node (see the module docstring) describes; `layers` is ignored here."""
+    """The Multiplier a config node (see the module docstring) describes; `layers` is ignored here. A
+    `power_mw` key gives (or replaces) the circuit's power figure for energy estimates."""
     d = _to_dict(spec)
     d.pop("layers", None)
+    power = _power(d.pop("power_mw", None))
+    m = _resolve(d)
+    return dataclasses.replace(m, published={**m.published, **power}) if power else m
+
+
+def _resolve(d: dict) -> Multiplier:
     signed = d.get("signed")
     if signed is not None and not isinstance(signed, bool):
         raise UserError(f"multiplier.signed must be true, false or null, got {signed!r}")

@@ -1,0 +1,142 @@
+"""Operand-aware error metrics: a multiplier's error as a layer actually uses it.
+
+A table's uniform metrics (MAE%, WCE%) weigh all 65,536 operand pairs alike, but a layer multiplies
+mostly small activations (after ReLU) by small weights. Over the calibration images (the first
+HIST_IMAGES) we count, per approximated layer, how often each (activation code, weight code) pair is
+multiplied: the joint histogram H. With the table's error E = product - exact product, weighted by H:
+
+    op_mean_error, op_error_std   mean and std of one product's error (product units)
+    op_mae                        mean |error| of one product
+    acc error rms                 sqrt(K std^2 + (K mean)^2): predicted error of one output accumulator
+                                  summing K products (errors independent; the mean adds up)
+    op_acc_nrmse                  that, relative to the rms of the exact accumulator over the same images
+
+Columns of a results row aggregate the layers: op_mae_pct and op_error_std are weighted by each layer's
+multiplies (op_mae_pct relative to 2^16 like MAE%), op_acc_nrmse = sqrt(sum over layers of its square)."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from runner.quant import QuantConfig, quantize_weight, reference_quantize
+
+_SIZE = 256
+
+
+# images the histograms are counted over: LeNet-5 multiplies 281,640 times per image, so 512 images give
+# 144 M products, plenty for 65,536 bins; more would only slow every command that records a row
+HIST_IMAGES = 512
+
+
+def _calibration_batches(x: torch.Tensor, qcfg: QuantConfig, seed: int):
+    """The first HIST_IMAGES images calibration saw (runner.quant.calibrate's seeded choice)."""
+    gen = torch.Generator().manual_seed(seed)
+    n = min(len(x), qcfg.calib_batches * qcfg.calib_batch_size, HIST_IMAGES)
+    idx = torch.randperm(len(x), generator=gen)[:n]
+    return [x[idx[i:i + qcfg.calib_batch_size]] for i in range(0, n, qcfg.calib_batch_size)]
+
+
+def _taps(x: torch.Tensor, kernel, stride, padding, dilation) -> torch.Tensor:
+    """[N * output positions, C * kh * kw]: the input each kernel tap meets, in the weight's (C, kh, kw)
+    order. Strided slices rather than F.unfold, whose CPU kernel is ~50x slower here on a busy machine."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    x = F.pad(x, (pw, pw, ph, ph))
+    ho = (x.shape[2] - dh * (kh - 1) - 1) // sh + 1
+    wo = (x.shape[3] - dw * (kw - 1) - 1) // sw + 1
+    taps = [x[:, :, i * dh:i * dh + (ho - 1) * sh + 1:sh, j * dw:j * dw + (wo - 1) * sw + 1:sw]
+            for i in range(kh) for j in range(kw)]
+    t = torch.stack(taps, dim=2)                       # [N, C, kh*kw, ho, wo]
+    return t.permute(0, 3, 4, 1, 2).reshape(-1, x.shape[1] * kh * kw)
+
+
+def _pairs(layer, x: torch.Tensor):
+    """(activation rows [M, K] as LUT row indices, weight codes [N, K], the exact accumulators [M', N])."""
+    codes = reference_quantize(x, layer.input_scale(x), layer.signed).to(torch.int64)
+    w = quantize_weight(layer.weight, layer.weight_scale).to(torch.int64).reshape(layer.weight.shape[0], -1)
+    if hasattr(layer, "stride"):  # a convolution: the activation each kernel tap meets, per output position
+        a = _taps(codes.float(), layer.weight.shape[2:], layer.stride, layer.padding, layer.dilation)
+    else:
+        a = codes.reshape(-1, codes.shape[-1]).float()
+    acc = a @ w.float().t()  # codes and sums of their products stay below 2^24: exact in float32
+    a = a.to(torch.int64)
+    return a + (128 if layer.signed else 0), w, acc
+
+
+@torch.no_grad()
+def operand_histograms(fq_model, layers: list[str], x: torch.Tensor, qcfg: QuantConfig, seed: int) -> dict:
+    """{layer: {"hist": float64 [256 activation rows, 256 weight codes + 128], "k": products per output,
+    "acc_ms": mean square of the exact accumulator}} over the calibration images, for the named fake-quant
+    layers of fq_model (grouped convolutions are left out)."""
+    modules = {n: fq_model.get_submodule(n) for n in layers}
+    modules = {n: m for n, m in modules.items() if getattr(m, "groups", 1) == 1}
+    out = {n: {"hist": torch.zeros(_SIZE, _SIZE, dtype=torch.float64), "k": 0, "acc_ss": 0.0, "acc_n": 0}
+           for n in modules}
+
+    def hook(name):
+        def fn(module, args):
+            a, w, acc = _pairs(module, args[0])
+            k = a.shape[1]
+            taps = torch.arange(k).unsqueeze(0) * _SIZE
+            taps = taps.to(a.device)
+            act = torch.bincount((a + taps).flatten(), minlength=k * _SIZE).view(k, _SIZE).double().cpu()
+            wts = torch.bincount((w + 128 + taps).flatten(), minlength=k * _SIZE).view(k, _SIZE).double().cpu()
+            rec = out[name]
+            rec["hist"] += act.t() @ wts
+            rec["k"] = k
+            rec["acc_ss"] += float((acc.double() ** 2).sum())
+            rec["acc_n"] += acc.numel()
+        return fn
+
+    handles = [m.register_forward_pre_hook(hook(n)) for n, m in modules.items()]
+    try:
+        fq_model.eval()
+        device = next(fq_model.parameters()).device  # where an earlier evaluation left it
+        for batch in _calibration_batches(x, qcfg, seed):
+            fq_model(batch.to(device))
+    finally:
+        for h in handles:
+            h.remove()
+    return {n: {"hist": r["hist"], "k": r["k"], "acc_ms": r["acc_ss"] / max(1, r["acc_n"])} for n, r in out.items()}
+
+
+_ERRORS: dict = {}
+
+
+def _error_moments(m) -> torch.Tensor:
+    """float64 [3, 65536]: the product error, its square and its magnitude, flattened in the histogram's
+    layout (column = weight code + 128); kept per table, as every layer and evaluation reuses them."""
+    from runner.ops import effective_products
+
+    if (m.sha256, m.signed) not in _ERRORS:
+        rows = torch.arange(_SIZE, dtype=torch.float64) - (128 if m.signed else 0)
+        w = torch.arange(_SIZE, dtype=torch.float64) - 128
+        err = (effective_products(m.lut, m.signed) - rows.unsqueeze(1) * w.unsqueeze(0)).flatten()
+        _ERRORS[(m.sha256, m.signed)] = torch.stack([err, err * err, err.abs()])
+    return _ERRORS[(m.sha256, m.signed)]
+
+
+def layer_metrics(m, rec: dict) -> dict:
+    if "p" not in rec:
+        rec["p"] = (rec["hist"] / rec["hist"].sum().clamp_min(1)).flatten()
+    mean, ms, mae = (_error_moments(m) @ rec["p"]).tolist()
+    std = math.sqrt(max(0.0, ms - mean ** 2))
+    k = rec["k"]
+    acc_err = math.sqrt(k * std ** 2 + (k * mean) ** 2)
+    return {"op_mean_error": mean, "op_error_std": std, "op_mae": mae, "op_acc_error_std": acc_err,
+            "op_acc_nrmse": acc_err / math.sqrt(rec["acc_ms"]) if rec["acc_ms"] else None, "k": k}
+
+
+def metrics(multipliers: dict, histograms: dict, macs: dict[str, int]) -> tuple[dict, dict]:
+    """(row columns aggregated over the layers, {layer: its metrics})."""
+    per_layer = {n: layer_metrics(multipliers[n], rec) for n, rec in histograms.items()}
+    if not per_layer:
+        return {}, {}
+    weight = {n: macs.get(n, 0) for n in per_layer}
+    total = sum(weight.values()) or 1
+    nrmse = [v["op_acc_nrmse"] for v in per_layer.values()]
+    cols = {"op_mae_pct": sum(weight[n] * v["op_mae"] for n, v in per_layer.items()) / total / 65536 * 100,
+            "op_error_std": sum(weight[n] * v["op_error_std"] for n, v in per_layer.items()) / total,
+            "op_acc_nrmse": None if None in nrmse else math.sqrt(sum(v ** 2 for v in nrmse))}
+    return cols, per_layer

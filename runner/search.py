@@ -1,0 +1,297 @@
+"""`approx-run search`: a multiplier per layer at the lowest estimated energy within an accuracy budget.
+
+    approx-run search search.multipliers='mul8*' search.max_loss=0.5
+
+1. A validation split is carved from the training images (seeded, stratified: search.validation_*);
+   every choice below looks at it only, never at the test set.
+2. Sensitivity on that split: each layer alone on each candidate (the others fake-quant int8).
+3. Greedy descent from exact everywhere: the move (one layer to a cheaper multiplier) that saves the
+   most energy per point of loss the sensitivity table predicts (losses assumed to add up; moves it
+   predicts within budget first) is tried, and kept only when a real evaluation of the whole assignment
+   stays within search.max_loss points of fake-quant; a move that fails is not tried again. Ends when
+   no move is left (or after search.max_evals evaluations).
+4. The chosen assignment runs once on the test set as an ordinary compare run (its rows go to the
+   results file; search.finetune_epochs > 0 also retrains it), and is printed as an override.
+
+The run dir holds pareto.csv (every evaluated assignment, the uniform choices too, with the Pareto
+front marked) and pareto.png. Energy: runner.energy (multipliers only)."""
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from runner.errors import UserError
+
+KEY = "search.multipliers"
+
+
+class Evaluator:
+    """Validation accuracy of per-layer assignments, sharing the command's session. Layers on the exact
+    signed multiplier run as fake-quant int8 (the same integers), so an evaluation starts at the first
+    approximated layer from kept activations."""
+
+    def __init__(self, cfg: DictConfig):
+        from runner import compare, session
+        from runner.multipliers import resolve
+        from runner.quant import QuantConfig, quant_layers
+
+        self.cfg, self.sess = cfg, session.get()
+        self.device = compare.eval_device(cfg)
+        model, _, self.ckpt, data = self.sess.baseline(cfg)
+        s = cfg.search
+        if not 0 < float(s.validation_fraction) < 1:
+            raise UserError(f"search.validation_fraction={s.validation_fraction}: must be in (0, 1).")
+        val = data.validation_split(float(s.validation_fraction), int(s.validation_seed))
+        self.x, self.y = val.test_x, val.test_y
+        self.qcfg = QuantConfig.from_cfg(cfg.quant)
+        self.folded, self.stats = self.sess.calibration(model, self.ckpt, data.train_x, self.qcfg, int(cfg.seed))
+        self.layers = list(quant_layers(self.folded))
+        self.exact = resolve("exact")
+        self.evals = 0
+        self.fakequant_accuracy = self.accuracy({})
+
+    def accuracy(self, assign: dict) -> float:
+        """assign: {layer: Multiplier}; layers not in it (or on the exact table) are exact."""
+        from runner.layers import convert_model
+        from runner.session import cache_key
+
+        approx = [n for n in self.layers if n in assign and assign[n].sha256 != self.exact.sha256]
+        per_layer = {n: assign.get(n, self.exact) if n in approx else self.exact for n in self.layers}
+        model = convert_model(self.folded, per_layer, self.qcfg, self.stats, backend=self.cfg.backend.name,
+                              algo=self.cfg.backend.algo, layers=approx or None, fake=not approx,
+                              others="fakequant")
+        start = approx[0] if approx and approx[0] != self.layers[0] else None
+        prefix = cache_key({"search": str(self.ckpt), "quant": self.qcfg.as_dict(), "seed": int(self.cfg.seed),
+                            "split": [float(self.cfg.search.validation_fraction), int(self.cfg.search.validation_seed)],
+                            "before": start and self.layers[:self.layers.index(start)]})
+        logits = self.sess.logits_from(model, self.x, int(self.cfg.eval.batch_size), self.device, start, prefix)
+        self.evals += 1
+        return float((logits.argmax(1) == self.y).float().mean())
+
+
+def _energy(assign: dict, macs: dict) -> float | None:
+    from runner.energy import energy
+
+    full = {n: assign.get(n) for n in macs}
+    return energy(full, [n for n in macs if full[n] is not None], macs)["mult_energy_rel"]
+
+
+def _label(assign: dict) -> str:
+    return ";".join(f"{n}={m.name}" for n, m in assign.items())
+
+
+def greedy(ev: Evaluator, candidates: list, layers: list[str], macs: dict, max_loss: float, max_evals: int,
+           log: list) -> dict:
+    """The lowest-energy verified assignment found (see the module docstring); log gets every evaluation."""
+    from runner.energy import power_mw
+
+    def loss(acc):
+        return 100 * (ev.fakequant_accuracy - acc)
+
+    single = {}
+    for layer in layers:
+        for m in candidates:
+            acc = ev.accuracy({layer: m})
+            single[layer, m.name] = max(0.0, loss(acc))
+            log.append({"kind": "one layer", "assignment": f"{layer}={m.name}", "val_accuracy": acc,
+                        "mult_energy_rel": _energy({layer: m}, macs)})
+    power = {m.name: power_mw(m) for m in candidates}
+    current = {layer: ev.exact for layer in layers}
+    current_power = {layer: power_mw(ev.exact) for layer in layers}
+    rejected: set = set()
+    best = dict(current)
+    log.append({"kind": "candidate", "assignment": _label(current), "val_accuracy": ev.fakequant_accuracy,
+                "mult_energy_rel": _energy(current, macs), "accepted": True})  # the start: exact everywhere
+    while ev.evals < max_evals:
+        predicted = sum(single.get((n, m.name), 0.0) for n, m in current.items())
+        moves = []
+        for layer in layers:
+            for m in candidates:
+                saving = macs[layer] * (current_power[layer] - power[m.name])
+                if saving <= 0 or (layer, m.name) in rejected:
+                    continue
+                extra = single[layer, m.name] - single.get((layer, current[layer].name), 0.0)
+                # moves the table predicts within budget first, each by energy saved per point lost
+                moves.append((predicted + extra <= max_loss, saving / max(extra, 0.05), layer, m))
+        if not moves:
+            break
+        *_, layer, m = max(moves, key=lambda t: t[:2])
+        trial = {**current, layer: m}
+        acc = ev.accuracy(trial)
+        ok = loss(acc) <= max_loss
+        log.append({"kind": "candidate", "assignment": _label(trial), "val_accuracy": acc,
+                    "mult_energy_rel": _energy(trial, macs), "accepted": ok})
+        if ok:
+            current, current_power[layer] = trial, power[m.name]
+            best = dict(current)
+        else:
+            rejected.add((layer, m.name))
+    return best
+
+
+def pareto(table: pd.DataFrame) -> pd.Series:
+    """True for the rows no other row beats on both accuracy (higher) and energy (lower)."""
+    order = table.sort_values(["mult_energy_rel", "val_accuracy"], ascending=[True, False])
+    front, best = set(), -1.0
+    for i, r in order.iterrows():
+        if r["val_accuracy"] > best:
+            front.add(i)
+            best = r["val_accuracy"]
+    return table.index.isin(front)
+
+
+def plot(table: pd.DataFrame, fq_acc: float, max_loss: float, chosen: str, path: Path, title: str) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    cand = table[table["kind"] != "uniform"]
+    ax.scatter(cand["mult_energy_rel"], 100 * cand["val_accuracy"], s=8, c="0.7", label="evaluated assignments")
+    uni = table[table["kind"] == "uniform"]
+    ax.scatter(uni["mult_energy_rel"], 100 * uni["val_accuracy"], s=22, marker="s", c="tab:blue",
+               label="one multiplier everywhere")
+    front = table[table["on_front"]].sort_values("mult_energy_rel")
+    ax.plot(front["mult_energy_rel"], 100 * front["val_accuracy"], "-", c="tab:red", lw=1, label="Pareto front")
+    pick = table[table["assignment"] == chosen]
+    ax.scatter(pick["mult_energy_rel"], 100 * pick["val_accuracy"], s=120, marker="*", c="tab:red", zorder=5,
+               label="chosen")
+    ax.axhline(100 * fq_acc - max_loss, ls="--", c="0.4", lw=0.8, label=f"fake-quant - {max_loss:g} points")
+    lo = max(100 * fq_acc - 10 * max(max_loss, 0.5), float(100 * table["val_accuracy"].min()))
+    ax.set_ylim(lo, 100 * fq_acc + 0.6)
+    ax.set_xlabel("multiplier energy per inference (1 = exact 8-bit everywhere)")
+    ax.set_ylabel("validation accuracy (%)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _spec(m, specs: dict):
+    """A layer's multiplier config: the name, or for a table file the file node."""
+    from runner.sensitivity import multiplier_node
+
+    node = multiplier_node(specs.get(m.name, m.name))
+    return node["name"] if len(node) == 1 else node
+
+
+def override(assign: dict, layers: list[str], specs: dict) -> str:
+    def show(node):
+        if isinstance(node, str):
+            return node
+        return "{" + ", ".join(f"{k}: {v}" for k, v in node.items() if v is not None) + "}"
+
+    inner = ", ".join(f"{n}: {show(_spec(assign[n], specs))}" for n in layers if n in assign)
+    return f"multiplier=exact '+multiplier.layers={{{inner}}}'"
+
+
+def test_config(cfg: DictConfig, assign: dict, specs: dict) -> DictConfig:
+    """The compare config that runs the chosen assignment on the test set (and retrains it if asked)."""
+    job = copy.deepcopy(cfg)
+    with open_dict(job):
+        job.multiplier = OmegaConf.create({"name": "exact",
+                                           "layers": {n: _spec(m, specs) for n, m in assign.items()}})
+        job.model.approx_layers = None
+        job.model.other_layers = "fp32"
+        job.finetune.epochs = int(cfg.search.finetune_epochs)
+    return job
+
+
+def check(cfg: DictConfig) -> None:
+    s = cfg.search
+    if float(s.max_loss) < 0:
+        raise UserError(f"search.max_loss={s.max_loss}: the accuracy budget is in points below fake-quant, >= 0.")
+    if int(s.max_evals) < 1 or int(s.finetune_epochs) < 0:
+        raise UserError("search.max_evals must be >= 1 and search.finetune_epochs >= 0.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from runner import compare
+    from runner.console import console
+    from runner.energy import layer_macs, power_mw
+    from runner.multipliers import resolve
+    from runner.store import write_csv
+    from runner.sensitivity import compose_command, layer_names, make_run_dir, multiplier_node
+
+    composed = compose_command("search", argv, KEY, __doc__, "search keys: search.multipliers=NAMES|GLOB|FILES  "
+                               "search.layers=[...]  search.max_loss=POINTS  search.finetune_epochs=N")
+    if composed is None:
+        return 0
+    cfg, names = composed
+    check(cfg)
+    t0 = time.time()
+    layers = layer_names(cfg, cfg.search.layers)
+    candidates = [resolve(multiplier_node(n)) for n in names]
+    specs = {m.name: n for m, n in zip(candidates, names)}  # a table file's multiplier is named after the file
+    missing = [m.name for m in candidates if power_mw(m) is None]
+    candidates = [m for m in candidates if power_mw(m) is not None]
+    if missing:
+        console.print(f"[yellow]search:[/] no power figure for {', '.join(missing)}, left out; give one with "
+                      "`approx-run lut import FILE --name NAME --power-mw MW` and search NAME")
+    if not candidates:
+        raise UserError("search: no candidate multiplier has a power figure, so there is no energy to minimise.")
+    run_dir = make_run_dir(cfg)
+
+    ev = Evaluator(cfg)
+    macs = layer_macs(ev.folded, tuple(ev.x.shape[1:]))
+    max_loss = float(cfg.search.max_loss)
+    log: list[dict] = []
+    for m in candidates:
+        uniform = {n: m for n in layers}
+        log.append({"kind": "uniform", "assignment": m.name, "val_accuracy": ev.accuracy(uniform),
+                    "mult_energy_rel": _energy(uniform, macs)})
+    chosen = greedy(ev, candidates, layers, macs, max_loss, int(cfg.search.max_evals), log)
+    label = _label(chosen)
+    table = pd.DataFrame(log)
+    table["val_loss_pts"] = 100 * (ev.fakequant_accuracy - table["val_accuracy"])
+    table["on_front"] = pareto(table)
+    table["chosen"] = table["assignment"] == label
+    write_csv(run_dir / "pareto.csv", table)
+    png = plot(table, ev.fakequant_accuracy, max_loss, label, run_dir / "pareto.png",
+               f"search on {cfg.data.name} validation split ({len(ev.y)} images), budget {max_loss:g} points") \
+        if cfg.search.plot else None
+    console.print(f"search: {ev.evals} validation evaluations in {time.time() - t0:.1f}s; fake-quant "
+                  f"{100 * ev.fakequant_accuracy:.2f} %")
+
+    job = test_config(cfg, chosen, specs)
+    out = run_dir / "test"
+    out.mkdir(exist_ok=True)
+    result = compare.run(job, out)
+    rows = {r["path"]: r for r in result.get("rows", [])}
+    keys = compare.plan(job)[3]
+    if len(rows) < 2:  # recorded before: the numbers are in the results file
+        from runner.store import read_csv
+
+        df = read_csv(Path(cfg.results_file))
+        df = df[df["status"] == "ok"].drop_duplicates("row_key", keep="last").set_index("row_key")
+        rows = {p: df.loc[k].to_dict() for p, k in keys.items() if k in df.index}
+    val_row = table[table["chosen"]].iloc[-1]
+    console.print(f"chosen ({cfg.data.name}): {label}\n"
+                  f"  validation: {100 * val_row['val_accuracy']:.2f} % ({val_row['val_loss_pts']:.2f} points below "
+                  f"fake-quant), multiplier energy {val_row['mult_energy_rel']:.4f} of exact")
+    if "approx" in rows and "fakequant" in rows:
+        a, f = rows["approx"], rows["fakequant"]
+        console.print(f"  test: {100 * a['accuracy']:.2f} % (fake-quant {100 * f['accuracy']:.2f} %, "
+                      f"{100 * (f['accuracy'] - a['accuracy']):.2f} points below)")
+    if "approx_finetuned" in rows:
+        console.print(f"  retrained: {100 * rows['approx_finetuned']['accuracy']:.2f} % on the test set")
+    console.print(f"  pareto {run_dir / 'pareto.csv'}" + (f", {png}" if png else ""))
+    print(f"\napprox-run compare {override(chosen, layers, specs)}")
+    return 0
+
+
+if __name__ == "__main__":
+    torch.set_grad_enabled(False)
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""`approx-run sensitivity` and `approx-run search`: rows, resume, bad input. Small: 200 test images."""
+import pandas as pd
+import pytest
+
+from runner.cli import main
+from tests.conftest import compose, has_cpp
+
+pytestmark = pytest.mark.skipif(not has_cpp(), reason="needs the C++ extension (backend=cpp)")
+
+FAST = ["eval.limit=200", "train.epochs=1", "quant.calib_batches=1"]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    from runner.train import load_or_train
+
+    root = tmp_path_factory.mktemp("sens_ckpt")
+    load_or_train(compose("sensitivity", [*FAST, f"paths.checkpoints={root}"]))
+    return root
+
+
+def _args(tmp_path, checkpoints, *extra):
+    return [*FAST, f"paths.results={tmp_path / 'results'}", f"paths.checkpoints={checkpoints}", *extra]
+
+
+def test_sensitivity_rows_and_resume(tmp_path, checkpoints, capsys):
+    args = ["sensitivity", "sensitivity.multipliers=[mul8s_1KV6,mul8u_T83]", "sensitivity.layers=[conv2,fc3]",
+            *_args(tmp_path, checkpoints)]
+    assert main(args) == 0
+    rows = pd.read_csv(tmp_path / "results" / "results.csv")
+    approx = rows[rows["path"] == "approx"]
+    assert sorted(approx["multiplier_per_layer"]) == ["conv2=mul8s_1KV6", "conv2=mul8u_T83",
+                                                       "fc3=mul8s_1KV6", "fc3=mul8u_T83"]
+    assert rows["row_key"].is_unique and (approx["status"] == "ok").all()
+    # the exact multiplier in one layer, the others fake-quant: the fake-quant model itself
+    fq = rows[rows["path"] == "fakequant"]
+    exact = approx[approx["multiplier"] == "mul8s_1KV6"]
+    assert (exact["accuracy"] == fq[fq["row_key"].isin(rows["row_key"])]["accuracy"].iloc[0]).all()
+    t83 = approx[approx["multiplier"] == "mul8u_T83"]["mult_energy_rel"]
+    assert ((t83 < 1) & (t83 > 0.08)).all()                   # one layer of five on the cheap multiplier
+    table = pd.read_csv(next((tmp_path / "results" / "sensitivity").glob("*/sensitivity.csv")))
+    assert len(table) == 4 and set(table["status"]) == {"ok"}
+    assert main(args) == 0                                    # a rerun records nothing new
+    assert len(pd.read_csv(tmp_path / "results" / "results.csv")) == len(rows)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["sensitivity.multipliers=[]"], "sensitivity.multipliers is empty"),
+    (["sensitivity.multipliers=mul8s_1KV6", "sensitivity.layers=[conv9]"], "conv9"),
+    ([], "needs a multiplier set"),
+    (["sensitivity.multipliers=nothing_*"], "matches no multiplier"),
+])
+def test_sensitivity_bad_input(tmp_path, checkpoints, capsys, extra, message):
+    assert main(["sensitivity", *extra, *_args(tmp_path, checkpoints)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("error:") == 1
+
+
+def test_search_chooses_within_budget_and_prints_the_override(tmp_path, checkpoints, capsys):
+    import shlex
+
+    from runner.multipliers import resolve_per_layer
+
+    args = ["search", "search.multipliers=[mul8s_1KV6,mul8u_T83,mul8u_17C8]", "search.layers=[fc2,fc3]",
+            "search.max_loss=1.0", *_args(tmp_path, checkpoints)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    table = pd.read_csv(next((tmp_path / "results" / "search").glob("*/pareto.csv")))
+    chosen = table[table["chosen"]]
+    assert len(chosen) >= 1 and (chosen["val_loss_pts"] <= 1.0 + 1e-9).all()
+    assert table["on_front"].any() and (table["kind"] == "uniform").sum() == 3
+    # every accepted candidate is within budget; every rejected one is not
+    cand = table[table["kind"] == "candidate"]
+    assert (cand["accepted"].astype(bool) == (cand["val_loss_pts"] <= 1.0 + 1e-9)).all()
+    line = next(ln for ln in out.splitlines() if ln.startswith("approx-run compare "))
+    cfg = compose("compare", shlex.split(line)[2:])
+    picked = resolve_per_layer(cfg.multiplier, ["conv1", "conv2", "fc1", "fc2", "fc3"])
+    want = dict(kv.split("=") for kv in chosen["assignment"].iloc[-1].split(";"))
+    assert {n: m.name for n, m in picked.items() if n in want} == want
+    assert picked["conv1"].name == "exact_s"                      # layers outside search.layers stay exact
+    rows = pd.read_csv(tmp_path / "results" / "results.csv")
+    assert (rows["path"] == "approx").sum() == 1                   # the chosen assignment's test row
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["search.multipliers=mul8u_T83", "search.max_loss=-1"], "search.max_loss=-1"),
+    (["search.multipliers=[]"], "search.multipliers is empty"),
+    (["search.multipliers=mul8u_T83", "search.layers=[fc9]"], "fc9"),
+    (["search.multipliers=drum4_s"], "no candidate multiplier has a power figure"),
+])
+def test_search_bad_input(tmp_path, checkpoints, capsys, extra, message):
+    assert main(["search", *extra, *_args(tmp_path, checkpoints)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("error:") == 1
+
+
+def test_sensitivity_operand_metrics_follow_the_layer(tmp_path, checkpoints):
+    """Evaluations of one fake-quant model that approximate different layers get their own layer's metrics."""
+    import json
+
+    assert main(["sensitivity", "sensitivity.multipliers=mul8u_T83", "sensitivity.layers=[conv1,fc2]",
+                 *_args(tmp_path, checkpoints)]) == 0
+    runs = sorted((tmp_path / "results" / "sensitivity").glob("*/*_*/run.json"))
+    layers = [list(json.loads(r.read_text())["operand_metrics"]) for r in runs]
+    assert sorted(layers) == [["conv1"], ["fc2"]]
+    rows = pd.read_csv(tmp_path / "results" / "results.csv")
+    approx = rows[rows["path"] == "approx"]
+    assert approx["op_acc_nrmse"].nunique() == 2
+
+
+def test_search_override_names_table_files(tmp_path, checkpoints, capsys):
+    """A candidate given as a table file comes back as a file node in the override (a table identical to a
+    shipped one takes its power figure), and the override composes."""
+    import shlex
+
+    import numpy as np
+
+    from runner.multipliers import get, resolve_per_layer
+
+    table = tmp_path / "cheap.txt"
+    np.savetxt(table, get("mul8s_1KV8").lut.numpy(), fmt="%d")   # near-exact: always within budget
+    args = ["search", f"search.multipliers=[{table}]", "search.layers=[fc3]", "search.max_loss=5",
+            *_args(tmp_path, checkpoints)]
+    assert main(args) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("approx-run compare "))
+    assert f"fc3: {{name: file, path: {table}}}" in line
+    picked = resolve_per_layer(compose("compare", shlex.split(line)[2:]).multiplier, ["fc3"])
+    assert picked["fc3"].sha256 == get("mul8s_1KV8").sha256
+
+
+def test_sensitivity_records_a_failing_pair_and_goes_on(tmp_path, checkpoints, capsys):
+    bad = tmp_path / "bad_table.txt"
+    bad.write_text("1 2 3\n4 5 6\n")
+    args = ["sensitivity", f"sensitivity.multipliers=[mul8u_T83,{bad}]", "sensitivity.layers=[fc3]",
+            *_args(tmp_path, checkpoints)]
+    assert main(args) == 1
+    table = pd.read_csv(next((tmp_path / "results" / "sensitivity").glob("*/sensitivity.csv")))
+    assert table["status"].tolist() == ["ok", "failed"] and "expected 256" in table["error"].iloc[1]
+    assert "1 of 2 evaluations failed" in capsys.readouterr().err

@@ -32,6 +32,12 @@ def has_kernel(op: str, dispatch_key: str) -> bool:
 
 def backend_status() -> dict[str, str]:
     """Backend name -> 'available' or the reason it is not."""
+    return dict(_backend_status())
+
+
+# Cached: asking the driver for its devices costs milliseconds, and every job of a sweep asks.
+@functools.cache
+def _backend_status() -> dict[str, str]:
     status = {"python": "available"}
     err = extension_error()
     if err:

@@ -4,6 +4,7 @@ is reported (and never rewritten with fewer rows) instead of being silently misr
 from __future__ import annotations
 
 import csv
+import functools
 import io
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,17 +80,29 @@ def check_csv(path: Path, text: str) -> None:
 def read_csv(path: Path) -> pd.DataFrame:
     """The rows of a results CSV (empty frame for a missing or empty file); UserError when damaged."""
     path = Path(path)
-    if not path.exists() or path.stat().st_size == 0:
-        return pd.DataFrame()
     try:
-        text = path.read_text()
+        st = path.stat()
+    except FileNotFoundError:
+        return pd.DataFrame()
+    if st.st_size == 0:
+        return pd.DataFrame()
+    return _parse(str(path.resolve()), st.st_ino, st.st_mtime_ns, st.st_size).copy()
+
+
+# Keyed by the file's identity: a sweep reads its results file before and after every job, and parsing
+# the growing file each time cost more than the jobs' evaluation. Writers replace the file (a new inode),
+# so a stale parse cannot match.
+@functools.lru_cache(maxsize=8)
+def _parse(path: str, inode: int, mtime_ns: int, size: int) -> pd.DataFrame:
+    try:
+        text = Path(path).read_text()
     except UnicodeDecodeError as exc:
         raise UserError(f"{path} is not a results CSV (not text: {exc}).") from None
-    check_csv(path, text)
+    check_csv(Path(path), text)
     try:
         return pd.read_csv(io.StringIO(text), low_memory=False)
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise _damaged(path, f"pandas cannot parse it ({exc})") from None
+        raise _damaged(Path(path), f"pandas cannot parse it ({exc})") from None
 
 
 def read_store(path: Path) -> pd.DataFrame:

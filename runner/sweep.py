@@ -198,8 +198,9 @@ def _compose_all(jobs: list[list[str]], hydra_overrides: list[str]) -> list[Dict
     composed: dict[tuple, DictConfig] = {}
     cfgs = []
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="sweep"):
-        with compose_errors("sweep", hint_launchers=True):  # a bad launcher or hydra.* override: say so first
-            compose(config_name="sweep", overrides=[*jobs[0], *hydra_overrides], return_hydra_config=True)
+        if hydra_overrides:  # a bad launcher or hydra.* override: say so first, before the jobs' errors
+            with compose_errors("sweep", hint_launchers=True):
+                compose(config_name="sweep", overrides=[*jobs[0], *hydra_overrides], return_hydra_config=True)
         for job in jobs:
             rest = tuple(o for o in job if not o.startswith("sweep.multiplier="))
             if rest not in composed:
@@ -399,7 +400,6 @@ def main(argv: list[str] | None = None) -> int:
     flags, overrides, jobs, cfgs = plan_jobs(argv)
     if flags:  # --cfg, --info, ...: Hydra's own inspection, no sweep around it
         return run_hydra_command("sweep", ["-m", *flags, *overrides])
-    cfgs = _compose_all(jobs, [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))])
     for c in cfgs:  # settings shared by the jobs: a bad one stops the sweep before any work (exit 2)
         check_common(c)
         check_eval_config(c.eval)

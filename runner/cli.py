@@ -113,9 +113,8 @@ def check_common(cfg) -> None:
 def run_hydra_command(command: str, args: list[str]) -> int:
     import hydra
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
 
-    from runner.provenance import atomic_write_bytes
+    from runner.provenance import write_config_yaml
 
     module = importlib.import_module(COMMANDS[command][0])
     multirun = any(a in ("-m", "--multirun") for a in args)
@@ -125,7 +124,7 @@ def run_hydra_command(command: str, args: list[str]) -> int:
 
     def task(cfg):
         out_dir = Path(HydraConfig.get().runtime.output_dir)
-        atomic_write_bytes(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True).encode())
+        write_config_yaml(out_dir / "config.yaml", cfg)
         try:
             check_common(cfg)  # again here: `-m` runs skip the up-front compose
             return module.run(cfg, out_dir)

@@ -144,7 +144,8 @@ def plan(cfg: DictConfig):
     it to group jobs sharing pytorch/fakequant rows and to find each job's rows afterwards."""
     check_eval_config(cfg.eval)
     device = eval_device(cfg)
-    model = build_model(cfg.model, 0.0, 1.0)
+    with torch.device("meta"):  # only the layers' names and shapes: no weights to initialise
+        model = build_model(cfg.model, 0.0, 1.0)
     layer_names = list(quant_layers(model))
     approx_layers = select_layers(model, cfg.model.get("approx_layers"))
     multipliers = resolve_per_layer(cfg.multiplier, layer_names)

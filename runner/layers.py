@@ -34,10 +34,11 @@ def reduction_length(layer: nn.Module) -> int:
     return layer.in_features
 
 
-def check_accumulator(name: str, k: int, lut: torch.Tensor) -> None:
+def check_accumulator(name: str, k: int, bounds: tuple[int, int]) -> None:
     """The int32 accumulator sums k table entries, so it lies in [k * min(lut), k * max(lut)]; when that
-    interval fits int32, no input can overflow it (the kernels would wrap silently). Raise otherwise."""
-    lo, hi = int(lut.min()), int(lut.max())
+    interval fits int32, no input can overflow it (the kernels would wrap silently). Raise otherwise.
+    bounds: the table's (min, max), Multiplier.value_bounds."""
+    lo, hi = bounds
     if k * hi <= INT32_MAX and k * lo >= INT32_MIN:
         return
     widest = max(abs(lo), abs(hi))
@@ -208,7 +209,7 @@ class _FakeQuant(_Quantized):
 
 class _Approx(_Quantized):
     def __init__(self, layer, multiplier, qcfg, stats, backend: str, algo: str, grad: str = "ste", name: str = "?"):
-        check_accumulator(name, reduction_length(layer), multiplier.lut)
+        check_accumulator(name, reduction_length(layer), multiplier.value_bounds)
         super().__init__(layer, multiplier.signed, qcfg, stats, name)
         self.multiplier_name, self.backend, self.algo = multiplier.name, backend, algo
         self.register_buffer("lut", multiplier.lut.to(torch.int32).contiguous())

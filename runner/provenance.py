@@ -96,3 +96,15 @@ def _remove_stale_temps(path: Path) -> None:
 
 def atomic_write_json(path: Path, obj) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode())
+
+
+def write_config_yaml(path: Path, cfg) -> None:
+    """The composed config as YAML, resolved, written atomically. libyaml's emitter where PyYAML has it:
+    OmegaConf.to_yaml's pure-Python one took longer than a sweep job's evaluation on a GPU."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    text = yaml.dump(OmegaConf.to_container(cfg, resolve=True), Dumper=dumper, sort_keys=False,
+                     default_flow_style=False, allow_unicode=True)
+    atomic_write_bytes(Path(path), text.encode())

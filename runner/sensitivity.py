@@ -56,9 +56,11 @@ def compose_command(command: str, argv: list[str] | None, key: str, doc: str, ke
 
 def make_run_dir(cfg: DictConfig) -> Path:
     """results/<command>/<date>_<time>/ with the composed config in it."""
+    from runner.provenance import write_config_yaml
+
     run_dir = Path(cfg.paths.results) / str(cfg.command) / time.strftime("%Y-%m-%d_%H-%M-%S")
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    write_config_yaml(run_dir / "config.yaml", cfg)
     return run_dir
 
 

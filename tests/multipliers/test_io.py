@@ -85,6 +85,25 @@ def test_non_integer_names_line_and_column(tmp_path):
     assert f"{p}, line 3, column 17: '1.5' is not an integer" in _err(load_table, p)
 
 
+@pytest.mark.parametrize("token, says", [
+    ("1e3", "column 17: '1e3' is not an integer"), ("0x10", "column 17: '0x10' is not an integer"),
+    ("99999999999999999999", "line 3: value too large"), ("-99999999999999999999", "line 3: value too large"),
+    ("\u0663", "not plain decimal integers")])
+def test_tokens_the_fast_parser_cannot_read_are_named(tmp_path, token, says):
+    rows = [list(map(str, r)) for r in exact_table(True)]
+    rows[2][16] = token
+    p = _write(tmp_path, rows)
+    assert says in _err(load_table, p)
+
+
+def test_fast_parser_reads_tabs_and_signs_as_the_tokens_say():
+    from runner.multipliers.io import parse_text
+
+    table = exact_table(True)
+    text = "\n".join("\t".join(f"+{v}" if v > 0 else str(v) for v in row) for row in table)
+    assert np.array_equal(parse_text(text, "t")[0], table)
+
+
 def test_value_out_of_range(tmp_path):
     rows = exact_table(False).copy()
     rows[4, 8] = 70000

@@ -43,9 +43,9 @@ def test_accumulator_bound_is_tight(signed, extreme, k_max, backend):
 
 def test_bound_uses_the_tables_own_range():
     # a table whose products stay small allows a longer sum than the widest 16-bit table would
-    check_accumulator("fc", 100_000, _constant(False, 20_000).lut)
+    check_accumulator("fc", 100_000, _constant(False, 20_000).value_bounds)
     with pytest.raises(UserError, match="largest \\|product\\| is at most 21,474"):
-        check_accumulator("fc", 100_000, _constant(False, 30_000).lut)
+        check_accumulator("fc", 100_000, _constant(False, 30_000).value_bounds)
 
 
 def test_reduction_length_of_convolutions():

@@ -112,7 +112,9 @@ def _row(path, timed, y, ref_preds, batch_size, device, threads) -> dict:
     return row
 
 
-def run(cfg: DictConfig, out_dir: Path, quiet: bool = False) -> dict:
+def run(cfg: DictConfig, out_dir: Path, quiet: bool = False, planned: tuple | None = None) -> dict:
+    """planned: what plan(cfg) returned earlier in this process (a sweep plans every job first); its device
+    is asked again, as this run may hold a different leased GPU."""
     t_start = time.time()
     common = {"run_dir": str(out_dir), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "data": cfg.data.name, "model": cfg.model.name, "quant": cfg.quant.get("name", ""),
@@ -122,7 +124,7 @@ def run(cfg: DictConfig, out_dir: Path, quiet: bool = False) -> dict:
         with launch.gpu_lease(Path(cfg.paths.results) / ".gpu-locks", n_gpus) as gpu:
             if n_gpus:
                 torch.cuda.set_device(gpu)
-            return _run(cfg, out_dir, common, quiet)
+            return _run(cfg, out_dir, common, quiet, planned)
     except Exception as exc:  # noqa: BLE001  (a crash in one sweep job must not end the sweep)
         if cfg.get("on_error", "raise") != "record":
             raise
@@ -179,10 +181,12 @@ def prefix_of(cfg: DictConfig, multipliers: dict, approx_layers: list[str], keys
                              "before": [(n, kind, multipliers[n].signed if kind != "fp32" else None) for n in before]})
 
 
-def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False) -> dict:
+def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False, planned: tuple | None = None) -> dict:
     """quiet: no progress bar, table or skip message (a command that runs many evaluations reports them)."""
     qcfg = QuantConfig.from_cfg(cfg.quant)
-    device, approx_layers, multipliers, keys = plan(cfg)
+    if planned is None:
+        planned = plan(cfg)
+    device, approx_layers, multipliers, keys = eval_device(cfg), *planned[1:]
     results_file = Path(cfg.results_file)
     wanted = [p for p in cfg.eval.paths if p in PATHS]
     if not wanted:

@@ -91,24 +91,24 @@ def run_pairs(cfg: DictConfig, pairs: list[tuple[str, str]], run_dir: Path) -> p
     from runner.store import read_csv
 
     jobs = [pair_config(cfg, layer, spec) for layer, spec in pairs]
-    plans = []
+    planned = []
     for job in jobs:
         try:
-            plans.append(compare.plan(job)[3])
+            planned.append(compare.plan(job))
         except UserError as exc:
-            plans.append(str(exc))
+            planned.append(str(exc))
     with progress_bar(f"{cfg.command}: {len(jobs)} evaluations", total=len(jobs)) as advance:
         for i, (job, (layer, spec)) in enumerate(zip(jobs, pairs)):
             out = run_dir / f"{i}_{layer}"
             out.mkdir(parents=True, exist_ok=True)
-            compare.run(job, out, quiet=True)
+            compare.run(job, out, quiet=True, planned=None if isinstance(planned[i], str) else planned[i])
             advance(1, layer=layer, multiplier=Path(spec).name)
     rows = read_csv(Path(cfg.results_file))
     ok = rows[rows["status"] == "ok"].drop_duplicates("row_key", keep="last").set_index("row_key") \
         if len(rows) else pd.DataFrame()
     failed = rows[rows["status"] == "failed"] if len(rows) else pd.DataFrame()
     table = []
-    for (layer, spec), keys in zip(pairs, plans):
+    for (layer, spec), keys in zip(pairs, (p if isinstance(p, str) else p[3] for p in planned)):
         line = {"layer": layer, "multiplier": Path(spec).name if "/" in spec else spec, "status": "failed"}
         if isinstance(keys, str):
             line["error"] = keys

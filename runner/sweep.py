@@ -64,7 +64,8 @@ def _limit_threads() -> None:
     torch.set_num_threads(max(1, cores // n_jobs))
 
 
-def run(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None, quiet: bool = False) -> dict:
+def run(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None, quiet: bool = False,
+        planned: tuple | None = None) -> dict:
     """One sweep job: a compare run; job.json records what happened for the sweep summary. quiet: no
     per-job table (the in-process loop shows progress, the summary the numbers)."""
     from runner import compare
@@ -80,7 +81,7 @@ def run(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None, quie
         except ValueError:
             overrides = []
     cfg = job_config(cfg)
-    result = compare.run(cfg, out_dir, quiet=quiet)
+    result = compare.run(cfg, out_dir, quiet=quiet, planned=planned)
     atomic_write_json(Path(out_dir) / "job.json", {
         "status": result.get("status"), "error": result.get("error", ""), "overrides": overrides,
         "elapsed_s": round(time.time() - t0, 3)})
@@ -216,12 +217,13 @@ def _compose_all(jobs: list[list[str]], hydra_overrides: list[str]) -> list[Dict
 
 
 def _plan(cfg: DictConfig):
-    """Row keys of a job, or the reason it cannot run (it will then be recorded failed by the job itself)."""
+    """(row keys of a job, compare.plan's answer), or (None, the reason it cannot run): it will then be
+    recorded failed by the job itself."""
     from runner import compare
 
     try:
-        _, _, _, keys = compare.plan(cfg)
-        return keys, ""
+        planned = compare.plan(cfg)
+        return planned[3], planned
     except UserError as exc:
         return None, str(exc)
     except Exception as exc:  # noqa: BLE001
@@ -284,7 +286,8 @@ def summarize(sweep_dir: Path, jobs: list[list[str]], cfgs: list[DictConfig], pl
         by_overrides[tuple(info.get("overrides", []))] = (f.parent, info)
     results = {}
     rows = []
-    for num, (job, cfg, (keys, plan_error)) in enumerate(zip(jobs, cfgs, plans)):
+    for num, (job, cfg, (keys, planned)) in enumerate(zip(jobs, cfgs, plans)):
+        plan_error = "" if keys else planned
         rf = str(cfg.results_file)
         if rf not in results:
             results[rf] = read_csv(Path(rf))
@@ -347,18 +350,18 @@ def _basic_launcher(overrides: list[str]) -> bool:
     return not launcher or launcher[-1] == "basic"
 
 
-def run_in_process(jobs: list[list[str]], cfgs: list[DictConfig], sweep_dir: Path) -> None:
+def run_in_process(jobs: list[list[str]], cfgs: list[DictConfig], plans: list, sweep_dir: Path) -> None:
     """What Hydra's basic launcher does, without composing every job again: the jobs one after another in
     this process, so they share its evaluation session (runner.session)."""
     from runner.console import progress_bar
     from runner.provenance import write_config_yaml
 
     with progress_bar(f"sweep: {len(jobs)} jobs", total=len(jobs)) as advance:
-        for num, (job, cfg) in enumerate(zip(jobs, cfgs)):
+        for num, (job, cfg, (keys, planned)) in enumerate(zip(jobs, cfgs, plans)):
             out_dir = sweep_dir / str(num)
             out_dir.mkdir(parents=True, exist_ok=True)
             write_config_yaml(out_dir / "config.yaml", cfg)
-            result = run(cfg, out_dir, overrides=job, quiet=True)
+            result = run(cfg, out_dir, overrides=job, quiet=True, planned=planned if keys else None)
             advance(1, job=num, status=result.get("status"))
 
 
@@ -419,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prepare(cfgs, plans, sweep_dir)
         if _basic_launcher(overrides):
-            run_in_process(jobs, cfgs, sweep_dir)
+            run_in_process(jobs, cfgs, plans, sweep_dir)
         else:
             run_hydra_command("sweep", ["-m", *overrides])
     finally:  # also after Ctrl-C: the summary says which jobs are done

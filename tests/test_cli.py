@@ -1,5 +1,9 @@
 """The console script end to end, in subprocesses, as a user runs it."""
+import os
+import sys
+
 import pandas as pd
+import pytest
 import torch
 
 from tests.conftest import run_cli
@@ -82,3 +86,27 @@ def test_lut_commands_end_to_end(tmp_path):
     bad.write_text("1 2 3\n")
     out = run_cli("lut", "import", str(bad), "--name", "bad", env=env)
     assert out.returncode == 2 and "Traceback" not in out.stderr and "bad.txt" in out.stderr
+
+
+class _FakeCuda:
+    def __init__(self, initialized):
+        self.initialized = initialized
+
+    def is_initialized(self):
+        return self.initialized
+
+
+@pytest.mark.parametrize("initialized", [False, True])
+def test_fast_exit_only_with_a_cuda_context_and_after_exit_handlers(monkeypatch, initialized):
+    import atexit
+    import types
+
+    from runner import cli
+
+    ran, exited = [], []
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=_FakeCuda(initialized)))
+    monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: ran.append("atexit"))
+    monkeypatch.setattr(os, "_exit", lambda rc: exited.append(rc))
+    cli._exit_without_cuda_teardown(3)
+    assert exited == ([3] if initialized else [])
+    assert ran == (["atexit"] if initialized else [])

@@ -113,8 +113,7 @@ def _row(path, timed, y, ref_preds, batch_size, device, threads) -> dict:
 
 
 def run(cfg: DictConfig, out_dir: Path, quiet: bool = False, planned: tuple | None = None) -> dict:
-    """planned: what plan(cfg) returned earlier in this process (a sweep plans every job first); its device
-    is asked again, as this run may hold a different leased GPU."""
+    """planned: what plan(cfg) returned earlier in this process (a sweep plans every job first)."""
     t_start = time.time()
     common = {"run_dir": str(out_dir), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "data": cfg.data.name, "model": cfg.model.name, "quant": cfg.quant.get("name", ""),
@@ -184,9 +183,9 @@ def prefix_of(cfg: DictConfig, multipliers: dict, approx_layers: list[str], keys
 def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False, planned: tuple | None = None) -> dict:
     """quiet: no progress bar, table or skip message (a command that runs many evaluations reports them)."""
     qcfg = QuantConfig.from_cfg(cfg.quant)
-    if planned is None:
-        planned = plan(cfg)
-    device, approx_layers, multipliers, keys = eval_device(cfg), *planned[1:]
+    # a plan made earlier keeps all but the device: this run may hold a different leased GPU
+    planned = plan(cfg) if planned is None else (eval_device(cfg), *planned[1:])
+    device, approx_layers, multipliers, keys = planned
     results_file = Path(cfg.results_file)
     wanted = [p for p in cfg.eval.paths if p in PATHS]
     if not wanted:

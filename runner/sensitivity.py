@@ -91,27 +91,28 @@ def run_pairs(cfg: DictConfig, pairs: list[tuple[str, str]], run_dir: Path) -> p
     from runner.store import read_csv
 
     jobs = [pair_config(cfg, layer, spec) for layer, spec in pairs]
-    planned = []
+    plans = []  # (compare.plan's answer, "") or (None, the reason the pair cannot run)
     for job in jobs:
         try:
-            planned.append(compare.plan(job))
+            plans.append((compare.plan(job), ""))
         except UserError as exc:
-            planned.append(str(exc))
+            plans.append((None, str(exc)))
     with progress_bar(f"{cfg.command}: {len(jobs)} evaluations", total=len(jobs)) as advance:
         for i, (job, (layer, spec)) in enumerate(zip(jobs, pairs)):
             out = run_dir / f"{i}_{layer}"
             out.mkdir(parents=True, exist_ok=True)
-            compare.run(job, out, quiet=True, planned=None if isinstance(planned[i], str) else planned[i])
+            compare.run(job, out, quiet=True, planned=plans[i][0])
             advance(1, layer=layer, multiplier=Path(spec).name)
     rows = read_csv(Path(cfg.results_file))
     ok = rows[rows["status"] == "ok"].drop_duplicates("row_key", keep="last").set_index("row_key") \
         if len(rows) else pd.DataFrame()
     failed = rows[rows["status"] == "failed"] if len(rows) else pd.DataFrame()
     table = []
-    for (layer, spec), keys in zip(pairs, (p if isinstance(p, str) else p[3] for p in planned)):
+    for (layer, spec), (planned, plan_error) in zip(pairs, plans):
         line = {"layer": layer, "multiplier": Path(spec).name if "/" in spec else spec, "status": "failed"}
-        if isinstance(keys, str):
-            line["error"] = keys
+        keys = planned[3] if planned else None
+        if keys is None:
+            line["error"] = plan_error
         elif keys["approx"] in ok.index:
             a, fq = ok.loc[keys["approx"]], ok.loc[keys["fakequant"]] if keys["fakequant"] in ok.index else None
             line.update({"multiplier": a["multiplier"], "status": "ok", "accuracy": a["accuracy"],

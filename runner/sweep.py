@@ -217,13 +217,12 @@ def _compose_all(jobs: list[list[str]], hydra_overrides: list[str]) -> list[Dict
 
 
 def _plan(cfg: DictConfig):
-    """(row keys of a job, compare.plan's answer), or (None, the reason it cannot run): it will then be
-    recorded failed by the job itself."""
+    """(compare.plan's answer, ""), or (None, the reason the job cannot run): it will then be recorded
+    failed by the job itself."""
     from runner import compare
 
     try:
-        planned = compare.plan(cfg)
-        return planned[3], planned
+        return compare.plan(cfg), ""
     except UserError as exc:
         return None, str(exc)
     except Exception as exc:  # noqa: BLE001
@@ -239,9 +238,10 @@ def prepare(cfgs: list[DictConfig], plans: list, sweep_dir: Path) -> None:
     from runner.train import checkpoint_path, load_or_train
 
     seen_ckpt, seen_ref = set(), set()
-    for i, (cfg, (keys, _)) in enumerate(zip(cfgs, plans)):
-        if keys is None:
+    for i, (cfg, (planned, _)) in enumerate(zip(cfgs, plans)):
+        if planned is None:
             continue
+        keys = planned[3]
         ref = (str(cfg.results_file), keys["pytorch"], keys["fakequant"])
         if cfg.sweep.get("reference", True) and ref not in seen_ref:
             seen_ref.add(ref)
@@ -286,8 +286,8 @@ def summarize(sweep_dir: Path, jobs: list[list[str]], cfgs: list[DictConfig], pl
         by_overrides[tuple(info.get("overrides", []))] = (f.parent, info)
     results = {}
     rows = []
-    for num, (job, cfg, (keys, planned)) in enumerate(zip(jobs, cfgs, plans)):
-        plan_error = "" if keys else planned
+    for num, (job, cfg, (planned, plan_error)) in enumerate(zip(jobs, cfgs, plans)):
+        keys = planned[3] if planned else None
         rf = str(cfg.results_file)
         if rf not in results:
             results[rf] = read_csv(Path(rf))
@@ -357,11 +357,11 @@ def run_in_process(jobs: list[list[str]], cfgs: list[DictConfig], plans: list, s
     from runner.provenance import write_config_yaml
 
     with progress_bar(f"sweep: {len(jobs)} jobs", total=len(jobs)) as advance:
-        for num, (job, cfg, (keys, planned)) in enumerate(zip(jobs, cfgs, plans)):
+        for num, (job, cfg, (planned, _)) in enumerate(zip(jobs, cfgs, plans)):
             out_dir = sweep_dir / str(num)
             out_dir.mkdir(parents=True, exist_ok=True)
             write_config_yaml(out_dir / "config.yaml", cfg)
-            result = run(cfg, out_dir, overrides=job, quiet=True, planned=planned if keys else None)
+            result = run(cfg, out_dir, overrides=job, quiet=True, planned=planned)
             advance(1, job=num, status=result.get("status"))
 
 

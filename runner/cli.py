@@ -114,6 +114,7 @@ def run_hydra_command(command: str, args: list[str]) -> int:
     import hydra
     from hydra.core.hydra_config import HydraConfig
 
+    from runner.config import HeldSignals
     from runner.provenance import write_config_yaml
 
     module = importlib.import_module(COMMANDS[command][0])
@@ -123,6 +124,7 @@ def run_hydra_command(command: str, args: list[str]) -> int:
         _validate_overrides(command, args)
 
     def task(cfg):
+        held.release()
         out_dir = Path(HydraConfig.get().runtime.output_dir)
         write_config_yaml(out_dir / "config.yaml", cfg)
         try:
@@ -136,7 +138,10 @@ def run_hydra_command(command: str, args: list[str]) -> int:
             sys.exit(1)
 
     sys.argv = [f"approx-run {command}", *args]
-    hydra.main(config_path=str(CONFIG_DIR), config_name=command, version_base="1.3")(task)()
+    # Hydra composes the config before it calls task. A multirun's parent may never call it (the joblib and
+    # submitit launchers run the jobs elsewhere), so there signals are not held: a Ctrl-C must still stop it.
+    with HeldSignals(hold=not multirun) as held:
+        hydra.main(config_path=str(CONFIG_DIR), config_name=command, version_base="1.3")(task)()
     return 0
 
 

@@ -193,12 +193,12 @@ def _compose_all(jobs: list[list[str]], hydra_overrides: list[str]) -> list[Dict
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from runner.config import CONFIG_DIR, compose_errors
+    from runner.config import CONFIG_DIR, HeldSignals, compose_errors
 
     parser = OverridesParser.create()
     composed: dict[tuple, DictConfig] = {}
     cfgs = []
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="sweep"):
+    with HeldSignals(), initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="sweep"):
         if hydra_overrides:  # a bad launcher or hydra.* override: say so first, before the jobs' errors
             with compose_errors("sweep", hint_launchers=True):
                 compose(config_name="sweep", overrides=[*jobs[0], *hydra_overrides], return_hydra_config=True)

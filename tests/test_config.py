@@ -77,3 +77,50 @@ def test_quant_config_rejects_bad_values(bad):
 
     with pytest.raises(UserError):
         QuantConfig(**bad)
+
+
+def test_a_signal_during_composition_is_delivered_after_it(monkeypatch):
+    """Ctrl-C in the middle of composing: the composition finishes whole, then the interrupt is raised
+    (inside OmegaConf it would turn into an AttributeError traceback)."""
+    import os
+    import signal
+
+    import hydra
+
+    from runner import config
+
+    real = hydra.compose
+    finished = []
+
+    def interrupted_compose(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # arrives mid-composition
+        cfg = real(*args, **kwargs)
+        finished.append(cfg)
+        return cfg
+
+    monkeypatch.setattr(hydra, "compose", interrupted_compose)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        config.compose("compare", ["multiplier=mul8s_1L2N"])
+    assert finished and finished[0].multiplier.name == "mul8s_1L2N"
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_held_signals_go_to_the_handler_that_was_there():
+    import os
+    import signal
+
+    from runner.config import HeldSignals
+
+    seen = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        with HeldSignals():
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert seen == []
+        assert seen == [signal.SIGTERM]
+        with HeldSignals(hold=False):
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert seen == [signal.SIGTERM, signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)

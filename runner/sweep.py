@@ -26,7 +26,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from runner.errors import UserError
 
 _GLOB = set("*?[")
-_TABLE_SUFFIXES = (".txt", ".gz", ".npy", ".csv")
 
 
 # ---------------------------------------------------------------- per job (inside the multirun)
@@ -91,7 +90,11 @@ def run(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None, quie
 # ---------------------------------------------------------------- the sweep (outside the multirun)
 
 def _is_path(spec: str) -> bool:
-    return os.sep in spec or "/" in spec or spec.endswith(_TABLE_SUFFIXES)
+    # The table formats are the loader's, matched as it matches them (case-insensitively); imported
+    # here because runner.multipliers loads torch, which sweep's module level avoids.
+    from runner.multipliers.io import SUFFIXES
+
+    return os.sep in spec or "/" in spec or spec.lower().endswith(SUFFIXES)
 
 
 def _unquote(s: str) -> str:

@@ -17,6 +17,7 @@ import statistics
 import torch
 
 from runner.bench import LENET5_LAYERS, device_timer
+from runner.multipliers.core import exact_lut
 
 # name: (a shape per image, w shape, stride, padding, groups); stride None = linear layer
 SHAPES = {
@@ -73,8 +74,7 @@ def main():
     args.algos = args.algos or ",".join((*backend_algos("cuda"), "auto"))
 
     gen = torch.Generator(device="cuda").manual_seed(0)
-    idx = torch.arange(256, device="cuda", dtype=torch.int32)
-    lut = (idx[:, None] * idx[None, :]).contiguous()
+    lut = exact_lut(signed=False).to("cuda")
     timer = device_timer(torch.device("cuda"))
     rows = []
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")

@@ -13,6 +13,7 @@ import sys
 
 import torch
 
+from runner.multipliers.core import exact_lut
 from cuda_layers import LAYERS, call, codes as layer_codes, macs, time_ms
 
 KINDS = ("uniform", "relu", "const", "tapconst")
@@ -33,8 +34,7 @@ def main():
     import runner._C  # noqa: F401
 
     gen = torch.Generator(device="cuda").manual_seed(0)
-    idx = torch.arange(256, device="cuda", dtype=torch.int32)
-    lut = (idx[:, None] * idx[None, :]).contiguous()
+    lut = exact_lut(signed=False).to("cuda")
     batch = 10000
     for name in layers:
         _, ashape, wshape = LAYERS[name]

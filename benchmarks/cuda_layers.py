@@ -18,6 +18,7 @@ import statistics
 import torch
 
 from runner.bench import LENET5_LAYERS, device_timer
+from runner.multipliers.core import exact_lut
 
 # name: (kind, a shape per image, w shape)
 LAYERS = {name: (kind, ashape, wshape) for name, kind, ashape, wshape in LENET5_LAYERS}
@@ -71,8 +72,7 @@ def main():
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     # exact unsigned 8x8 products (fit int16, so the int16 paths run)
-    idx = torch.arange(256, device="cuda", dtype=torch.int32)
-    lut = (idx[:, None] * idx[None, :]).contiguous()
+    lut = exact_lut(signed=False).to("cuda")
     rows = []
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, batch {args.batch}")
     print(f"{'layer':6} {'data':8} {'algo':17} {'median ms':>10} {'T MAC/s':>8} {'min ms':>8} "

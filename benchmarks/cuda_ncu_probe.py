@@ -4,10 +4,10 @@
 #       --section WarpStateStats --section MemoryWorkloadAnalysis python3 benchmarks/cuda_ncu_probe.py
 import torch
 import runner._C  # noqa: F401
+from runner.multipliers.core import exact_lut
 
 g = torch.Generator(device="cuda").manual_seed(0)
-i = torch.arange(256, device="cuda", dtype=torch.int32)
-lut = (i[:, None] * i[None, :]).contiguous()
+lut = exact_lut(signed=False).to("cuda")
 def u(shape): return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8, device="cuda")
 def w(shape): return torch.randint(-127, 128, shape, generator=g, dtype=torch.int8, device="cuda")
 c2, f1, f2 = u((10000, 6, 12, 12)), u((10000, 256)), u((10000, 120))

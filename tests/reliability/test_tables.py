@@ -9,7 +9,7 @@ import pytest
 
 from runner.errors import UserError
 from runner.multipliers import get, import_table, load_table, save_table
-from tests.reliability.conftest import finish, run, start
+from tests.reliability.conftest import assert_clean_exit, finish, run, start
 
 
 def _write(path, table):
@@ -65,22 +65,30 @@ def test_symmetric_tables_say_transpose_cannot_matter(tmp_path, capsys):
 
 
 @pytest.mark.processes
-def test_lut_import_killed_leaves_old_or_new_table_whole(tmp_path, home):
-    """SIGKILL `lut import --force` at spread-out moments of its run (most of which is start-up, so
-    the moments are drawn from the last part of a measured full run); after each kill the entry reads
-    back whole as one of the two tables, and no stray entry appears."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_lut_import_killed_leaves_old_or_new_table_whole(tmp_path, home, sig):
+    """SIGINT or SIGKILL `lut import --force` at spread-out moments of its run (most of which is start-up,
+    so the moments are drawn from the last part of a measured full run); after each signal the entry reads
+    back whole as one of the two tables, and no stray entry appears. Ctrl-C also exits 130 with the
+    resume hint, never a traceback."""
     a = save_table(get("mul8s_1L2J"), tmp_path / "a.txt")
     b = save_table(get("mul8s_1KVM"), tmp_path / "b.txt")
     valid = {get("mul8s_1L2J").sha256, get("mul8s_1KVM").sha256}
     t0 = time.perf_counter()
     assert run("lut", "import", str(a), "--name", "mine")[0] == 0
     full = time.perf_counter() - t0
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(int(sig))
     for i in range(4):
         p = start("lut", "import", str(b if i % 2 == 0 else a), "--name", "mine", "--force")
         time.sleep(full * float(rng.uniform(0.6, 1.0)))
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-        finish(p)
+            os.killpg(p.pid, sig)
+        rc, out = finish(p)
+        if rc != 0:  # 0: it had finished before the signal came
+            if sig == signal.SIGINT:
+                assert_clean_exit(rc, out, 130)
+                assert "interrupted: finished results are kept" in out
+            else:
+                assert rc == -signal.SIGKILL, out
         assert get("mine").sha256 in valid
     assert sorted(p.name for p in (home / "multipliers").glob("*.json")) == ["mine.json"]

@@ -49,8 +49,9 @@ def progress_bar(description: str, total: int):
 
 
 def fmt_number(v, digits: int = 4) -> str:
-    """A cell for people: `digits` significant digits in fixed point (0.9712, 3.457, 0.001800), whole
-    numbers with thousands separators from 1,000 up (11,290, not 1.129e+04), "" for a missing value."""
+    """A cell for people: `digits` significant digits in fixed point (0.9712, 3.457, 0.001800); a float too
+    large for any decimals rounded, with thousands separators (1,129 and 11,290, not 1.129e+04); an
+    integer with thousands separators from 10,000 up (4096 stays as written); "" for a missing value."""
     if v is None or isinstance(v, str) or type(v).__name__ == "NAType":
         return v if isinstance(v, str) else ""
     if isinstance(v, bool) or type(v).__name__ == "bool_":

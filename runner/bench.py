@@ -7,12 +7,15 @@ expanded table, which later calls reuse), and GMAC/s from the median.
 """
 from __future__ import annotations
 
+import copy
 import statistics
+import time
 
 import pandas as pd
 import torch
 
 from runner import ops
+from runner.errors import UserError, config_number
 from runner.multipliers.core import exact_lut
 
 # LeNet-5 layers as the approx ops see them: name, kind, activation shape without batch, weight shape.
@@ -199,9 +202,6 @@ def bench_train(model, multiplier, qcfg, data, backends, *, batch_size, repeats,
     """Training cost per path, like a forward/backward table: one step (forward + backward + Adam) on a fixed
     batch, median of `repeats` after `warmup`, and whole epochs over the training set (median of `epochs`
     after one untimed epoch) for pytorch fp32, fake-quant (QAT) and approx (each backend, each gradient)."""
-    import copy
-    import time
-
     import torch.nn.functional as F
 
     from runner.evaluate import Clock
@@ -273,8 +273,6 @@ _SHOWN = {
 
 
 def check_bench_config(b) -> None:
-    from runner.errors import UserError, config_number
-
     if not list(b.batches):
         raise UserError("bench.batches is empty; give batch sizes, e.g. bench.batches=[1,256].")
     for i, batch in enumerate(b.batches):
@@ -290,7 +288,6 @@ def run(cfg, out_dir):
     """`approx-run bench`: op-level, variant-level (--algos) and model-level timing; CSVs in the run dir."""
     from runner._ext import backend_status
     from runner.console import console, print_table
-    from runner.errors import UserError
     from runner.multipliers import resolve
     from runner.provenance import atomic_write_json, environment
     from runner.quant import QuantConfig

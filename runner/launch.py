@@ -5,6 +5,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
 
 @contextmanager
 def gpu_lease(lock_dir: Path, n_gpus: int, poll_s: float = 0.2):
@@ -14,8 +16,6 @@ def gpu_lease(lock_dir: Path, n_gpus: int, poll_s: float = 0.2):
     if n_gpus <= 1:
         yield 0
         return
-    from filelock import FileLock, Timeout
-
     lock_dir.mkdir(parents=True, exist_ok=True)
     while True:
         for i in range(n_gpus):

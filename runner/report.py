@@ -2,6 +2,7 @@
 default, or run/sweep dirs), as a table, CSV or Markdown."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pandas as pd
@@ -198,8 +199,6 @@ def plot(df: pd.DataFrame, out: Path) -> Path:
 
 
 def _positive(text: str) -> int:
-    import argparse
-
     try:
         n = int(text)
     except ValueError:
@@ -210,8 +209,6 @@ def _positive(text: str) -> int:
 
 
 def _parser():
-    import argparse
-
     p = argparse.ArgumentParser(
         prog="approx-run results", description="Filter, sort, pivot and plot result rows.",
         epilog="examples:\n"

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from runner.errors import config_number
+from runner.layers import check_non_finite_inputs
 
 
 @dataclass
@@ -69,6 +70,7 @@ def run_timed(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.
     clock = Clock(device)
     if logits is None:  # the first pass yields the predictions and is the first warm-up pass
         logits = torch.cat([model(b).float().cpu() for b in batches])
+        check_non_finite_inputs(model)
         warmup -= 1
     if not repeats:
         warmup = 0
@@ -83,4 +85,5 @@ def run_timed(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.
             model(b)
             batch_ms.append(clock.ms_since(t0))
         pass_ms.append(clock.ms_since(t_pass))
+    check_non_finite_inputs(model)
     return Timed(logits.argmax(1), logits, batch_ms, pass_ms)

@@ -61,12 +61,15 @@ def run_until(model: nn.Module, x: torch.Tensor, layer: str) -> torch.Tensor:
 
 
 def run_from(model: nn.Module, x: torch.Tensor, layer: str) -> torch.Tensor:
-    """The model's output given the input of `layer` (what run_until returned)."""
-    started = False
+    """The model's output given the input of `layer` (what run_until returned). The model's forward hooks run
+    on it as after a forward (a converted model's hook reports the non-finite inputs its layers saw)."""
+    started, kept = False, x
     for name, step in model.stages():
         started = started or name == layer
         if started:
             x = step(x)
+    for hook in list(model._forward_hooks.values()):
+        x = hook(model, (kept,), x) or x
     return x
 
 

@@ -345,12 +345,15 @@ def reference_dequantize(acc, act_scale, weight_scale, bias):
     return acc.to(torch.float32) * (act_scale * weight_scale).view(shape) + bias.view(shape)
 
 
-def quantize(x, scale, signed, *, backend="cpp"):
-    """int8 (signed) / uint8 codes of x at a per-tensor scale (0-d float32 tensor on x's device)."""
+def quantize(x, scale, signed, *, backend="cpp", nonfinite=None):
+    """int8 (signed) / uint8 codes of x at a per-tensor scale (0-d float32 tensor on x's device).
+    nonfinite: None, or a 1-element bool tensor on x's device that is set when x holds a NaN or Inf."""
     _check_backend(backend)
     if backend == "python":
+        if nonfinite is not None:
+            nonfinite.logical_or_(torch.isfinite(x).logical_not_().any())
         return reference_quantize(x, scale, signed)
-    return _compiled("quantize", backend, x)(x.contiguous(), scale.contiguous(), signed)
+    return _compiled("quantize", backend, x)(x.contiguous(), scale.contiguous(), signed, nonfinite)
 
 
 def dequantize(acc, act_scale, weight_scale, bias, *, backend="cpp"):
@@ -387,16 +390,16 @@ def _check_grad_mode(grad):
         raise UserError(f"finetune.grad={grad!r}: choose {' or '.join(GRADS)}.")
 
 
-def _qforward_linear(x, weight_codes, weight_scale, act_scale, bias, lut, signed, backend, algo):
-    codes = quantize(x.contiguous(), act_scale, signed, backend=backend)
+def _qforward_linear(x, weight_codes, weight_scale, act_scale, bias, lut, signed, backend, algo, nonfinite=None):
+    codes = quantize(x.contiguous(), act_scale, signed, backend=backend, nonfinite=nonfinite)
     lead = codes.shape[:-1]
     acc = lut_linear(codes.reshape(-1, codes.shape[-1]), weight_codes, lut, backend=backend, algo=algo)
     return dequantize(acc, act_scale, weight_scale, bias, backend=backend).reshape(*lead, acc.shape[-1])
 
 
 def _qforward_conv2d(x, weight_codes, weight_scale, act_scale, bias, lut, stride, padding, dilation, groups,
-                     signed, backend, algo):
-    codes = quantize(x.contiguous(), act_scale, signed, backend=backend)
+                     signed, backend, algo, nonfinite=None):
+    codes = quantize(x.contiguous(), act_scale, signed, backend=backend, nonfinite=nonfinite)
     acc = lut_conv2d(codes, weight_codes, lut, stride, padding, dilation, groups, backend=backend, algo=algo)
     return dequantize(acc, act_scale, weight_scale, bias, backend=backend)
 
@@ -587,7 +590,7 @@ def _register_fakes():
         return a.new_empty((a.shape[0], w.shape[0], ho, wo), dtype=torch.int32)
 
     @torch.library.register_fake("approx::quantize")
-    def _(x, scale, signed):
+    def _(x, scale, signed, nonfinite=None):
         return torch.empty_like(x, dtype=torch.int8 if signed else torch.uint8)
 
     @torch.library.register_fake("approx::dequantize")

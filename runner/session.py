@@ -18,6 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from runner.layers import check_non_finite_inputs
 from runner.models import fold_input_normalization, run_from, run_until
 
 
@@ -90,7 +91,9 @@ class Session:
         model = model.eval().to(device)
         batches = [x[i:i + batch_size] for i in range(0, len(x), batch_size)]
         if start is None or prefix_key is None or not hasattr(model, "stages"):
-            return torch.cat([model(b.to(device)).float().cpu() for b in batches])
+            logits = torch.cat([model(b.to(device)).float().cpu() for b in batches])
+            check_non_finite_inputs(model)
+            return logits
         key = (prefix_key, start, device.type, batch_size, len(x))
         kept = self._prefixes.get(key)
         if kept is None:
@@ -99,7 +102,9 @@ class Session:
             while len(self._prefixes) > self.MAX_PREFIXES:
                 self._prefixes.popitem(last=False)
         self._prefixes.move_to_end(key)
-        return torch.cat([run_from(model, a, start).float().cpu() for a in kept])
+        logits = torch.cat([run_from(model, a, start).float().cpu() for a in kept])
+        check_non_finite_inputs(model)
+        return logits
 
 
 _SESSION: Session | None = None

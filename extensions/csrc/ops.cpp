@@ -42,7 +42,10 @@ TORCH_LIBRARY(approx, m) {
   //   dequantize: out[:, n, ...] = float(acc) * (act_scale * weight_scale[n]) + bias[n] in fp32,
   //               the multiply and the add rounded separately (no FMA), like the eager expression.
   // Scales are 0-d / [N] float32 tensors on the data's device, so GPU code never waits for the host.
-  m.def("quantize(Tensor x, Tensor scale, bool signed) -> Tensor");
+  //   nonfinite:  optional 1-element bool on x's device, set true when x holds a NaN or Inf (never
+  //               cleared): a layer learns of a bad input from the pass that reads x anyway, instead of
+  //               a check of its own (extra launches on the GPU, a host wait on the result).
+  m.def("quantize(Tensor x, Tensor scale, bool signed, Tensor(a!)? nonfinite=None) -> Tensor");
   m.def("dequantize(Tensor acc, Tensor act_scale, Tensor weight_scale, Tensor bias) -> Tensor");
   // Backward of the `lut` gradient (runner/ops.py slope_tables, reference_lut_grad_*), in rows form
   // (a conv is unfolded first): a [M, K] codes, w [N, K] codes, grad [M, N] float32, slope [256, 256]

@@ -39,12 +39,35 @@ def test_dequantize_equals_eager_expression(gen, backend, device, shape):
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("backend,device", [("python", "cpu"), *backend_params()])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), None])
+def test_quantize_flags_non_finite_input(gen, backend, device, bad):
+    """The flag is set exactly when some element is NaN or Inf (anywhere in a large input: every block of
+    the GPU grid and every CPU chunk may be the one that sees it) and is never cleared; the codes of the
+    finite elements are unchanged."""
+    x = torch.randn(3 * 2**20 + 7, generator=gen)
+    where = int(torch.randint(0, x.numel(), (1,), generator=gen))
+    if bad is not None:
+        x[where] = bad
+    s = torch.tensor(0.02)
+    flag = torch.zeros(1, dtype=torch.bool, device=device)
+    got = ops.quantize(x.to(device), s.to(device), True, backend=backend, nonfinite=flag).cpu()
+    assert bool(flag) == (bad is not None)
+    keep = torch.arange(x.numel()) != where
+    assert torch.equal(got[keep], ops.reference_quantize(x, s, True)[keep])
+    ops.quantize(torch.zeros(5, device=device), s.to(device), True, backend=backend, nonfinite=flag)
+    assert bool(flag) == (bad is not None)  # a clean input leaves a raised flag raised
+
+
 @pytest.mark.parametrize("backend,device", backend_params())
 def test_opcheck_quant_ops(gen, backend, device):
     x = (torch.randn(4, 3, 5, 5, generator=gen) * 2).to(device)
     s = torch.tensor(0.05, device=device)
     torch.library.opcheck(torch.ops.approx.quantize.default, (x, s, True))
     torch.library.opcheck(torch.ops.approx.quantize.default, (x.abs(), s, False))
+    x[0, 1, 2, 3] = float("nan")
+    torch.library.opcheck(torch.ops.approx.quantize.default,
+                          (x, s, True, torch.zeros(1, dtype=torch.bool, device=device)))
     acc = torch.randint(-1000, 1000, (4, 3, 5, 5), generator=gen, dtype=torch.int32).to(device)
     torch.library.opcheck(torch.ops.approx.dequantize.default,
                           (acc, s, torch.rand(3, device=device), torch.randn(3, device=device)))
@@ -59,6 +82,8 @@ def test_quant_ops_reject_bad_inputs(backend, device):
         torch.ops.approx.quantize(x.t(), s, True)
     with pytest.raises(RuntimeError, match="1 element"):
         torch.ops.approx.quantize(x, torch.ones(2, device=device), True)
+    with pytest.raises(RuntimeError, match="nonfinite"):
+        torch.ops.approx.quantize(x, s, True, torch.zeros(2, dtype=torch.bool, device=device))
     acc = torch.zeros(4, 3, dtype=torch.int32, device=device)
     with pytest.raises(RuntimeError, match="int32"):
         torch.ops.approx.dequantize(acc.float(), s, torch.ones(3, device=device), torch.ones(3, device=device))

@@ -6,9 +6,10 @@ from torch import nn
 
 from runner import ops
 from runner.errors import UserError
-from runner.layers import (ApproxLinear, check_accumulator, quantized_layers, quantized_models, raise_non_finite_inputs,
-                           reduction_length)
-from runner.models import build_model
+from runner.evaluate import run_timed
+from runner.layers import (ApproxLinear, NonFiniteInputCheck, check_accumulator, check_non_finite_inputs,
+                           quantized_layers, quantized_models, reduction_length)
+from runner.models import build_model, run_from, run_until
 from runner.multipliers import Multiplier, get
 from runner.quant import ActStats, QuantConfig
 from tests.conftest import compose, has_cpp
@@ -115,20 +116,40 @@ def test_deferred_input_check_names_the_first_bad_layer(lenet):
     for name, x in (("conv1", torch.rand(2, 1, 28, 28)), ("fc1", torch.full((2, 256), float("inf"))),
                     ("fc2", torch.full((2, 120), float("nan")))):
         layers[name]._check_input(x, defer=True)
+    check = NonFiniteInputCheck()
     with pytest.raises(UserError, match="layer fc1: the input holds non-finite values"):
-        raise_non_finite_inputs(approx)
-    raise_non_finite_inputs(approx)                   # the flags were consumed: the next forward starts clean
+        check(approx)
+    check(approx)                                     # the flags were consumed: the next forward starts clean
 
 
 @pytest.mark.cuda
-def test_non_finite_input_on_the_gpu_is_named(lenet):
+@pytest.mark.parametrize("backend", ["python", "cuda"])
+def test_non_finite_input_on_the_gpu_is_named(lenet, backend):
+    """On the GPU the approx layers learn of a bad input from their quantize kernel, the fake-quant layers
+    from a check of their own, and the flags are read without stalling the forward: by the next forward,
+    by check_non_finite_inputs after the last, and by the evaluation loops, which name the layer."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     fq, approx, _ = quantized_models(lenet, get("mul8s_1L2J"), QuantConfig(calib_batches=1, calib_batch_size=8),
-                                     torch.rand(8, 1, 28, 28), backend="python")
+                                     torch.rand(8, 1, 28, 28), backend=backend)
     x = torch.rand(4, 1, 28, 28, device="cuda")
     x[1, 0, 3, 3] = float("inf")
+    bad = "layer conv1: the input holds non-finite values"
     for model in (fq.cuda(), approx.cuda()):
-        model(x[:1])                                  # a clean input passes
-        with pytest.raises(UserError, match="layer conv1: the input holds non-finite values"):
-            model(x)
+        model(x[:1])
+        check_non_finite_inputs(model)                # a clean input passes
+        model(x)
+        with pytest.raises(UserError, match=bad):
+            model(x[:1])                              # the next forward reads the flags of the one before
+        model(x[:1])
+        check_non_finite_inputs(model)                # the flags were consumed
+        model(x)
+        with pytest.raises(UserError, match=bad):
+            check_non_finite_inputs(model)
+        with pytest.raises(UserError, match=bad):
+            run_timed(model, x.cpu(), 2, torch.device("cuda"), warmup=1, repeats=1)
+        kept = run_until(model, x[:1], "fc1")
+        kept[0, 7] = float("nan")
+        run_from(model, kept, "fc1")
+        with pytest.raises(UserError, match="layer fc1: the input holds non-finite values"):
+            check_non_finite_inputs(model)

@@ -4,8 +4,10 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 
 namespace {
 
@@ -17,25 +19,39 @@ void check_scale(const char* op, const at::Tensor& s, const at::Tensor& x, int64
 }
 
 template <typename T>
-void quantize_loop(const float* x, T* out, int64_t n, float inv, float qmin, float qmax) {
+bool quantize_loop(const float* x, T* out, int64_t n, float inv, float qmin, float qmax) {
+  std::atomic<bool> nonfinite{false};
   at::parallel_for(0, n, 1 << 15, [&](int64_t b, int64_t e) {
+    bool bad = false;
     for (int64_t i = b; i < e; ++i) {
+      bad |= !std::isfinite(x[i]);
       const float q = std::nearbyint(x[i] * inv);
       out[i] = static_cast<T>(std::fmin(std::fmax(q, qmin), qmax));
     }
+    if (bad) nonfinite.store(true, std::memory_order_relaxed);
   });
+  return nonfinite.load();
 }
 
-at::Tensor quantize_cpu(const at::Tensor& x, const at::Tensor& scale, bool is_signed) {
+void check_flag(const std::optional<at::Tensor>& flag, const at::Tensor& x) {
+  if (!flag) return;
+  TORCH_CHECK(flag->scalar_type() == at::kBool && flag->numel() == 1 && flag->device() == x.device(),
+              "quantize: `nonfinite` must be one bool on ", x.device(), ", got ", flag->scalar_type(), " ",
+              flag->sizes(), " on ", flag->device());
+}
+
+at::Tensor quantize_cpu(const at::Tensor& x, const at::Tensor& scale, bool is_signed,
+                        const std::optional<at::Tensor>& nonfinite) {
   TORCH_CHECK(x.scalar_type() == at::kFloat, "quantize: `x` must be float32, got ", x.scalar_type());
   TORCH_CHECK(x.is_contiguous(), "quantize: `x` must be contiguous");
   check_scale("quantize", scale, x, 1, "scale");
+  check_flag(nonfinite, x);
   const float inv = 1.0f / scale.item<float>();
   auto out = at::empty(x.sizes(), x.options().dtype(is_signed ? at::kChar : at::kByte));
-  if (is_signed)
-    quantize_loop(x.data_ptr<float>(), out.data_ptr<int8_t>(), x.numel(), inv, -128.f, 127.f);
-  else
-    quantize_loop(x.data_ptr<float>(), out.data_ptr<uint8_t>(), x.numel(), inv, 0.f, 255.f);
+  const bool bad = is_signed
+      ? quantize_loop(x.data_ptr<float>(), out.data_ptr<int8_t>(), x.numel(), inv, -128.f, 127.f)
+      : quantize_loop(x.data_ptr<float>(), out.data_ptr<uint8_t>(), x.numel(), inv, 0.f, 255.f);
+  if (bad && nonfinite) nonfinite->fill_(true);
   return out;
 }
 

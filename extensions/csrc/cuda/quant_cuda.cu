@@ -8,18 +8,24 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace {
 
 template <typename T>
 __global__ void quantize_kernel(const float* __restrict__ x, const float* __restrict__ scale, T* __restrict__ out,
-                                int64_t n, float qmin, float qmax) {
+                                int64_t n, float qmin, float qmax, bool* __restrict__ nonfinite) {
   const float inv = __fdiv_rn(1.0f, *scale);
+  bool bad = false;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const float q = rintf(__fmul_rn(x[i], inv));
+    const float v = x[i];
+    // all exponent bits set: Inf or NaN. A bit test, as --use_fast_math may fold isfinite() to true.
+    bad |= (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
+    const float q = rintf(__fmul_rn(v, inv));
     out[i] = static_cast<T>(fminf(fmaxf(q, qmin), qmax));
   }
+  if (bad && nonfinite != nullptr) *nonfinite = true;  // every writer stores the same value: no atomic needed
 }
 
 __global__ void dequantize_kernel(const int32_t* __restrict__ acc, const float* __restrict__ sa,
@@ -50,10 +56,15 @@ dim3 grid_for(int64_t n) {
   return dim3(static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65535 * 4)));
 }
 
-at::Tensor quantize_cuda(const at::Tensor& x, const at::Tensor& scale, bool is_signed) {
+at::Tensor quantize_cuda(const at::Tensor& x, const at::Tensor& scale, bool is_signed,
+                         const std::optional<at::Tensor>& nonfinite) {
   TORCH_CHECK(x.scalar_type() == at::kFloat, std::string("quantize: `x` must be float32, got ") + dtype_name(x));
   TORCH_CHECK(x.is_contiguous(), "quantize: `x` must be contiguous");
   check_scale("quantize", scale, x, 1, "scale");
+  TORCH_CHECK(!nonfinite || (nonfinite->scalar_type() == at::kBool && nonfinite->numel() == 1 &&
+                             nonfinite->device() == x.device()),
+              std::string("quantize: `nonfinite` must be one bool on ") + x.device().str());
+  bool* flag = nonfinite ? nonfinite->data_ptr<bool>() : nullptr;
   const c10::cuda::CUDAGuard guard(x.device());
   auto out = at::empty(x.sizes(), x.options().dtype(is_signed ? at::kChar : at::kByte));
   const int64_t n = x.numel();
@@ -61,10 +72,10 @@ at::Tensor quantize_cuda(const at::Tensor& x, const at::Tensor& scale, bool is_s
   auto stream = c10::cuda::getCurrentCUDAStream();
   if (is_signed)
     quantize_kernel<int8_t><<<grid_for(n), 256, 0, stream>>>(x.data_ptr<float>(), scale.data_ptr<float>(),
-                                                             out.data_ptr<int8_t>(), n, -128.f, 127.f);
+                                                             out.data_ptr<int8_t>(), n, -128.f, 127.f, flag);
   else
     quantize_kernel<uint8_t><<<grid_for(n), 256, 0, stream>>>(x.data_ptr<float>(), scale.data_ptr<float>(),
-                                                              out.data_ptr<uint8_t>(), n, 0.f, 255.f);
+                                                              out.data_ptr<uint8_t>(), n, 0.f, 255.f, flag);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The GPU verification of one change, in as few device calls as a lease allows. On the GPU machine, from
+# the repository root (its image has torch, pandas, rich, pytest; hydra, omegaconf and mlxtend come as
+# wheels made here by ../shared/tools/device-wheels.sh mlxtend, carried in .whl):
+#
+#     bash benchmarks/gpu_session.sh check    # build, every CUDA test, compute-sanitizer memcheck
+#     bash benchmarks/gpu_session.sh speed    # per-layer and whole-model times, training epochs, sweep wall time
+#     bash benchmarks/gpu_session.sh all      # both, one build (about 6 minutes on an H100 host)
+#
+# Logs and tables go to $OUT (or ./gpu-out); the last lines of each step are the figures to quote.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+t0=$SECONDS
+TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16} \
+  python3 -m pip install -q --no-build-isolation --no-deps -e . > "$out/build.log" 2>&1 \
+  || { tail -40 "$out/build.log"; exit 1; }
+echo "build: $((SECONDS - t0)) s"
+python3 -m runner.cli info | tail -8
+
+step() { echo "== $1"; shift; "$@"; echo "   (rc $?, $((SECONDS - t0)) s)"; }
+
+mode=${1:-check}
+case $mode in check|all)
+  step "CUDA tests" bash -c "python3 -m pytest -m cuda -q -p no:cacheprovider tests/ops tests/test_layers.py \
+    tests/test_layers_training.py tests/reliability/test_numeric.py 2>&1 | tee '$out/cuda_tests.log' | tail -4"
+  step "memcheck" bash -c "compute-sanitizer --tool memcheck --error-exitcode 1 python3 benchmarks/cuda_memcheck.py \
+    > '$out/memcheck.log' 2>&1; tail -3 '$out/memcheck.log'"
+  step "memcheck quantize" bash -c "PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \
+    --error-exitcode 1 python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops/test_quant_ops.py \
+    > '$out/memcheck_quant.log' 2>&1; tail -3 '$out/memcheck_quant.log'"
+  ;;
+esac
+case $mode in speed|all)
+  step "layers" bash -c "python3 benchmarks/cuda_layers.py --repeat 30 --algos auto --out '$out/layers.json' 2>&1 \
+    | tee '$out/layers.log' | tail -14"
+  step "model + training" bash -c "python3 -m runner.cli bench bench.backends=[cuda] bench.ops=false \
+    bench.train_batch_size=32 2>&1 | tee '$out/bench.log' | tail -30"
+  # the image sets PYTHONDONTWRITEBYTECODE: a user's install keeps its bytecode, so the timing does too
+  step "exploration" env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/pyc bash -c "python3 benchmarks/dse_speed.py --backend cuda --checkpoints /tmp/ckpt --repeats 5 \
+    --commands sweep 2>&1 | tee '$out/dse.log' | tail -6"
+  ;;
+esac

@@ -49,7 +49,7 @@ class FinetuneConfig:
     optimizer: str = "adam"        # adam | sgd (momentum 0.9)
     grad: str = "ste"              # ste | lut (see runner.ops)
     slope_window: int = 48         # lut: slopes over +-slope_window codes (validated; 1 = central difference)
-    batch_size: int = 32
+    batch_size: int = 16
     schedule: str = "cosine"       # cosine | constant
     weight_decay: float = 0.0
     learn_scales: bool = True      # static activation scales trained with the weights (LSQ gradient, log scale)

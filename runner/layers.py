@@ -91,7 +91,7 @@ class NonFiniteInputCheck:
         host = torch.empty(flags.shape, dtype=torch.bool, pin_memory=True)
         host.copy_(flags, non_blocking=True)
         done = torch.cuda.Event()
-        done.record()
+        done.record(torch.cuda.current_stream(flags.device))  # the copy's stream, whichever GPU is current
         self._pending = (flagged, host, done)
 
     def check(self) -> None:

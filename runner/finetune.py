@@ -185,6 +185,8 @@ def obtain(cfg: DictConfig, approx: nn.Module, data, ident: dict, qcfg: QuantCon
     model = copy.deepcopy(approx)
     if path.exists() and not cfg.finetune.get("force", False):
         meta = _load(path, model)
+        if meta.get("history"):  # the run dir holds the epochs that made these weights, reused or not
+            write_csv(Path(out_dir) / "finetune_log.csv", pd.DataFrame(meta["history"]))
         console.print(f"[green]reusing retrained checkpoint[/] {path}")
         return model.eval(), meta, path
     seed = int(cfg.seed)

@@ -82,6 +82,8 @@ def test_finetune_end_to_end_and_reuse(tmp_path, checkpoints):
     assert ckpts[0].stat().st_mtime == mtime
     df = pd.read_csv(tmp_path / "results" / "results.csv")
     assert df["accuracy"].iloc[-1] == tuned["accuracy"]
+    again_dir = Path(df["run_dir"].iloc[-1])                       # its run dir still gets the epoch log
+    assert again_dir != run_dir and pd.read_csv(again_dir / "finetune_log.csv").equals(log)
 
 
 @pytest.mark.parametrize("override,message", [

@@ -38,8 +38,10 @@ def test_sensitivity_rows_and_resume(tmp_path, checkpoints, capsys):
     assert (exact["accuracy"] == fq[fq["row_key"].isin(rows["row_key"])]["accuracy"].iloc[0]).all()
     t83 = approx[approx["multiplier"] == "mul8u_T83"]["mult_energy_rel"]
     assert ((t83 < 1) & (t83 > 0.08)).all()                   # one layer of five on the cheap multiplier
-    table = pd.read_csv(next((tmp_path / "results" / "sensitivity").glob("*/sensitivity.csv")))
+    table_csv = next((tmp_path / "results" / "sensitivity").glob("*/sensitivity.csv"))
+    table = pd.read_csv(table_csv)
     assert len(table) == 4 and set(table["status"]) == {"ok"}
+    assert (table_csv.parent / "sensitivity.png").stat().st_size > 1000     # the heat map
     assert main(args) == 0                                    # a rerun records nothing new
     assert len(pd.read_csv(tmp_path / "results" / "results.csv")) == len(rows)
 
@@ -65,7 +67,9 @@ def test_search_chooses_within_budget_and_prints_the_override(tmp_path, checkpoi
             "search.max_loss=1.0", *_args(tmp_path, checkpoints)]
     assert main(args) == 0
     out = capsys.readouterr().out
-    table = pd.read_csv(next((tmp_path / "results" / "search").glob("*/pareto.csv")))
+    pareto_csv = next((tmp_path / "results" / "search").glob("*/pareto.csv"))
+    table = pd.read_csv(pareto_csv)
+    assert (pareto_csv.parent / "pareto.png").stat().st_size > 1000
     chosen = table[table["chosen"]]
     assert len(chosen) >= 1 and (chosen["val_loss_pts"] <= 1.0 + 1e-9).all()
     assert table["on_front"].any() and (table["kind"] == "uniform").sum() == 3
@@ -80,6 +84,16 @@ def test_search_chooses_within_budget_and_prints_the_override(tmp_path, checkpoi
     assert picked["conv1"].name == "exact_s"                      # layers outside search.layers stay exact
     rows = pd.read_csv(tmp_path / "results" / "results.csv")
     assert (rows["path"] == "approx").sum() == 1                   # the chosen assignment's test row
+
+
+def test_search_retrains_the_chosen_assignment(tmp_path, checkpoints):
+    args = ["search", "search.multipliers=[mul8u_T83]", "search.layers=[fc3]", "search.max_loss=100",
+            "search.finetune_epochs=1", *_args(tmp_path, checkpoints)]
+    assert main(args) == 0
+    rows = pd.read_csv(tmp_path / "results" / "results.csv").set_index("path")
+    assert rows.loc["approx", "multiplier_per_layer"] == rows.loc["approx_finetuned", "multiplier_per_layer"]
+    assert "fc3=mul8u_T83" in rows.loc["approx", "multiplier_per_layer"]
+    assert rows.loc["approx_finetuned", "finetune_epochs"] == 1 and rows.loc["approx_finetuned", "status"] == "ok"
 
 
 @pytest.mark.parametrize("extra, message", [

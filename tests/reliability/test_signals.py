@@ -88,8 +88,17 @@ def test_sweep(tmp_path, baseline, launcher, sig):
     args = _sweep_args(tmp_path, baseline, launcher)
     results = tmp_path / "results" / "results.csv"
     p = start(*args)
-    # once the first approx row is in: the kill lands mid-sweep (with joblib, while a second job runs)
-    rc, out = interrupt_when(p, lambda: (ok_rows(results)["path"] == "approx").sum() >= 1, sig, timeout=90)
+    # a seeded random moment after the first approx row is in: the signal lands mid-sweep (with joblib,
+    # while a second job runs), at a different point of the job that follows for each case
+    delay = np.random.default_rng(int(sig) + len(launcher)).uniform(0.0, 0.15)
+    first_row_at = []
+
+    def ready():
+        if not first_row_at and (ok_rows(results)["path"] == "approx").sum() >= 1:
+            first_row_at.append(time.time())
+        return bool(first_row_at) and time.time() >= first_row_at[0] + delay
+
+    rc, out = interrupt_when(p, ready, sig, timeout=90)
     assert _interrupted(sig, rc, out), f"the sweep finished before the signal:\n{out}"
     first = ok_rows(results)
     assert 1 <= (first["path"] == "approx").sum() < 4

@@ -1,4 +1,5 @@
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -7,6 +8,15 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sigint_is_delivered():
+    """Tests interrupt themselves and the processes they start with SIGINT. A shell without job control that
+    starts pytest in the background makes it ignore SIGINT, which its children inherit; Python's own handler
+    restored here is reset to the default in every child, so those tests test what a user's Ctrl-C does."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def compose(command: str, overrides=(), tmp_path: Path | None = None):

@@ -6,7 +6,9 @@ and exit with code 2, never a traceback."""
 from __future__ import annotations
 
 import importlib
+import multiprocessing
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -125,6 +127,10 @@ def run_hydra_command(command: str, args: list[str]) -> int:
 
     def task(cfg):
         held.release()
+        if multiprocessing.current_process().name != "MainProcess":
+            # A launcher's worker (joblib's loky processes). Ctrl-C reaches the whole process group; the parent
+            # stops its workers itself, and a worker interrupted between two jobs would print a traceback.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         out_dir = Path(HydraConfig.get().runtime.output_dir)
         write_config_yaml(out_dir / "config.yaml", cfg)
         try:
@@ -155,8 +161,6 @@ def _raise_terminated(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
-    import signal
-
     as_script = argv is None  # in-process callers (tests) keep their own signal handlers
     if as_script:
         signal.signal(signal.SIGTERM, _raise_terminated)

@@ -172,15 +172,14 @@ class _Quantized(nn.Module):
         pass
 
     def _check_input(self, x: torch.Tensor, defer: bool | None = None) -> None:
-        if not (x.is_cuda if defer is None else defer):
-            check_finite(self.layer_name, "the input", x)
-            return
-        self.nonfinite_input.logical_or_(torch.isfinite(x).logical_not_().any())
-        self._input_flagged = True
+        """Check x here (CPU), or note on the device whether it holds NaN/Inf (GPU, or defer=True)."""
+        flag = self._input_flag(x, defer)
+        if flag is not None:
+            ops.mark_non_finite(flag, x)
 
-    def _input_flag(self, x: torch.Tensor) -> torch.Tensor | None:
+    def _input_flag(self, x: torch.Tensor, defer: bool | None = None) -> torch.Tensor | None:
         """The flag for a kernel that reads x anyway to set (on a GPU), or None after checking x here."""
-        if not x.is_cuda:
+        if not (x.is_cuda if defer is None else defer):
             check_finite(self.layer_name, "the input", x)
             return None
         self._input_flagged = True

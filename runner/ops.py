@@ -345,13 +345,19 @@ def reference_dequantize(acc, act_scale, weight_scale, bias):
     return acc.to(torch.float32) * (act_scale * weight_scale).view(shape) + bias.view(shape)
 
 
+def mark_non_finite(flag: torch.Tensor, x: torch.Tensor) -> None:
+    """Set the 1-element bool `flag` (on x's device, never cleared here) when x holds a NaN or Inf, without a
+    host wait: what the quantize kernels do as they read x, for code that has no such kernel."""
+    flag.logical_or_(torch.isfinite(x).logical_not_().any())
+
+
 def quantize(x, scale, signed, *, backend="cpp", nonfinite=None):
     """int8 (signed) / uint8 codes of x at a per-tensor scale (0-d float32 tensor on x's device).
     nonfinite: None, or a 1-element bool tensor on x's device that is set when x holds a NaN or Inf."""
     _check_backend(backend)
     if backend == "python":
         if nonfinite is not None:
-            nonfinite.logical_or_(torch.isfinite(x).logical_not_().any())
+            mark_non_finite(nonfinite, x)
         return reference_quantize(x, scale, signed)
     return _compiled("quantize", backend, x)(x.contiguous(), scale.contiguous(), signed, nonfinite)
 

@@ -1,5 +1,6 @@
-// Input checks of approx::lut_linear / approx::lut_conv2d, shared by every backend's entry points
-// (cpu/lut_cpu.cpp, cuda/lut_ops.cpp), so that each mistake reads the same everywhere; the python
+// Input checks of approx::lut_linear / approx::lut_conv2d and of quantize / dequantize, shared by every
+// backend's entry points (cpu/lut_cpu.cpp, cpu/quant_cpu.cpp, cuda/lut_ops.cpp, cuda/quant_cuda.cu), so
+// that each mistake reads the same everywhere; the python
 // reference (runner/ops.py) words them alike. Host code only: error messages are built from
 // strings (streaming integers into TORCH_CHECK from nvcc-compiled files crashed on the GPU
 // machine with torch 2.11 / nvcc 13.0).
@@ -7,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -39,6 +41,23 @@ inline void check_common(const char* op, const at::Tensor& a, const at::Tensor& 
               w.device().str(), ", ", lut.device().str());
   TORCH_CHECK(a.device().type() == backend, op, ": the ", c10::DeviceTypeName(backend),
               " kernel got tensors on ", a.device().str());
+}
+
+// A scale of quantize / dequantize: float32, `numel` values, on x's device, contiguous.
+inline void check_scale(const char* op, const at::Tensor& s, const at::Tensor& x, int64_t numel,
+                        const char* name) {
+  const std::string what = std::string(op) + ": `" + name + "` must ";
+  TORCH_CHECK(s.scalar_type() == at::kFloat, what + "be float32, got " + T(s));
+  TORCH_CHECK(s.numel() == numel, what + "have " + I(numel) + " element(s), got " + I(s.numel()));
+  TORCH_CHECK(s.device() == x.device(), what + "be on " + x.device().str() + ", got " + s.device().str());
+  TORCH_CHECK(s.is_contiguous(), what + "be contiguous");
+}
+
+// quantize's optional non-finite flag: one bool on x's device.
+inline void check_nonfinite_flag(const std::optional<at::Tensor>& flag, const at::Tensor& x) {
+  TORCH_CHECK(!flag || (flag->scalar_type() == at::kBool && flag->numel() == 1 && flag->device() == x.device()),
+              "quantize: `nonfinite` must be one bool on " + x.device().str() + ", got " +
+                  (flag ? std::string(T(*flag)) + " " + D(flag->sizes()) + " on " + flag->device().str() : ""));
 }
 
 struct LinearShape {

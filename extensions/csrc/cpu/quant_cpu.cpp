@@ -9,14 +9,12 @@
 #include <cstdint>
 #include <optional>
 
+#include "../checks.h"
+
 namespace {
 
-void check_scale(const char* op, const at::Tensor& s, const at::Tensor& x, int64_t numel, const char* name) {
-  TORCH_CHECK(s.scalar_type() == at::kFloat, op, ": `", name, "` must be float32, got ", s.scalar_type());
-  TORCH_CHECK(s.numel() == numel, op, ": `", name, "` must have ", numel, " element(s), got ", s.numel());
-  TORCH_CHECK(s.device() == x.device(), op, ": `", name, "` must be on ", x.device(), ", got ", s.device());
-  TORCH_CHECK(s.is_contiguous(), op, ": `", name, "` must be contiguous");
-}
+using approx_checks::check_nonfinite_flag;
+using approx_checks::check_scale;
 
 template <typename T>
 bool quantize_loop(const float* x, T* out, int64_t n, float inv, float qmin, float qmax) {
@@ -33,19 +31,12 @@ bool quantize_loop(const float* x, T* out, int64_t n, float inv, float qmin, flo
   return nonfinite.load();
 }
 
-void check_flag(const std::optional<at::Tensor>& flag, const at::Tensor& x) {
-  if (!flag) return;
-  TORCH_CHECK(flag->scalar_type() == at::kBool && flag->numel() == 1 && flag->device() == x.device(),
-              "quantize: `nonfinite` must be one bool on ", x.device(), ", got ", flag->scalar_type(), " ",
-              flag->sizes(), " on ", flag->device());
-}
-
 at::Tensor quantize_cpu(const at::Tensor& x, const at::Tensor& scale, bool is_signed,
                         const std::optional<at::Tensor>& nonfinite) {
   TORCH_CHECK(x.scalar_type() == at::kFloat, "quantize: `x` must be float32, got ", x.scalar_type());
   TORCH_CHECK(x.is_contiguous(), "quantize: `x` must be contiguous");
   check_scale("quantize", scale, x, 1, "scale");
-  check_flag(nonfinite, x);
+  check_nonfinite_flag(nonfinite, x);
   const float inv = 1.0f / scale.item<float>();
   auto out = at::empty(x.sizes(), x.options().dtype(is_signed ? at::kChar : at::kByte));
   const bool bad = is_signed

@@ -11,7 +11,12 @@
 #include <optional>
 #include <string>
 
+#include "../checks.h"
+
 namespace {
+
+using approx_checks::check_nonfinite_flag;
+using approx_checks::check_scale;
 
 template <typename T>
 __global__ void quantize_kernel(const float* __restrict__ x, const float* __restrict__ scale, T* __restrict__ out,
@@ -42,16 +47,6 @@ __global__ void dequantize_kernel(const int32_t* __restrict__ acc, const float* 
 // TORCH_CHECK from nvcc-compiled code crashed under torch 2.11 (see ../checks.h).
 std::string dtype_name(const at::Tensor& t) { return c10::toString(t.scalar_type()); }
 
-void check_scale(const char* op, const at::Tensor& s, const at::Tensor& x, int64_t numel, const char* name) {
-  TORCH_CHECK(s.scalar_type() == at::kFloat,
-              std::string(op) + ": `" + name + "` must be float32, got " + dtype_name(s));
-  TORCH_CHECK(s.numel() == numel, std::string(op) + ": `" + name + "` must have " + std::to_string(numel) +
-                                      " element(s), got " + std::to_string(s.numel()));
-  TORCH_CHECK(s.device() == x.device(),
-              std::string(op) + ": `" + name + "` must be on " + x.device().str() + ", got " + s.device().str());
-  TORCH_CHECK(s.is_contiguous(), std::string(op) + ": `" + name + "` must be contiguous");
-}
-
 dim3 grid_for(int64_t n) {
   return dim3(static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65535 * 4)));
 }
@@ -61,9 +56,7 @@ at::Tensor quantize_cuda(const at::Tensor& x, const at::Tensor& scale, bool is_s
   TORCH_CHECK(x.scalar_type() == at::kFloat, std::string("quantize: `x` must be float32, got ") + dtype_name(x));
   TORCH_CHECK(x.is_contiguous(), "quantize: `x` must be contiguous");
   check_scale("quantize", scale, x, 1, "scale");
-  TORCH_CHECK(!nonfinite || (nonfinite->scalar_type() == at::kBool && nonfinite->numel() == 1 &&
-                             nonfinite->device() == x.device()),
-              std::string("quantize: `nonfinite` must be one bool on ") + x.device().str());
+  check_nonfinite_flag(nonfinite, x);
   bool* flag = nonfinite ? nonfinite->data_ptr<bool>() : nullptr;
   const c10::cuda::CUDAGuard guard(x.device());
   auto out = at::empty(x.sizes(), x.options().dtype(is_signed ? at::kChar : at::kByte));

@@ -10,7 +10,6 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -134,7 +133,7 @@ def run(cfg: DictConfig, out_dir: Path, quiet: bool = False, planned: tuple | No
         spec = OmegaConf.to_container(cfg.multiplier, resolve=True)
         row = {**common, "path": "approx", "status": "failed", "error": reason,
                "multiplier": str(spec.get("name", spec)), "row_key": "", "elapsed_s": time.time() - t_start}
-        write_csv(out_dir / "metrics.csv", pd.DataFrame([row]))
+        write_csv(out_dir / "metrics.csv", [row])
         append_rows(Path(cfg.results_file), [row])
         console.print(f"[red]failed[/] {row['multiplier']}: {exc}")
         return {"status": "failed", "error": reason}
@@ -266,7 +265,7 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False, plan
                              "git_sha": env["git_sha"], "git_dirty": env["git_dirty"],
                              "torch_version": env["torch"], "n_batches": n_batches})
             advance(1, path=path)
-    write_csv(out_dir / "metrics.csv", pd.DataFrame(rows))
+    write_csv(out_dir / "metrics.csv", rows)
     # with skip_done, a row another process recorded meanwhile (concurrent sweeps) is not added twice
     append_rows(results_file, rows, skip_recorded=bool(cfg.skip_done))
     atomic_write_json(out_dir / "run.json", {

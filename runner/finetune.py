@@ -20,7 +20,6 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
@@ -186,7 +185,7 @@ def obtain(cfg: DictConfig, approx: nn.Module, data, ident: dict, qcfg: QuantCon
     if path.exists() and not cfg.finetune.get("force", False):
         meta = _load(path, model)
         if meta.get("history"):  # the run dir holds the epochs that made these weights, reused or not
-            write_csv(Path(out_dir) / "finetune_log.csv", pd.DataFrame(meta["history"]))
+            write_csv(Path(out_dir) / "finetune_log.csv", list(meta["history"]))
         console.print(f"[green]reusing retrained checkpoint[/] {path}")
         return model.eval(), meta, path
     seed = int(cfg.seed)
@@ -196,7 +195,7 @@ def obtain(cfg: DictConfig, approx: nn.Module, data, ident: dict, qcfg: QuantCon
             "device": str(device), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "epoch_s": sum(h["epoch_s"] for h in history) / len(history)}
     _save(path, model, meta)
-    write_csv(Path(out_dir) / "finetune_log.csv", pd.DataFrame(history))
+    write_csv(Path(out_dir) / "finetune_log.csv", history)
     console.print(f"[green]saved retrained checkpoint[/] {path}")
     return model, meta, path
 

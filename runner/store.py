@@ -6,10 +6,11 @@ from __future__ import annotations
 import csv
 import functools
 import io
+import math
+import numbers
 from contextlib import contextmanager
 from pathlib import Path
 
-import pandas as pd
 from filelock import FileLock, Timeout
 
 from runner.console import console
@@ -59,80 +60,153 @@ def _damaged(path: Path, why: str) -> UserError:
                      "or repair that line by hand.")
 
 
-def check_csv(path: Path, text: str) -> None:
-    """Raise UserError when the text is not a whole CSV table: a last line cut off (the writer died or
-    the copy stopped) or a row whose field count differs from the header's (rows of another version
-    appended without rewriting the header), which pandas would silently pad or misalign."""
-    if not text.endswith("\n"):
+def _table(path: Path, text: str) -> tuple[list[str], list[list[str]]]:
+    """(header, records) of a whole CSV table; UserError when the text is not one: a last line cut off
+    (the writer died or the copy stopped) or a row whose field count differs from the header's (rows of
+    another version appended without rewriting the header), which pandas would silently pad or misalign."""
+    if text and not text.endswith("\n"):
         last = text.rsplit("\n", 1)[-1]
         raise _damaged(path, f"its last line is cut off ({last[:60]!r} has no line end)")
     try:
         records = csv.reader(io.StringIO(text), strict=True)
         header = next(records, [])
+        body = []
         for number, record in enumerate(records, start=2):
-            if record and len(record) != len(header):   # blank lines are skipped, as pandas does
+            if not record:  # blank lines are skipped, as pandas does
+                continue
+            if len(record) != len(header):
                 raise _damaged(path, f"record {number} has {len(record)} fields where the header has "
                                      f"{len(header)} (rows written with other columns)")
+            body.append(record)
     except csv.Error as exc:
         raise _damaged(path, f"not valid CSV ({exc})") from None
+    return header, body
 
 
-def read_csv(path: Path) -> pd.DataFrame:
-    """The rows of a results CSV (empty frame for a missing or empty file); UserError when damaged."""
-    path = Path(path)
+def check_csv(path: Path, text: str) -> None:
+    _table(path, text)
+
+
+def _identity(path: Path):
+    """(resolved path, inode, mtime, size) of an existing non-empty file, else None. Writers replace the
+    file (a new inode), so a parse cached under an identity cannot go stale."""
     try:
         st = path.stat()
     except FileNotFoundError:
-        return pd.DataFrame()
-    if st.st_size == 0:
-        return pd.DataFrame()
-    return _parse(str(path.resolve()), st.st_ino, st.st_mtime_ns, st.st_size).copy()
+        return None
+    return (str(path.resolve()), st.st_ino, st.st_mtime_ns, st.st_size) if st.st_size else None
 
 
-# Keyed by the file's identity: a sweep reads its results file before and after every job, and parsing
-# the growing file each time cost more than the jobs' evaluation. Writers replace the file (a new inode),
-# so a stale parse cannot match.
-@functools.lru_cache(maxsize=8)
-def _parse(path: str, inode: int, mtime_ns: int, size: int) -> pd.DataFrame:
+def _read_text(path: str) -> str:
     try:
-        text = Path(path).read_text()
+        return Path(path).read_text()
     except UnicodeDecodeError as exc:
         raise UserError(f"{path} is not a results CSV (not text: {exc}).") from None
-    check_csv(Path(path), text)
+
+
+# A sweep reads its results file before and after every job; parsing the growing file each time cost
+# more than the jobs' evaluation.
+@functools.lru_cache(maxsize=8)
+def _records(path: str, inode: int, mtime_ns: int, size: int) -> tuple[list[str], list[list[str]], str]:
+    text = _read_text(path)
+    return (*_table(Path(path), text), text)
+
+
+@functools.lru_cache(maxsize=8)
+def _frame(path: str, inode: int, mtime_ns: int, size: int):
+    import pandas as pd
+
+    text = _records(path, inode, mtime_ns, size)[2]
     try:
         return pd.read_csv(io.StringIO(text), low_memory=False)
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise _damaged(Path(path), f"pandas cannot parse it ({exc})") from None
 
 
-def read_store(path: Path) -> pd.DataFrame:
-    """read_csv, and the store's own columns present: a file of an older version without them would
-    make every row look undone."""
-    df = read_csv(path)
-    missing = [c for c in KEY_COLUMNS if not df.empty and c not in df]
+def read_csv(path: Path):
+    """The rows of a results CSV as a DataFrame (empty for a missing or empty file); UserError when damaged."""
+    ident = _identity(Path(path))
+    if ident is None:
+        import pandas as pd
+
+        return pd.DataFrame()
+    return _frame(*ident).copy()
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a results CSV as they are written (strings, "" where empty), without pandas: the
+    commands that only look rows up by key start faster."""
+    ident = _identity(Path(path))
+    if ident is None:
+        return []
+    header, records, _ = _records(*ident)
+    return [dict(zip(header, r)) for r in records]
+
+
+def _store_table(path: Path) -> tuple[list[str], list[list[str]], str]:
+    """(header, records, text) of a results file, checked whole and for the store's own columns: a file
+    of an older version without them would make every row look undone."""
+    ident = _identity(Path(path))
+    if ident is None:
+        return [], [], ""
+    header, records, text = _records(*ident)
+    missing = [c for c in KEY_COLUMNS if c not in header]
     if missing:
         raise UserError(f"{path} has no {' / '.join(missing)} column: it was written by an older approx-run or "
                         f"by hand, so a rerun cannot tell which rows are done. Nothing was written to it. Fix: "
                         f"move it aside (`mv {path} {path}.old`) and rerun; `approx-run results {path}.old` "
                         "still reads it.")
-    return df
+    return header, records, text
 
 
-def write_csv(path: Path, df: pd.DataFrame) -> None:
+def check_store(path: Path) -> None:
+    """UserError when `path` cannot be appended to (damaged, or without the store's columns)."""
+    _store_table(path)
+
+
+def _cell(value) -> str:
+    """A value as pandas' to_csv writes it: "" for None and NaN, shortest round-trip text for floats."""
+    if value is None:
+        return ""
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) and math.isnan(value):
+        return ""
+    return str(value)
+
+
+def _csv_text(records) -> str:
     buf = io.StringIO()
-    df.to_csv(buf, index=False)
-    atomic_write_bytes(Path(path), buf.getvalue().encode())
+    csv.writer(buf, lineterminator="\n").writerows(records)
+    return buf.getvalue()
 
 
-def _ok_keys(df: pd.DataFrame, column: str = "row_key") -> set[str]:
-    if df.empty or column not in df or "status" not in df:
+def _columns(rows: list[dict], start: list[str] = ()) -> list[str]:
+    """`start`, then every other key of the rows in order of first appearance (pandas' column order)."""
+    return list(dict.fromkeys([*start, *(k for r in rows for k in r)]))
+
+
+def write_csv(path: Path, table) -> None:
+    """A DataFrame, or a list of row dicts (columns in order of first appearance), written atomically."""
+    if hasattr(table, "to_csv"):
+        buf = io.StringIO()
+        table.to_csv(buf, index=False)
+        text = buf.getvalue()
+    else:
+        header = _columns(table)
+        text = _csv_text([header, *([_cell(r.get(c)) for c in header] for r in table)])
+    atomic_write_bytes(Path(path), text.encode())
+
+
+def _ok_keys(header: list[str], records: list[list[str]], column: str = "row_key") -> set[str]:
+    if column not in header or "status" not in header:
         return set()
-    return set(df.loc[df["status"] == "ok", column].astype(str))
+    k, s = header.index(column), header.index("status")
+    return {r[k] for r in records if r[s] == "ok"}
 
 
 def done_keys(path: Path, column: str = "row_key") -> set[str]:
     """Keys of the rows recorded ok."""
-    return _ok_keys(read_store(path), column)
+    header, records, _ = _store_table(path)
+    return _ok_keys(header, records, column)
 
 
 def append_rows(path: Path, rows: list[dict], *, skip_recorded: bool = False, column: str = "row_key") -> list[dict]:
@@ -144,11 +218,17 @@ def append_rows(path: Path, rows: list[dict], *, skip_recorded: bool = False, co
     if not rows:
         return []
     with locked(path):
-        old = read_store(path)
+        header, records, text = _store_table(path)
         if skip_recorded:
-            done = _ok_keys(old, column)
+            done = _ok_keys(header, records, column)
             rows = [r for r in rows if r.get("status") != "ok" or str(r.get(column)) not in done]
         if rows:
-            new = pd.DataFrame(rows)
-            write_csv(path, new if old.empty else pd.concat([old, new], ignore_index=True, sort=False))
+            columns = _columns(rows, header)
+            new = [[_cell(r.get(c)) for c in columns] for r in rows]
+            if columns == header:  # the common case: the old text stays as it is
+                text += _csv_text(new)
+            else:  # new columns: every row widens, old ones empty in them
+                pad = [""] * (len(columns) - len(header))
+                text = _csv_text([columns, *(r + pad for r in records), *new])
+            atomic_write_bytes(Path(path), text.encode())
         return rows

@@ -271,14 +271,24 @@ SUMMARY_COLUMNS = ["job", "multiplier", "data", "model", "quant", "backend", "st
                    "overrides", "row_key", "job_dir"]
 
 
-def summarize(sweep_dir: Path, jobs: list[list[str]], cfgs: list[DictConfig], plans: list):
+def _value(cell: str):
+    """A results-file cell as the number it holds ("" is missing)."""
+    if cell == "":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(cell)
+        except ValueError:
+            pass
+    return cell
+
+
+def summarize(sweep_dir: Path, jobs: list[list[str]], cfgs: list[DictConfig], plans: list) -> list[dict]:
     """One row per job: its status (ok / skipped: already recorded / failed / not run) and its rows' numbers,
     looked up by row key in the results file, so resumed jobs show the numbers recorded earlier."""
     import json
 
-    import pandas as pd
-
-    from runner.store import read_csv, write_csv
+    from runner.store import read_rows, write_csv
 
     by_overrides = {}
     for f in sweep_dir.glob("*/job.json"):
@@ -287,65 +297,60 @@ def summarize(sweep_dir: Path, jobs: list[list[str]], cfgs: list[DictConfig], pl
         except (OSError, ValueError):
             continue
         by_overrides[tuple(info.get("overrides", []))] = (f.parent, info)
-    results = {}
+    ok_rows = {}  # results file -> row key -> its last row recorded ok
     rows = []
     for num, (job, cfg, (planned, plan_error)) in enumerate(zip(jobs, cfgs, plans)):
         keys = planned[3] if planned else None
         rf = str(cfg.results_file)
-        if rf not in results:
-            results[rf] = read_csv(Path(rf))
-        df = results[rf]
+        if rf not in ok_rows:
+            ok_rows[rf] = {r.get("row_key"): r for r in read_rows(Path(rf)) if r.get("status") == "ok"}
+        recorded = ok_rows[rf]
         job_dir, info = by_overrides.get(tuple(job), (sweep_dir / str(num), None))
         status = info["status"] if info else "not run"
         m = cfg.multiplier
-        row = {"job": num, "multiplier": str(m.get("path") or m.get("name")) if m.get("name") in ("file", None)
-               else str(m.get("name")), "data": cfg.data.name, "model": cfg.model.name,
-               "quant": cfg.quant.get("name", ""), "backend": cfg.backend.name, "status": status,
-               "error": (info or {}).get("error") or plan_error, "overrides": " ".join(job),
-               "elapsed_s": (info or {}).get("elapsed_s"), "job_dir": str(job_dir),
-               "row_key": keys["approx"] if keys else ""}
-
-        def lookup(key):
-            if df.empty or not key or "row_key" not in df:
-                return None
-            hit = df[(df["row_key"].astype(str) == key) & (df["status"] == "ok")]
-            return hit.iloc[-1] if len(hit) else None
-
+        row = dict.fromkeys(SUMMARY_COLUMNS)
+        row.update({"job": num, "multiplier": str(m.get("path") or m.get("name")) if m.get("name") in ("file", None)
+                    else str(m.get("name")), "data": cfg.data.name, "model": cfg.model.name,
+                    "quant": cfg.quant.get("name", ""), "backend": cfg.backend.name, "status": status,
+                    "error": (info or {}).get("error") or plan_error, "overrides": " ".join(job),
+                    "elapsed_s": (info or {}).get("elapsed_s"), "job_dir": str(job_dir),
+                    "row_key": keys["approx"] if keys else ""})
         if keys:
-            a = lookup(keys["approx"])
+            a = recorded.get(keys["approx"])
             if a is not None:
-                row["multiplier"] = a.get("multiplier", row["multiplier"])
+                row["multiplier"] = a.get("multiplier") or row["multiplier"]
                 for c in ("accuracy", "agreement_fakequant", "latency_ms_median", "throughput_img_s",
                           "mult_mae_pct", "published_power_mw", "mult_energy_rel", "op_acc_nrmse"):
-                    row[c] = a.get(c)
+                    row[c] = _value(a.get(c, ""))
                 if status == "failed":  # an earlier failure, since recorded ok by a concurrent sweep
                     row["status"] = "ok"
             for path, col in (("pytorch", "fp32_accuracy"), ("fakequant", "fakequant_accuracy"),
                               ("approx_finetuned", "finetuned_accuracy")):
-                r = lookup(keys.get(path))
-                row[col] = None if r is None else r.get("accuracy")
+                r = recorded.get(keys.get(path)) if keys.get(path) else None
+                row[col] = None if r is None else _value(r.get("accuracy", ""))
         rows.append(row)
-    summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
-    write_csv(sweep_dir / "summary.csv", summary)
-    return summary
+    write_csv(sweep_dir / "summary.csv", rows)
+    return rows
 
 
-def _print_summary(summary, sweep_dir: Path, elapsed: float) -> None:
+def _print_summary(summary: list[dict], sweep_dir: Path, elapsed: float) -> None:
+    from collections import Counter
+
     from runner.console import print_table
 
     cols = ["job", "multiplier", "quant", "backend", "status", "accuracy", "fp32_accuracy", "fakequant_accuracy",
             "finetuned_accuracy", "latency_ms_median", "mult_mae_pct", "op_acc_nrmse", "mult_energy_rel"]
-    if summary["finetuned_accuracy"].isna().all():
+    if all(r["finetuned_accuracy"] is None for r in summary):
         cols.remove("finetuned_accuracy")
-    if summary["quant"].nunique() <= 1:
-        cols.remove("quant")
-    if summary["backend"].nunique() <= 1:
-        cols.remove("backend")
-    print_table(summary[cols], title=f"approx-run sweep: {len(summary)} jobs in {elapsed:.1f}s")
-    counts = summary["status"].value_counts().to_dict()
-    print(f"sweep: {', '.join(f'{v} {k}' for k, v in counts.items())}; summary {sweep_dir / 'summary.csv'}")
-    for _, r in summary[summary["status"] == "failed"].iterrows():
-        print(f"  failed job {r['job']} ({r['multiplier']}): {str(r['error']).splitlines()[0] if r['error'] else ''}")
+    for c in ("quant", "backend"):
+        if len({r[c] for r in summary}) <= 1:
+            cols.remove(c)
+    print_table(summary, title=f"approx-run sweep: {len(summary)} jobs in {elapsed:.1f}s", columns=cols)
+    counts = Counter(r["status"] for r in summary).most_common()
+    print(f"sweep: {', '.join(f'{v} {k}' for k, v in counts)}; summary {sweep_dir / 'summary.csv'}")
+    for r in summary:
+        if r["status"] == "failed":
+            print(f"  failed job {r['job']} ({r['multiplier']}): {str(r['error']).splitlines()[0] if r['error'] else ''}")
 
 
 def _basic_launcher(overrides: list[str]) -> bool:
@@ -397,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     from runner.cli import check_common, run_hydra_command
     from runner.console import console
     from runner.evaluate import check_eval_config
-    from runner.store import read_store
+    from runner.store import check_store
     from runner.train import check_train_config
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -412,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         check_eval_config(c.eval)
         check_train_config(c)
     for results_file in dict.fromkeys(str(c.results_file) for c in cfgs):
-        read_store(Path(results_file))  # a damaged results file stops the sweep here, not in every job
+        check_store(Path(results_file))  # a damaged results file stops the sweep here, not in every job
     sweep_dir = next((Path(o.split("=", 1)[1]) for o in overrides if o.startswith("hydra.sweep.dir=")), None)
     if sweep_dir is None:
         sweep_dir = Path(cfgs[0].paths.results) / "sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")
@@ -431,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:  # also after Ctrl-C: the summary says which jobs are done
         summary = summarize(sweep_dir, jobs, cfgs, plans)
         _print_summary(summary, sweep_dir, time.time() - t0)
-    failed = int((summary["status"] == "failed").sum())
+    failed = sum(r["status"] == "failed" for r in summary)
     if failed:  # the exit code says so too, for scripts and CI that do not read the table
         print(f"sweep: {failed} of {len(summary)} jobs failed (reasons above; recorded as failed rows). "
               "Fix them and rerun: rows recorded ok are not redone.", file=sys.stderr)

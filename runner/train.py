@@ -11,7 +11,6 @@ import json
 import time
 from pathlib import Path
 
-import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
@@ -150,7 +149,7 @@ def _load_or_train_locked(cfg: DictConfig, data: Dataset, path: Path, out_dir: P
     }
     save_checkpoint(path, model, meta)
     if out_dir is not None:
-        write_csv(Path(out_dir) / "train_log.csv", pd.DataFrame(history))
+        write_csv(Path(out_dir) / "train_log.csv", history)
     console.print(f"[green]saved checkpoint[/] {path} (test accuracy {meta['test_accuracy']:.4f})")
     return model, meta, path, data
 

@@ -152,17 +152,27 @@ def plan(cfg: DictConfig):
     return device, approx_layers, multipliers, row_keys(cfg, multipliers, approx_layers, device)
 
 
-def build_models(cfg: DictConfig, model, ckpt, calib_x, multipliers: dict, approx_layers: list[str], keys: dict):
-    """(fake-quant model, approx model, calibration stats) of a run; calibration and the fake-quant model
-    come from the session when an earlier evaluation of this command built them."""
+def build_models(cfg: DictConfig, model, ckpt, calib_x, multipliers: dict, approx_layers: list[str], keys: dict,
+                 approx: bool = True):
+    """(fake-quant model, approx model or None when not `approx`, calibration stats) of a run; calibration and
+    the fake-quant model come from the session when an earlier evaluation of this command built them."""
     qcfg = QuantConfig.from_cfg(cfg.quant)
     others = other_layers(cfg)
     folded, stats = session.get().calibration(model, ckpt, calib_x, qcfg, int(cfg.seed))
     fq = session.get().memo(("fakequant", keys["fakequant"]), lambda: convert_model(
         folded, multipliers, qcfg, stats, fake=True, layers=approx_layers, others=others))
-    approx = convert_model(folded, multipliers, qcfg, stats, backend=cfg.backend.name, algo=cfg.backend.algo,
-                           layers=approx_layers, others=others)
-    return fq, approx, stats
+    if not approx:
+        return fq, None, stats
+    # Jobs that differ only in their tables share one converted model (converting took longer than a GPU
+    # evaluation); each loads its own tables into it.
+    model = session.get().memo(("approx", keys["fakequant"], id(folded), cfg.backend.name, cfg.backend.algo,
+                                tuple(approx_layers), others), lambda: convert_model(
+        folded, multipliers, qcfg, stats, backend=cfg.backend.name, algo=cfg.backend.algo, layers=approx_layers,
+        others=others))
+    for name, layer in quantized_layers(model).items():
+        if name in approx_layers:
+            layer.set_multiplier(multipliers[name])
+    return fq, model, stats
 
 
 def prefix_of(cfg: DictConfig, multipliers: dict, approx_layers: list[str], keys: dict):
@@ -205,7 +215,9 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False, plan
     x, y = data.test_x, data.test_y
     if cfg.eval.limit:
         x, y = x[: int(cfg.eval.limit)], y[: int(cfg.eval.limit)]
-    fq, approx, stats = build_models(cfg, model, ckpt, data.train_x, multipliers, approx_layers, keys)
+    # a reference run (sweep) records no approx row: no approx model to build
+    fq, approx, stats = build_models(cfg, model, ckpt, data.train_x, multipliers, approx_layers, keys,
+                                     approx=any(p.startswith("approx") for p in wanted))
     models = {"pytorch": model, "fakequant": fq, "approx": approx}
     extra = {p: {} for p in PATHS}
     ft_info = None

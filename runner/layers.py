@@ -267,10 +267,24 @@ class _Approx(_Quantized):
         check_accumulator(name, reduction_length(layer), multiplier.value_bounds)
         super().__init__(layer, multiplier.signed, qcfg, stats, name)
         self.multiplier_name, self.backend, self.algo = multiplier.name, backend, algo
+        self.reduction_k = reduction_length(layer)
         self.register_buffer("lut", multiplier.lut.to(torch.int32).contiguous())
         self.register_buffer("weight_codes", quantize_weight(self.weight, self.weight_scale).contiguous())
         self.grad = "ste"
         self.set_grad(grad)
+
+    def set_multiplier(self, multiplier) -> None:
+        """Multiply through another table of the same signedness: the layer's quantized state does not
+        depend on the table, so a command evaluating many tables converts the model once. The table
+        tensor is replaced, never written in place: it may be the multiplier's own (shared with every
+        layer and model made from it), and the kernels' table caches see a new tensor as a new table."""
+        if multiplier.signed != self.signed:
+            raise ValueError(f"layer {self.layer_name} is {'un' * (not self.signed)}signed, multiplier "
+                             f"{multiplier.name} is not")
+        check_accumulator(self.layer_name, self.reduction_k, multiplier.value_bounds)
+        self.lut = multiplier.lut.to(device=self.lut.device, dtype=torch.int32).contiguous()
+        self.multiplier_name = multiplier.name
+        self._slope_cache = None
 
     def set_grad(self, grad: str, slope_window: int = 1) -> None:
         """Which gradient a training forward records: "ste" or "lut" (see runner.ops), and for "lut" over how

@@ -131,6 +131,38 @@ def test_dynamic_activation_scale(trained_lenet, mnist5k, exact_s):
         assert_matches_fakequant(approx, fq, x, approx(x), fq(x))
 
 
+@pytest.mark.parametrize("backend", [*BACKENDS, pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_set_multiplier_equals_a_fresh_conversion(trained_lenet, mnist5k, backend):
+    """A converted model reused with another table (a sweep converts once) computes what a model converted
+    for that table does, also after the first table's prepared tables were cached by a forward."""
+    if backend not in BACKENDS_ALL or (backend == "cuda" and not torch.cuda.is_available()):
+        pytest.skip(f"no {backend} backend here")
+    model, _ = trained_lenet
+    dev = "cuda" if backend == "cuda" else "cpu"
+    x = mnist5k.test_x[:300].to(dev)
+    first, second = resolve({"name": "mul8s_1L2N"}), resolve({"name": "mul8s_1KX5"})
+    first_lut = first.lut.clone()
+    qcfg = QuantConfig(calib_batches=1)
+    _, reused, _ = quantized_models(model, first, qcfg, mnist5k.train_x, backend=backend)
+    _, fresh, _ = quantized_models(model, second, qcfg, mnist5k.train_x, backend=backend)
+    reused, fresh = reused.to(dev), fresh.to(dev)
+    with torch.no_grad():
+        before = reused(x)
+        for layer in (reused.conv1, reused.conv2, reused.fc1, reused.fc2, reused.fc3):
+            layer.set_multiplier(second)
+        assert reused.fc2.multiplier_name == "mul8s_1KX5"
+        after = reused(x)
+        assert torch.equal(after, fresh(x)) and not torch.equal(after, before)
+    # the first table is the registry's own tensor, shared by every model made from it: left as it was
+    assert torch.equal(first.lut, resolve({"name": "mul8s_1L2N"}).lut) and torch.equal(first.lut, first_lut)
+    with pytest.raises(ValueError, match="signed"):
+        reused.fc1.set_multiplier(resolve({"name": "mul8u_T83"}))
+    wide = resolve({"name": "exact"})
+    reused.fc1.reduction_k = 2**20  # a table whose sums could leave int32 at this K is refused
+    with pytest.raises(UserError, match="accumulator"):
+        reused.fc1.set_multiplier(wide)
+
+
 @pytest.mark.cuda
 def test_cuda_model_bit_identical_to_cpp(trained_lenet, mnist5k):
     """Every stage is exact or rounds like the CPU (integer LUT sums, IEEE round-to-nearest quantize and

@@ -102,6 +102,27 @@ def test_sweep_three_multipliers_and_a_bad_table(tmp_path, checkpoints):
     assert (sweep_dir / "0" / "metrics.csv").is_file() and (sweep_dir / "0" / "run.json").is_file()
 
 
+def test_jobs_sharing_a_converted_model_equal_separate_compare_runs(tmp_path, checkpoints):
+    """A sweep converts the model once and loads each job's tables into it: each job's row must be what a
+    compare run of that multiplier alone gives (a table left behind by the job before would show here)."""
+    from runner import session
+    from runner.cli import _main
+
+    names = ["mul8s_1L2N", "mul8s_1KX5", "mul8s_1KV9"]
+    session.reset()
+    assert _main(_args(tmp_path, checkpoints, ",".join(names))) == 0
+    swept = _ok_rows(tmp_path / "results" / "results.csv").set_index("multiplier")
+    for name in names:
+        session.reset()
+        out = tmp_path / name
+        assert _main(["compare", f"multiplier={name}", *FAST, f"paths.results={out}",
+                      f"paths.checkpoints={checkpoints}"]) == 0
+        alone = _ok_rows(out / "results.csv").set_index("path").loc["approx"]
+        row = swept[swept["path"] == "approx"].loc[name]
+        assert (row["correct"], row["agreement_fakequant"]) == (alone["correct"], alone["agreement_fakequant"])
+    session.reset()
+
+
 def test_resume_after_kill(tmp_path, checkpoints):
     names = ["exact", "mul8s_1KV8", "mul8s_1KV9", "mul8s_1KVA"]
     args = _args(tmp_path, checkpoints, ",".join(names))

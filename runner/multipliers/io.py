@@ -77,8 +77,10 @@ def parse_text(text: str, where: str) -> tuple[np.ndarray, list[int]]:
             continue
         if len(rows) == SIZE:
             raise UserError(f"{where}, line {lineno}: more than 256 rows (a table has 256 rows of 256 integers)")
-        tokens = s.split()
-        if len(tokens) != SIZE:
+        # a single-spaced row counts its values by its spaces, without building 256 strings (a sweep reads
+        # every table); any other row is split. A row passing the quick count holds at most 256 values,
+        # and the parse below checks that all rows together hold 256 x 256, so each holds exactly 256.
+        if s.count(" ") != SIZE - 1 and len(tokens := s.split()) != SIZE:
             raise UserError(f"{where}, line {lineno}: {len(tokens)} values, expected 256 "
                             f"(row {len(rows)} of the table)")
         rows.append(s)
@@ -98,8 +100,10 @@ def parse_text(text: str, where: str) -> tuple[np.ndarray, list[int]]:
         flat = np.zeros(0, dtype=np.int64)
     if flat.size == SIZE * SIZE and -(1 << 62) < flat.min() and flat.max() < 1 << 62:
         return flat.reshape(SIZE, SIZE), lines
-    for lineno, s in zip(lines, rows):
+    for i, (lineno, s) in enumerate(zip(lines, rows)):
         tokens = s.split()
+        if len(tokens) != SIZE:  # a row the quick count let through
+            raise UserError(f"{where}, line {lineno}: {len(tokens)} values, expected 256 (row {i} of the table)")
         try:
             np.array(tokens, dtype=np.int64)
         except (ValueError, OverflowError):

@@ -174,6 +174,23 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
+# the commands that evaluate models on the device their config names (bench times its own start-up)
+GPU_COMMANDS = ("train", "compare", "finetune", "sweep", "sensitivity", "search")
+
+
+def wants_cuda(args: list[str]) -> bool:
+    """Whether the overrides run this command's work on a GPU, in this process: backend=cuda or device=cuda,
+    and no launcher that would run the jobs in other processes."""
+    keys = {}
+    for a in args:
+        key, eq, value = a.partition("=")
+        if eq:
+            keys[key.lstrip("+~")] = value
+    if keys.get("hydra/launcher", "basic") != "basic":
+        return False
+    return "cuda" in keys.get("backend", "") or keys.get("device", "").startswith("cuda")
+
+
 def _exit_without_cuda_teardown(rc: int) -> None:
     """Exit now when this process holds a CUDA context: the driver's teardown of it at interpreter exit takes
     about a second on an H100 host, as long as a whole 19-table sweep's evaluations. Everything we write is
@@ -204,6 +221,10 @@ def _main(argv: list[str]) -> int:
         print_usage(sys.stderr)
         return 2
     module_name, _, is_hydra = COMMANDS[command]
+    if command in GPU_COMMANDS and wants_cuda(args):
+        from runner.session import warm_up_cuda
+
+        warm_up_cuda()  # overlaps the composition, the data and the CPU-side set-up that follow
     try:
         if is_hydra:
             if any(a in ("-h", "--help") for a in args):

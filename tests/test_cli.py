@@ -110,3 +110,30 @@ def test_fast_exit_only_with_a_cuda_context_and_after_exit_handlers(monkeypatch,
     cli._exit_without_cuda_teardown(3)
     assert exited == ([3] if initialized else [])
     assert ran == (["atexit"] if initialized else [])
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["backend=cuda"], True),
+    (["device=cuda"], True),
+    (["sweep.multipliers=mul8*", "backend=cpp,cuda"], True),     # a multirun that includes the GPU
+    (["backend=cpp"], False),
+    (["device=auto"], False),
+    ([], False),
+    (["backend=cuda", "hydra/launcher=joblib"], False),          # the jobs run in other processes
+    (["backend=cuda", "+hydra/launcher=basic"], True),
+])
+def test_wants_cuda(args, expected):
+    from runner.cli import wants_cuda
+
+    assert wants_cuda(args) is expected
+
+
+def test_cuda_warm_up_is_harmless_without_a_gpu(monkeypatch):
+    """The warm-up thread ends quietly where there is no GPU: the real use reports that, once."""
+    from runner.session import warm_up_cuda
+
+    thread = warm_up_cuda()
+    thread.join(60)
+    assert not thread.is_alive()
+    monkeypatch.setenv("APPROX_RUN_NO_WARMUP", "1")
+    assert warm_up_cuda() is None

@@ -3,7 +3,8 @@ redo work that is unchanged between its jobs.
 
 One process-wide `Session` (the basic launcher runs every job of a command in this process; a joblib
 worker gets its own) keeps: data sets, baselines, calibration per (baseline, quant scheme, seed),
-fake-quant models, the predictions of each reference row (by row key), and the activations that reach
+fake-quant models, converted approx models (each evaluation loads its own tables into the one for its
+model and quant scheme), the predictions of each reference row (by row key), and the activations that reach
 the first approximated layer when the layers before it are the same in many evaluations (sensitivity:
 all fake-quant but one layer). Every cache key holds everything that determines the cached value, so a
 hit is the value a fresh computation would give."""

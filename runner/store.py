@@ -118,7 +118,8 @@ def _frame(path: str, inode: int, mtime_ns: int, size: int):
 
     text = _records(path, inode, mtime_ns, size)[2]
     try:
-        return pd.read_csv(io.StringIO(text), low_memory=False)
+        # keys stay text: a key of digits alone ("0123...") would otherwise become a number and lose its zeros
+        return pd.read_csv(io.StringIO(text), low_memory=False, dtype={c: str for c in KEY_COLUMNS})
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise _damaged(Path(path), f"pandas cannot parse it ({exc})") from None
 

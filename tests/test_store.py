@@ -140,3 +140,11 @@ def test_the_sweep_path_does_not_import_pandas():
             "print('pandas' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_keys_of_digits_stay_text(tmp_path):
+    """A row key is 16 hex digits; one of digits alone must keep its leading zero and match again."""
+    path = tmp_path / "r.csv"
+    append_rows(path, [{"row_key": "0123456789012345", "status": "ok", "accuracy": 0.5}])
+    assert read_csv(path)["row_key"].tolist() == ["0123456789012345"]
+    assert done_keys(path) == {"0123456789012345"}

@@ -264,10 +264,11 @@ class _FakeQuant(_Quantized):
 
 class _Approx(_Quantized):
     def __init__(self, layer, multiplier, qcfg, stats, backend: str, algo: str, grad: str = "ste", name: str = "?"):
-        check_accumulator(name, reduction_length(layer), multiplier.value_bounds)
+        k = reduction_length(layer)
+        check_accumulator(name, k, multiplier.value_bounds)
         super().__init__(layer, multiplier.signed, qcfg, stats, name)
         self.multiplier_name, self.backend, self.algo = multiplier.name, backend, algo
-        self.reduction_k = reduction_length(layer)
+        self.reduction_k = k
         self.register_buffer("lut", multiplier.lut.to(torch.int32).contiguous())
         self.register_buffer("weight_codes", quantize_weight(self.weight, self.weight_scale).contiguous())
         self.grad = "ste"

@@ -83,10 +83,6 @@ def _table(path: Path, text: str) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
-def check_csv(path: Path, text: str) -> None:
-    _table(path, text)
-
-
 def _identity(path: Path):
     """(resolved path, inode, mtime, size) of an existing non-empty file, else None. Writers replace the
     file (a new inode), so a parse cached under an identity cannot go stale."""
@@ -185,6 +181,10 @@ def _columns(rows: list[dict], start: list[str] = ()) -> list[str]:
     return list(dict.fromkeys([*start, *(k for r in rows for k in r)]))
 
 
+def _records_of(rows: list[dict], columns: list[str]) -> list[list[str]]:
+    return [[_cell(r.get(c)) for c in columns] for r in rows]
+
+
 def write_csv(path: Path, table) -> None:
     """A DataFrame, or a list of row dicts (columns in order of first appearance), written atomically."""
     if hasattr(table, "to_csv"):
@@ -193,7 +193,7 @@ def write_csv(path: Path, table) -> None:
         text = buf.getvalue()
     else:
         header = _columns(table)
-        text = _csv_text([header, *([_cell(r.get(c)) for c in header] for r in table)])
+        text = _csv_text([header, *_records_of(table, header)])
     atomic_write_bytes(Path(path), text.encode())
 
 
@@ -225,7 +225,7 @@ def append_rows(path: Path, rows: list[dict], *, skip_recorded: bool = False, co
             rows = [r for r in rows if r.get("status") != "ok" or str(r.get(column)) not in done]
         if rows:
             columns = _columns(rows, header)
-            new = [[_cell(r.get(c)) for c in columns] for r in rows]
+            new = _records_of(rows, columns)
             if columns == header:  # the common case: the old text stays as it is
                 text += _csv_text(new)
             else:  # new columns: every row widens, old ones empty in them

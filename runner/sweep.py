@@ -326,7 +326,7 @@ def summarize(sweep_dir: Path, jobs: list[list[str]], cfgs: list[DictConfig], pl
                     row["status"] = "ok"
             for path, col in (("pytorch", "fp32_accuracy"), ("fakequant", "fakequant_accuracy"),
                               ("approx_finetuned", "finetuned_accuracy")):
-                r = recorded.get(keys.get(path)) if keys.get(path) else None
+                r = recorded.get(keys.get(path))  # ok rows always have a key: a missing path finds none
                 row[col] = None if r is None else _value(r.get("accuracy", ""))
         rows.append(row)
     write_csv(sweep_dir / "summary.csv", rows)

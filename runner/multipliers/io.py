@@ -68,6 +68,10 @@ def _read_text(path: Path, compressed: bool) -> str:
         raise UserError(f"{path}: not a text file (expected 256 lines of 256 integers)") from None
 
 
+def _row_length_error(where: str, lineno: int, n_values: int, row: int) -> UserError:
+    return UserError(f"{where}, line {lineno}: {n_values} values, expected 256 (row {row} of the table)")
+
+
 def parse_text(text: str, where: str) -> tuple[np.ndarray, list[int]]:
     """Parse the text format; returns the int64 table and the file line of each row."""
     rows, lines = [], []
@@ -81,8 +85,7 @@ def parse_text(text: str, where: str) -> tuple[np.ndarray, list[int]]:
         # every table); any other row is split. A row passing the quick count holds at most 256 values,
         # and the parse below checks that all rows together hold 256 x 256, so each holds exactly 256.
         if s.count(" ") != SIZE - 1 and len(tokens := s.split()) != SIZE:
-            raise UserError(f"{where}, line {lineno}: {len(tokens)} values, expected 256 "
-                            f"(row {len(rows)} of the table)")
+            raise _row_length_error(where, lineno, len(tokens), len(rows))
         rows.append(s)
         lines.append(lineno)
     if not rows:
@@ -103,7 +106,7 @@ def parse_text(text: str, where: str) -> tuple[np.ndarray, list[int]]:
     for i, (lineno, s) in enumerate(zip(lines, rows)):
         tokens = s.split()
         if len(tokens) != SIZE:  # a row the quick count let through
-            raise UserError(f"{where}, line {lineno}: {len(tokens)} values, expected 256 (row {i} of the table)")
+            raise _row_length_error(where, lineno, len(tokens), i)
         try:
             np.array(tokens, dtype=np.int64)
         except (ValueError, OverflowError):

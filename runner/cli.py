@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         # exit code into "killed by SIGINT".
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        _exit_without_cuda_teardown(rc)
+        _exit_now_when_needed(rc)
     return rc
 
 
@@ -191,13 +191,21 @@ def wants_cuda(args: list[str]) -> bool:
     return "cuda" in keys.get("backend", "") or keys.get("device", "").startswith("cuda")
 
 
-def _exit_without_cuda_teardown(rc: int) -> None:
-    """Exit now when this process holds a CUDA context: the driver's teardown of it at interpreter exit takes
-    about a second on an H100 host, as long as a whole 19-table sweep's evaluations. Everything we write is
-    closed by then (atomic renames, context managers); Python's exit handlers and the logs still run."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        return
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143  # Ctrl-C, SIGTERM: 128 + the signal, as shells report them
+
+
+def _exit_now_when_needed(rc: int) -> None:
+    """Exit now, with Python's exit handlers and the logs run but not the interpreter's teardown, when
+    - this process holds a CUDA context: the driver's teardown of it at interpreter exit takes about a
+      second on an H100 host, as long as a whole 19-table sweep's evaluations;
+    - the run was interrupted: a KeyboardInterrupt raised inside exec() of a string (dataclasses build their
+      methods so, as torch's import does) marks it unhandled in CPython even once caught, and a `python -m`
+      run then ends killed by SIGINT (-2) instead of with our 130.
+    Everything we write is closed by then (atomic renames, context managers)."""
+    if rc not in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return
     import atexit
     import logging
 
@@ -239,7 +247,7 @@ def _main(argv: list[str]) -> int:
         return exc.exit_code
     except KeyboardInterrupt as exc:
         print("\ninterrupted: finished results are kept; rerun the same command to resume.", file=sys.stderr)
-        return 143 if isinstance(exc, Terminated) else 130
+        return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
     except BrokenPipeError:
         # the reader went away (`approx-run lut list | head`): not an error of ours; silence the flush at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

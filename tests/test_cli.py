@@ -1,12 +1,13 @@
 """The console script end to end, in subprocesses, as a user runs it."""
 import os
+import subprocess
 import sys
 
 import pandas as pd
 import pytest
 import torch
 
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 
 
 def test_help_lists_commands():
@@ -97,7 +98,8 @@ class _FakeCuda:
 
 
 @pytest.mark.parametrize("initialized", [False, True])
-def test_fast_exit_only_with_a_cuda_context_and_after_exit_handlers(monkeypatch, initialized):
+@pytest.mark.parametrize("rc", [3, 130, 143])
+def test_fast_exit_only_with_a_cuda_context_or_interrupted_and_after_exit_handlers(monkeypatch, initialized, rc):
     import atexit
     import types
 
@@ -106,10 +108,30 @@ def test_fast_exit_only_with_a_cuda_context_and_after_exit_handlers(monkeypatch,
     ran, exited = [], []
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=_FakeCuda(initialized)))
     monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: ran.append("atexit"))
-    monkeypatch.setattr(os, "_exit", lambda rc: exited.append(rc))
-    cli._exit_without_cuda_teardown(3)
-    assert exited == ([3] if initialized else [])
-    assert ran == (["atexit"] if initialized else [])
+    monkeypatch.setattr(os, "_exit", lambda code: exited.append(code))
+    cli._exit_now_when_needed(rc)
+    fast = initialized or rc != 3
+    assert exited == ([rc] if fast else [])
+    assert ran == (["atexit"] if fast else [])
+
+
+def test_interrupt_caught_inside_exec_of_a_string_still_exits_130(tmp_path):
+    """CPython marks a KeyboardInterrupt raised inside exec() of a string (a dataclass built while torch is
+    imported) as unhandled even after we catch it, and a `python -m` process then died by SIGINT (-2):
+    Ctrl-C at such a moment of `python -m runner.cli lut import` did so."""
+    (tmp_path / "interrupted_main.py").write_text(
+        "import sys\n"
+        "from runner import cli\n"
+        "def interrupted(argv):\n"
+        "    try:\n"
+        "        exec('raise KeyboardInterrupt')\n"
+        "    except KeyboardInterrupt:\n"
+        "        return 130\n"
+        "cli._main = interrupted\n"
+        "sys.exit(cli.main())\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    p = subprocess.run([sys.executable, "-m", "interrupted_main"], env=env, capture_output=True, text=True)
+    assert p.returncode == 130, p.stdout + p.stderr
 
 
 @pytest.mark.parametrize("args, expected", [

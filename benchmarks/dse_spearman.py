@@ -5,13 +5,17 @@ of the metric with (fake-quant accuracy - approx accuracy) over the uniform rows
     python benchmarks/dse_spearman.py results/sweep/<date>_<time>     # prints a markdown table
 
 Each job of the sweep is paired with its own fake-quant reference (same data, quant scheme and
-signedness), as the sweep's summary.csv records it."""
+signedness), as the sweep's summary.csv records it. Each rho comes with a 95 % bootstrap confidence
+interval (multipliers resampled with replacement, `--resamples` times, seeded): with a few dozen tables
+and one-image accuracy differences between close ones, a single rho is not a ranking claim; only
+intervals that do not overlap are."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 METRICS = {
@@ -37,11 +41,29 @@ def losses(sweep_dir: Path, results: Path) -> pd.DataFrame:
     return table
 
 
+def spearman_ci(loss: np.ndarray, metric: np.ndarray, resamples: int, seed: int = 0) -> tuple[float, float, float]:
+    """rho and its 95 % percentile bootstrap interval; resamples where either side is constant are dropped
+    (rho is undefined there)."""
+    def rho(a, b):
+        ra, rb = pd.Series(a).rank().to_numpy(), pd.Series(b).rank().to_numpy()
+        if ra.std() == 0 or rb.std() == 0:
+            return np.nan
+        return float(np.corrcoef(ra, rb)[0, 1])
+
+    rng = np.random.default_rng(seed)
+    n = len(loss)
+    boots = np.array([rho(loss[i], metric[i]) for i in (rng.integers(0, n, n) for _ in range(resamples))])
+    boots = boots[~np.isnan(boots)]
+    lo, hi = np.percentile(boots, [2.5, 97.5]) if len(boots) else (np.nan, np.nan)
+    return rho(loss, metric), float(lo), float(hi)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("sweep_dir", type=Path, help="the sweep's directory (holds summary.csv)")
     ap.add_argument("--results", type=Path, default=None,
                     help="the results file it wrote to (default: <paths.results>/results.csv above the sweep dir)")
+    ap.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
     args = ap.parse_args()
     table = losses(args.sweep_dir, args.results or args.sweep_dir.parent.parent / "results.csv")
     if len(table) < 3:
@@ -49,11 +71,12 @@ def main() -> int:
         return 2
     print(f"{len(table)} multipliers; accuracy loss from {table['loss_pts'].min():.1f} to "
           f"{table['loss_pts'].max():.1f} points\n")
-    print("| metric | Spearman rho with accuracy loss |\n|---|---:|")
+    print("| metric | Spearman rho with accuracy loss | 95 % bootstrap CI |\n|---|---:|---|")
     for col, text in METRICS.items():
         if col in table and table[col].notna().sum() >= 3:
-            rho = table["loss_pts"].corr(table[col].astype(float), method="spearman")
-            print(f"| `{col}`: {text} | {rho:.3f} |")
+            known = table[table[col].notna()]
+            rho, lo, hi = spearman_ci(known["loss_pts"].to_numpy(float), known[col].to_numpy(float), args.resamples)
+            print(f"| `{col}`: {text} | {rho:.3f} | [{lo:.2f}, {hi:.2f}] |")
     return 0
 
 

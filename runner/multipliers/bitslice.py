@@ -120,19 +120,29 @@ def invert(x: list) -> list:
     return [NOT(a) for a in x]
 
 
+def fold(s):
+    """A packed slice that is the same for every pair as that constant (keeps folding going, e.g. along
+    the carry chain of a 64-bit C addition whose upper bits are all zero)."""
+    if isinstance(s, int):
+        return s
+    if not s.any():
+        return 0
+    return 1 if (~s).any() == 0 else s
+
+
 def add(x: list, y: list, carry=0) -> list:
     out = []
     for a, b in zip(x, y):
         t = XOR(a, b)
         out.append(XOR(t, carry))
-        carry = OR(AND(a, b), AND(carry, t))
+        carry = fold(OR(AND(a, b), AND(carry, t)))
     return out
 
 
 def carry_out(x: list, y: list, carry=0):
     for a, b in zip(x, y):
         t = XOR(a, b)
-        carry = OR(AND(a, b), AND(carry, t))
+        carry = fold(OR(AND(a, b), AND(carry, t)))
     return carry
 
 

@@ -183,6 +183,7 @@ def _check_upper(result: list, signed: bool, where: str) -> None:
     nonzero = bs.any_bit(upper)
     if signed:
         nonzero = bs.AND(nonzero, bs.any_bit([bs.XOR(s, result[15]) for s in upper]))
+    nonzero = bs.fold(nonzero)
     if isinstance(nonzero, int) and not nonzero:
         return
     pair = int(np.flatnonzero(bs.unpack(nonzero))[0])

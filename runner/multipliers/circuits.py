@@ -23,9 +23,9 @@ import numpy as np
 from ..errors import UserError
 from . import bitslice as bs
 from . import csource, netlist
-from .core import TWO16, exact_table
+from .core import exact_table
 from .io import _signed_by_name, check_layout, check_range, raw_bytes_to_offset128
-from .metrics import compute_metrics, matches_published, published_convention
+from .metrics import compute_metrics, matches_published, published_convention, within_rounding
 
 CIRCUIT_SUFFIXES = (".c", ".v")
 MAX_SOURCE_BYTES = 16 << 20
@@ -79,34 +79,17 @@ def header_figures(text: str) -> dict:
     return out
 
 
-def _within_rounding(value: float, text: str) -> bool:
-    """value rounds to the published text (mantissa digits and exponent as printed)."""
-    m = re.fullmatch(r"[-+]?([0-9]*)\.?([0-9]*)(?:[eE]([-+]?[0-9]+))?", text.strip())
-    if not m:
-        return False
-    unit = 10.0 ** (int(m.group(3) or 0) - len(m.group(2)))
-    return abs(value - float(text)) <= unit / 2 * (1 + 1e-9) + 1e-12
-
-
 def compare_published(values: np.ndarray, signed: bool, published: dict) -> tuple[list, list]:
     """(figures that match, mismatch messages) of our metrics against a header's figures."""
     met = compute_metrics(values, signed)
-    conv = published_convention(met)
-    ours = {"mae%": conv["mae%"], "wce%": conv["wce%"], "ep%": conv["ep%"], "mre%": conv["mre%"],
-            "wcre%": conv["wcre%"], "mae": met["mae"], "wce": met["wce"], "mse": met["mse"]}
+    conv = published_convention(met, published)
+    ours = {**conv, "mae": met["mae"], "wce": met["wce"], "mse": met["mse"]}
     ok, bad = [], []
     for k, v in ours.items():
         if k not in published:
             continue
         text = published[k]
-        hit = matches_published(v, text) if k.endswith("%") else _within_rounding(v, text)
-        if k == "mae%" and not hit:
-            # EvoApproxLib derives MAE% from the MAE its header prints (rounded: 1.25 -> "1.2", 0.875 -> "0.88")
-            # or from the unrounded MAE; either reading counts when the printed MAE is ours within its rounding
-            pub_mae = published.get("mae", "")
-            hit = matches_published(met["mae_pct"], text) or (
-                pub_mae != "" and _within_rounding(met["mae"], pub_mae)
-                and matches_published(float(pub_mae) / TWO16 * 100.0, text))
+        hit = matches_published(v, text) if k.endswith("%") else within_rounding(v, text)
         (ok if hit else bad).append(k if hit else f"{k.upper()} published {text}, computed {v:.6g}")
     return ok, bad
 

@@ -157,7 +157,7 @@ def cmd_show(args) -> int:
     lo, hi = m.operand_range
     pub_keys = {"mae_pct": "mae%", "wce_pct": "wce%", "ep_pct": "ep%", "mre_pct": "mre%", "wcre_pct": "wcre%"}
     # Published figures use EvoApproxLib's rounding (MAE rounded to 0.1 before MAE%).
-    conv = published_convention(met)
+    conv = published_convention(met, m.published)
     rows = []
     for k, v in met.items():
         row = {"metric": k, "ours": v}

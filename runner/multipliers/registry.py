@@ -1,7 +1,7 @@
 """Where multipliers come from: shipped tables, generated families, the user's imports.
 
-Shipped: the 19 EvoApproxLib tables in data/ (manifest.json holds provenance and published
-figures). User imports (`approx-run lut import`) live outside the package, in
+Shipped: the 50 EvoApproxLib v2022 8x8 tables in data/, rebuilt from the library's C and Verilog
+files by build_library.py (manifest.json holds provenance and published figures). User imports (`approx-run lut import`) live outside the package, in
 $APPROX_RUN_HOME/multipliers/ (default ~/.approx-run/multipliers/): NAME.json with its metadata,
 naming the table file NAME.<hash>.txt.gz (NAME.txt.gz in older stores).
 
@@ -184,7 +184,9 @@ def _store(m: Multiplier) -> None:
 def list_multipliers() -> list[str]:
     """Names of every available multiplier: generated defaults, shipped tables, user imports."""
     gen = [families.family_name(f, s, p) for f, s, p in families.DEFAULT_INSTANCES]
-    return gen + shipped_names() + [n for n in user_names() if n not in gen]
+    shipped = shipped_names()
+    # an import made before a table of its name shipped is shadowed by the shipped one (get() prefers it)
+    return gen + shipped + [n for n in user_names() if n not in gen and n not in shipped]
 
 
 def _unknown(name) -> UserError:

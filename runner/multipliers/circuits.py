@@ -128,12 +128,14 @@ def as_values(pattern: np.ndarray, signed: bool) -> np.ndarray:
     return raw_bytes_to_offset128(pattern.astype(np.uint16).view(np.int16).astype(np.int64))
 
 
-def decide_signed(pattern: np.ndarray, flag: bool | None, declared: tuple, where: str, names) -> tuple[bool, str]:
-    """Signedness of a table of 16-bit product patterns: flag, declaration, name, or the values; a choice
-    the values contradict clearly (the other reading fits a*b at least twice as well) is refused."""
+def decide_signed(pattern, flag: bool | None, declared: tuple, where: str, names) -> tuple[bool, str]:
+    """Signedness of a table of 16-bit product patterns (or {signed: patterns} where the circuit gives
+    different ones per reading): flag, declaration, name, or the values; a choice the values contradict
+    clearly (the other reading fits a*b at least twice as well) is refused."""
     by_name = _signed_by_name(names)
     kind = {True: "signed", False: "unsigned"}
-    fit = {True: _pattern_fit(pattern, True), False: _pattern_fit(pattern, False)}
+    patterns = pattern if isinstance(pattern, dict) else {True: pattern, False: pattern}
+    fit = {s: _pattern_fit(patterns[s], s) for s in (True, False)}
     if flag is not None:
         s, why = flag, f"{kind[flag]}: as given"
     elif declared[0] is not None:
@@ -143,7 +145,7 @@ def decide_signed(pattern: np.ndarray, flag: bool | None, declared: tuple, where
         s, why = declared[0], f"{kind[declared[0]]}: {declared[1]}"
     elif by_name is not None:
         s, why = by_name, f"{kind[by_name]}: from the name ({'mul8s_*' if by_name else 'mul8u_*'}, EvoApproxLib's convention)"
-    elif fit[True] * 2 <= fit[False] or fit[False] * 2 <= fit[True]:
+    elif fit[True] != fit[False] and min(fit.values()) * 2 <= max(fit.values()):
         s = fit[True] < fit[False]
         return s, (f"{kind[s]}: decided from the values (mean |error| relative to mean |a*b|: {fit[s]:.3g} read as "
                    f"{kind[s]}, {fit[not s]:.3g} as {kind[not s]}); --signed/--unsigned overrides")
@@ -174,28 +176,36 @@ def _check_upper(result: list, signed: bool, where: str) -> None:
                     f"A={pair >> 8}, B={pair & 255}); an 8x8 multiplier's product has 16 bits")
 
 
-def evaluate_circuit(path: Path, text: str, activation: str | None) -> tuple:
-    """(result slices, names, declared signedness (bool|None, why), notes) of a .c or .v file."""
-    where, notes = str(path), []
+def evaluate_circuit(path: Path, text: str, activation: str | None):
+    """(run(extend_signed) -> result slices, wide, names, declared signedness (bool|None, why), notes) of a
+    .c or .v file. `wide`: a parameter is wider than the 8-bit operand, so the operand's extension into
+    it (sign or zero, i.e. the multiplier's signedness) changes the result."""
+    where = str(path)
     if path.suffix.lower() == ".c":
         fname, params, _ = csource.parameters(text, where)
         if len(params) != 2:
             raise UserError(f"{where}: {fname} takes {len(params)} parameters; a multiplier takes two operands")
         names = [p[0] for p in params]
         act, wt, note = _activation(names, activation, where, "parameter")
-        result = csource.evaluate(text, where, {act: bs.operand_bits(0), wt: bs.operand_bits(1)}).result
-        types = {p[1] for p in params}
-        declared = (True, f"parameters declared {params[0][1]}") if all(t.signed for t in types) else (None, "")
-        if len(types) == 1 and not next(iter(types)).signed and next(iter(types)).bits > 8:
-            notes.append(f"operands passed as 8-bit codes zero-extended to {params[0][1]}")
+        types = [p[1] for p in params]
+        wide = any(t.bits > 8 for t in types)
+        declared = ((True, f"parameters declared {types[0]}") if all(t.signed and t.bits == 8 for t in types)
+                    else (None, ""))
+
+        def run(extend_signed: bool) -> list:
+            ops = {act: bs.operand_bits(0), wt: bs.operand_bits(1)}
+            return csource.evaluate(text, where, ops, extend_signed=extend_signed).result
     else:
         design = netlist.load(text, where)
         fname = design.top.module.name
         names = [n.name for n in design.inputs]
         act, wt, note = _activation(names, activation, where, "input")
-        result = design.run({act: bs.operand_bits(0), wt: bs.operand_bits(1)})
+        wide = False
         declared = (True, "inputs declared signed") if all(n.signed for n in design.inputs) else (None, "")
-    return result, (fname, path.name), declared, [note] + notes
+
+        def run(extend_signed: bool) -> list:
+            return design.run({act: bs.operand_bits(0), wt: bs.operand_bits(1)})
+    return run, wide, (fname, path.name), declared, [note]
 
 
 def load_circuit(path: Path, signed: bool | None = None, *, activation: str | None = None, name: str = "",
@@ -203,12 +213,22 @@ def load_circuit(path: Path, signed: bool | None = None, *, activation: str | No
     """Evaluate a circuit file on all operand pairs and validate the table it gives."""
     start = time.perf_counter()
     text = read_source(path)
-    result, names, declared, notes = evaluate_circuit(path, text, activation)
-    pattern = bs.to_codes(result[:16]).reshape(256, 256)
-    signed, why = decide_signed(pattern, signed, declared, str(path), names + (name,))
-    _check_upper(result, signed, str(path))
-    values = as_values(pattern, signed)
-    loaded = finish(values, signed, str(path), notes + [why], expect_exact, names + (name,))
+    run, wide, names, declared, notes = evaluate_circuit(path, text, activation)
+    names = names + (name,)
+    known = signed if signed is not None else declared[0] if declared[0] is not None else _signed_by_name(names)
+    if wide and known is None:
+        # the operands' extension into the wide parameters is the signedness itself: evaluate both readings
+        results = {True: run(True), False: run(False)}
+    else:
+        results = dict.fromkeys((True, False), run(bool(known)))
+    patterns = {s: bs.to_codes(r[:16]).reshape(256, 256) for s, r in results.items()}
+    signed, why = decide_signed(patterns, signed, declared, str(path), names)
+    if wide:
+        notes.append(f"operands passed as {'values -128..127 sign' if signed else 'codes 0..255 zero'}-extended "
+                     f"to the wider parameters")
+    _check_upper(results[signed], signed, str(path))
+    values = as_values(patterns[signed], signed)
+    loaded = finish(values, signed, str(path), notes + [why], expect_exact, names)
     loaded.published = header_figures(text)
     loaded.seconds = time.perf_counter() - start
     return loaded

@@ -124,8 +124,8 @@ def _literal(text: str) -> tuple[int, str]:
 
 
 class _Evaluator:
-    def __init__(self, text: str, where: str, operands: list):
-        self.where = where
+    def __init__(self, text: str, where: str, operands: dict, extend_signed: bool = False):
+        self.where, self.extend_signed = where, extend_signed
         self.toks = tokenize(text, where)
         self.i = 0
         self.operands = operands
@@ -403,7 +403,8 @@ class _Evaluator:
         if params[0][0] == params[1][0]:
             self.fail(f"both parameters are named {params[0][0]!r}", line)
         for pname, pt in params:
-            self.env[pname] = (pt, bs.resize(self.operands[pname], pt.bits, pt.signed))
+            # an 8-bit operand reaches a wider parameter as its value: sign-extended for a signed multiplier
+            self.env[pname] = (pt, bs.resize(self.operands[pname], pt.bits, self.extend_signed))
         self.expect("{")
         while True:
             kind, s, sline = self.peek()
@@ -456,6 +457,7 @@ def parameters(text: str, where: str) -> tuple[str, list, int]:
     return fname, params, line
 
 
-def evaluate(text: str, where: str, operands: dict) -> CFunction:
-    """Evaluate the single function; operands maps each parameter name to its 8 operand-code slices."""
-    return _Evaluator(text, where, operands).function()
+def evaluate(text: str, where: str, operands: dict, *, extend_signed: bool = False) -> CFunction:
+    """Evaluate the single function; operands maps each parameter name to its 8 operand-code slices,
+    extended into wider parameters with sign (extend_signed) or zeros."""
+    return _Evaluator(text, where, operands, extend_signed).function()

@@ -110,6 +110,20 @@ def test_other_names_need_the_activation_operand(tmp_path):
     assert "signed: parameters declared int8_t" in by_x.notes
 
 
+def test_wide_parameters_take_the_operand_value(tmp_path):
+    """An 8-bit operand in an `int` parameter is its value: -128..127 signed, 0..255 unsigned."""
+    body = "#include <stdint.h>\nuint16_t {}(int A, int B) {{ return A * B; }}\n"
+    u = load_circuit(_write(tmp_path, "mul8u_w.c", body.format("mul8u_w")))
+    assert not u.signed and np.array_equal(u.values, exact_table(False))
+    assert "codes 0..255 zero-extended" in " ".join(u.notes)
+    s = load_circuit(_write(tmp_path, "mul8s_w.c", body.format("mul8s_w")))
+    assert s.signed and np.array_equal(s.values, exact_table(True))
+    anon = _write(tmp_path, "w.c", body.format("w"))
+    with pytest.raises(UserError, match="pass --signed or --unsigned"):    # exact both ways: nothing decides
+        load_circuit(anon)
+    assert np.array_equal(load_circuit(anon, signed=True).values, exact_table(True))
+
+
 def test_c_semantics_promotion_truncation_shifts(tmp_path):
     cases = {
         # uint8_t truncation of a promoted ~, then a shift of the 8-bit value

@@ -97,6 +97,7 @@ class Design:
         scope, where = Scope(self, module, prefix), module.where
         for lhs, rhs, line in module.assigns:
             self.stmts.append(Stmt(self.lvalue(lhs, scope, where, line), rhs, scope, line))
+        assigned = len(self.stmts)
         for cell, inst, conns, line in module.instances:
             if cell in PRIMITIVES:
                 self.primitive(cell, inst, conns, scope, line)
@@ -133,6 +134,9 @@ class Design:
                         raise UserError(f"{where}:{line}: port {port} of {cell} is {net.width} bit(s) wide, but "
                                         f"instance {inst} connects {len(targets)} bit(s) to it")
                     self.stmts.append(Stmt(targets, ("id", port, line), child, line))
+        # an undeclared name is an implicit wire only on a port; in an assignment it is a typo
+        for st in self.stmts[assigned - len(module.assigns): assigned]:
+            self.reads(st.expr, scope, implicit=False, line=st.line)
         return scope
 
     def primitive(self, gate, inst, conns, scope: Scope, line):
@@ -177,15 +181,15 @@ class Design:
         wb, sb = self.size(e[3], scope, line)
         return max(wa, wb), sa and sb
 
-    def reads(self, e, scope: Scope) -> list:
+    def reads(self, e, scope: Scope, implicit=True, line=0) -> list:
         k = e[0]
         if k in ("id", "part"):
-            return self.bits(e, scope, scope.module.where, implicit=True)
+            return self.bits(e, scope, scope.module.where, implicit=implicit)
         if k == "num":
             return []
         if k == "concat":
-            return [b for p in e[1] for b in self.reads(p, scope)]
-        return [b for p in e[2:] if isinstance(p, tuple) for b in self.reads(p, scope)]
+            return [b for p in e[1] for b in self.reads(p, scope, implicit, line)]
+        return [b for p in e[2:] if isinstance(p, tuple) for b in self.reads(p, scope, implicit, line)]
 
     # ------------------------------------------------------------ evaluation
     def ev(self, e, scope: Scope, width: int, signed: bool, values: list) -> list:

@@ -200,6 +200,7 @@ V_TOP = "module m(A, B, O);\n  input [7:0] A;\n  input [7:0] B;\n  output [15:0]
     ("  wire x, y;\n  assign x = y ^ A[0];\n  assign y = x;\n  assign O = {15'b0, y};\n", "combinational cycle"),
     ("  assign O[14:0] = A * B;\n", "output O[15] is never driven"),
     ("  wire w;\n  assign O = {15'b0, w};\n", "w is read but nothing drives it"),
+    ("  assign O = {15'b0, typo};\n", "m.v:5: 'typo' is not declared in module m"),
     ("  assign O = A * B;\n  assign O[3] = 1'b0;\n", "O[3] is driven twice"),
     ("  wire s, c;\n  PDKGENHAX1 U1 (.A(A[1:0]), .B(B[0]), .YS(s), .YC(c));\n  assign O = {14'b0, c, s};\n",
      "port A of PDKGENHAX1 is 1 bit(s) wide, but instance U1 connects 2"),

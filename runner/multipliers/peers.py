@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -188,4 +189,5 @@ def export(m: Multiplier, fmt: str, path: Path) -> Path:
     else:
         data = header_text(m).encode()
     atomic_write_bytes(path, data)
+    os.chmod(path, 0o644)       # the temporary file's 0600 would keep the other tool's user out
     return path

@@ -62,3 +62,20 @@ def test_rebuild_reproduces_package_data(tmp_path):
         assert (tmp_path / "data" / f"{n}.txt.gz").read_bytes() == (DATA / f"{n}.txt.gz").read_bytes()
         assert built[n] == ENTRIES[n]
         assert (tmp_path / "configs" / f"{n}.yaml").read_text() == (cfg_dir / f"{n}.yaml").read_text()
+
+
+@needs_sources
+def test_cli_import_with_no_flags(capsys):
+    from runner.multipliers.cli import main
+    from runner.multipliers.registry import user_names
+
+    for ext in (".c", ".v"):
+        assert main(["import", str(SOURCES / f"mul8u_0AB{ext}")]) == 0
+        out = capsys.readouterr().out
+        assert "checked mul8u_0AB (unsigned)" in out and "header figures reproduced: MAE%, WCE%, EP%" in out
+        assert "identical to the shipped table mul8u_0AB" in out and "MISMATCH" not in out
+    assert user_names() == []
+    assert main(["import", str(SOURCES / "mul8s_1KVQ.v"), "--name", "kvq"]) == 0
+    out = capsys.readouterr().out
+    assert "MISMATCH with the header: MAE published 36, computed 36.5352" in out
+    assert get("kvq").sha256 == get("mul8s_1KVQ").sha256 and get("kvq").published["pwr"] == "0.351"

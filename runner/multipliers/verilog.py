@@ -5,8 +5,9 @@ ranges, optionally `signed`; ANSI or classic port lists), continuous `assign` wi
 ~ ! & | ^ ~^ ~& ~| + - * << >> <<< >>> == != < > <= >= && || ?: (and reductions), bit and part selects,
 concatenation and replication, sized and unsized constants, instances of modules defined in the same
 file with named or positional ports, and the gate primitives and/or/nand/nor/xor/xnor/not/buf.
-EvoApproxLib's standard cells (PDKGENHAX1, PDKGENFAX1, PDKGENAND2X1) are built in for files that use
-them without defining them; a file's own definition takes precedence. Anything else (always blocks,
+EvoApproxLib's standard cells (PDKGENHAX1, PDKGENFAX1, PDKGENAND2X1 and the other PDKGEN gates its
+releases define: NAND2, OR2, NOR2, XOR2, XNOR2, INV, BUF, NAND3, NOR3, AOI21, OAI21, MUX2) are built in
+for files that use them without defining them; a file's own definition takes precedence. Anything else (always blocks,
 registers, parameters, x/z values, an unknown module) is refused with UserError naming file:line.
 
 The design is flattened and ordered by its bit-level dependencies: a bit driven twice, a
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from ..errors import UserError
 from . import bitslice as bs
 
+# EvoApproxLib's standard cells, as the library's own files define them; a file's definition wins.
 BUILTIN_CELLS = """
 module PDKGENHAX1( input A, input B, output YS, output YC );
     assign YS = A ^ B;
@@ -32,9 +34,19 @@ module PDKGENFAX1( input A, input B, input C, output YS, output YC );
     assign YS = (A ^ B) ^ C;
     assign YC = (A & B) | (B & C) | (A & C);
 endmodule
-module PDKGENAND2X1(input A, input B, output Y );
-    assign Y = A & B;
-endmodule
+module PDKGENAND2X1(input A, input B, output Y ); assign Y = A & B; endmodule
+module PDKGENNAND2X1(input A, input B, output Y ); assign Y = ~(A & B); endmodule
+module PDKGENOR2X1(input A, input B, output Y ); assign Y = A | B; endmodule
+module PDKGENNOR2X1(input A, input B, output Y ); assign Y = ~(A | B); endmodule
+module PDKGENXOR2X1(input A, input B, output Y ); assign Y = A ^ B; endmodule
+module PDKGENXNOR2X1(input A, input B, output Y ); assign Y = ~(A ^ B); endmodule
+module PDKGENINVX1(input A, output Y ); assign Y = ~A; endmodule
+module PDKGENBUFX2(input A, output Y ); assign Y = A; endmodule
+module PDKGENNAND3X1(input A, input B, input C, output Y ); assign Y = ~((A & B) & C); endmodule
+module PDKGENNOR3X1(input A, input B, input C, output Y ); assign Y = ~((A | B) | C); endmodule
+module PDKGENAOI21X1( input A, input B, input C, output Y ); assign Y = ~((A & B) | C); endmodule
+module PDKGENOAI21X1( input A, input B, input C, output Y ); assign Y = ~((A | B) & C); endmodule
+module PDKGENMUX2X1( input A, input B, input S, output Y ); assign Y = (A & ~S) | (B & S); endmodule
 """
 BUILTIN_WHERE = "<built-in EvoApproxLib cells>"
 PRIMITIVES = {"and": bs.AND, "or": bs.OR, "xor": bs.XOR, "nand": bs.AND, "nor": bs.OR, "xnor": bs.XOR,

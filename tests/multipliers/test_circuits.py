@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from runner.errors import UserError
-from runner.multipliers import families, get
+from runner.multipliers import bitslice as bs
+from runner.multipliers import families, get, netlist
 from runner.multipliers.circuits import load_circuit
 from runner.multipliers.cli import main
 from runner.multipliers.core import exact_table
@@ -96,6 +97,31 @@ def test_other_style_circuit_matches_an_independent_model(tmp_path, capsys, ext)
     m = get("arraymul")
     assert not m.signed
     assert np.array_equal(m.lut.numpy(), families.build("bam", False, hbl=0, vbl=4).lut.numpy())
+
+
+def test_builtin_cells_of_other_releases():
+    """Every built-in PDKGEN gate against its definition: output bit k of the test module is gate k."""
+    gates = {"AND2X1": lambda a, b, c: a & b, "NAND2X1": lambda a, b, c: 1 - (a & b),
+             "OR2X1": lambda a, b, c: a | b, "NOR2X1": lambda a, b, c: 1 - (a | b),
+             "XOR2X1": lambda a, b, c: a ^ b, "XNOR2X1": lambda a, b, c: 1 - (a ^ b),
+             "INVX1": lambda a, b, c: 1 - a, "BUFX2": lambda a, b, c: a,
+             "NAND3X1": lambda a, b, c: 1 - (a & b & c), "NOR3X1": lambda a, b, c: 1 - (a | b | c),
+             "AOI21X1": lambda a, b, c: 1 - ((a & b) | c), "OAI21X1": lambda a, b, c: 1 - ((a | b) & c),
+             "MUX2X1": lambda a, b, s: np.where(s == 1, b, a)}
+    arity = {"INVX1": 1, "BUFX2": 1, "NAND3X1": 3, "NOR3X1": 3, "AOI21X1": 3, "OAI21X1": 3, "MUX2X1": 3}
+    lines = ["module cells(input [7:0] A, input [7:0] B, output [15:0] O);"]
+    for k, cell in enumerate(gates):
+        n = arity.get(cell, 2)
+        names = "ABS" if cell == "MUX2X1" else "ABC"
+        nets = (f"A[{k % 8}]", f"B[{k % 8}]", f"A[{(k + 3) % 8}]")
+        ports = ", ".join(f".{p}({x})" for p, x in zip(names[:n], nets[:n]))
+        lines.append(f"  PDKGEN{cell} g{k} ({ports}, .Y(O[{k}]));")
+    lines += ["  assign O[15:13] = 3'b0;", "endmodule"]
+    design = netlist.load("\n".join(lines) + "\n", "cells.v")
+    out = bs.to_codes(design.run({"A": bs.operand_bits(0), "B": bs.operand_bits(1)})).reshape(256, 256)
+    for k, (cell, fn) in enumerate(gates.items()):
+        want = fn((A >> k % 8) & 1, (B >> k % 8) & 1, (A >> (k + 3) % 8) & 1)
+        assert np.array_equal((out >> k) & 1, want), cell
 
 
 def test_other_names_need_the_activation_operand(tmp_path):

@@ -53,9 +53,12 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _pareto(text: str) -> str:
+def _library_path(name: str, text: str, signed: bool) -> str:
+    """Where the circuit lives in the library: its header names the Pareto set, which is its folder
+    (multiplers/8x8_signed/pareto_pwr_ep/, the library's spelling)."""
     m = re.search(r"pareto optimal circuits with respect to the (\w+) and (\w+) parameters", text)
-    return f"{m.group(1)}-{m.group(2)}" if m else ""
+    folder = f"pareto_{m.group(1)}_{m.group(2)}/" if m else ""
+    return f"multiplers/8x8_{'signed' if signed else 'unsigned'}/{folder}{name}"
 
 
 def build_one(c_file: Path) -> dict:
@@ -70,7 +73,7 @@ def build_one(c_file: Path) -> dict:
     if missing or any(k in REQUIRED for k in (b.split()[0].lower() for b in bad)):
         raise UserError(f"{c_file.stem}: header figures missing ({missing}) or not reproduced ({bad})")
     return {"name": c_file.stem, "signed": from_c.signed, "values": from_c.values, "published": from_c.published,
-            "pareto": _pareto(c_file.read_text()), "c_sha256": _sha(c_file), "v_sha256": _sha(v_file),
+            "path": _library_path(c_file.stem, c_file.read_text(), from_c.signed), "c_sha256": _sha(c_file), "v_sha256": _sha(v_file),
             "checked": ok, "not_reproduced": bad, "seconds": [from_c.seconds, from_v.seconds]}
 
 
@@ -102,12 +105,11 @@ def build(sources: Path, data: Path = PACKAGE_DATA, configs: Path = CONFIGS) -> 
         sha = table_sha256(e["values"])
         if not (target.is_file() and table_sha256(read_values(target)[0]) == sha):
             save_table(Multiplier(e["name"], e["signed"], e["values"].astype(np.int32)), target)
-        kind = "signed" if e["signed"] else "unsigned"
         manifest["multipliers"].append({
             "name": e["name"], "signed": e["signed"], "file": target.name,
             "operand_range": [-128, 127] if e["signed"] else [0, 255],
-            "source": f"EvoApproxLib branch v2022, 8x8 {kind} multiplier {e['name']}.c / {e['name']}.v"
-                      + (f" (Pareto set {e['pareto']})" if e["pareto"] else ""),
+            "source": f"EvoApproxLib branch v2022, {e['path']}.c",
+            "sources": [f"{e['path']}.c", f"{e['path']}.v"],
             "sha256": sha, "text_sha256": hashlib.sha256(gzip.decompress(target.read_bytes())).hexdigest(),
             "c_sha256": e["c_sha256"], "v_sha256": e["v_sha256"],
             "published": e["published"],

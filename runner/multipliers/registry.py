@@ -1,7 +1,8 @@
 """Where multipliers come from: shipped tables, generated families, the user's imports.
 
 Shipped: the 50 EvoApproxLib v2022 8x8 tables in data/, rebuilt from the library's C and Verilog
-files by build_library.py (manifest.json holds provenance and published figures). User imports (`approx-run lut import`) live outside the package, in
+files by build_library.py (manifest.json holds provenance and published figures). User imports
+(`approx-run lut import`) live outside the package, in
 $APPROX_RUN_HOME/multipliers/ (default ~/.approx-run/multipliers/): NAME.json with its metadata,
 naming the table file NAME.<hash>.txt.gz (NAME.txt.gz in older stores).
 
@@ -251,7 +252,8 @@ def _resolve(d: dict) -> Multiplier:
         path = d["path"]
         if path in (None, "", "???"):
             raise UserError("multiplier=file needs a table: multiplier.path=/path/to/table.txt "
-                            "(.txt, .txt.gz or .npy; 256 rows x 256 integers, row = activation A)")
+                            "(.txt, .txt.gz, .npy, .bin, .h: 256 x 256 products, row = activation A; or a "
+                            "circuit, .c or .v)")
         name = d.get("name")
         return load_table(path, signed, name=None if name in (None, "file") else str(name))
     name = d.get("name")

@@ -109,7 +109,7 @@ def tokenize(text: str, where: str) -> list:
 
 def _literal(text: str) -> tuple[int, str]:
     m = re.fullmatch(r"(0[xX][0-9a-fA-F]+|0[bB][01]+|0[0-7]*|[1-9][0-9]*)([uU]?[lL]{0,2}|[lL]{1,2}[uU])", text)
-    if not m or m.group(2).lower() in ("lul",):
+    if not m:
         return None, ""
     digits, suffix = m.group(1), m.group(2).lower()
     if digits[:2].lower() == "0x":

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from . import bitslice as bs
-from .verilog import BUILTIN_WHERE, PRIMITIVES, Module, Net, builtin_cells, parse
+from .verilog import PRIMITIVES, Module, Net, builtin_cells, parse
 
 OPERAND_BITS, PRODUCT_BITS = 8, 16
 

@@ -191,7 +191,7 @@ def cmd_import(args) -> int:
     print(f"{verb} {m.name} ({'signed' if m.signed else 'unsigned'}), {m.params['layout_note']}")
     for note in m.params.get("notes", []):
         print(f"  {note}")
-    print(f"  read and evaluated in {seconds:.2f} s")
+    print(f"  {verb} in {seconds:.2f} s (read, evaluate, validate{'' if verb == 'checked' else ', store'})")
     print(f"MAE% {met['mae_pct']:.4g}  WCE% {met['wce_pct']:.4g}  EP% {met['ep_pct']:.2f}  "
           f"MRE% {met['mre_pct']:.4g}")
     if m.published:

@@ -1,4 +1,4 @@
-"""`approx-run lut ...`: list, show and import multipliers.
+"""`approx-run lut ...`: list, show, import and export multipliers.
 
 runner/cli.py calls main(argv) with the arguments after "lut"."""
 
@@ -7,11 +7,14 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
+import time
 from pathlib import Path
 
 from ..console import print_table
 from ..errors import UserError
+from .circuits import compare_published
 from .io import SUFFIXES, load_table
+from .peers import EXPORT_FORMATS, export
 from .metrics import metrics_of, published_convention
 from .registry import get, import_table, list_multipliers, shipped_names, user_dir, user_names
 
@@ -22,22 +25,27 @@ HW_COLUMNS = [("pwr", "power mW"), ("area", "area um2"), ("delay", "delay ns")]
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="approx-run lut",
-                                description="Approximate 8x8 multipliers: list, inspect, import.")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="{list,show,import}")
+                                description="Approximate 8x8 multipliers: list, inspect, import, export.")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{list,show,import,export}")
     ls = sub.add_parser("list", help="table of every available multiplier with its error metrics")
     ls.add_argument("--csv", metavar="PATH", help="also write the table as CSV")
     sh = sub.add_parser("show", help="metrics of one multiplier and a PNG heatmap of its error table")
-    sh.add_argument("name", help="multiplier name, or a table file (.txt, .txt.gz, .npy)")
+    sh.add_argument("name", help="multiplier name, or a table or circuit file (.txt, .txt.gz, .npy, .bin, .h, .c, .v)")
     sh.add_argument("--out", metavar="PNG", help="heatmap path (default results/lut/<name>_error.png)")
     sh.add_argument("--no-plot", action="store_true", help="print the metrics only")
-    im = sub.add_parser("import", help="validate a table file and register it under a name",
-                        description="Rows must be operand A (activation), columns operand B (weight); "
-                                    "approximate multipliers are often not commutative.")
-    im.add_argument("file", help="table file (.txt, .txt.gz, .npy): 256 rows x 256 integers")
-    im.add_argument("--name", required=True, help="name to register it under")
+    im = sub.add_parser("import", help="validate a table or circuit file and register it under a name",
+                        description="Tables: rows must be operand A (activation), columns operand B (weight); "
+                                    "approximate multipliers are often not commutative. Circuits (.c C model, "
+                                    ".v Verilog netlist) are evaluated on all 65,536 operand pairs, never compiled "
+                                    "or run; their header figures (MAE%%, WCE%%, EP%%, power...) are read and checked.")
+    im.add_argument("file", help="table (.txt, .txt.gz, .npy: 256 rows x 256 integers; TFApprox .bin; C header .h "
+                                 "with a [256][256] array) or circuit (.c, .v)")
+    im.add_argument("--name", help="name to register it under (default: the file name without its suffix)")
+    im.add_argument("--activation-operand", metavar="NAME", default=None,
+                    help="circuits: the parameter/input that is the activation (default: the one named A)")
     g = im.add_mutually_exclusive_group()
     g.add_argument("--signed", dest="signed", action="store_true", default=None,
-                   help="operands -128..127 (default: inferred from the values)")
+                   help="operands -128..127 (default: from the declared types, the name, else the values)")
     g.add_argument("--unsigned", dest="signed", action="store_false", help="operands 0..255")
     im.add_argument("--layout", default="auto", choices=["auto", "offset128", "raw_bytes", "unsigned"],
                     help="index convention of the file (default: detected)")
@@ -45,6 +53,14 @@ def _parser() -> argparse.ArgumentParser:
     im.add_argument("--force", action="store_true", help="replace an earlier import of the same name")
     im.add_argument("--power-mw", type=float, default=None, metavar="MW",
                     help="the circuit's power in mW, for energy estimates (EvoApproxLib's `pwr` convention)")
+    ex = sub.add_parser("export", help="write a multiplier's table for another tool",
+                        description="txt: our text layout (.txt or .txt.gz); npy: int32 [256, 256] in our layout; "
+                                    "bin: TFApprox, 65,536 little-endian uint16 at a*256+b (signed: two's-complement "
+                                    "patterns at raw byte codes); h: C header with a [256][256] array (signed: int16_t "
+                                    "in raw byte order, as AdaPT/TransAxx index it).")
+    ex.add_argument("name", help="multiplier name, or a table or circuit file")
+    ex.add_argument("--format", required=True, choices=list(EXPORT_FORMATS))
+    ex.add_argument("--out", metavar="PATH", help="output file (default results/lut/<name>.<format>)")
     return p
 
 
@@ -99,6 +115,14 @@ def _lookup(name: str):
     return get(name)
 
 
+def cmd_export(args) -> int:
+    m = _lookup(args.name)
+    out = Path(args.out) if args.out else Path("results") / "lut" / f"{m.name}.{args.format}"
+    print(f"wrote {export(m, args.format, out)} ({args.format}, {'signed' if m.signed else 'unsigned'}, "
+          f"sha256 {m.sha256[:16]}...)")
+    return 0
+
+
 def plot_error(m, out: Path) -> Path:
     try:
         import matplotlib
@@ -133,7 +157,7 @@ def cmd_show(args) -> int:
     lo, hi = m.operand_range
     pub_keys = {"mae_pct": "mae%", "wce_pct": "wce%", "ep_pct": "ep%", "mre_pct": "mre%", "wcre_pct": "wcre%"}
     # Published figures use EvoApproxLib's rounding (MAE rounded to 0.1 before MAE%).
-    conv = published_convention(met)
+    conv = published_convention(met, m.published)
     rows = []
     for k, v in met.items():
         row = {"metric": k, "ours": v}
@@ -158,13 +182,30 @@ def cmd_show(args) -> int:
 
 
 def cmd_import(args) -> int:
+    start = time.perf_counter()
     m = import_table(args.file, args.name, args.signed, transpose=args.transpose, layout=args.layout,
-                     force=args.force, power_mw=args.power_mw)
+                     force=args.force, power_mw=args.power_mw, activation=args.activation_operand)
+    seconds = time.perf_counter() - start
     met = metrics_of(m)
-    print(f"imported {m.name} ({'signed' if m.signed else 'unsigned'}), {m.params['layout_note']}")
+    verb = "checked" if "shipped" in m.params else "imported"
+    print(f"{verb} {m.name} ({'signed' if m.signed else 'unsigned'}), {m.params['layout_note']}")
+    for note in m.params.get("notes", []):
+        print(f"  {note}")
+    print(f"  {verb} in {seconds:.2f} s (read, evaluate, validate{'' if verb == 'checked' else ', store'})")
     print(f"MAE% {met['mae_pct']:.4g}  WCE% {met['wce_pct']:.4g}  EP% {met['ep_pct']:.2f}  "
           f"MRE% {met['mre_pct']:.4g}")
-    print(f"stored in {user_dir()}; select it with multiplier=named multiplier.name={m.name}")
+    if m.published:
+        ok, bad = compare_published(m.lut.numpy(), m.signed, m.published)
+        hw = ", ".join(f"{k} {m.published[k]}" for k, _ in HW_COLUMNS if k in m.published)
+        if ok:
+            print(f"header figures reproduced: {', '.join(k.upper() for k in ok)}" + (f"; hardware: {hw}" if hw else ""))
+        for msg in bad:
+            print(f"MISMATCH with the header: {msg}")
+    if "shipped" in m.params:
+        print(f"identical to the shipped table {m.params['shipped']} (sha256 {m.sha256[:16]}...): nothing registered; "
+              f"select it with multiplier={m.params['shipped']}")
+    else:
+        print(f"stored in {user_dir()}; select it with multiplier=named multiplier.name={m.name}")
     return 0
 
 
@@ -175,7 +216,7 @@ def main(argv=None) -> int:
     except SystemExit as e:  # argparse exits on --help and usage errors; keep main() in-process
         return int(e.code or 0)
     try:
-        return {"list": cmd_list, "show": cmd_show, "import": cmd_import}[args.cmd](args)
+        return {"list": cmd_list, "show": cmd_show, "import": cmd_import, "export": cmd_export}[args.cmd](args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -27,7 +27,8 @@ import numpy as np
 from ..errors import UserError
 from .core import SIGNED_RANGE, SIZE, TWO16, Multiplier, value_range
 
-SUFFIXES = (".txt", ".txt.gz", ".npy")
+SUFFIXES = (".txt", ".txt.gz", ".npy", ".h", ".bin", ".c", ".v")
+TABLE_SUFFIXES = (".txt", ".txt.gz", ".npy")
 # Widest range any 8x8 table may hold (signed int16 or unsigned uint16 products).
 ANY_RANGE = (-(1 << 15), (1 << 16) - 1)
 SIGNED_RANGE_MAX = SIGNED_RANGE[1]
@@ -41,11 +42,12 @@ LAYOUTS = {
 
 def _suffix(path: Path) -> str:
     name = path.name.lower()
-    for s in (".txt.gz", ".txt", ".npy"):
+    for s in (".txt.gz",) + SUFFIXES:
         if name.endswith(s):
             return s
-    raise UserError(f"{path}: unsupported table format; use one of {', '.join(SUFFIXES)} "
-                    f"(256 rows x 256 integers, row = activation A, column = weight B)")
+    raise UserError(f"{path}: unsupported table format; use a table ({', '.join(TABLE_SUFFIXES)}: 256 rows x 256 "
+                    f"integers, row = activation A, column = weight B), a TFApprox .bin, a C header (.h) with a "
+                    f"[256][256] array, or a circuit (.c C model, .v Verilog netlist)")
 
 
 def stem(path: Path) -> str:
@@ -300,28 +302,26 @@ def check_layout(values: np.ndarray, signed: bool | None, where: str, *, expect_
 # ---------------------------------------------------------------- public API
 
 def load_table(path, signed: bool | None = None, *, name: str | None = None, layout: str = "auto",
-               expect_exact: bool | None = None) -> Multiplier:
-    """Load and validate a table file.
+               expect_exact: bool | None = None, activation: str | None = None) -> Multiplier:
+    """Load and validate a table or circuit file (any of SUFFIXES).
 
-    signed=None infers signedness from the layout the values fit. expect_exact=None treats a
+    signed=None infers signedness (see peers.load_file). expect_exact=None treats a
     file whose name contains "exact" as claiming exactness. The result is always in our
     offset-128 (signed) or plain (unsigned) layout."""
+    from .peers import load_file
+
     path = Path(os.path.expanduser(str(path)))
-    values, where = read_values(path)
-    check_range(values, None, where)
     if expect_exact is None:
         expect_exact = "exact" in path.name.lower()
-    report = check_layout(values, signed, str(path), expect_exact=expect_exact, layout=layout,
-                          names=(path.name, name or ""))
-    check_range(values, report.signed, where)
-    if report.converted:
-        values = raw_bytes_to_offset128(values)
+    loaded = load_file(path, signed, layout=layout, activation=activation, name=name or "", expect_exact=expect_exact)
     return Multiplier(
         name=name or stem(path),
-        signed=report.signed,
-        lut=values.astype(np.int32),
+        signed=loaded.signed,
+        lut=loaded.values.astype(np.int32),
         source=f"file:{path.resolve()}",
-        params={"path": str(path.resolve()), "layout": report.layout, "layout_note": report.note},
+        published=loaded.published,
+        params={"path": str(path.resolve()), "layout": loaded.layout, "layout_note": loaded.layout_note,
+                **({"notes": loaded.notes} if loaded.notes else {})},
     )
 
 
@@ -329,6 +329,8 @@ def save_table(m: Multiplier, path) -> Path:
     """Write m.lut in the format named by the file's suffix (.txt, .txt.gz, .npy)."""
     path = Path(path)
     suffix = _suffix(path)
+    if suffix not in TABLE_SUFFIXES:
+        raise UserError(f"{path}: tables are saved as {', '.join(TABLE_SUFFIXES)}; `lut export` writes the other formats")
     path.parent.mkdir(parents=True, exist_ok=True)
     values = m.lut.numpy()
     if suffix == ".npy":

@@ -1,7 +1,8 @@
 """Where multipliers come from: shipped tables, generated families, the user's imports.
 
-Shipped: the 19 EvoApproxLib tables in data/ (manifest.json holds provenance and published
-figures). User imports (`approx-run lut import`) live outside the package, in
+Shipped: the 50 EvoApproxLib v2022 8x8 tables in data/, rebuilt from the library's C and Verilog
+files by build_library.py (manifest.json holds provenance and published figures). User imports
+(`approx-run lut import`) live outside the package, in
 $APPROX_RUN_HOME/multipliers/ (default ~/.approx-run/multipliers/): NAME.json with its metadata,
 naming the table file NAME.<hash>.txt.gz (NAME.txt.gz in older stores).
 
@@ -30,7 +31,7 @@ from ..errors import UserError
 from ..provenance import atomic_write_bytes
 from . import families
 from .core import Multiplier, table_sha256
-from .io import check_layout, check_range, load_table, raw_bytes_to_offset128, read_values, save_table
+from .io import check_range, load_table, read_values, save_table, stem
 
 DATA = Path(__file__).parent / "data"
 ALIASES = {"exact": "exact_s", "exact_signed": "exact_s", "exact_unsigned": "exact_u"}
@@ -109,38 +110,48 @@ def _power(value) -> dict:
     return {"pwr": f"{mw:g}"}
 
 
-def import_table(path, name: str, signed: bool | None = None, *, transpose: bool = False,
-                 layout: str = "auto", force: bool = False, power_mw: float | None = None) -> Multiplier:
-    """Validate a user's table, convert it to our layout and register it under name."""
-    published = _power(power_mw)
-    if not _NAME_OK.match(name or ""):
-        raise UserError(f"invalid name {name!r}: use letters, digits, '_', '-', '.', starting with a letter")
-    if name in shipped_names() or name in ALIASES or families.parse_family_name(name) or name in families.FAMILIES:
-        raise UserError(f"name {name!r} is taken by a shipped or generated multiplier; choose another")
-    if name in user_names() and not force:
-        raise UserError(f"{name!r} is already imported ({user_dir()}); pass --force to replace it")
+def import_table(path, name: str | None = None, signed: bool | None = None, *, transpose: bool = False,
+                 layout: str = "auto", force: bool = False, power_mw: float | None = None,
+                 activation: str | None = None) -> Multiplier:
+    """Validate a user's table or circuit file, convert it to our layout and register it under name
+    (default: the file's stem). A file that reproduces the shipped table of its own name registers
+    nothing: the result's params["shipped"] names it."""
+    from .peers import load_file
+
+    power = _power(power_mw)
     path = Path(os.path.expanduser(str(path)))
-    values, where = read_values(path)
-    check_range(values, None, where)
-    if transpose:
-        values = values.T.copy()
+    name = name or stem(path)
+    if not _NAME_OK.match(name or ""):
+        raise UserError(f"invalid name {name!r}: use letters, digits, '_', '-', '.', starting with a letter"
+                        f"{'; choose one with --name' if name == stem(path) else ''}")
+    taken = name in shipped_names() or name in ALIASES or families.parse_family_name(name) or name in families.FAMILIES
+    if not taken and name in user_names() and not force:
+        raise UserError(f"{name!r} is already imported ({user_dir()}); pass --force to replace it")
     claims_exact = "exact" in name.lower() or "exact" in path.name.lower()
-    report = check_layout(values, signed, str(path), expect_exact=claims_exact, layout=layout, names=(path.name, name))
-    check_range(values, report.signed, where)
-    if report.converted:
-        values = raw_bytes_to_offset128(values)
+    loaded = load_file(path, signed, layout=layout, transpose=transpose, activation=activation, name=name,
+                       expect_exact=claims_exact)
+    values = loaded.values
     sha = table_sha256(values)
     shipped_sha = {e["sha256"]: n for n, e in _shipped_entries().items()}
+    if taken:
+        if shipped_sha.get(sha) == name:
+            m = _shipped(name)
+            return dataclasses.replace(m, params={**m.params, "shipped": name, "layout_note": loaded.layout_note,
+                                                  "notes": loaded.notes},
+                                       published={**loaded.published, **m.published})
+        raise UserError(f"name {name!r} is taken by a shipped or generated multiplier; choose another with --name")
     sha_t = table_sha256(values.T.copy())
     if sha_t != sha and sha_t in shipped_sha:
         raise UserError(f"{path}: this is the shipped table {shipped_sha[sha_t]} transposed (rows hold the "
-                        f"weight operand B); rows must be the activation A. Pass --transpose to import it "
-                        f"the right way round")
-    note = report.note + (f"; identical to shipped {shipped_sha[sha]}" if sha in shipped_sha else "")
+                        f"weight operand B); rows must be the activation A. Pass "
+                        f"{'--activation-operand' if path.suffix.lower() in ('.c', '.v') else '--transpose'} to "
+                        f"import it the right way round")
+    note = loaded.layout_note + (f"; identical to shipped {shipped_sha[sha]}" if sha in shipped_sha else "")
     if transpose:
         note += "; transposed on import"
-    m = Multiplier(name, report.signed, values.astype(np.int32), source=f"imported from {path.resolve()}", published=published,
-                   params={"layout": report.layout, "layout_note": note})
+    m = Multiplier(name, loaded.signed, values.astype(np.int32), source=f"imported from {path.resolve()}",
+                   published={**loaded.published, **power},
+                   params={"layout": loaded.layout, "layout_note": note, **({"notes": loaded.notes} if loaded.notes else {})})
     _store(m)
     return m
 
@@ -174,7 +185,9 @@ def _store(m: Multiplier) -> None:
 def list_multipliers() -> list[str]:
     """Names of every available multiplier: generated defaults, shipped tables, user imports."""
     gen = [families.family_name(f, s, p) for f, s, p in families.DEFAULT_INSTANCES]
-    return gen + shipped_names() + [n for n in user_names() if n not in gen]
+    shipped = shipped_names()
+    # an import made before a table of its name shipped is shadowed by the shipped one (get() prefers it)
+    return gen + shipped + [n for n in user_names() if n not in gen and n not in shipped]
 
 
 def _unknown(name) -> UserError:
@@ -239,7 +252,8 @@ def _resolve(d: dict) -> Multiplier:
         path = d["path"]
         if path in (None, "", "???"):
             raise UserError("multiplier=file needs a table: multiplier.path=/path/to/table.txt "
-                            "(.txt, .txt.gz or .npy; 256 rows x 256 integers, row = activation A)")
+                            "(.txt, .txt.gz, .npy, .bin, .h: 256 x 256 products, row = activation A; or a "
+                            "circuit, .c or .v)")
         name = d.get("name")
         return load_table(path, signed, name=None if name in (None, "file") else str(name))
     name = d.get("name")

@@ -165,8 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     from runner.console import console
 
     t0 = time.time()
-    composed = compose_command("sensitivity", argv, KEY, __doc__, "sensitivity keys: sensitivity.multipliers="
-                               "NAMES|GLOB|FILES  sensitivity.layers=[conv1,...]  sensitivity.plot=true|false")
+    composed = compose_command("sensitivity", argv, KEY, __doc__, "")
     if composed is None:
         return 0
     cfg, names = composed

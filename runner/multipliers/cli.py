@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ..console import print_table
-from ..errors import UserError
+from ..errors import ArgumentParser, UserError
 from .io import SUFFIXES, load_table
 from .metrics import metrics_of, published_convention
 from .registry import get, import_table, list_multipliers, shipped_names, user_dir, user_names
@@ -21,7 +21,7 @@ HW_COLUMNS = [("pwr", "power mW"), ("area", "area um2"), ("delay", "delay ns")]
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="approx-run lut",
+    p = ArgumentParser(prog="approx-run lut",
                                 description="Approximate 8x8 multipliers: list, inspect, import.")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="{list,show,import}")
     ls = sub.add_parser("list", help="table of every available multiplier with its error metrics")

@@ -37,7 +37,11 @@ def _close(word: str, pool) -> list[str]:
     import difflib
 
     pool = list(dict.fromkeys(pool))
-    close = difflib.get_close_matches(word, pool, n=4, cutoff=0.6)
+    close = []
+    for cutoff in (0.85, 0.7, 0.55):  # the near ones only, when there are near ones
+        close = difflib.get_close_matches(word, pool, n=4, cutoff=cutoff)
+        if close:
+            break
     # a dotted key: also the keys of its section whose last part is close (finetune.epoch -> finetune.epochs)
     if not close and "." in word:
         head, _, tail = word.rpartition(".")
@@ -179,15 +183,20 @@ def _primary_chain(name: str) -> list[Path]:
 def key_help(command: str, overrides=()) -> list[tuple[str, object, str]]:
     """(dotted key, default, one line) for every key `approx-run <command>` takes, in config order; the line
     comes from the comments of the group options and config files the command composes."""
+    from contextlib import nullcontext
+
     from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    with HeldSignals(), initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=command):
+    # inside another composition (a suggestion for its error) Hydra is initialised already, on CONFIG_DIR
+    init = nullcontext() if GlobalHydra.instance().is_initialized() else \
+        initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=command)
+    with HeldSignals(), init:
         with compose_errors(command):
             cfg = hydra_compose(config_name=command, overrides=list(overrides), return_hydra_config=True)
     comments = dataclass_comments()
-    for path in sorted(CONFIG_DIR.glob("*.yaml")):  # a key every command shares means the same in each
-        comments.update(yaml_comments(path))
+    comments.update(yaml_comments(CONFIG_DIR / "compare.yaml"))  # eval.* etc.: finetune's mean the same
     for group, option in cfg.hydra.runtime.choices.items():
         path = CONFIG_DIR / str(group) / f"{option}.yaml"
         if "/" not in str(group) and path.is_file() and not str(group).startswith("hydra"):
@@ -209,7 +218,7 @@ def key_help(command: str, overrides=()) -> list[tuple[str, object, str]]:
                 out.append((key, v, comments.get(key, "")))
 
     walk(values, "")
-    return out
+    return sorted(out, key=lambda item: "." in item[0])  # the top-level keys first, then by section
 
 
 def config_keys(command: str) -> list[str]:

@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         _check_columns(df, cols, "--columns")
         df = df[cols]
     elif not args.pivot and not args.all_columns and (args.csv is None):
-        df = df[[c for c in DEFAULT_COLUMNS if c in df.columns and (c != "error" or df[c].fillna("").ne("").any())]]
+        df = df[[c for c in DEFAULT_COLUMNS if c in df.columns and (c != "error" or (df[c].notna() & df[c].astype(str).ne("")).any())]]
     if args.limit:
         df = df.head(args.limit)
     if args.csv is not None:

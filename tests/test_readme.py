@@ -61,6 +61,7 @@ def test_readme_command(argv, tmp_path, monkeypatch):
             assert main(argv) == 0
 
 
+@pytest.mark.slow  # 2 min 45 s of CPU (8 min wall on the shared 2-core machine)
 def test_readme_workflow_in_order_gives_the_readme_tables(tmp_path, monkeypatch):
     """sweep, sensitivity, search, finetune, then `results --pivot --markdown` and `--plot`, as the README
     runs them (three tables, a short baseline): the pivot's approx column is each table's whole-network

@@ -137,7 +137,7 @@ def why_new(cfg: DictConfig, path: Path) -> str:
     """Why no checkpoint fits: the data digest and recipe, and the nearest checkpoints' differences."""
     key = weight_config(cfg)
     recipe = hashlib.sha256(json.dumps(key["train"], sort_keys=True).encode()).hexdigest()[:10]
-    others = sorted(path.parent.glob(f"{cfg.model.name}_{cfg.data.name}*.pt"))
+    others = sorted(path.parent.glob(f"{cfg.model.name}_{cfg.data.name}-*.pt"))
     same_data = [p for p in others if p.name.startswith(path.name.rsplit("_", 1)[0] + "_")]
     note = ""
     if same_data:

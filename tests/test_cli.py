@@ -31,7 +31,7 @@ def test_train_end_to_end(tmp_path):
     out = run_cli("train", "train.epochs=1", f"paths.results={tmp_path}/results",
                   f"paths.checkpoints={tmp_path}/ckpt")
     assert out.returncode == 0, out.stderr
-    ckpts = list((tmp_path / "ckpt").glob("lenet5_mnist5k_*.pt"))
+    ckpts = list((tmp_path / "ckpt").glob("lenet5_mnist5k-*.pt"))    # <model>_<data>-<data digest>_<config digest>
     assert len(ckpts) == 1
     blob = torch.load(ckpts[0], weights_only=True)
     assert blob["meta"]["test_accuracy"] > 0.5

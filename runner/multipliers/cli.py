@@ -172,8 +172,11 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = _parser().parse_args(argv)
-    except SystemExit as e:  # argparse exits on --help and usage errors; keep main() in-process
+    except SystemExit as e:  # argparse exits on --help; keep main() in-process
         return int(e.code or 0)
+    except UserError as e:  # a usage error: one line with the nearest options
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         return {"list": cmd_list, "show": cmd_show, "import": cmd_import}[args.cmd](args)
     except UserError as e:

@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = greedy(ev, candidates, layers, macs, max_loss, int(cfg.search.max_evals), log)
     label = _label(chosen)
     table = pd.DataFrame(log)
-    table["val_loss_pts"] = 100 * (ev.fakequant_accuracy - table["val_accuracy"])
+    table["val_loss_pts"] = (100 * (ev.fakequant_accuracy - table["val_accuracy"])).round(9)  # no float noise
     table["on_front"] = pareto(table)
     table["chosen"] = table["assignment"] == label
     write_csv(run_dir / "pareto.csv", table)

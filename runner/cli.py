@@ -64,12 +64,36 @@ def config_groups() -> dict[str, list[str]]:
     return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(CONFIG_DIR.iterdir()) if d.is_dir()}
 
 
+def _shown(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(map(_shown, value)) + "]"
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def print_keys(command: str, overrides=()) -> None:
+    """Every key of the command with its default and its one line from the config files' comments, by
+    section (the config groups' keys under the option they default to)."""
+    from runner.config import key_help
+
+    print("keys (key=default  what it does; set with key=value):")
+    section = None
+    for key, value, note in key_help(command, overrides):
+        top = key.split(".", 1)[0] if "." in key else ""
+        if top != section:
+            section = top
+            print(f"  {top + '.*' if top else 'top level'}")
+        shown = f"{key}={_shown(value)}"
+        print(f"    {shown:<40} {note}".rstrip() if len(shown) < 40 else f"    {shown}  {note}".rstrip())
+
+
 def print_hydra_help(command: str) -> None:
     _, text, _ = COMMANDS[command]
     print(f"usage: approx-run {command} [key=value ...] [group=option ...] [-m]\n\n{text}\n")
     print(f"config: {CONFIG_DIR / (command + '.yaml')}\nconfig groups (choose with group=option):")
     for group, options in config_groups().items():
         print(f"  {group:<11} {', '.join(options)}")
+    print()
+    print_keys(command)
     print(f"\nshow the composed config: approx-run {command} --cfg job\n")
     print(EXAMPLES)
 

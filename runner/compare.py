@@ -75,12 +75,28 @@ def row_keys(cfg: DictConfig, multipliers: dict, layers: list[str], device: torc
     return keys
 
 
+def scope_of(path: str, multipliers: dict, layers: list[str]) -> str:
+    """What a row's numbers are of (the `scope` column): reference (pytorch, fakequant), network (every layer
+    on one table), layer (some layers on one table, the others as model.other_layers says: sensitivity),
+    assignment (several tables: search, +multiplier.layers), finetuned (a retrained approx model)."""
+    if path in ("pytorch", "fakequant"):
+        return "reference"
+    if path == "approx_finetuned":
+        return "finetuned"
+    if len({multipliers[n].sha256 for n in layers}) > 1:
+        return "assignment"
+    return "network" if set(layers) == set(multipliers) else "layer"
+
+
 def multiplier_columns(multipliers: dict, layers: list[str]) -> dict:
-    names = {multipliers[n].name for n in layers}
+    from runner.energy import power_mw
+    from runner.multipliers.registry import canonical_name
+
+    names = {canonical_name(multipliers[n]) for n in layers}
     first = multipliers[layers[0]]
     cols = {
-        "multiplier": first.name if len(names) == 1 else "mixed",
-        "multiplier_per_layer": ";".join(f"{n}={multipliers[n].name}" for n in layers),
+        "multiplier": canonical_name(first) if len(names) == 1 else "mixed",
+        "multiplier_per_layer": ";".join(f"{n}={canonical_name(multipliers[n])}" for n in layers),
         "multiplier_signed": first.signed if len(names) == 1 else None,
         "lut_sha256": first.sha256 if len(names) == 1 else cache_key({n: multipliers[n].sha256 for n in layers}),
     }
@@ -90,22 +106,26 @@ def multiplier_columns(multipliers: dict, layers: list[str]) -> dict:
         pub = first.published or {}
         for src, dst in (("pwr", "power_mw"), ("area", "area_um2"), ("delay", "delay_ns")):
             cols[f"published_{dst}"] = float(pub[src]) if src in pub else None
+        if cols["published_power_mw"] is None:  # one name, one figure: exact_s has mul8s_1KV6's power
+            cols["published_power_mw"] = power_mw(first)
     return cols
 
 
 def _row(path, timed, y, ref_preds, batch_size, device, threads) -> dict:
     n = len(y)
     correct = int((timed.predictions == y).sum())
+
+    def agreement(ref):  # a fraction of counts, as accuracy: no float32 mean's noise (0.7990000247955322)
+        return int((timed.predictions == ref_preds[ref]).sum()) / n if ref in ref_preds else None
+
     row = {
         "path": path, "status": "ok", "error": "",
         "n_images": n, "correct": correct, "accuracy": correct / n,
-        "agreement_fakequant": float((timed.predictions == ref_preds["fakequant"]).float().mean())
-        if "fakequant" in ref_preds else None,
-        "agreement_pytorch": float((timed.predictions == ref_preds["pytorch"]).float().mean())
-        if "pytorch" in ref_preds else None,
-        "latency_ms_median": timed.latency_ms_median,
-        "testset_ms_median": timed.total_ms_median,
-        "throughput_img_s": n / (timed.total_ms_median / 1e3) if timed.pass_ms else None,
+        "agreement_fakequant": agreement("fakequant"), "agreement_pytorch": agreement("pytorch"),
+        # timings to the microsecond and the image per second: the digits beyond are the clock's noise
+        "latency_ms_median": round(timed.latency_ms_median, 3),
+        "testset_ms_median": round(timed.total_ms_median, 3),
+        "throughput_img_s": round(n / (timed.total_ms_median / 1e3), 1) if timed.pass_ms else None,
         "batch_size": batch_size, "threads": threads, "device": str(device),
     }
     return row
@@ -131,7 +151,8 @@ def run(cfg: DictConfig, out_dir: Path, quiet: bool = False, planned: tuple | No
         reason = str(exc) if isinstance(exc, UserError) else \
             f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
         spec = OmegaConf.to_container(cfg.multiplier, resolve=True)
-        row = {**common, "path": "approx", "status": "failed", "error": reason,
+        scope = "assignment" if spec.get("layers") else "layer" if cfg.model.get("approx_layers") else "network"
+        row = {**common, "path": "approx", "scope": scope, "status": "failed", "error": reason,
                "multiplier": str(spec.get("name", spec)), "row_key": "", "elapsed_s": time.time() - t_start}
         write_csv(out_dir / "metrics.csv", [row])
         append_rows(Path(cfg.results_file), [row])
@@ -243,6 +264,7 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False, plan
     extra["approx"].update({"mult_energy_rel": spent["mult_energy_rel"], **op_cols})
     extra["approx_finetuned"]["mult_energy_rel"] = spent["mult_energy_rel"]
     env = sess.memo(("environment", str(device)), lambda: environment(device))  # git runs once per command
+    data_sha = weight_config(cfg)["data"]["sha256"]
     rows, preds = [], {}
     # fakequant predictions are needed for agreement even when its row is already recorded
     order = ["pytorch", "fakequant"] + [p for p in ("approx", "approx_finetuned") if p in models and p in wanted]
@@ -268,11 +290,13 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False, plan
                 is_quant = path != "pytorch"
                 is_lut = path.startswith("approx")
                 rows.append({**common, **row, **(mcols if is_lut else {}), **extra[path],
+                             "scope": scope_of(path, multipliers, approx_layers),
                              "multiplier": mcols["multiplier"] if is_quant else "",
                              "quant": common["quant"] if is_quant else "",
                              "backend": common["backend"] if is_lut else "torch",
                              "algo": common["algo"] if is_lut else "",
-                             "row_key": keys[path], "checkpoint": str(ckpt), "baseline_test_accuracy":
+                             "row_key": keys[path], "data_sha256": data_sha, "checkpoint": str(ckpt),
+                             "baseline_test_accuracy":
                              meta["test_accuracy"], "device_name": env["device_name"],
                              "git_sha": env["git_sha"], "git_dirty": env["git_dirty"],
                              "torch_version": env["torch"], "n_batches": n_batches})

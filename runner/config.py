@@ -2,6 +2,7 @@
 why composing is not interrupted."""
 from __future__ import annotations
 
+import re
 import signal
 import threading
 from contextlib import contextmanager
@@ -25,9 +26,56 @@ def compose_errors(command: str, job: list[str] | None = None, hint_launchers: b
         yield
     except (HydraException, OmegaConfBaseException) as exc:
         where = f" ({' '.join(job)})" if job else ""
-        hint = LAUNCHER_HINT if hint_launchers and "hydra/launcher" in str(exc) else \
-            f"\nSee `approx-run {command} --help` for the config groups and their options."
-        raise UserError(f"bad override for `approx-run {command}`{where}: {exc}".rstrip() + hint) from None
+        if hint_launchers and "hydra/launcher" in str(exc):
+            raise UserError(f"bad override for `approx-run {command}`{where}: {exc}".rstrip() + LAUNCHER_HINT) \
+                from None
+        raise UserError(f"bad override for `approx-run {command}`{where}: {nearest_names(command, exc)} "
+                        f"(`approx-run {command} --help` lists them)") from None
+
+
+def _close(word: str, pool) -> list[str]:
+    import difflib
+
+    pool = list(dict.fromkeys(pool))
+    close = []
+    for cutoff in (0.85, 0.7, 0.55):  # the near ones only, when there are near ones
+        close = difflib.get_close_matches(word, pool, n=4, cutoff=cutoff)
+        if close:
+            break
+    # a dotted key: also the keys of its section whose last part is close (finetune.epoch -> finetune.epochs)
+    if not close and "." in word:
+        head, _, tail = word.rpartition(".")
+        same = [k for k in pool if k.startswith(head + ".")]
+        close = [f"{head}.{k}" for k in difflib.get_close_matches(tail, [k[len(head) + 1:] for k in same], n=4)]
+    return close
+
+
+def nearest_names(command: str, exc: Exception) -> str:
+    """One line for a composition error: what was not found and the nearest valid names (Hydra's own
+    message lists every option of the group over many lines)."""
+    text = str(exc)
+    missing = re.search(r"Could not find '([\w/]+)/([^']+)'", text)
+    if missing:
+        group, option = missing[1], missing[2]
+        options = sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+        close = _close(option, options)
+        names = f"did you mean {', '.join(close)}?" if close else f"choose one of {', '.join(options)}."
+        extra = " Any table by name: multiplier=named multiplier.name=NAME." if group == "multiplier" else ""
+        return f"no {group} option '{option}' ({group}={option}); {names}{extra}"
+    key = re.search(r"Could not (?:override|append to|delete from) '([^']+)'", text) or \
+        re.search(r"Key '([^']+)' is not in struct", text)
+    if key:
+        wanted = key[1]
+        try:
+            from runner.config import config_keys
+
+            pool = config_keys(command) + [p.name for p in CONFIG_DIR.iterdir() if p.is_dir()]
+        except Exception:  # noqa: BLE001  (the suggestion is a courtesy; the message stands without it)
+            pool = []
+        close = _close(wanted, pool)
+        names = f"did you mean {', '.join(close)}?" if close else "no key or config group of that name."
+        return f"unknown key '{wanted}'; {names} (a new key needs a leading +)"
+    return text.strip() or type(exc).__name__
 
 
 class HeldSignals:
@@ -70,3 +118,109 @@ def compose(command: str, overrides=()):
     with HeldSignals(), initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=command):
         with compose_errors(command):
             return hydra_compose(config_name=command, overrides=list(overrides))
+
+
+# ---------------------------------------------------------------- what each key means (for --help)
+
+_KEY_LINE = re.compile(r"^(\s*)([A-Za-z_][\w]*):(.*)$")
+
+
+def yaml_comments(path: Path) -> dict[str, str]:
+    """{dotted key: its comment} of one config file: the comment on the key's line, else the comment lines
+    right above it. The configs' comments are the keys' documentation: --help shows them, so they cannot
+    drift from a list kept elsewhere."""
+    comments, stack, above = {}, [], []
+    for line in path.read_text().splitlines():
+        text = line.strip()
+        if text.startswith("#"):
+            if not text.startswith("# @package"):
+                above.append(text.lstrip("#").strip())
+            continue
+        m = _KEY_LINE.match(line)
+        if not m or text.startswith("-"):
+            above = []
+            continue
+        indent, key, rest = len(m[1]), m[2], m[3]
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, key))
+        inline = re.search(r"\s#\s?(.*)$", rest)
+        note = inline[1].strip() if inline else " ".join(above)
+        if note:
+            comments[".".join(k for _, k in stack)] = note
+        above = []
+    return comments
+
+
+# config groups whose keys a validated dataclass checks: its fields' comments are their lines where the
+# yaml has none
+DATACLASSES = {"quant": ("quant.py", "QuantConfig"), "finetune": ("finetune.py", "FinetuneConfig")}
+
+
+def dataclass_comments() -> dict[str, str]:
+    """{group.field: the comment on the field's line} of the DATACLASSES, read from their source (importing
+    them would import torch: seconds, for a --help)."""
+    comments = {}
+    for group, (module, cls) in DATACLASSES.items():
+        text = (Path(__file__).parent / module).read_text()
+        body = text.split(f"class {cls}", 1)[-1].split("\n\n", 1)[0]
+        for m in re.finditer(r"^    (\w+): [^#\n]+#\s*(.+)$", body, flags=re.M):
+            comments[f"{group}.{m[1]}"] = m[2].strip()
+    return comments
+
+
+def _primary_chain(name: str) -> list[Path]:
+    """The command's config file after the primary configs its defaults list names (common, compare)."""
+    path = CONFIG_DIR / f"{name}.yaml"
+    chain = []
+    for line in path.read_text().splitlines():
+        m = re.match(r"^\s*-\s*([A-Za-z_]\w*)\s*$", line)
+        if m and (CONFIG_DIR / f"{m[1]}.yaml").is_file():
+            chain += _primary_chain(m[1])
+    return chain + [path]
+
+
+def key_help(command: str, overrides=()) -> list[tuple[str, object, str]]:
+    """(dotted key, default, one line) for every key `approx-run <command>` takes, in config order; the line
+    comes from the comments of the group options and config files the command composes."""
+    from contextlib import nullcontext
+
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    # inside another composition (a suggestion for its error) Hydra is initialised already, on CONFIG_DIR
+    init = nullcontext() if GlobalHydra.instance().is_initialized() else \
+        initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=command)
+    with HeldSignals(), init:
+        with compose_errors(command):
+            cfg = hydra_compose(config_name=command, overrides=list(overrides), return_hydra_config=True)
+    comments = dataclass_comments()
+    comments.update(yaml_comments(CONFIG_DIR / "compare.yaml"))  # eval.* etc.: finetune's mean the same
+    for group, option in cfg.hydra.runtime.choices.items():
+        path = CONFIG_DIR / str(group) / f"{option}.yaml"
+        if "/" not in str(group) and path.is_file() and not str(group).startswith("hydra"):
+            glob = path.read_text().startswith("# @package _global_")
+            comments.update({k if glob else f"{group}.{k}": v for k, v in yaml_comments(path).items()})
+    for path in _primary_chain(command):
+        comments.update(yaml_comments(path))
+    values = OmegaConf.to_container(cfg, resolve=False)
+    values.pop("hydra", None)
+    values.pop("command", None)  # which command the config is for: not a setting
+    out = []
+
+    def walk(node, prefix):
+        for k, v in node.items():
+            key = f"{prefix}{k}"
+            if isinstance(v, dict) and v:
+                walk(v, key + ".")
+            else:
+                out.append((key, v, comments.get(key, "")))
+
+    walk(values, "")
+    return sorted(out, key=lambda item: "." in item[0])  # the top-level keys first, then by section
+
+
+def config_keys(command: str) -> list[str]:
+    """Every dotted key of the command's config (hydra's own excepted)."""
+    return [k for k, _, _ in key_help(command)]

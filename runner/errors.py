@@ -1,4 +1,5 @@
 """User-facing errors: the CLI turns these into a short message and exit code 2."""
+import argparse
 
 
 class UserError(Exception):
@@ -28,3 +29,22 @@ def config_number(value, key: str, *, minimum=None, kind=int, optional: bool = F
     if minimum is not None and not number >= minimum:   # `not >=` also refuses NaN
         raise UserError(f"{key}={value} must be >= {minimum}{' (or null)' if optional else ''}.")
     return number
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for the flag commands (results, lut, info): a mistake is one UserError line (exit 2) naming
+    the nearest options, not argparse's usage block."""
+
+    def error(self, message):
+        import difflib
+        import re
+
+        hint = ""
+        unknown = re.search(r"unrecognized arguments: (.*)", message)
+        if unknown:
+            options = [o for action in self._actions for o in action.option_strings]
+            close = [c for word in unknown[1].split() if word.startswith("-")
+                     for c in difflib.get_close_matches(word.split("=", 1)[0], options, n=3, cutoff=0.6)]
+            if close:
+                hint = f"; did you mean {', '.join(dict.fromkeys(close))}?"
+        raise UserError(f"{self.prog}: {message}{hint} (`{self.prog} --help` lists the options)")

@@ -1,7 +1,6 @@
 """`approx-run info`: what this installation can do."""
 from __future__ import annotations
 
-import argparse
 import platform
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from rich.table import Table
 from runner import __version__
 from runner._ext import backend_status
 from runner.console import console
+from runner.errors import ArgumentParser
 
 
 def data_sources() -> dict[str, str]:
@@ -30,7 +30,7 @@ def data_sources() -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    argparse.ArgumentParser(prog="approx-run info", description="versions, device, backends, data sources").parse_args(argv)
+    ArgumentParser(prog="approx-run info", description="versions, device, backends, data sources").parse_args(argv)
     table = Table(title=f"approx-run {__version__}", show_header=False)
     table.add_row("python", platform.python_version())
     table.add_row("torch", f"{torch.__version__} (CUDA {torch.version.cuda or 'none'})")

@@ -3,16 +3,17 @@ default, or run/sweep dirs), as a table, CSV or Markdown."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pandas as pd
 
 from runner.console import fmt_number, print_table
-from runner.errors import UserError
+from runner.errors import ArgumentParser, UserError
 from runner.provenance import atomic_write_bytes
 from runner.store import read_csv
 
-DEFAULT_COLUMNS = ["data", "quant", "multiplier", "path", "backend", "status", "accuracy", "agreement_fakequant",
+DEFAULT_COLUMNS = ["data", "quant", "multiplier", "path", "scope", "backend", "status", "accuracy", "agreement_fakequant",
                    "latency_ms_median", "throughput_img_s", "mult_mae_pct", "op_acc_nrmse", "mult_energy_rel",
                    "error"]
 
@@ -37,6 +38,66 @@ def load_results(sources: list[str] | None = None) -> pd.DataFrame:
     if not frames:
         raise UserError(f"no result rows in {', '.join(sources)}.")
     return pd.concat(frames, ignore_index=True, sort=False)
+
+
+def _layer_counts(df: pd.DataFrame) -> pd.Series:
+    """How many layers each row's multiplier_per_layer names (0 where it has none)."""
+    per = df["multiplier_per_layer"] if "multiplier_per_layer" in df else pd.Series("", index=df.index)
+    return per.fillna("").astype(str).map(lambda t: len([p for p in t.split(";") if "=" in p]))
+
+
+def with_scope(df: pd.DataFrame) -> pd.DataFrame:
+    """df with its scope column filled in. Rows written before the column existed get it from the others:
+    pytorch/fakequant are reference, approx_finetuned finetuned, a multiplier "mixed" an assignment, and an
+    approx row naming fewer layers in multiplier_per_layer than the most any row of the same model names is
+    a layer row (sensitivity); the rest are network rows."""
+    df = df.copy()
+    if df.empty:
+        return df
+    scope = df["scope"].fillna("").astype(str) if "scope" in df else pd.Series("", index=df.index)
+    missing = scope == ""
+    if missing.any():
+        path = df["path"].fillna("").astype(str) if "path" in df else pd.Series("", index=df.index)
+        mult = df["multiplier"].fillna("").astype(str) if "multiplier" in df else pd.Series("", index=df.index)
+        model = df["model"].fillna("").astype(str) if "model" in df else pd.Series("", index=df.index)
+        counts = _layer_counts(df)
+        most = counts.groupby(model).transform("max")
+        inferred = pd.Series("network", index=df.index)
+        inferred[(counts > 0) & (counts < most)] = "layer"
+        inferred[mult == "mixed"] = "assignment"
+        inferred[path == "approx_finetuned"] = "finetuned"
+        inferred[path.isin(["pytorch", "fakequant"])] = "reference"
+        scope = scope.where(~missing, inferred)
+    df["scope"] = scope
+    return df
+
+
+def parse_scopes(text: str) -> set[str]:
+    """--scope's value: comma-separated scopes, or all."""
+    from runner.store import SCOPES
+
+    wanted = set(_split(text))
+    if wanted == {"all"}:
+        return set(SCOPES)
+    unknown = sorted(wanted - set(SCOPES))
+    if unknown or not wanted:
+        raise UserError(f"--scope {text}: {'unknown ' + ', '.join(unknown) if unknown else 'empty'}; "
+                        f"choose from {', '.join(SCOPES)} (comma-separated), or all.")
+    return wanted
+
+
+def select_scopes(df: pd.DataFrame, wanted: set[str]) -> tuple[pd.DataFrame, dict[str, int]]:
+    """(the rows of the wanted scopes, reference rows always, {left-out scope: rows})."""
+    keep = df["scope"].isin(wanted | {"reference"})
+    return df[keep], df.loc[~keep, "scope"].value_counts().to_dict()
+
+
+def left_out_note(left: dict[str, int], wanted: set[str]) -> str:
+    if not left:
+        return ""
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(left.items()))
+    return (f"results: {'/'.join(sorted(wanted))} rows only (and the references); left out {counts} rows. "
+            f"--scope all shows every row, --scope {','.join(sorted(wanted | set(left)))} picks kinds.")
 
 
 def _check_columns(df: pd.DataFrame, cols: list[str], what: str) -> None:
@@ -85,7 +146,12 @@ def pivot(df: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
     df["multiplier"] = df["multiplier"].fillna("").astype(str)
     approx = df[df["path"].isin(["approx", "approx_finetuned"])]
     if approx.empty:
-        raise UserError("--pivot: no successful approx rows to pivot (check --where).")
+        raise UserError("--pivot: no successful approx rows to pivot (check --where and --scope).")
+    if "scope" in approx:  # layer and assignment rows: one line per set of approximated layers, not per table
+        partial = approx["scope"].isin(["layer", "assignment"]) | (
+            (approx["scope"] == "finetuned") & (_layer_counts(approx) < _layer_counts(df).max()))
+        per = approx["multiplier_per_layer"].fillna("").astype(str) if "multiplier_per_layer" in approx else ""
+        approx = approx.assign(layers=per.where(partial, "all") if partial.any() else "all")
     keys = [c for c in ("data", "model", "quant") if approx[c].nunique() > 1]
     backends = sorted(approx["backend"].astype(str).unique())
     # retrained rows get a column each (per gradient when several were used) beside the approx one
@@ -93,7 +159,9 @@ def pivot(df: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
     several = grads[approx["path"] == "approx_finetuned"].nunique() > 1
     approx = approx.assign(col=[p + (f"_{g}" if p != "approx" and several else "") + (f"_{b}" if len(backends) > 1 else "")
                                 for p, g, b in zip(approx["path"], grads, approx["backend"])])
-    table = approx.pivot_table(index=keys + ["multiplier"], columns="col", values=value, aggfunc="last")
+    layered = "layers" in approx and (approx["layers"] != "all").any()
+    table = approx.pivot_table(index=keys + ["multiplier"] + (["layers"] if layered else []), columns="col",
+                               values=value, aggfunc="last")
     table.columns.name = None
     table = table.reset_index()
     signed = _signed_of(df)
@@ -112,7 +180,7 @@ def pivot(df: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
             if path == "fakequant":
                 k += (signed.get(r["multiplier"]),)
             vals.append(ref.get((path, k)))
-        table.insert(len(keys) + 1 + (path == "fakequant"), path, vals)
+        table.insert(len(keys) + 1 + layered + (path == "fakequant"), path, vals)
     return table
 
 
@@ -143,9 +211,14 @@ def plot(df: pd.DataFrame, out: Path) -> Path:
 
     ok = _ok(df)
     _check_columns(ok, ["path", "multiplier", "accuracy"], "--plot")
-    approx = ok[ok["path"] == "approx"]
+    approx = ok[ok["path"].isin(["approx", "approx_finetuned"])]
     if approx.empty:
-        raise UserError("--plot: no successful approx rows to plot (check --where).")
+        raise UserError("--plot: no successful approx rows to plot (check --where and --scope).")
+    scopes = sorted(set(approx["scope"])) if "scope" in approx else ["network"]
+    if len(scopes) > 1 or scopes[0] not in ("network", "finetuned"):
+        raise UserError(f"--plot draws one point per table: one scope at a time, network (the default) or "
+                        f"finetuned; these rows are {', '.join(scopes)}. Per-layer results have the sensitivity "
+                        "heat map, assignments search's pareto.png.")
     groups = [c for c in ("data", "model", "backend") if c in approx and approx[c].nunique() > 1]
     if groups:
         raise UserError(f"--plot: rows mix several {', '.join(groups)}; pick one with --where "
@@ -209,11 +282,13 @@ def _positive(text: str) -> int:
 
 
 def _parser():
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="approx-run results", description="Filter, sort, pivot and plot result rows.",
         epilog="examples:\n"
                "  approx-run results --where \"backend=='cpp' and path=='approx'\" --sort accuracy --desc\n"
                "  approx-run results --pivot --markdown\n"
+               "  approx-run results --pivot --scope network,finetuned    # retrained beside approx\n"
+               "  approx-run results --scope layer --where \"multiplier=='mul8u_T83'\"\n"
                "  approx-run results results/sweep/2026-01-01_12-00-00 --plot sweep.png\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sources", nargs="*", help="CSV files or run/sweep dirs (default results/results.csv)")
@@ -224,6 +299,10 @@ def _parser():
     p.add_argument("--all-columns", action="store_true", help="show every column")
     p.add_argument("--pivot", action="store_true", help="multiplier x path table of --value (accuracy)")
     p.add_argument("--value", default="accuracy", help="value column of --pivot (default accuracy)")
+    p.add_argument("--scope", default="network", metavar="KINDS",
+                   help="which rows, by what they approximated: network (default: every layer on one table), "
+                        "layer (some layers: sensitivity), assignment (a table per layer: search), finetuned "
+                        "(retrained), comma-separated, or all; pytorch/fakequant references are always kept")
     p.add_argument("--limit", type=_positive, help="show only the first N rows")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--csv", nargs="?", const="-", metavar="FILE", help="write CSV (to stdout or FILE)")
@@ -234,7 +313,11 @@ def _parser():
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    df = load_results(args.sources)
+    wanted = parse_scopes(args.scope)
+    df, left = select_scopes(with_scope(load_results(args.sources)), wanted)
+    note = left_out_note(left, wanted)
+    if note:  # on stderr: --csv and --markdown to stdout stay clean
+        print(note, file=sys.stderr)
     if args.where:
         df = query(df, args.where)
     if args.plot:
@@ -251,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         _check_columns(df, cols, "--columns")
         df = df[cols]
     elif not args.pivot and not args.all_columns and (args.csv is None):
-        df = df[[c for c in DEFAULT_COLUMNS if c in df.columns and (c != "error" or df[c].fillna("").ne("").any())]]
+        df = df[[c for c in DEFAULT_COLUMNS if c in df.columns and (c != "error" or (df[c].notna() & df[c].astype(str).ne("")).any())]]
     if args.limit:
         df = df.head(args.limit)
     if args.csv is not None:

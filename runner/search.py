@@ -72,7 +72,7 @@ class Evaluator:
                             "before": start and self.layers[:self.layers.index(start)]})
         logits = self.sess.logits_from(model, self.x, int(self.cfg.eval.batch_size), self.device, start, prefix)
         self.evals += 1
-        return float((logits.argmax(1) == self.y).float().mean())
+        return int((logits.argmax(1) == self.y).sum()) / len(self.y)  # a fraction of counts: no float32 noise
 
 
 def _energy(assign: dict, macs: dict) -> float | None:
@@ -83,7 +83,9 @@ def _energy(assign: dict, macs: dict) -> float | None:
 
 
 def _label(assign: dict) -> str:
-    return ";".join(f"{n}={m.name}" for n, m in assign.items())
+    from runner.multipliers.registry import canonical_name
+
+    return ";".join(f"{n}={canonical_name(m)}" for n, m in assign.items())
 
 
 def greedy(ev: Evaluator, candidates: list, layers: list[str], macs: dict, max_loss: float, max_evals: int,
@@ -222,11 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     from runner.console import console
     from runner.energy import layer_macs, power_mw
     from runner.multipliers import resolve
+    from runner.multipliers.registry import canonical_name
     from runner.store import write_csv
     from runner.sensitivity import compose_command, layer_names, make_run_dir, multiplier_node
 
-    composed = compose_command("search", argv, KEY, __doc__, "search keys: search.multipliers=NAMES|GLOB|FILES  "
-                               "search.layers=[...]  search.max_loss=POINTS  search.finetune_epochs=N")
+    composed = compose_command("search", argv, KEY, __doc__, "")
     if composed is None:
         return 0
     cfg, names = composed
@@ -250,12 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     log: list[dict] = []
     for m in candidates:
         uniform = {n: m for n in layers}
-        log.append({"kind": "uniform", "assignment": m.name, "val_accuracy": ev.accuracy(uniform),
+        log.append({"kind": "uniform", "assignment": canonical_name(m), "val_accuracy": ev.accuracy(uniform),
                     "mult_energy_rel": _energy(uniform, macs)})
     chosen = greedy(ev, candidates, layers, macs, max_loss, int(cfg.search.max_evals), log)
     label = _label(chosen)
     table = pd.DataFrame(log)
-    table["val_loss_pts"] = 100 * (ev.fakequant_accuracy - table["val_accuracy"])
+    table["val_loss_pts"] = (100 * (ev.fakequant_accuracy - table["val_accuracy"])).round(9)  # no float noise
     table["on_front"] = pareto(table)
     table["chosen"] = table["assignment"] == label
     write_csv(run_dir / "pareto.csv", table)

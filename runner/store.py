@@ -25,6 +25,10 @@ LOCK_TIMEOUT_S = 600.0
 # append every row again.
 KEY_COLUMNS = ("row_key", "status")
 
+# What a row's numbers are of (its `scope` column; runner.compare.scope_of decides, runner.report infers it for
+# rows written before the column existed).
+SCOPES = ("network", "layer", "assignment", "finetuned", "reference")
+
 
 @contextmanager
 def locked(path: Path, timeout: float | None = LOCK_TIMEOUT_S, waiting: str | None = None):

@@ -264,7 +264,7 @@ def prepare(cfgs: list[DictConfig], plans: list, sweep_dir: Path) -> None:
             load_or_train(cfg)
 
 
-SUMMARY_COLUMNS = ["job", "multiplier", "data", "model", "quant", "backend", "status", "accuracy",
+SUMMARY_COLUMNS = ["job", "multiplier", "data", "model", "quant", "backend", "status", "recorded_at", "accuracy",
                    "fp32_accuracy", "fakequant_accuracy", "finetuned_accuracy", "agreement_fakequant", "latency_ms_median",
                    "throughput_img_s", "mult_mae_pct", "published_power_mw", "mult_energy_rel", "op_acc_nrmse",
                    "elapsed_s", "error",
@@ -322,6 +322,9 @@ def summarize(sweep_dir: Path, jobs: list[list[str]], cfgs: list[DictConfig], pl
                 for c in ("accuracy", "agreement_fakequant", "latency_ms_median", "throughput_img_s",
                           "mult_mae_pct", "published_power_mw", "mult_energy_rel", "op_acc_nrmse"):
                     row[c] = _value(a.get(c, ""))
+                row["recorded_at"] = a.get("timestamp") or None
+                if status == "skipped":  # timed by an earlier run, maybe on a busier machine: not this sweep's
+                    row["latency_ms_median"] = row["throughput_img_s"] = None
                 if status == "failed":  # an earlier failure, since recorded ok by a concurrent sweep
                     row["status"] = "ok"
             for path, col in (("pytorch", "fp32_accuracy"), ("fakequant", "fakequant_accuracy"),
@@ -348,6 +351,9 @@ def _print_summary(summary: list[dict], sweep_dir: Path, elapsed: float) -> None
     print_table(summary, title=f"approx-run sweep: {len(summary)} jobs in {elapsed:.1f}s", columns=cols)
     counts = Counter(r["status"] for r in summary).most_common()
     print(f"sweep: {', '.join(f'{v} {k}' for k, v in counts)}; summary {sweep_dir / 'summary.csv'}")
+    if any(r["status"] == "skipped" for r in summary):
+        print("  skipped: already recorded (at recorded_at in the summary); their numbers are the recorded ones, "
+              "their latencies left out (timed by that earlier run; results.csv has them)")
     for r in summary:
         if r["status"] == "failed":
             print(f"  failed job {r['job']} ({r['multiplier']}): {str(r['error']).splitlines()[0] if r['error'] else ''}")
@@ -392,8 +398,7 @@ def print_help() -> None:
 
     print(__doc__.split("\n\n", 1)[0] + "\n")
     print_hydra_help("sweep")
-    print("sweep keys: sweep.multipliers=NAMES|GLOB|FILES  sweep.reference=true|false\n"
-          "launchers:  hydra/launcher=joblib (parallel; hydra.launcher.n_jobs=N), hydra/launcher=submitit_local,\n"
+    print("launchers:  hydra/launcher=joblib (parallel; hydra.launcher.n_jobs=N), hydra/launcher=submitit_local,\n"
           "            hydra/launcher=submitit_slurm (pip install 'approx-run[sweep]')\n"
           "resume:     rerun the same command; rows already recorded ok are skipped")
 
@@ -401,6 +406,7 @@ def print_help() -> None:
 def main(argv: list[str] | None = None) -> int:
     from runner.cli import check_common, run_hydra_command
     from runner.console import console
+    from runner.data import data_digest
     from runner.evaluate import check_eval_config
     from runner.store import check_store
     from runner.train import check_train_config
@@ -416,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
         check_common(c)
         check_eval_config(c.eval)
         check_train_config(c)
+    for data in {str(c.data): c.data for c in cfgs}.values():
+        data_digest(data)  # missing or unreadable data files: one message now, not a failed row per job
     for results_file in dict.fromkeys(str(c.results_file) for c in cfgs):
         check_store(Path(results_file))  # a damaged results file stops the sweep here, not in every job
     sweep_dir = next((Path(o.split("=", 1)[1]) for o in overrides if o.startswith("hydra.sweep.dir=")), None)

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from runner.console import console, progress_bar
-from runner.data import Dataset, load_dataset
+from runner.data import Dataset, data_digest, load_dataset
 from runner.errors import UserError, config_number
 from runner.models import build_model
 from runner.provenance import atomic_write_bytes, git_info, resolve_device
@@ -31,7 +31,10 @@ _NON_MODEL_KEYS = ("approx_layers", "other_layers")
 
 
 def weight_config(cfg: DictConfig) -> dict:
+    """Everything that determines the baseline's weights: the data's content (not where it lies), the model,
+    the training recipe and the seed. Row keys and retrained checkpoints build on it."""
     data = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k not in _NON_DATA_KEYS}
+    data["sha256"] = data_digest(cfg.data)
     train = {k: v for k, v in OmegaConf.to_container(cfg.train, resolve=True).items() if k not in _NON_WEIGHT_KEYS}
     model = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k not in _NON_MODEL_KEYS}
     return {"data": data, "model": model, "train": train,
@@ -39,9 +42,11 @@ def weight_config(cfg: DictConfig) -> dict:
 
 
 def checkpoint_path(cfg: DictConfig) -> Path:
+    """<model>_<data>-<data digest>_<digest of the whole weight config>.pt: a changed file under data.root
+    names another checkpoint, as a changed recipe does."""
     key = weight_config(cfg)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
-    return Path(cfg.paths.checkpoints) / f"{cfg.model.name}_{cfg.data.name}_{digest}.pt"
+    return Path(cfg.paths.checkpoints) / f"{cfg.model.name}_{cfg.data.name}-{key['data']['sha256'][:8]}_{digest}.pt"
 
 
 @torch.no_grad()
@@ -128,18 +133,35 @@ def load_or_train(cfg: DictConfig, data: Dataset | None = None, out_dir: Path | 
         return _load_or_train_locked(cfg, data, path, out_dir)
 
 
+def why_new(cfg: DictConfig, path: Path) -> str:
+    """Why no checkpoint fits: the data digest and recipe, and the nearest checkpoints' differences."""
+    key = weight_config(cfg)
+    recipe = hashlib.sha256(json.dumps(key["train"], sort_keys=True).encode()).hexdigest()[:10]
+    others = sorted(path.parent.glob(f"{cfg.model.name}_{cfg.data.name}-*.pt"))
+    same_data = [p for p in others if p.name.startswith(path.name.rsplit("_", 1)[0] + "_")]
+    note = ""
+    if same_data:
+        note = f"; {len(same_data)} checkpoint(s) of this data have other settings"
+    elif others:
+        note = f"; {len(others)} {cfg.data.name} checkpoint(s) are of other data (another data.root or changed files)"
+    return f"data digest {key['data']['sha256'][:12]}.., recipe {recipe}{note}"
+
+
 def _load_or_train_locked(cfg: DictConfig, data: Dataset, path: Path, out_dir: Path | None):
     if path.exists() and not cfg.train.get("force", False):
         model, meta = load_checkpoint(path, cfg, data)
         console.print(f"[green]reusing checkpoint[/] {path} (test accuracy {meta['test_accuracy']:.4f})")
         return model, meta, path, data
     device = resolve_device(cfg.device)
+    if not path.exists():
+        console.print(f"no checkpoint for this data and recipe ({why_new(cfg, path)}): training", highlight=False)
     console.print(f"training {cfg.model.name} on {data.name} ({len(data.train_x)} train / {len(data.test_x)} test "
                   f"images, {cfg.train.epochs} epochs, device {device})")
     model, history = train_model(cfg, data, device)
     meta = {
         "data": data.name,
         "data_source": data.source,
+        "data_sha256": weight_config(cfg)["data"]["sha256"],
         "config": weight_config(cfg),
         "test_accuracy": history[-1]["test_accuracy"],
         "epochs": len(history),

@@ -31,7 +31,7 @@ def test_train_end_to_end(tmp_path):
     out = run_cli("train", "train.epochs=1", f"paths.results={tmp_path}/results",
                   f"paths.checkpoints={tmp_path}/ckpt")
     assert out.returncode == 0, out.stderr
-    ckpts = list((tmp_path / "ckpt").glob("lenet5_mnist5k_*.pt"))
+    ckpts = list((tmp_path / "ckpt").glob("lenet5_mnist5k-*.pt"))    # <model>_<data>-<data digest>_<config digest>
     assert len(ckpts) == 1
     blob = torch.load(ckpts[0], weights_only=True)
     assert blob["meta"]["test_accuracy"] > 0.5
@@ -159,3 +159,58 @@ def test_cuda_warm_up_is_harmless_without_a_gpu(monkeypatch):
     assert not thread.is_alive()
     monkeypatch.setenv("APPROX_RUN_NO_WARMUP", "1")
     assert warm_up_cuda() is None
+
+
+HELP_COMMANDS = ["train", "compare", "finetune", "bench", "sweep", "sensitivity", "search"]
+
+
+@pytest.mark.parametrize("command", HELP_COMMANDS)
+def test_help_lists_every_key_with_its_default_and_one_line(command, capsys):
+    """--help shows every key of the command's config (composed here, not taken from the help's own code),
+    and a line for each key of the command's own sections, from the config files' comments."""
+    from omegaconf import OmegaConf
+
+    from runner.cli import main
+    from tests.conftest import compose
+
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    lines = {}
+    for line in out.splitlines():
+        head, _, note = line.strip().partition(" ")
+        if "=" in head:
+            lines[head.split("=", 1)[0]] = note.strip()
+
+    def flat(node, prefix=""):
+        for k, v in node.items():
+            if isinstance(v, dict) and v:
+                yield from flat(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}"
+
+    keys = [k for k in flat(OmegaConf.to_container(compose(command), resolve=False)) if k != "command"]
+    missing = [k for k in keys if k not in lines]
+    assert not missing, f"not in `{command} --help`: {missing}"
+    own = {"train": "train.", "compare": "eval.", "finetune": "finetune.", "bench": "bench.", "sweep": "sweep.",
+           "sensitivity": "sensitivity.", "search": "search."}[command]
+    silent = [k for k in keys if k.startswith(own) and not lines[k]]
+    assert not silent, f"keys without a line in `{command} --help`: {silent}"
+
+
+def test_help_lines_come_from_the_config_comments(capsys):
+    from runner.cli import main
+
+    assert main(["compare", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "eval.limit=null" in out and "evaluate only the first N test images" in out
+    assert "finetune.epochs=0" in out and "also retrain through the LUT layers" in out   # compare's own default
+    assert main(["finetune", "--help"]) == 0
+    assert "finetune.epochs=3" in capsys.readouterr().out
+
+
+def test_a_mistyped_option_is_one_line_with_the_nearest_names(tmp_path):
+    out = run_cli("compare", "multiplier=mul8s_1L2X", f"paths.results={tmp_path}/r")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "did you mean" in lines[0] and "mul8s_1L2J" in lines[0], out.stderr
+    assert "Available options" not in out.stderr

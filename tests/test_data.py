@@ -1,4 +1,5 @@
 import gzip
+import os
 import struct
 
 import numpy as np
@@ -35,8 +36,8 @@ def _write_idx(path, array, gz=False):
     (gzip.open if gz else open)(path, "wb").write(data)
 
 
-def _write_set(root, n_train=20, n_test=10, gz=False):
-    rng = np.random.default_rng(0)
+def _write_set(root, n_train=20, n_test=10, gz=False, seed=0):
+    rng = np.random.default_rng(seed)
     sfx = ".gz" if gz else ""
     _write_idx(root / f"train-images-idx3-ubyte{sfx}", rng.integers(0, 256, (n_train, 28, 28)), gz)
     _write_idx(root / f"train-labels-idx1-ubyte{sfx}", rng.integers(0, 10, n_train), gz)
@@ -98,3 +99,28 @@ def test_validation_split_is_stratified_seeded_and_disjoint(mnist5k):
     assert not torch.equal(val.test_x, mnist5k.validation_split(0.25, seed=2).test_x)
     flat = {tuple(r.tolist()) for r in val.train_x.flatten(1)[:, 200:260]}
     assert not any(tuple(r.tolist()) in flat for r in val.test_x.flatten(1)[:, 200:260] if r.any())
+
+
+def test_data_digest_is_the_content_not_the_place(tmp_path):
+    from omegaconf import OmegaConf
+
+    from runner.data import data_digest
+
+    def cfg(root):
+        return OmegaConf.create({"name": "mnist", "root": str(root), "download": False})
+
+    for name, seed in (("a", 0), ("same_as_a", 0), ("b", 1)):
+        (tmp_path / name).mkdir()
+        _write_set(tmp_path / name, seed=seed)
+    a = data_digest(cfg(tmp_path / "a"))
+    assert len(a) == 64 and a == data_digest(cfg(tmp_path / "same_as_a"))
+    assert data_digest(cfg(tmp_path / "b")) != a
+    labels = tmp_path / "a" / "t10k-labels-idx1-ubyte"
+    raw = bytearray(labels.read_bytes())
+    raw[-1] = (raw[-1] + 1) % 10                              # one test label changed, same size
+    labels.write_bytes(bytes(raw))
+    os.utime(labels, ns=(labels.stat().st_atime_ns, labels.stat().st_mtime_ns + 10**9))
+    assert data_digest(cfg(tmp_path / "a")) != a
+    with pytest.raises(UserError, match="not found"):
+        data_digest(cfg(tmp_path / "nowhere"))
+    assert len(data_digest(OmegaConf.create({"name": "mnist5k", "split_seed": 0}))) == 64

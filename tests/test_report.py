@@ -130,3 +130,90 @@ def test_cli_subprocess(csv):
     assert pd.read_csv(io.StringIO(out.stdout)).shape == (5, 4)
     bad = run_cli("results", str(csv), "--where", "(")
     assert bad.returncode == 2 and "--where" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _scoped_rows():
+    """A sweep's network rows, a sensitivity's one-layer rows (which a pivot must not mix in), a search's
+    assignment and a retrained row, with the scope column compare writes."""
+    layers = ["conv1", "conv2", "fc1", "fc2", "fc3"]
+    rows = [{**r, "scope": "reference" if r["path"] != "approx" else "network",
+             "multiplier_per_layer": ";".join(f"{n}={r['multiplier']}" for n in layers) if r["path"] == "approx" else ""}
+            for r in _rows()]
+    base = {"data": "mnist5k", "model": "lenet5", "quant": "per_channel_minmax", "status": "ok", "error": "",
+            "backend": "cpp", "path": "approx", "multiplier_signed": True}
+    rows += [{**base, "multiplier": "mul8s_1L2N", "scope": "layer", "accuracy": 0.724,
+              "multiplier_per_layer": f"{n}=mul8s_1L2N", "row_key": f"l-{n}"} for n in ("conv1", "fc3")]
+    rows.append({**base, "multiplier": "mixed", "scope": "assignment", "accuracy": 0.969, "row_key": "s",
+                 "multiplier_per_layer": "conv1=mul8u_T83;conv2=mul8s_1L2N;fc1=exact_s;fc2=exact_s;fc3=exact_s"})
+    rows.append({**base, "multiplier": "mul8s_1L2N", "path": "approx_finetuned", "scope": "finetuned",
+                 "accuracy": 0.976, "finetune_grad": "ste", "row_key": "f",
+                 "multiplier_per_layer": ";".join(f"{n}=mul8s_1L2N" for n in layers)})
+    return rows
+
+
+def _err(argv) -> tuple[int, str, str]:
+    from contextlib import redirect_stderr
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = main(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_default_views_are_whole_network_rows_and_say_what_they_left_out(tmp_path):
+    path = tmp_path / "results.csv"
+    append_rows(path, _scoped_rows())
+    rc, out, err = _err([str(path), "--pivot", "--markdown"])
+    assert rc == 0
+    table = pd.read_csv(io.StringIO(_err([str(path), "--pivot", "--csv"])[1])).set_index("multiplier")
+    assert table.loc["mul8s_1L2N", "approx"] == 0.90          # the network row, not a one-layer row (0.724)
+    assert "mixed" not in table.index and "approx_finetuned" not in table.columns
+    assert "left out 1 assignment, 1 finetuned, 2 layer rows" in err and "--scope all" in err
+    assert "left out" not in out                              # stdout stays a clean table
+    everything = pd.read_csv(io.StringIO(_err([str(path), "--scope", "all", "--csv"])[1]))
+    assert len(everything) == len(_scoped_rows())
+    rc, out, err = _err([str(path), "--scope", "network,finetuned", "--pivot", "--csv"])
+    both = pd.read_csv(io.StringIO(out)).set_index("multiplier")
+    assert both.loc["mul8s_1L2N", ["approx", "approx_finetuned"]].tolist() == [0.90, 0.976]
+    layer = pd.read_csv(io.StringIO(_err([str(path), "--scope", "layer", "--pivot", "--csv"])[1]))
+    assert sorted(layer["layers"]) == ["conv1=mul8s_1L2N", "fc3=mul8s_1L2N"]   # one line per layer, not merged
+    assert set(layer["approx"]) == {0.724}
+
+
+def test_scope_of_rows_written_before_the_column(tmp_path):
+    from runner.report import with_scope
+
+    rows = [{k: v for k, v in r.items() if k != "scope"} for r in _scoped_rows()]
+    inferred = with_scope(pd.DataFrame(rows))
+    assert inferred["scope"].tolist() == [r["scope"] for r in _scoped_rows()]
+    old = tmp_path / "old.csv"
+    pd.DataFrame(rows).to_csv(old, index=False)               # an old file: no scope column at all
+    rc, out, err = _err([str(old), "--pivot", "--csv"])
+    assert rc == 0 and pd.read_csv(io.StringIO(out)).set_index("multiplier").loc["mul8s_1L2N", "approx"] == 0.90
+
+
+def test_plot_takes_one_scope(tmp_path):
+    from runner.errors import UserError
+
+    path = tmp_path / "results.csv"
+    append_rows(path, _scoped_rows())
+    rc, _, _ = _err([str(path), "--plot", str(tmp_path / "p.png")])
+    assert rc == 0 and (tmp_path / "p.png").exists()
+    with pytest.raises(UserError, match="one scope at a time"):
+        main([str(path), "--scope", "all", "--plot", str(tmp_path / "q.png")])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--scope", "layr"], "--scope layr: unknown layr; choose from network, layer"),
+    (["--scope", ","], "--scope ,: empty"),
+    (["--pivto"], "did you mean --pivot"),
+])
+def test_new_options_bad_input_exit_2(csv, args, message):
+    from contextlib import redirect_stderr
+
+    from runner.cli import main as cli_main
+
+    err = io.StringIO()
+    with redirect_stderr(err), redirect_stdout(io.StringIO()):
+        assert cli_main(["results", str(csv), *args]) == 2
+    assert message in err.getvalue().replace("\n", " ") and "Traceback" not in err.getvalue()

@@ -29,12 +29,14 @@ def test_sensitivity_rows_and_resume(tmp_path, checkpoints, capsys):
     assert main(args) == 0
     rows = pd.read_csv(tmp_path / "results" / "results.csv")
     approx = rows[rows["path"] == "approx"]
-    assert sorted(approx["multiplier_per_layer"]) == ["conv2=mul8s_1KV6", "conv2=mul8u_T83",
-                                                       "fc3=mul8s_1KV6", "fc3=mul8u_T83"]
+    # mul8s_1KV6 is the exact signed table: recorded under its one name, exact_s
+    assert sorted(approx["multiplier_per_layer"]) == ["conv2=exact_s", "conv2=mul8u_T83",
+                                                       "fc3=exact_s", "fc3=mul8u_T83"]
+    assert set(approx["scope"]) == {"layer"}
     assert rows["row_key"].is_unique and (approx["status"] == "ok").all()
     # the exact multiplier in one layer, the others fake-quant: the fake-quant model itself
     fq = rows[rows["path"] == "fakequant"]
-    exact = approx[approx["multiplier"] == "mul8s_1KV6"]
+    exact = approx[approx["multiplier"] == "exact_s"]
     assert (exact["accuracy"] == fq[fq["row_key"].isin(rows["row_key"])]["accuracy"].iloc[0]).all()
     t83 = approx[approx["multiplier"] == "mul8u_T83"]["mult_energy_rel"]
     assert ((t83 < 1) & (t83 > 0.08)).all()                   # one layer of five on the cheap multiplier
@@ -80,7 +82,9 @@ def test_search_chooses_within_budget_and_prints_the_override(tmp_path, checkpoi
     cfg = compose("compare", shlex.split(line)[2:])
     picked = resolve_per_layer(cfg.multiplier, ["conv1", "conv2", "fc1", "fc2", "fc3"])
     want = dict(kv.split("=") for kv in chosen["assignment"].iloc[-1].split(";"))
-    assert {n: m.name for n, m in picked.items() if n in want} == want
+    from runner.multipliers.registry import canonical_name
+
+    assert {n: canonical_name(m) for n, m in picked.items() if n in want} == want    # pareto.csv: recorded names
     assert picked["conv1"].name == "exact_s"                      # layers outside search.layers stay exact
     rows = pd.read_csv(tmp_path / "results" / "results.csv")
     assert (rows["path"] == "approx").sum() == 1                   # the chosen assignment's test row

@@ -147,6 +147,12 @@ def test_resume_after_kill(tmp_path, checkpoints):
     assert (summary["status"] == "skipped").sum() == (first["path"] == "approx").sum()   # done: not redone
     assert (summary["status"] == "ok").sum() == len(names) - (first["path"] == "approx").sum()
     assert summary["accuracy"].notna().all()
+    skipped, fresh = summary[summary["status"] == "skipped"], summary[summary["status"] == "ok"]
+    # a skipped job shows the numbers recorded earlier, when, and no latency of that earlier run
+    assert skipped["recorded_at"].notna().all() and skipped["latency_ms_median"].isna().all()
+    assert fresh["latency_ms_median"].notna().all()
+    recorded = first.set_index("row_key")["timestamp"]
+    assert (skipped["recorded_at"] == skipped["row_key"].map(recorded)).all()
 
 
 def test_two_concurrent_sweeps_share_a_results_file(tmp_path, checkpoints):

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from ..console import print_table
-from ..errors import UserError
+from ..errors import ArgumentParser, UserError
 from .circuits import compare_published
 from .io import SUFFIXES, load_table
 from .peers import EXPORT_FORMATS, export
@@ -24,8 +24,8 @@ HW_COLUMNS = [("pwr", "power mW"), ("area", "area um2"), ("delay", "delay ns")]
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="approx-run lut",
-                                description="Approximate 8x8 multipliers: list, inspect, import, export.")
+    p = ArgumentParser(prog="approx-run lut",
+                       description="Approximate 8x8 multipliers: list, inspect, import, export.")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="{list,show,import,export}")
     ls = sub.add_parser("list", help="table of every available multiplier with its error metrics")
     ls.add_argument("--csv", metavar="PATH", help="also write the table as CSV")
@@ -213,8 +213,11 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = _parser().parse_args(argv)
-    except SystemExit as e:  # argparse exits on --help and usage errors; keep main() in-process
+    except SystemExit as e:  # argparse exits on --help; keep main() in-process
         return int(e.code or 0)
+    except UserError as e:  # a usage error: one line with the nearest options
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         return {"list": cmd_list, "show": cmd_show, "import": cmd_import, "export": cmd_export}[args.cmd](args)
     except UserError as e:

@@ -211,6 +211,26 @@ def get(name: str) -> Multiplier:
     raise _unknown(name)
 
 
+@lru_cache(maxsize=1)
+def _canonical_names() -> dict:
+    """(table sha256, signed) -> the one name results record that table under: the generated exact
+    tables' names first (exact_s, exact_u), then the shipped tables' in manifest order."""
+    names = {}
+    for signed in (True, False):
+        m = families.build("exact", signed)
+        names[(m.sha256, signed)] = m.name
+    for e in manifest()["multipliers"]:
+        names.setdefault((e["sha256"], bool(e["signed"])), e["name"])
+    return names
+
+
+def canonical_name(m: Multiplier) -> str:
+    """The name a table is recorded under, chosen by its content: every alias, a shipped circuit that equals
+    a generated one (mul8s_1KV6 is the exact signed product: exact_s) and an import of a shipped table give
+    one name, so results never hold one table under two names."""
+    return _canonical_names().get((m.sha256, bool(m.signed)), m.name)
+
+
 def _to_dict(spec) -> dict:
     if isinstance(spec, str):
         return {"name": spec}

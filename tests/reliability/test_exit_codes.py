@@ -50,6 +50,18 @@ BAD_INPUT = [
     ("lut", "required"),
     ("info extra", "unrecognized arguments"),
     ("frobnicate", "unknown command"),
+    # a mistyped option or key: one line with the nearest valid names
+    ("compare multiplier=mul8s_1L2X", "no multiplier option 'mul8s_1L2X' (multiplier=mul8s_1L2X); did you mean"),
+    ("compare finetune.epoch=3", "unknown key 'finetune.epoch'; did you mean finetune.epochs?"),
+    ("finetune eval.limt=5", "did you mean eval.limit?"),
+    ("train data=mnsit", "did you mean mnist"),
+    ("bench bench.repeat=3", "did you mean bench.repeats?"),
+    ("sweep sweep.multipliers=[exact] quant=per_tensor", "did you mean per_tensor_minmax"),
+    ("sensitivity sensitivity.multipliers=[exact] sensitivity.layer=[fc1]", "did you mean sensitivity.layers?"),
+    ("search search.multipliers=[exact] search.max_los=1", "did you mean search.max_loss"),
+    ("results --pivto {tmp}/none.csv", "did you mean --pivot"),
+    ("results --scope layr {tmp}/none.csv", "--scope layr: unknown layr"),
+    ("lut lst", "invalid choice: 'lst'"),
 ]
 
 

@@ -1,5 +1,6 @@
 """Where a retraining epoch goes: runner.finetune.train_epochs for one epoch over mnist5k's 4,000 training
-images, timed (median of --repeats after one warm-up epoch) and then once under torch.profiler, whose
+images, timed (median of --repeats after one warm-up epoch; wall and process CPU time, which a machine
+shared with other jobs inflates less) and then once under torch.profiler, whose
 self-time table (top --rows ops) and a breakdown by kind of op are printed.
 
     python benchmarks/finetune_profile.py --multiplier mul8u_T83 --grad ste --threads 2
@@ -75,21 +76,23 @@ def main(argv=None):
     def epoch():
         model = copy.deepcopy(approx if args.path == "approx" else fq)
         with contextlib.redirect_stdout(io.StringIO()):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             train_epochs(model, data, fcfg, QuantConfig(), torch.device("cpu"), 0, "profile", **kwargs)
-            return time.perf_counter() - t0
+            return time.perf_counter() - t0, time.process_time() - c0
 
     epoch()
     times = [epoch() for _ in range(args.repeats)]
+    wall, cpu = [t for t, _ in times], [c for _, c in times]
     print(f"{args.path} epoch ({len(data.train_x)} images, batch {args.batch_size}, {args.multiplier}, "
-          f"grad={args.grad}, distill_alpha={args.distill_alpha}): "
-          f"median {statistics.median(times):.3f} s of {[round(t, 3) for t in times]}")
+          f"grad={args.grad}, distill_alpha={args.distill_alpha}): median {statistics.median(wall):.3f} s wall of "
+          f"{[round(t, 3) for t in wall]}, {statistics.median(cpu):.3f} s CPU time of the process "
+          f"(the figure to compare on a shared machine with --threads 1)")
     if args.no_profile:
         return
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        wall = epoch()
+        wall, _ = epoch()
     events = prof.key_averages()
     by_kind = defaultdict(float)
     for e in events:

@@ -148,11 +148,14 @@ def profile(step, x, y, device, warmup: int, steps: int = 20) -> None:
             step(x, y)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     print(f"torch.profiler, {steps} steps:")
-    print(prof.key_averages().table(sort_by=key, row_limit=30))
+    events = prof.key_averages()
     if device.type == "cuda":
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+        try:  # the device column's name changed across torch versions
+            print(events.table(sort_by="self_device_time_total", row_limit=30))
+        except (AttributeError, KeyError, ValueError):
+            print(events.table(sort_by="self_cuda_time_total", row_limit=30))
+    print(events.table(sort_by="self_cpu_time_total", row_limit=30))
 
 
 if __name__ == "__main__":

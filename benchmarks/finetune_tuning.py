@@ -7,7 +7,7 @@ the converted model on the same images, and the score is validation accuracy: th
     python benchmarks/finetune_tuning.py --multipliers mul8s_1L2N,mul8u_T83,mul8s_1L12 --seeds 0 \
         --grid grad=lut --grid slope_window=1,8,16,48 > finetune_tuning_lut.csv
     python benchmarks/finetune_tuning.py --data fashion_mnist --root /work/data/fashion-mnist \
-        --train-images 12000 --grid distill_alpha=0,0.5 --grid batch_size=32,64 > finetune_tuning_fashion.csv
+        --train-images 8000 --seeds 0 --grid batch_size=32,64 --grid distill_alpha=0,0.5 > finetune_tuning_fashion.csv
 
 --data fashion_mnist holds out a stratified 10,000 of the 60,000 training images for validation (the 10,000
 test images are never read). --train-images N retrains (and trains the baseline) on a seeded subset of the

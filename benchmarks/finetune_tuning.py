@@ -6,15 +6,23 @@ the converted model on the same images, and the score is validation accuracy: th
     python benchmarks/finetune_tuning.py --multipliers mul8s_1L2N,mul8u_T83 --seeds 0,1 > finetune_tuning.csv
     python benchmarks/finetune_tuning.py --multipliers mul8s_1L2N,mul8u_T83,mul8s_1L12 --seeds 0 \
         --grid grad=lut --grid slope_window=1,8,16,48 > finetune_tuning_lut.csv
+    python benchmarks/finetune_tuning.py --data fashion_mnist --root /work/data/fashion-mnist \
+        --train-images 8000 --seeds 0 --grid batch_size=32,64 --grid distill_alpha=0,0.5 > finetune_tuning_fashion.csv
 
---grid NAME=V1,V2 (repeatable) replaces the default grid; other settings keep FinetuneConfig's defaults.
-Columns: multiplier, the grid's settings, seed, val_before, val_after, epoch_s. docs/finetune.md shows the result.
+--data fashion_mnist holds out a stratified 10,000 of the 60,000 training images for validation (the 10,000
+test images are never read). --train-images N retrains (and trains the baseline) on a seeded subset of the
+rest, to fit a small CPU. --baseline FILE keeps the baseline's weights between runs (written if missing).
+
+--grid NAME=V1,V2 (repeatable) replaces the default grid; other settings keep FinetuneConfig's defaults
+(distillation: --grid distill_alpha=0,0.5 --grid distill_temperature=4; the teacher is the fp32 baseline).
+Columns: multiplier, the grid's settings, seed, val_fakequant, val_before, val_after, epoch_s. docs/finetune.md shows the result.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import copy
+import dataclasses
 import io
 import itertools
 import sys
@@ -28,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from runner.data import load_mnist5k  # noqa: E402
 from runner.finetune import FinetuneConfig, train_epochs  # noqa: E402
 from runner.layers import quantized_models  # noqa: E402
-from runner.models import build_model  # noqa: E402
+from runner.models import LeNet5  # noqa: E402
 from runner.multipliers import resolve  # noqa: E402
 from runner.quant import QuantConfig  # noqa: E402
 from runner.train import evaluate_accuracy  # noqa: E402
@@ -50,12 +58,30 @@ def baseline(data, epochs=20, seed=0):
     return model
 
 
+def load(args):
+    """(the data set with a validation split as its test set, the baseline's training epochs)."""
+    from runner.data import load_idx_dataset
+
+    if args.data == "mnist5k":
+        return load_mnist5k(seed=0).validation_split(0.2, seed=0), 20
+    full = load_idx_dataset(args.data, args.root)
+    data = full.validation_split(10_000 / len(full.train_y), seed=0)
+    if args.train_images and args.train_images < len(data.train_y):
+        keep = torch.randperm(len(data.train_y), generator=torch.Generator().manual_seed(0))[:args.train_images]
+        data = dataclasses.replace(data, train_x=data.train_x[keep], train_y=data.train_y[keep])
+    return data, 15
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--multipliers", default="mul8s_1L2N,mul8u_T83")
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2")
+    ap.add_argument("--data", default="mnist5k", choices=("mnist5k", "fashion_mnist", "mnist"))
+    ap.add_argument("--root", default=None)
+    ap.add_argument("--train-images", type=int, default=None)
+    ap.add_argument("--baseline", default=None, metavar="FILE")
     args = ap.parse_args(argv)
     grid = GRID
     if args.grid:
@@ -63,23 +89,33 @@ def main(argv=None):
         parse = {bool: lambda v: v.lower() in ("1", "true", "yes")}
         grid = {k: [parse.get(types[k], types[k])(v) for v in vs.split(",")]
                 for k, vs in (g.split("=", 1) for g in args.grid)}
-    data = load_mnist5k(seed=0).validation_split(0.2, seed=0)
-    model = baseline(data)
+    data, baseline_epochs = load(args)
+    if args.baseline and Path(args.baseline).exists():
+        model = LeNet5(mean=data.mean, std=data.std)
+        model.load_state_dict(torch.load(args.baseline, weights_only=True))
+    else:
+        model = baseline(data, epochs=baseline_epochs)
+        if args.baseline:
+            torch.save(model.state_dict(), args.baseline)
+    print(f"{args.data}: {len(data.train_y)} training images, {len(data.test_y)} validation images, baseline "
+          f"{evaluate_accuracy(model, data.test_x, data.test_y, 1000, 'cpu'):.4f}, threads {torch.get_num_threads()}",
+          file=sys.stderr, flush=True)
     q = QuantConfig()
-    print(",".join(["multiplier", *grid, "seed", "val_before", "val_after", "epoch_s"]), flush=True)
+    print(",".join(["multiplier", *grid, "seed", "val_fakequant", "val_before", "val_after", "epoch_s"]), flush=True)
     for name in args.multipliers.split(","):
-        _, approx, _ = quantized_models(model, resolve(name), q, data.train_x, backend="cpp")
+        fq, approx, _ = quantized_models(model, resolve(name), q, data.train_x, backend="cpp")
         before = evaluate_accuracy(approx, data.test_x, data.test_y, 1000, "cpu")
+        fakequant = evaluate_accuracy(fq, data.test_x, data.test_y, 1000, "cpu")
         for values in itertools.product(*grid.values()):
             setting = dict(zip(grid, values))
             for seed in (int(s) for s in args.seeds.split(",")):
                 tuned = copy.deepcopy(approx)
                 fcfg = FinetuneConfig(epochs=args.epochs, **setting)
                 with contextlib.redirect_stdout(io.StringIO()):
-                    hist = train_epochs(tuned, data, fcfg, q, torch.device("cpu"), seed, name)
+                    hist = train_epochs(tuned, data, fcfg, q, torch.device("cpu"), seed, name, teacher=model)
                 after = evaluate_accuracy(tuned.eval(), data.test_x, data.test_y, 1000, "cpu")
                 epoch_s = sum(h["epoch_s"] for h in hist) / len(hist)
-                print(",".join([name, *map(str, values), str(seed), f"{before:.4f}", f"{after:.4f}", f"{epoch_s:.2f}"]),
+                print(",".join([name, *map(str, values), str(seed), f"{fakequant:.4f}", f"{before:.4f}", f"{after:.4f}", f"{epoch_s:.2f}"]),
                       flush=True)
 
 

@@ -247,7 +247,7 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False, plan
         ident = finetune.identity(weight_config(cfg), multipliers, approx_layers, qcfg, fcfg)
         models["approx_finetuned"], ft_meta, ft_ckpt = finetune.obtain(
             cfg, approx, data, ident, qcfg, device, out_dir, label=multiplier_columns(multipliers, approx_layers)[
-                "multiplier"])
+                "multiplier"], teacher=model)
         extra["approx_finetuned"] = finetune.row_columns(fcfg, ft_meta, ft_ckpt)
         ft_info = {"checkpoint": str(ft_ckpt), **ft_meta}
     bs = int(cfg.eval.batch_size)

@@ -15,6 +15,7 @@ import copy
 import hashlib
 import io
 import json
+import math
 import pickle
 import time
 from dataclasses import asdict, dataclass, fields
@@ -22,11 +23,12 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+import torch.nn.functional as F
 from torch import nn
 
 from runner.console import console, progress_bar
 from runner.errors import UserError, config_number
-from runner.layers import learn_act_scales, recalibrate, set_grad_mode
+from runner.layers import check_non_finite_inputs, learn_act_scales, recalibrate, set_grad_mode
 from runner.ops import GRADS
 from runner.provenance import atomic_write_bytes
 from runner.quant import QuantConfig
@@ -39,6 +41,11 @@ SCHEDULES = ("constant", "cosine")
 #   end    once after training (the weights never see the new scales: measured worse, see docs)
 #   none   keep the baseline's calibration
 RECALIBRATE = ("none", "epoch", "end")
+# the nested `finetune.distill` node, as flat fields (flat so the row's finetune_* columns stay scalars)
+DISTILL_KEYS = {"alpha": "distill_alpha", "temperature": "distill_temperature"}
+# On a GPU the step's loss and accuracy stay on the device; the host reads them (and whether a loss was
+# non-finite) every this many steps and at the end of each epoch, not every step.
+READ_EVERY = 50
 
 
 @dataclass(frozen=True)
@@ -49,15 +56,19 @@ class FinetuneConfig:
     grad: str = "ste"              # ste | lut (see runner.ops)
     slope_window: int = 48         # lut: slopes over +-slope_window codes (validated; 1 = central difference)
     batch_size: int = 16
-    schedule: str = "cosine"       # cosine | constant
+    schedule: str = "cosine"       # cosine | constant, after warmup_epochs of linear warm-up
+    warmup_epochs: float = 0.0
     weight_decay: float = 0.0
     learn_scales: bool = True      # static activation scales trained with the weights (LSQ gradient, log scale)
     recalibrate: str = "none"      # none | epoch | end (RECALIBRATE; measured: recalibrating hurts)
+    distill_alpha: float = 0.0     # loss = (1 - alpha) CE(labels) + alpha T^2 KL(teacher_T || student_T)
+    distill_temperature: float = 4.0
 
     def __post_init__(self):
         for key, low, kind in (("epochs", 0, int), ("slope_window", 1, int), ("batch_size", 1, int),
-                               ("lr", 0, float), ("weight_decay", 0, float)):
-            config_number(getattr(self, key), f"finetune.{key}", minimum=low, kind=kind)
+                               ("lr", 0, float), ("weight_decay", 0, float), ("warmup_epochs", 0, float),
+                               ("distill_alpha", 0, float), ("distill_temperature", 0, float)):
+            config_number(getattr(self, key), f"finetune.{_key_name(key)}", minimum=low, kind=kind)
         if self.optimizer not in OPTIMIZERS:
             raise UserError(f"finetune.optimizer={self.optimizer!r}: choose {' or '.join(OPTIMIZERS)}.")
         if self.grad not in GRADS:
@@ -74,18 +85,36 @@ class FinetuneConfig:
         if not float(self.lr) > 0 or int(self.batch_size) < 1 or float(self.weight_decay) < 0:
             raise UserError(f"finetune.lr must be > 0, finetune.batch_size >= 1 and finetune.weight_decay >= 0; got "
                             f"lr={self.lr}, batch_size={self.batch_size}, weight_decay={self.weight_decay}.")
+        if not 0 <= float(self.distill_alpha) <= 1 or not float(self.distill_temperature) > 0:
+            raise UserError(f"finetune.distill.alpha must be in [0, 1] and finetune.distill.temperature > 0; got "
+                            f"alpha={self.distill_alpha}, temperature={self.distill_temperature}.")
 
     @classmethod
     def from_cfg(cls, node) -> "FinetuneConfig":
         data = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+        distill = data.pop("distill", None) or {}
+        if not isinstance(distill, dict) or set(distill) - set(DISTILL_KEYS):
+            raise UserError(f"finetune.distill={distill!r}: known keys are {sorted(DISTILL_KEYS)}.")
+        data.update({DISTILL_KEYS[k]: v for k, v in distill.items()})
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known - {"force"}
         if unknown:
-            raise UserError(f"unknown finetune setting(s) {sorted(unknown)}; known: {sorted(known | {'force'})}.")
+            names = sorted({_key_name(k) for k in known} | {"force"})
+            raise UserError(f"unknown finetune setting(s) {sorted(unknown)}; known: {names}.")
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def distills(self) -> bool:
+        return float(self.distill_alpha) > 0
+
+
+def _key_name(field: str) -> str:
+    """The config key of a field (distill_alpha -> distill.alpha)."""
+    flat = {v: k for k, v in DISTILL_KEYS.items()}
+    return f"distill.{flat[field]}" if field in flat else field
 
 
 def enabled(cfg: DictConfig) -> bool:
@@ -100,7 +129,8 @@ def checkpoint_path(cfg: DictConfig, identity: dict) -> Path:
 
 def identity(weight_config: dict, multipliers: dict, layers: list[str], qcfg: QuantConfig,
              fcfg: FinetuneConfig) -> dict:
-    """What determines the retrained weights (the backend does not, beyond fp32 rounding)."""
+    """What determines the retrained weights (the backend does not, beyond fp32 rounding). With distillation
+    the teacher is the baseline itself, which weight_config names."""
     return {"baseline": weight_config, "layers": layers, "luts": {n: multipliers[n].sha256 for n in layers},
             "signed": {n: multipliers[n].signed for n in layers}, "quant": qcfg.as_dict(),
             "finetune": fcfg.as_dict()}
@@ -112,51 +142,102 @@ def _optimizer(params, fcfg: FinetuneConfig):
     return torch.optim.Adam(params, lr=float(fcfg.lr), weight_decay=float(fcfg.weight_decay))
 
 
+def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
+    """The learning rate of optimizer step `step` (0-based) over fcfg.lr: linear warm-up over `warmup` steps,
+    then constant or a cosine decay that reaches 0 after the last step."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+
+@torch.no_grad()
+def teacher_log_probs(teacher: nn.Module, x: torch.Tensor, temperature: float, device: torch.device,
+                      batch_size: int = 1000) -> torch.Tensor:
+    """log softmax(teacher(x) / T) for every training image, computed once (no augmentation: each image's
+    target is the same every epoch), on `device`. The teacher is copied: the caller's model is not moved."""
+    model = copy.deepcopy(teacher).eval().to(device)
+    logits = torch.cat([model(x[i:i + batch_size].to(device)) for i in range(0, len(x), batch_size)])
+    return F.log_softmax(logits.float() / float(temperature), dim=1).to(device)
+
+
+def distill_loss(logits: torch.Tensor, labels: torch.Tensor, teacher_logp: torch.Tensor | None,
+                 fcfg: FinetuneConfig) -> torch.Tensor:
+    """Cross-entropy to the labels, mixed with the KL divergence to the teacher's softened distribution
+    (Hinton et al. 2015; times T^2 so its gradient keeps its size as T changes). alpha = 0: plain CE."""
+    ce = F.cross_entropy(logits, labels)
+    if teacher_logp is None or not fcfg.distills:
+        return ce
+    t, alpha = float(fcfg.distill_temperature), float(fcfg.distill_alpha)
+    kl = F.kl_div(F.log_softmax(logits / t, dim=1), teacher_logp, reduction="batchmean", log_target=True)
+    return (1.0 - alpha) * ce + alpha * (t * t) * kl
+
+
 def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig, device: torch.device, seed: int,
-                 label: str) -> list[dict]:
+                 label: str, teacher: nn.Module | None = None) -> list[dict]:
     """Train `model` in place through its (LUT) layers, recalibrating as fcfg.recalibrate says; one log row
-    per epoch."""
+    per epoch. teacher: the fp32 model to distil from (needed when fcfg.distill_alpha > 0).
+
+    The training images, labels and teacher targets sit on `device` and batches are index slices of them
+    (no DataLoader, no per-batch copies). The step has no host wait on a GPU: loss and accuracy accumulate
+    on the device, and a non-finite loss sets a device flag, read every READ_EVERY steps and after each
+    epoch (every step on the CPU, where reading costs nothing). The layers' own NaN/Inf checks stay."""
+    if fcfg.distills and teacher is None:
+        raise ValueError("finetune.distill.alpha > 0 needs the fp32 teacher model")
     torch.manual_seed(seed)
     model.to(device).train()
     set_grad_mode(model, fcfg.grad, fcfg.slope_window)
     learn_act_scales(model, fcfg.learn_scales)
     opt = _optimizer([p for p in model.parameters() if p.requires_grad], fcfg)
-    loader = data.loader("train", int(fcfg.batch_size), shuffle=True, seed=seed)
-    epochs = int(fcfg.epochs)
-    sched = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * len(loader))
-             if fcfg.schedule == "cosine" else None)
-    loss_fn = nn.CrossEntropyLoss()
+    xs, ys = data.train_x.to(device), data.train_y.to(device)
+    soft = (teacher_log_probs(teacher, data.train_x, fcfg.distill_temperature, device) if fcfg.distills else None)
+    n, bs, epochs = len(xs), int(fcfg.batch_size), int(fcfg.epochs)
+    per_epoch = (n + bs - 1) // bs
+    total, warmup = epochs * per_epoch, round(float(fcfg.warmup_epochs) * per_epoch)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup, fcfg.schedule))
+    read_every = READ_EVERY if device.type == "cuda" else 1
+    gen = torch.Generator().manual_seed(seed)
     history = []
-    with progress_bar(f"finetune {label} ({fcfg.grad} gradients)", total=epochs * len(loader)) as advance:
+    with progress_bar(f"finetune {label} ({fcfg.grad} gradients)", total=total) as advance:
         for epoch in range(1, epochs + 1):
-            t0, total_loss, correct, seen = time.perf_counter(), 0.0, 0, 0
+            t0 = time.perf_counter()
             if fcfg.recalibrate == "epoch" and epoch > 1:
                 recalibrate(model.eval(), data.train_x, qcfg, seed=seed, device=device)
                 model.train()
-            for xb, yb in loader:
-                xb, yb = xb.to(device), yb.to(device)
+            order = torch.randperm(n, generator=gen).to(device)
+            loss_sum = torch.zeros((), device=device)
+            correct = torch.zeros((), dtype=torch.int64, device=device)
+            bad = torch.zeros((), dtype=torch.bool, device=device)
+            for step in range(per_epoch):
+                idx = order[step * bs:(step + 1) * bs]
+                xb, yb = xs[idx], ys[idx]
                 opt.zero_grad(set_to_none=True)
                 logits = model(xb)
-                loss = loss_fn(logits, yb)
-                if not torch.isfinite(loss):
-                    raise UserError(f"finetune diverged (loss {loss.item()}) in epoch {epoch}; "
-                                    f"lower finetune.lr (now {fcfg.lr}).")
+                loss = distill_loss(logits, yb, None if soft is None else soft[idx], fcfg)
                 loss.backward()
                 opt.step()
-                if sched is not None:
-                    sched.step()
-                total_loss += loss.item() * len(xb)
-                correct += int((logits.argmax(1) == yb).sum())
-                seen += len(xb)
-                advance(1, epoch=f"{epoch}/{epochs}", loss=f"{loss.item():.3f}")
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            history.append({"epoch": epoch, "train_loss": total_loss / seen, "train_accuracy": correct / seen,
+                sched.step()
+                with torch.no_grad():
+                    bad.logical_or_(~torch.isfinite(loss))
+                    loss_sum.add_(loss.detach(), alpha=len(idx))
+                    correct.add_((logits.argmax(1) == yb).sum())
+                if (step + 1) % read_every == 0 or step + 1 == per_epoch:
+                    _check_loss(bad, epoch, fcfg)
+                    advance(min(read_every, step % read_every + 1), epoch=f"{epoch}/{epochs}",
+                            loss=f"{float(loss.detach()):.3f}")
+            check_non_finite_inputs(model)
+            history.append({"epoch": epoch, "train_loss": float(loss_sum) / n, "train_accuracy": int(correct) / n,
                             "epoch_s": time.perf_counter() - t0, "lr_end": opt.param_groups[0]["lr"]})
     learn_act_scales(model, False)  # the trained scales become the static ones
     if fcfg.recalibrate == "end":
         recalibrate(model.eval(), data.train_x, qcfg, seed=seed, device=device)
     return history
+
+
+def _check_loss(bad: torch.Tensor, epoch: int, fcfg: FinetuneConfig) -> None:
+    if bool(bad):
+        raise UserError(f"finetune diverged (non-finite loss) in epoch {epoch}; lower finetune.lr (now {fcfg.lr}).")
 
 
 def _save(path: Path, model: nn.Module, meta: dict) -> None:
@@ -176,9 +257,10 @@ def _load(path: Path, model: nn.Module) -> dict:
 
 
 def obtain(cfg: DictConfig, approx: nn.Module, data, ident: dict, qcfg: QuantConfig, device: torch.device,
-           out_dir: Path, label: str) -> tuple[nn.Module, dict, Path]:
+           out_dir: Path, label: str, teacher: nn.Module | None = None) -> tuple[nn.Module, dict, Path]:
     """The retrained copy of `approx` (on CPU, eval mode): loaded from its checkpoint when one exists for
-    this configuration, else trained, recalibrated and saved. Returns (model, meta, checkpoint path)."""
+    this configuration, else trained (distilling from `teacher`, the fp32 baseline, when
+    finetune.distill.alpha > 0), recalibrated and saved. Returns (model, meta, checkpoint path)."""
     fcfg = FinetuneConfig.from_cfg(cfg.finetune)
     path = checkpoint_path(cfg, ident)
     model = copy.deepcopy(approx)
@@ -189,7 +271,7 @@ def obtain(cfg: DictConfig, approx: nn.Module, data, ident: dict, qcfg: QuantCon
         console.print(f"[green]reusing retrained checkpoint[/] {path}")
         return model.eval(), meta, path
     seed = int(cfg.seed)
-    history = train_epochs(model, data, fcfg, qcfg, device, seed, label)
+    history = train_epochs(model, data, fcfg, qcfg, device, seed, label, teacher=teacher)
     model.eval().cpu()
     meta = {"identity": ident, "history": history, "torch": str(torch.__version__),
             "device": str(device), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -1,4 +1,5 @@
 """`approx-run finetune` and retraining in compare/sweep: rows, checkpoints, reuse, bad input, interrupts."""
+import math
 import os
 import signal
 import subprocess
@@ -41,11 +42,18 @@ def test_config_validation():
     assert FinetuneConfig().grad == "ste"
     for bad, match in (({"grad": "exact"}, "finetune.grad"), ({"optimizer": "lbfgs"}, "finetune.optimizer"),
                        ({"lr": 0}, "finetune.lr"), ({"batch_size": 0}, "batch_size"),
-                       ({"recalibrate": "always"}, "finetune.recalibrate"), ({"epochs": -1}, "finetune.epochs")):
+                       ({"recalibrate": "always"}, "finetune.recalibrate"), ({"epochs": -1}, "finetune.epochs"),
+                       ({"distill_alpha": 1.5}, "finetune.distill.alpha"),
+                       ({"distill_temperature": 0}, "finetune.distill.temperature"),
+                       ({"warmup_epochs": -1}, "finetune.warmup_epochs")):
         with pytest.raises(UserError, match=match):
             FinetuneConfig(**bad)
     with pytest.raises(UserError, match="unknown finetune setting"):
         FinetuneConfig.from_cfg({"epoch": 3})
+    with pytest.raises(UserError, match="finetune.distill"):
+        FinetuneConfig.from_cfg({"distill": {"alpah": 0.5}})
+    nested = FinetuneConfig.from_cfg({"distill": {"alpha": 0.5, "temperature": 2}})
+    assert (nested.distill_alpha, nested.distill_temperature) == (0.5, 2) and nested.distills
 
 
 def test_row_key_includes_the_finetune_settings(tmp_path):
@@ -168,3 +176,107 @@ def test_train_epochs_recalibrates_at_the_end(mode):
     recalibrate(expected, x, q)
     assert not torch.equal(expected.fc2.act_scale, before)   # training moved the activations
     assert torch.equal(approx.fc2.act_scale, expected.fc2.act_scale if mode == "end" else before)
+
+
+def test_lr_schedule_warms_up_then_decays_to_zero():
+    from runner.finetune import lr_factor
+
+    cos = [lr_factor(s, 10, 2, "cosine") for s in range(10)]
+    assert cos[:2] == [0.5, 1.0] and cos[2] == 1.0
+    assert all(a > b for a, b in zip(cos[2:], cos[3:])) and cos[-1] == pytest.approx(0.5 * (1 + math.cos(math.pi * 7 / 8)))
+    assert [lr_factor(s, 10, 0, "constant") for s in (0, 9)] == [1.0, 1.0]
+    assert lr_factor(5, 10, 0, "cosine") == pytest.approx(0.5)
+
+
+def test_distill_loss_is_ce_plus_scaled_kl():
+    """alpha = 0 is plain cross-entropy; otherwise (1 - a) CE + a T^2 KL(teacher_T || student_T), written out."""
+    import torch
+    import torch.nn.functional as F
+
+    from runner.finetune import distill_loss
+
+    gen = torch.Generator().manual_seed(0)
+    s, t, y = torch.randn(8, 10, generator=gen), torch.randn(8, 10, generator=gen), torch.randint(0, 10, (8,))
+    T, a = 3.0, 0.7
+    teacher_logp = F.log_softmax(t / T, 1)
+    assert torch.equal(distill_loss(s, y, teacher_logp, FinetuneConfig()), F.cross_entropy(s, y))
+    p = teacher_logp.exp()
+    kl = (p * (teacher_logp - F.log_softmax(s / T, 1))).sum(1).mean()
+    want = (1 - a) * F.cross_entropy(s, y) + a * T * T * kl
+    got = distill_loss(s, y, teacher_logp, FinetuneConfig(distill_alpha=a, distill_temperature=T))
+    assert got.item() == pytest.approx(want.item(), rel=1e-6)
+
+
+def _tiny(n=64, backend="cpp"):
+    import torch
+
+    from runner.data import Dataset
+    from runner.layers import quantized_models
+    from runner.models import LeNet5
+    from runner.multipliers import resolve
+    from runner.quant import QuantConfig
+
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.rand(n, 1, 28, 28, generator=gen), torch.randint(0, 10, (n,), generator=gen)
+    data = Dataset("tiny", x, y, x[:8], y[:8], 0.1307, 0.3081, "random")
+    q = QuantConfig(calib_batches=1, calib_batch_size=n)
+    torch.manual_seed(0)
+    teacher = LeNet5(mean=0.1307, std=0.3081)
+    _, approx, _ = quantized_models(teacher, resolve("exact"), q, x, backend=backend)
+    return data, q, teacher, approx
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_train_epochs_step_is_the_plain_step(alpha):
+    """One train_epochs step (the whole set as one batch, constant lr) moves the weights exactly as one step
+    written out by hand with the same loss: cross-entropy (alpha 0, so a QAT step for the exact table, see
+    test_one_step_moves_weights_like_qat), or with the teacher's softened targets mixed in."""
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+
+    from runner.finetune import train_epochs
+
+    data, q, teacher, approx = _tiny()
+    fcfg = FinetuneConfig(epochs=1, lr=0.01, optimizer="sgd", batch_size=len(data.train_y), schedule="constant",
+                          learn_scales=False, distill_alpha=alpha, distill_temperature=3.0)
+    by_hand = copy.deepcopy(approx).train()
+    opt = torch.optim.SGD(by_hand.parameters(), lr=0.01, momentum=0.9)
+    logits = by_hand(data.train_x)
+    loss = F.cross_entropy(logits, data.train_y)
+    if alpha:
+        with torch.no_grad():
+            soft = F.log_softmax(teacher.eval()(data.train_x) / 3.0, 1)
+        kl = F.kl_div(F.log_softmax(logits / 3.0, 1), soft, reduction="batchmean", log_target=True)
+        loss = (1 - alpha) * loss + alpha * 9.0 * kl
+    loss.backward()
+    opt.step()
+    trained = copy.deepcopy(approx)
+    train_epochs(trained, data, fcfg, q, torch.device("cpu"), 0, "tiny", teacher=teacher)
+    for (name, want), got in zip(by_hand.named_parameters(), trained.parameters()):
+        moved = (want - dict(approx.named_parameters())[name]).abs().max()
+        # the same sums but for the order of the images in the batch (train_epochs shuffles): fp32 rounding
+        assert moved > 0 and (want - got).abs().max() <= 1e-7, name
+
+
+@pytest.mark.parametrize("backend", ["cpp", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_non_finite_loss_stops_training_with_a_user_error(backend):
+    """The step's loss check (a device flag, read without a host wait per step on a GPU) still stops a run
+    whose loss is NaN: here the teacher's targets are NaN."""
+    import torch
+
+    from runner.finetune import train_epochs
+
+    data, q, teacher, approx = _tiny(backend=backend)
+    device = torch.device("cuda" if backend == "cuda" else "cpu")
+
+    class NaNTeacher(torch.nn.Module):
+        def forward(self, x):
+            return torch.full((len(x), 10), float("nan"), device=x.device)
+
+    with pytest.raises(UserError, match="finetune diverged"):
+        train_epochs(approx, data, FinetuneConfig(epochs=1, batch_size=16, distill_alpha=0.5), q,
+                     device, 0, "tiny", teacher=NaNTeacher())
+    with pytest.raises(ValueError, match="teacher"):
+        train_epochs(approx, data, FinetuneConfig(epochs=1, distill_alpha=0.5), q, torch.device("cpu"), 0, "tiny")

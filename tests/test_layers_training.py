@@ -246,3 +246,35 @@ def test_learned_scale_moves_and_is_fixed_afterwards(lenet, batch):
     learn_act_scales(approx, False)
     assert not any("scale" in n for n, _ in approx.named_parameters())
     assert not torch.equal(approx.fc2.act_scale, start) and torch.equal(approx.fc2.act_scale, learned)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("grad", ["ste", "lut"])
+def test_training_step_does_not_wait_for_the_gpu(lenet, batch, grad):
+    """A retraining step (forward, loss, backward, Adam) on the GPU makes no host-device synchronization that
+    torch can see: the weight check after a step and the input checks are device flags, read later. The first
+    steps are left out (auto's trials and the first table builds may wait)."""
+    x, y = batch
+    _, approx, _ = quantized_models(lenet, resolve("exact"), QuantConfig(calib_batches=1, calib_batch_size=32), x,
+                                    backend="cuda")
+    model = approx.to("cuda").train()
+    set_grad_mode(model, grad, 48)
+    learn_act_scales(model, True)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    x, y = x.cuda(), y.cuda()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()

@@ -14,6 +14,8 @@
 //             channels with vector loads into int32 accumulators held in registers; int16
 //             entries when every product fits. Rows go in cache-sized blocks and taps in chunks
 //             whose table slice stays in L2.
+// auto runs the one measured cheaper for the call (decide(), below); approx::lut_algos reports
+// decide()'s answer, so the reported pick is what runs.
 //
 // Vector code: lut_cpu_kernels.inc is compiled three times (AVX-512, AVX2, baseline) under
 // `#pragma GCC target`; the build needs no -march flag and the variant is picked at run time.
@@ -160,22 +162,33 @@ WeightCols weight_cols(const at::Tensor& w, const Problem& p) {
   return wc;
 }
 
-// Whether every product the table would hold fits int16 (unsigned: so does its negation), for
-// these weights: a scan of the whole LUT with no branch in it (it runs on every auto call, as part
-// of auto's cache key), then a look at the columns the weights use.
-bool products_fit_int16(const int32_t* lut, const at::Tensor& w, const Problem& p) {
+// Per LUT column: whether some product in it falls outside int16 (unsigned: so does its negation).
+std::array<bool, 256> wide_columns(const int32_t* lut) {
   int32_t bad[256] = {};
   for (int a = 0; a < 256; ++a) {
     const int32_t* row = lut + a * 256;
     for (int c = 0; c < 256; ++c) bad[c] |= (row[c] < -32767) | (row[c] > 32767);
   }
+  std::array<bool, 256> out;
+  for (int c = 0; c < 256; ++c) out[c] = bad[c] != 0;
+  return out;
+}
+
+// Whether every product the table of these weights would hold fits int16: the LUT columns the
+// weights use (and the padded channels' column, see weight_cols) are all narrow.
+bool fits_int16(const std::array<bool, 256>& wide, const at::Tensor& w, const Problem& p) {
   const int8_t* wd = w.data_ptr<int8_t>();
   bool used[256] = {};
   for (int64_t i = 0, n = w.numel(); i < n; ++i) used[p.is_unsigned ? std::abs(wd[i]) : wd[i] + 128] = true;
-  if (p.Np > p.Ng) used[p.is_unsigned ? 0 : 128] = true;  // padded channels' column (weight_cols)
+  if (p.Np > p.Ng) used[p.is_unsigned ? 0 : 128] = true;
   for (int c = 0; c < 256; ++c)
-    if (used[c] && bad[c]) return false;
+    if (used[c] && wide[c]) return false;
   return true;
+}
+
+// The table format a build uses: from the LUT's bytes, always.
+bool products_fit_int16(const int32_t* lut, const at::Tensor& w, const Problem& p) {
+  return fits_int16(wide_columns(lut), w, p);
 }
 
 constexpr int64_t kTableBudget = 64ll << 20;   // auto: expanded only below this table size
@@ -283,105 +296,6 @@ int64_t table_bytes(const Problem& p, bool fit16) {
   return p.G * p.K * 256 * p.Np * (fit16 ? 2 : 4);
 }
 
-// ------------------------------------------------------------------------------------------------
-// auto: the variant measured cheaper at this call's size. On the first call of a key (below) the
-// call's own rows are computed by both variants under a clock (every variant gives the same
-// integers, so the output is the same whichever row ran where); the costs per row are kept for the
-// key and every later call of the key decides from them, without timing anything.
-//
-// Expanded's table costs a build, paid once per (weights, LUT) while they stay cached. A call whose
-// table is not cached builds it when expanded is cheaper per row and either the build pays off in
-// this call alone or these weights were seen before (inference: the second call of a layer builds;
-// training, whose weights change every step, builds only where one call repays it).
-struct PickKey {
-  int64_t G, K, Ng, conv, fit16, is_unsigned, rows_log2, threads;
-  auto operator<=>(const PickKey&) const = default;
-};
-struct Costs {
-  double direct_ns, expanded_ns;  // CPU ns per row on one thread, measured at this key
-};
-struct AutoState {
-  std::mutex mu;
-  std::map<PickKey, Costs> costs;
-  std::map<std::array<int64_t, 4>, double> build_ns;  // last build of (G, K, Np, fit16): CPU ns
-  std::array<uint64_t, 64> seen{};                   // digests of (weights, LUT) run with direct
-  size_t seen_next = 0;
-};
-AutoState& auto_state() {
-  static AutoState s;
-  return s;
-}
-
-// Calls in which each variant computed rows (the order of kAlgoNames): approx::lut_runs.
-std::atomic<int64_t> g_runs[2];
-
-int64_t rows_of(const Problem& p) { return p.B * p.G * p.Ho * p.Wo; }
-
-PickKey pick_key(const Problem& p, bool fit16) {
-  const int64_t rows = rows_of(p);
-  return PickKey{p.G, p.K, p.Ng, p.conv, fit16, p.is_unsigned,
-                 rows > 0 ? 63 - __builtin_clzll((unsigned long long)rows) : 0,
-                 (int64_t)at::get_num_threads()};
-}
-
-std::array<int64_t, 4> build_key(const Problem& p, bool fit16) { return {p.G, p.K, p.Np, fit16}; }
-
-// Identifies (weights, LUT) for the "seen before" hint only: a wrong answer costs time, never
-// results (tables are matched by content).
-uint64_t digest(const at::Tensor& w, const int32_t* lut) {
-  uint64_t h = 1469598103934665603ull ^ reinterpret_cast<uintptr_t>(lut);
-  const int8_t* wd = w.data_ptr<int8_t>();
-  const int64_t n = w.numel();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t x;
-    std::memcpy(&x, wd + i, 8);
-    h = (h ^ x) * 1099511628211ull;
-    h ^= h >> 29;
-  }
-  for (; i < n; ++i) h = (h ^ (uint8_t)wd[i]) * 1099511628211ull;
-  return (h ^ lut[0] ^ ((uint64_t)(uint32_t)lut[65535] << 32)) | 1;  // 0 marks an empty slot
-}
-
-constexpr int64_t kTrialWork = 1 << 22;  // MACs per timed trial run (a few ms)
-
-struct Decision {
-  Algo algo;                          // Direct or Expanded (Auto: not measured yet, time both)
-  std::shared_ptr<TableEntry> entry;  // Expanded: its cached table, or null (build it)
-};
-
-// The variant auto runs for this call; `note` records the weights as seen (a call, not a query).
-// approx::lut_algos reports what this returns, so its report is what the next call runs.
-// `cached`: the table cache's entry for (w, lut), if any (looked up once by the caller).
-Decision decide(const Problem& p, const at::Tensor& w, const int32_t* lut, bool fit16,
-                std::shared_ptr<TableEntry> cached, bool note) {
-  if (table_bytes(p, fit16) > kTableBudget) return {Algo::Direct, nullptr};
-  AutoState& st = auto_state();
-  Costs c;
-  double build = -1;
-  {
-    std::lock_guard<std::mutex> lock(st.mu);
-    auto it = st.costs.find(pick_key(p, fit16));
-    if (it == st.costs.end()) return {Algo::Auto, nullptr};
-    c = it->second;
-    auto b = st.build_ns.find(build_key(p, fit16));
-    if (b != st.build_ns.end()) build = b->second;
-  }
-  if (c.direct_ns <= c.expanded_ns) return {Algo::Direct, nullptr};
-  if (cached) return {Algo::Expanded, cached};
-  const double rows = (double)rows_of(p);
-  if (build >= 0 && rows * c.expanded_ns + build < rows * c.direct_ns) return {Algo::Expanded, nullptr};
-  if (!cache_enabled()) return {Algo::Direct, nullptr};  // a table would serve this call only
-  const uint64_t d = digest(w, lut);
-  std::lock_guard<std::mutex> lock(st.mu);
-  if (std::find(st.seen.begin(), st.seen.end(), d) != st.seen.end()) return {Algo::Expanded, nullptr};
-  if (note) {
-    st.seen[st.seen_next] = d;
-    st.seen_next = (st.seen_next + 1) % st.seen.size();
-  }
-  return {Algo::Direct, nullptr};
-}
-
 // At least ~1M MACs per task: below that, waking a second thread costs more than it saves
 // (milliseconds when the other core is busy). grain = 0: the calling thread alone.
 int64_t grain_of(const Problem& p) {
@@ -408,81 +322,26 @@ void expanded_range(const Problem& p, const TableEntry& e, int64_t r0, int64_t r
   else if (r0 < r1) body(r0, r1);
 }
 
-std::shared_ptr<TableEntry> built_entry(const Problem& p, const at::Tensor& w, const int32_t* lut,
-                                        const WeightCols& wc, bool fit16) {
-  const int64_t tbytes = table_bytes(p, fit16);
-  TORCH_CHECK(tbytes <= 16 * kTableBudget, "approx CPU kernel: the expanded table would take ",
-              tbytes >> 20, " MiB; use algo='direct' for this layer");
-  double ns = 0;
-  auto entry = build_entry(p, w, lut, wc, fit16, tbytes, ns);
-  {
-    AutoState& st = auto_state();
-    std::lock_guard<std::mutex> lock(st.mu);
-    st.build_ns[build_key(p, fit16)] = ns;
-  }
-  cache_insert(entry);
-  return entry;
-}
-
-// auto's first call of a key: both variants on the call's own rows, on the calling thread, timed
-// by its CPU time; the costs per row are kept. Small calls run whole, kTrialReps times per
-// variant; larger ones time kTrialReps alternating slices of ~kTrialWork MACs per variant, and the
-// faster variant computes the remaining rows (on every thread). Both parallelize over rows alike,
-// so one thread's costs rank them for any thread count. The minimum of the repeats: interference
-// (caches, frequency) only ever adds time.
-void trial(const Problem& p, const at::Tensor& w, const int32_t* lut, std::shared_ptr<TableEntry> entry,
-           bool fit16) {
-  constexpr int kTrialReps = 3;
-  const WeightCols wc = weight_cols(w, p);
-  if (!entry) entry = built_entry(p, w, lut, wc, fit16);
-  const int64_t rows = rows_of(p);
-  const int64_t work = std::max<int64_t>(1, p.K * p.Np);
-  const bool whole = rows * work <= kTrialWork || rows < 2 * kTrialReps;
-  const int64_t S =
-      whole ? rows : std::min(rows / (2 * kTrialReps), std::max<int64_t>(1, kTrialWork / work));
-  double td = 1e300, te = 1e300;
-  for (int i = 0; i < kTrialReps; ++i) {
-    const int64_t r0 = whole ? 0 : 2 * i * S, r1 = whole ? 0 : r0 + S;
-    double t0 = thread_ns();
-    direct_range(p, lut, wc, r0, r0 + S, /*parallel=*/false);
-    td = std::min(td, thread_ns() - t0);
-    t0 = thread_ns();
-    expanded_range(p, *entry, r1, r1 + S, /*parallel=*/false);
-    te = std::min(te, thread_ns() - t0);
-  }
-  g_runs[0]++;
-  g_runs[1]++;
-  if (!whole) {
-    if (td <= te) direct_range(p, lut, wc, 2 * kTrialReps * S, rows);
-    else expanded_range(p, *entry, 2 * kTrialReps * S, rows);
-  }
-  AutoState& st = auto_state();
-  std::lock_guard<std::mutex> lock(st.mu);
-  st.costs[pick_key(p, fit16)] = Costs{td / S, te / S};
-}
+#include "lut_cpu_auto.inc"
 
 void run(Problem& p, const at::Tensor& w, const at::Tensor& lut_t, Algo algo) {
   if (rows_of(p) == 0 || p.Ng == 0) return;
   const int32_t* lut = lut_t.data_ptr<int32_t>();
   std::shared_ptr<TableEntry> entry;
-  bool fit16 = false;
   if (algo == Algo::Auto) {
-    entry = cache_find(p, w, lut);  // a cached table knows its format: no LUT scan
-    fit16 = entry ? entry->fit16 : products_fit_int16(lut, w, p);
-    const Decision d = decide(p, w, lut, fit16, entry, /*note=*/true);
-    if (d.algo == Algo::Auto) return trial(p, w, lut, entry, fit16);
+    const Decision d = decide(p, w, lut, key_fits_int16(lut_t, w, p), /*note=*/true);
+    if (d.algo == Algo::Auto) return trial(p, w, lut_t);
     algo = d.algo;
     entry = d.entry;
   } else if (algo == Algo::Expanded) {
     entry = cache_find(p, w, lut);
-    if (!entry) fit16 = products_fit_int16(lut, w, p);
   }
   if (algo == Algo::Direct) {
     direct_range(p, lut, weight_cols(w, p), 0, rows_of(p));
     g_runs[0]++;
     return;
   }
-  if (!entry) entry = built_entry(p, w, lut, weight_cols(w, p), fit16);
+  if (!entry) entry = built_entry(p, w, lut, weight_cols(w, p));
   expanded_range(p, *entry, 0, rows_of(p));
   g_runs[1]++;
 }
@@ -577,13 +436,11 @@ lut_algos_cpu(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
   p.Np = round8(p.Ng);
   p.is_unsigned = a.scalar_type() == at::kByte;
   const int32_t* lut_d = lut.data_ptr<int32_t>();
-  const auto cached = cache_find(p, w, lut_d);
-  const bool fit16 = cached ? cached->fit16 : products_fit_int16(lut_d, w, p);
-  const int64_t tbytes = table_bytes(p, fit16);
+  const int64_t tbytes = table_bytes(p, products_fit_int16(lut_d, w, p));
   const bool fits = tbytes <= 16 * kTableBudget;
   std::string pick;
   if (rows_of(p) > 0 && p.Ng > 0 && p.K > 0) {
-    const Algo d = decide(p, w, lut_d, fit16, cached, /*note=*/false).algo;
+    const Algo d = decide(p, w, lut_d, key_fits_int16(lut, w, p), /*note=*/false).algo;
     pick = d == Algo::Auto ? "" : kAlgoNames[d == Algo::Expanded ? 1 : 0];
   }
   return {{kAlgoNames[0], kAlgoNames[1]},

@@ -87,8 +87,7 @@ void run(Choice choice, const Params& p, const at::Tensor& w, const at::Tensor& 
   const bool changing = cache_enabled() && weights_changing(w);
   if (choice.algo == kAuto && changing && p.M * p.N < 512LL * p.NG * 8) {
     // Training: this table would serve this call only. Building costs ~K*256*Np writes per group,
-    // each row saves ~K*N lookups, so below ~512 rows per group direct lookups are cheaper (the CPU
-    // backend's rule, runner/ops.py documents both).
+    // each row saves ~K*N lookups, so below ~512 rows per group direct lookups are cheaper.
     choice = parse_choice("direct", op);
   }
   if (choice.algo != kAuto) {

@@ -123,44 +123,49 @@ def bench_ops(backends=("python", "cpp"), batches=(1, 256, 10000), repeats=20, w
     return pd.DataFrame(rows)
 
 
-def bench_algos(backends, batch=10000, repeats=10, warmup=2, *, signed=False, seed=0) -> pd.DataFrame:
-    """Every concrete variant of each backend on each LeNet-5 layer at one batch size: time, the
-    workspace its prepared tables take, and for `auto` the variant it picked (approx::lut_algos), or
-    why a variant does not apply to that shape."""
+def bench_algos(backends, batches=(10000,), repeats=10, warmup=2, *, signed=False, seed=0) -> pd.DataFrame:
+    """Every concrete variant of each backend on each LeNet-5 layer at each batch size: time, the
+    workspace its prepared tables take, and for `auto` the variant it ran in the timed calls
+    (approx::lut_algos, asked after them: the kernels' own choice function), or why a variant does
+    not apply to that shape."""
     rows = []
     for backend in backends:
         device = torch.device("cuda" if backend == "cuda" else "cpu")
         timer = device_timer(device)
         lut = exact_lut(signed).to(device)
         for name, kind, a_shape, w_shape in LENET5_LAYERS:
-            gen = torch.Generator().manual_seed(seed)
-            a = synthetic_codes((batch, *a_shape), signed, "uniform", gen).to(device)
-            w = torch.randint(-127, 128, w_shape, generator=gen, dtype=torch.int8).to(device)
-            macs = layer_macs(kind, a_shape, w_shape, batch)
-            for algo in ("auto", *ops.backend_algos(backend)):
-                wa = w.clone()  # own weights: prepared tables are cached per weights tensor
-                fn = ((lambda: ops.lut_conv2d(a, wa, lut, backend=backend, algo=algo)) if kind == "conv"  # noqa: E731
-                      else (lambda: ops.lut_linear(a, wa, lut, backend=backend, algo=algo)))
-                row = dict(backend=backend, algo=algo, layer=name, batch=batch, device=str(device),
-                           threads=torch.get_num_threads(), macs=macs)
-                try:
-                    fn()
-                    # the kernels' own account: workspace per variant, and auto's pick (once it ran)
-                    info = {r["algo"]: r for r in ops.algo_table(a, wa, lut, backend=backend)}
-                    pick = next((r for r in info.values() if r["auto_pick"]), None)
-                    mine = pick if algo == "auto" else info.get(algo)
-                    workspace = mine["workspace_bytes"] if mine else float("nan")
-                    row["auto_pick"] = pick["auto_pick_name"] if algo == "auto" and pick else ""
-                    for _ in range(warmup):
-                        timer(fn)
-                    ts = [timer(fn) for _ in range(repeats)]
-                except RuntimeError as exc:  # a variant that does not apply to this shape says why
-                    rows.append({**row, "supported": False, "note": str(exc).splitlines()[0]})
-                    continue
-                med = statistics.median(ts)
-                rows.append({**row, "supported": True, "median_us": med, "min_us": min(ts),
-                             "gmacs": macs / med / 1e3, "workspace_mib": workspace / 2**20, "note": ""})
+            for batch in batches:
+                gen = torch.Generator().manual_seed(seed)
+                a = synthetic_codes((batch, *a_shape), signed, "uniform", gen).to(device)
+                w = torch.randint(-127, 128, w_shape, generator=gen, dtype=torch.int8).to(device)
+                macs = layer_macs(kind, a_shape, w_shape, batch)
+                for algo in ("auto", *ops.backend_algos(backend)):
+                    rows.append(_time_algo(backend, algo, kind, name, batch, macs, a, w, lut, device, timer,
+                                           repeats, warmup))
     return pd.DataFrame(rows)
+
+
+def _time_algo(backend, algo, kind, name, batch, macs, a, w, lut, device, timer, repeats, warmup) -> dict:
+    wa = w.clone()  # own weights: prepared tables are cached per weights tensor
+    fn = ((lambda: ops.lut_conv2d(a, wa, lut, backend=backend, algo=algo)) if kind == "conv"  # noqa: E731
+          else (lambda: ops.lut_linear(a, wa, lut, backend=backend, algo=algo)))
+    row = dict(backend=backend, algo=algo, layer=name, batch=batch, device=str(device),
+               threads=torch.get_num_threads(), macs=macs)
+    try:
+        fn()
+        for _ in range(warmup):
+            timer(fn)
+        ts = [timer(fn) for _ in range(repeats)]
+        # the kernels' own account: workspace per variant, and auto's pick for these tensors
+        info = {r["algo"]: r for r in ops.algo_table(a, wa, lut, backend=backend)}
+    except RuntimeError as exc:  # a variant that does not apply to this shape says why
+        return {**row, "supported": False, "note": str(exc).splitlines()[0]}
+    pick = next((r for r in info.values() if r["auto_pick"]), None)
+    mine = pick if algo == "auto" else info.get(algo)
+    med = statistics.median(ts)
+    return {**row, "auto_pick": pick["auto_pick_name"] if algo == "auto" and pick else "",
+            "supported": True, "median_us": med, "min_us": min(ts), "gmacs": macs / med / 1e3,
+            "workspace_mib": (mine["workspace_bytes"] if mine else float("nan")) / 2**20, "note": ""}
 
 
 def bench_models(model, multiplier, qcfg, calib_x, x, backends, *, batch_size, repeats, warmup,
@@ -265,7 +270,7 @@ def bench_train(model, multiplier, qcfg, data, backends, *, batch_size, repeats,
 # what the terminal tables show; the CSVs hold every column
 _SHOWN = {
     "ops": ("backend", "algo", "layer", "batch", "dist", "threads", "median_us", "gmacs"),
-    "algos": ("backend", "algo", "layer", "supported", "median_us", "gmacs", "workspace_mib", "auto_pick", "note"),
+    "algos": ("backend", "algo", "layer", "batch", "supported", "median_us", "gmacs", "workspace_mib", "auto_pick", "note"),
     "model": ("path", "backend", "device", "images", "threads", "median_ms", "images_per_s", "x_pytorch_time"),
     "train": ("path", "backend", "grad", "device", "batch_size", "threads", "step_ms_median", "epoch_s_median",
               "x_fakequant_epoch"),
@@ -315,7 +320,7 @@ def run(cfg, out_dir):
         tables["ops"] = bench_ops(backends, batches=tuple(b.batches), repeats=int(b.repeats),
                                   warmup=int(b.warmup), python_max_macs=int(b.python_max_macs))
     if b.algos:
-        tables["algos"] = bench_algos([x for x in backends if x != "python"], batch=int(max(b.batches)),
+        tables["algos"] = bench_algos([x for x in backends if x != "python"], batches=tuple(int(x) for x in b.batches),
                                       repeats=int(b.repeats), warmup=int(b.warmup))
     if b.model:
         model, _, _, data = load_or_train(cfg)

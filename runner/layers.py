@@ -316,8 +316,9 @@ class _Approx(_Quantized):
         return self._lut_forward(x, self.input_scale(x))
 
     def auto_pick(self) -> str:
-        """The kernel variant `auto` chose for this layer's last input shape ("" when it has not
-        chosen, or the layer runs another algo or the python reference)."""
+        """The kernel variant `auto` runs for this layer's last input shape, from the kernels' own
+        choice function (approx::lut_algos on the layer's weights and LUT; "" when it has not
+        chosen yet, or the layer runs another algo or the python reference)."""
         shape = getattr(self, "_last_input_shape", None)
         if self.algo != "auto" or self.backend == "python" or shape is None:
             return ""

@@ -36,13 +36,15 @@ def test_bench_rejects_unknown_backend(tmp_path):
 
 
 def test_bench_algos_reports_the_kernels_workspace_and_auto_pick():
-    """bench --algos shows, per layer, what the kernels report (approx::lut_algos): no table for
-    direct, a positive one for expanded, and which variant auto picked. (That the reported bytes are
-    what the CUDA kernels allocate: tests/ops/test_cuda.py.)"""
+    """bench --algos shows, per layer and batch size, what the kernels report (approx::lut_algos): no
+    table for direct, a positive one for expanded, and the variant auto ran at that batch size (that
+    it is what ran: tests/ops/test_auto.py; that the reported bytes are what the CUDA kernels
+    allocate: tests/ops/test_cuda.py)."""
     from runner.bench import bench_algos
     if not has_cpp():
         return
-    df = bench_algos(["cpp"], batch=300, repeats=1, warmup=0)
+    df = bench_algos(["cpp"], batches=(1, 300), repeats=1, warmup=0)
+    assert set(df.batch) == {1, 300} and len(df) == 5 * 2 * 3
     assert (df.loc[df.algo == "direct", "workspace_mib"] == 0).all()
     assert (df.loc[df.algo == "expanded", "workspace_mib"] > 0).all()
     auto = df[df.algo == "auto"]

@@ -35,6 +35,11 @@ TORCH_LIBRARY(approx, m) {
   m.def(
       "lut_algos(Tensor a, Tensor w, Tensor lut, int[2] stride=1, int[2] padding=0, "
       "int[2] dilation=1, int groups=1) -> (str[], int[], str[], str)");
+  // Per variant of the backend of `a`'s device (lut_algos' order): in how many lut_linear /
+  // lut_conv2d calls of this process it computed output rows (auto's first call of a shape times
+  // both, so both count). A test and debugging aid: what auto ran, beside what lut_algos reports.
+  // CPU only; `a` only selects the backend.
+  m.def("lut_runs(Tensor a) -> int[]");
   // The layer's two elementwise ends, fused (see runner/quant.py for the arithmetic):
   //   quantize:   codes = clamp(nearbyint(x * (1.0f / scale)), qmin, qmax), int8 [-128, 127] when
   //               signed else uint8 [0, 255]: the integers torch.fake_quantize_per_tensor_affine

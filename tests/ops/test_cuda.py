@@ -254,6 +254,38 @@ def test_auto_pick_is_reported():
                 "auto's reported pick")
 
 
+def _reported_pick(a, w, lut, *conv_args):
+    return next((r["auto_pick_name"] for r in algo_table(a, w, lut, *conv_args, backend="cuda") if r["auto_pick"]),
+                "")
+
+
+def test_auto_pick_cache_keys_on_table_format_kernel_size_and_dilation():
+    """auto's pick is cached per everything its candidates depend on: a call that differs from an
+    already picked one only in its table format (int16 or int32 products), or in kernel size and
+    dilation (same taps, output size and padding), has no pick yet (lut_algos reports none) and is
+    timed on its first call; its output is still exact."""
+    gen = torch.Generator().manual_seed(26)
+    lut16, lut32 = make_lut(gen, "int16"), make_lut(gen, "wide")
+    a, w = make_codes(gen, (3000, 72), False), make_weights(gen, (24, 72), False)
+    ad, wd, l16, l32 = a.to(DEV), w.to(DEV), lut16.to(DEV), lut32.to(DEV)
+    ops.lut_linear(ad, wd, l16, "auto")
+    assert _reported_pick(ad, wd, l16) != ""
+    assert _reported_pick(ad, wd, l32) == ""  # keyed on the table format too
+    check_equal(ops.lut_linear(ad, wd, l32, "auto"), reference_lut_linear(a, w, lut32), "auto, int32 table")
+    assert _reported_pick(ad, wd, l32) != ""
+
+    # (5, 3) taps dilated (1, 2) and (3, 5) taps dilated (2, 1): both span 5 x 5, K = 2 * 15
+    a = make_codes(gen, (8, 2, 16, 16), True)
+    w53, w35 = make_weights(gen, (8, 2, 5, 3), True), make_weights(gen, (8, 2, 3, 5), True)
+    ad, w53d, w35d = a.to(DEV), w53.to(DEV), w35.to(DEV)
+    ops.lut_conv2d(ad, w53d, l16, [1, 1], [0, 0], [1, 2], 1, "auto")
+    assert _reported_pick(ad, w53d, l16, 1, 0, (1, 2)) != ""
+    assert _reported_pick(ad, w35d, l16, 1, 0, (2, 1)) == ""  # keyed on kernel size and dilation
+    check_equal(ops.lut_conv2d(ad, w35d, l16, [1, 1], [0, 0], [2, 1], 1, "auto"),
+                reference_lut_conv2d(a, w35, lut16, 1, 0, (2, 1)), "auto, (3, 5) dilated (2, 1)")
+    assert _reported_pick(ad, w35d, l16, 1, 0, (2, 1)) != ""
+
+
 def test_poison_reaches_output():
     if NO_CACHING:
         pytest.skip("caching allocator off: the poisoning trick does not apply")

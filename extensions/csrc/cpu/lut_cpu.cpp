@@ -14,6 +14,8 @@
 //             channels with vector loads into int32 accumulators held in registers; int16
 //             entries when every product fits. Rows go in cache-sized blocks and taps in chunks
 //             whose table slice stays in L2.
+// auto runs the one measured cheaper for the call (decide(), below); approx::lut_algos reports
+// decide()'s answer, so the reported pick is what runs.
 //
 // Vector code: lut_cpu_kernels.inc is compiled three times (AVX-512, AVX2, baseline) under
 // `#pragma GCC target`; the build needs no -march flag and the variant is picked at run time.
@@ -26,10 +28,15 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <compare>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -56,6 +63,7 @@ struct Problem {
   int64_t o_img, o_grp, o_pix, o_ch;  // out strides; pixel p = oh * Wo + ow
   int64_t Ng;             // output channels per group
   int64_t Np;             // Ng rounded up to a multiple of 8 (table row length)
+  bool conv;              // lut_conv2d (auto keeps its costs apart from lut_linear's)
 };
 
 // The hot loops, once per instruction set (see lut_cpu_kernels.inc).
@@ -154,15 +162,33 @@ WeightCols weight_cols(const at::Tensor& w, const Problem& p) {
   return wc;
 }
 
-// Whether every product the table would hold fits int16 (unsigned: so does its negation).
-bool products_fit_int16(const int32_t* lut, const WeightCols& wc) {
+// Per LUT column: whether some product in it falls outside int16 (unsigned: so does its negation).
+std::array<bool, 256> wide_columns(const int32_t* lut) {
+  int32_t bad[256] = {};
+  for (int a = 0; a < 256; ++a) {
+    const int32_t* row = lut + a * 256;
+    for (int c = 0; c < 256; ++c) bad[c] |= (row[c] < -32767) | (row[c] > 32767);
+  }
+  std::array<bool, 256> out;
+  for (int c = 0; c < 256; ++c) out[c] = bad[c] != 0;
+  return out;
+}
+
+// Whether every product the table of these weights would hold fits int16: the LUT columns the
+// weights use (and the padded channels' column, see weight_cols) are all narrow.
+bool fits_int16(const std::array<bool, 256>& wide, const at::Tensor& w, const Problem& p) {
+  const int8_t* wd = w.data_ptr<int8_t>();
   bool used[256] = {};
-  for (int32_t c : wc.col) used[c] = true;
-  const int32_t lo = -32767, hi = 32767;
-  for (int a = 0; a < 256; ++a)
-    for (int c = 0; c < 256; ++c)
-      if (used[c] && (lut[a * 256 + c] < lo || lut[a * 256 + c] > hi)) return false;
+  for (int64_t i = 0, n = w.numel(); i < n; ++i) used[p.is_unsigned ? std::abs(wd[i]) : wd[i] + 128] = true;
+  if (p.Np > p.Ng) used[p.is_unsigned ? 0 : 128] = true;
+  for (int c = 0; c < 256; ++c)
+    if (used[c] && wide[c]) return false;
   return true;
+}
+
+// The table format a build uses: from the LUT's bytes, always.
+bool products_fit_int16(const int32_t* lut, const at::Tensor& w, const Problem& p) {
+  return fits_int16(wide_columns(lut), w, p);
 }
 
 constexpr int64_t kTableBudget = 64ll << 20;   // auto: expanded only below this table size
@@ -231,8 +257,19 @@ void cache_insert(std::shared_ptr<TableEntry> e) {
   }
 }
 
+// CPU time of the calling thread: auto's trials run on it alone, so time the machine's other
+// work takes from it does not count (wall-clock trials on a busy 2-core machine picked a variant
+// 4x slower).
+double thread_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+// cpu_ns: the CPU time the build took, summed over its threads.
 std::shared_ptr<TableEntry> build_entry(const Problem& p, const at::Tensor& w, const int32_t* lut,
-                                        const WeightCols& wc, bool fit16, int64_t tbytes) {
+                                        const WeightCols& wc, bool fit16, int64_t tbytes,
+                                        double& cpu_ns) {
   auto e = std::make_shared<TableEntry>();
   e->w.assign(w.data_ptr<int8_t>(), w.data_ptr<int8_t>() + w.numel());
   e->lut.assign(lut, lut + 256 * 256);
@@ -244,10 +281,14 @@ std::shared_ptr<TableEntry> build_entry(const Problem& p, const at::Tensor& w, c
   const int32_t* col = wc.col.data();
   const uint32_t* neg = wc.neg.data();
   const uint32_t* keep = wc.keep.data();
+  std::atomic<int64_t> ns{0};
   at::parallel_for(0, p.G * p.K, 8, [&](int64_t s, int64_t t) {
+    const double t0 = thread_ns();
     if (fit16) { AR_DISPATCH(build16, static_cast<int16_t*>(T), lut, col, neg, keep, p, s, t) }
     else { AR_DISPATCH(build32, static_cast<int32_t*>(T), lut, col, neg, keep, p, s, t) }
+    ns += (int64_t)(thread_ns() - t0);
   });
+  cpu_ns = (double)ns.load();
   return e;
 }
 
@@ -255,48 +296,54 @@ int64_t table_bytes(const Problem& p, bool fit16) {
   return p.G * p.K * 256 * p.Np * (fit16 ? 2 : 4);
 }
 
-Algo auto_algo(const Problem& p, int64_t tbytes) {
-  // Building costs ~K*256*Np table writes per group; each row then saves ~K*Ng lookups at a few
-  // times the speed, so the build pays off after several hundred rows per group.
-  const int64_t rows_per_group = p.B * p.Ho * p.Wo;
-  return (tbytes <= kTableBudget && rows_per_group * p.Ng >= 512 * p.Np) ? Algo::Expanded
-                                                                         : Algo::Direct;
+// At least ~1M MACs per task: below that, waking a second thread costs more than it saves
+// (milliseconds when the other core is busy). grain = 0: the calling thread alone.
+int64_t grain_of(const Problem& p) {
+  return std::max<int64_t>(1, (1 << 20) / std::max<int64_t>(1, p.K * p.Np));
 }
 
-void run(Problem& p, const at::Tensor& w, const at::Tensor& lut_t, Algo algo) {
-  const int64_t rows = p.B * p.G * p.Ho * p.Wo;
-  if (rows == 0 || p.Ng == 0) return;
-  const int32_t* lut = lut_t.data_ptr<int32_t>();
-  // At least ~1M MACs per task: below that, waking a second thread costs more than it saves
-  // (milliseconds when the other core is busy).
-  const int64_t grain = std::max<int64_t>(1, (1 << 20) / std::max<int64_t>(1, p.K * p.Np));
+void direct_range(const Problem& p, const int32_t* lut, const WeightCols& wc, int64_t r0, int64_t r1,
+                  bool parallel = true) {
+  const int32_t* col = wc.col.data();
+  const uint32_t* neg = wc.neg.data();
+  const uint32_t* keep = wc.keep.data();
+  auto body = [&](int64_t s, int64_t t) { AR_DISPATCH(direct_rows, lut, col, neg, keep, p, s, t) };
+  if (parallel) at::parallel_for(r0, r1, grain_of(p), body);
+  else if (r0 < r1) body(r0, r1);
+}
 
+void expanded_range(const Problem& p, const TableEntry& e, int64_t r0, int64_t r1, bool parallel = true) {
+  const void* T = e.table.data_ptr();
+  auto body = [&](int64_t s, int64_t t) {
+    if (e.fit16) { AR_DISPATCH(exp16_rows, static_cast<const int16_t*>(T), p, s, t) }
+    else { AR_DISPATCH(exp32_rows, static_cast<const int32_t*>(T), p, s, t) }
+  };
+  if (parallel) at::parallel_for(r0, r1, grain_of(p), body);
+  else if (r0 < r1) body(r0, r1);
+}
+
+#include "lut_cpu_auto.inc"
+
+void run(Problem& p, const at::Tensor& w, const at::Tensor& lut_t, Algo algo) {
+  if (rows_of(p) == 0 || p.Ng == 0) return;
+  const int32_t* lut = lut_t.data_ptr<int32_t>();
   std::shared_ptr<TableEntry> entry;
-  if (algo != Algo::Direct) entry = cache_find(p, w, lut);
-  if (!entry) {
-    const WeightCols wc = weight_cols(w, p);
-    const bool fit16 = algo != Algo::Direct && products_fit_int16(lut, wc);
-    const int64_t tbytes = table_bytes(p, fit16);
-    if (algo == Algo::Auto) algo = auto_algo(p, tbytes);
-    if (algo == Algo::Direct) {
-      const int32_t* col = wc.col.data();
-      const uint32_t* neg = wc.neg.data();
-      const uint32_t* keep = wc.keep.data();
-      at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-        AR_DISPATCH(direct_rows, lut, col, neg, keep, p, r0, r1)
-      });
-      return;
-    }
-    TORCH_CHECK(tbytes <= 16 * kTableBudget, "approx CPU kernel: the expanded table would take ",
-                tbytes >> 20, " MiB; use algo='direct' for this layer");
-    entry = build_entry(p, w, lut, wc, fit16, tbytes);
-    cache_insert(entry);
+  if (algo == Algo::Auto) {
+    const Decision d = decide(p, w, lut, key_fits_int16(lut_t, w, p), /*note=*/true);
+    if (d.algo == Algo::Auto) return trial(p, w, lut_t);
+    algo = d.algo;
+    entry = d.entry;
+  } else if (algo == Algo::Expanded) {
+    entry = cache_find(p, w, lut);
   }
-  const void* T = entry->table.data_ptr();
-  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-    if (entry->fit16) { AR_DISPATCH(exp16_rows, static_cast<const int16_t*>(T), p, r0, r1) }
-    else { AR_DISPATCH(exp32_rows, static_cast<const int32_t*>(T), p, r0, r1) }
-  });
+  if (algo == Algo::Direct) {
+    direct_range(p, lut, weight_cols(w, p), 0, rows_of(p));
+    g_runs[0]++;
+    return;
+  }
+  if (!entry) entry = built_entry(p, w, lut, weight_cols(w, p));
+  expanded_range(p, *entry, 0, rows_of(p));
+  g_runs[1]++;
 }
 
 // Table rows and accumulator tiles are padded to whole 8-lane vectors.
@@ -364,11 +411,14 @@ at::Tensor lut_conv2d_cpu(const at::Tensor& a, const at::Tensor& w, const at::Te
   p.a_img = C * Hp * Wp; p.a_grp = Cg * Hp * Wp; p.a_oh = sh * Wp; p.a_ow = sw;
   p.Ng = N / groups; p.Np = round8(p.Ng);
   p.o_img = N * Ho * Wo; p.o_grp = p.Ng * Ho * Wo; p.o_pix = 1; p.o_ch = Ho * Wo;
+  p.conv = true;
   run(p, w, lut, algo);
   return out;
 }
 
-// See ops.cpp. The expanded table's size follows the format this LUT and these weights need.
+// See ops.cpp. The expanded table's size follows the format this LUT and these weights need;
+// auto's pick is decide()'s answer for these tensors now, i.e. the variant their next call runs
+// ("" while auto has not measured this call's key: its first call will).
 std::tuple<std::vector<std::string>, std::vector<int64_t>, std::vector<std::string>, std::string>
 lut_algos_cpu(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
               at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
@@ -378,20 +428,29 @@ lut_algos_cpu(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
     const auto s = approx_checks::check_conv(a, w, lut, stride, padding, dilation, groups,
                                              c10::DeviceType::CPU);
     p.B = s.B, p.G = s.groups, p.Ho = s.Ho, p.Wo = s.Wo, p.K = s.K, p.Ng = s.N / s.groups;
+    p.conv = true;
   } else {
     const auto s = approx_checks::check_linear(a, w, lut, c10::DeviceType::CPU);
     p.B = 1, p.G = 1, p.Ho = s.M, p.Wo = 1, p.K = s.K, p.Ng = s.N;
   }
   p.Np = round8(p.Ng);
   p.is_unsigned = a.scalar_type() == at::kByte;
-  const int64_t tbytes =
-      table_bytes(p, products_fit_int16(lut.data_ptr<int32_t>(), weight_cols(w, p)));
+  const int32_t* lut_d = lut.data_ptr<int32_t>();
+  const int64_t tbytes = table_bytes(p, products_fit_int16(lut_d, w, p));
   const bool fits = tbytes <= 16 * kTableBudget;
+  std::string pick;
+  if (rows_of(p) > 0 && p.Ng > 0 && p.K > 0) {
+    const Algo d = decide(p, w, lut_d, key_fits_int16(lut, w, p), /*note=*/false).algo;
+    pick = d == Algo::Auto ? "" : kAlgoNames[d == Algo::Expanded ? 1 : 0];
+  }
   return {{kAlgoNames[0], kAlgoNames[1]},
           {0, fits ? tbytes : -1},
           {"", fits ? "" : "would need an expanded table of " + std::to_string(tbytes >> 20) + " MiB"},
-          kAlgoNames[auto_algo(p, tbytes) == Algo::Expanded ? 1 : 0]};
+          pick};
 }
+
+// See ops.cpp: calls in which each variant computed output rows, in lut_algos' order.
+std::vector<int64_t> lut_runs_cpu(const at::Tensor&) { return {g_runs[0].load(), g_runs[1].load()}; }
 
 }  // namespace
 
@@ -399,4 +458,5 @@ TORCH_LIBRARY_IMPL(approx, CPU, m) {
   m.impl("lut_linear", &lut_linear_cpu);
   m.impl("lut_conv2d", &lut_conv2d_cpu);
   m.impl("lut_algos", &lut_algos_cpu);
+  m.impl("lut_runs", &lut_runs_cpu);
 }

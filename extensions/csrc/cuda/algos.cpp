@@ -121,7 +121,17 @@ int64_t workspace_bytes(const Algo& a, const Params& p) {
   return prep_bytes(p) + (a.table ? table_bytes(p) + pairs_bytes(p) : 0);
 }
 
-std::vector<Choice> auto_candidates(const Params& p, const ConvGeo& cg, int fmt, bool table) {
+AutoInputs auto_inputs(const Params& p, const ConvGeo& cg, int fmt) {
+  int dev = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  return AutoInputs{p, cg, fmt, table_bytes(p) <= kTableBudget, dev};
+}
+
+std::vector<Choice> auto_candidates(const AutoInputs& in) {
+  const Params& p = in.p;
+  const ConvGeo& cg = in.cg;
+  const int fmt = in.fmt;
+  const bool table = in.table;
   std::vector<Choice> out;
   const auto& t = algos();
   for (size_t i = 0; i < t.size(); ++i) {

@@ -37,14 +37,27 @@ Choice resolve(Choice c, const Params& p, const ConvGeo& cg, const char* op);
 std::string why_not(const Algo& a, const Params& p, const ConvGeo& cg);  // incl. the table budget
 // Device memory the prepared tables of a call with this variant take (what prepare() allocates).
 int64_t workspace_bytes(const Algo& a, const Params& p);
+// Everything auto's candidate list and their timings depend on: the call's shape and geometry
+// (Params without its pointers, ConvGeo), the table format, whether the table fits its budget and
+// the device (its SM count and shared memory size the candidates). auto_candidates() reads nothing
+// else, and the pick cache keys on all of it (pick_key), so the two cannot drift apart.
+struct AutoInputs {
+  const Params& p;
+  const ConvGeo& cg;
+  int fmt;     // Prepared::fmt: 0 unknown (read on the device), 1 int16, 2 int32
+  bool table;  // T fits kTableBudget
+  int device;
+};
+AutoInputs auto_inputs(const Params& p, const ConvGeo& cg, int fmt);  // table and device filled in
 // auto's candidates, most promising first (the pick inside a graph capture, where nothing is timed).
-std::vector<Choice> auto_candidates(const Params& p, const ConvGeo& cg, int fmt, bool table);
+std::vector<Choice> auto_candidates(const AutoInputs& in);
 // Runs one concrete choice on prepared tables.
 void run_choice(const Choice& c, Params p, const Prepared& pr, const ConvGeo& cg, cudaStream_t s);
 
-// autotune.cpp: auto's pick per call shape (timed once, cached).
-Choice auto_pick(const std::vector<Choice>& cands, const Params& p, const Prepared& pr,
-                 const ConvGeo& cg, cudaStream_t stream);
-bool cached_pick(const Params& p, Choice& out);  // auto's pick for this shape, if made already
+// autotune.cpp: auto's pick per AutoInputs (timed once, cached).
+using PickKey = std::vector<long long>;
+PickKey pick_key(const AutoInputs& in);  // every field of AutoInputs but Params' pointers
+Choice auto_pick(const AutoInputs& in, const Prepared& pr, cudaStream_t stream);
+bool cached_pick(const AutoInputs& in, Choice& out);  // auto's pick for these inputs, if made already
 
 }  // namespace approx_cuda

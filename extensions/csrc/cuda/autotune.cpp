@@ -1,39 +1,55 @@
-// auto: a timed trial of the candidates on the first call of each shape, the pick cached per shape.
-#include <array>
+// auto: a timed trial of the candidates on the first call of each AutoInputs (shape, geometry,
+// table format, device), the pick cached per AutoInputs.
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "algos.h"
 
 namespace approx_cuda {
-namespace {
 
-using ShapeKey = std::array<long long, 16>;
+// The key lists every field of Params but its pointers (the tables and the call's tensors), every
+// field of ConvGeo, and the rest of AutoInputs. A field added to either struct changes its size
+// and stops the build here until the key takes it in too.
+static_assert(sizeof(ConvGeo) == 16, "ConvGeo changed: add its new fields to pick_key, then update this size");
+static_assert(sizeof(WindowGeo) == 40, "WindowGeo changed: add its new fields to pick_key, then update this size");
+static_assert(sizeof(Params) == 248, "Params changed: add its new fields to pick_key, then update this size");
 
-ShapeKey shape_key(const Params& p) {
-  int dev = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&dev));
-  return ShapeKey{p.conv, dev, (long long)p.xmask, p.M, p.K, p.N, p.G, p.C, p.H, p.W, p.Wo,
-                  p.HoWo, p.sh, p.sw, p.ph, p.pw};
+PickKey pick_key(const AutoInputs& in) {
+  const Params& p = in.p;
+  const ConvGeo& cg = in.cg;
+  const WindowGeo& w = p.win;
+  return PickKey{in.device, in.fmt, in.table,
+                 // Params: the call (pointers left out), conv geometry, staging, per variant
+                 p.M, p.HoWo, p.K, p.N, p.G, p.NG, p.NGB, p.Kpad, p.Ntot, p.xmask, p.conv, p.vec,
+                 p.vec4, p.C, p.H, p.W, p.Cg, p.Wo, p.sh, p.sw, p.ph, p.pw, p.fHoWo.d, p.fHoWo.mul,
+                 p.fHoWo.shift, p.fWo.d, p.fWo.mul, p.fWo.shift, p.stage, p.stage_bytes, w.B,
+                 w.tasks, w.Ho, w.kh, w.Hp, w.Wp, w.seg, w.imgs, p.rows_mb,
+                 // ConvGeo
+                 cg.kh, cg.kw, cg.dh, cg.dw};
 }
 
+namespace {
+
 std::mutex g_auto_mu;
-std::map<ShapeKey, Choice> g_auto_cache;
+std::map<PickKey, Choice> g_auto_cache;
 
 }  // namespace
 
-bool cached_pick(const Params& p, Choice& out) {
+bool cached_pick(const AutoInputs& in, Choice& out) {
   std::lock_guard<std::mutex> lock(g_auto_mu);
-  auto it = g_auto_cache.find(shape_key(p));
+  auto it = g_auto_cache.find(pick_key(in));
   if (it == g_auto_cache.end()) return false;
   out = it->second;
   return true;
 }
 
-Choice auto_pick(const std::vector<Choice>& cands, const Params& p, const Prepared& pr,
-                 const ConvGeo& cg, cudaStream_t stream) {
+Choice auto_pick(const AutoInputs& in, const Prepared& pr, cudaStream_t stream) {
+  const Params& p = in.p;
+  const ConvGeo& cg = in.cg;
   Choice best;
-  if (cached_pick(p, best)) return best;
+  if (cached_pick(in, best)) return best;
+  const std::vector<Choice> cands = auto_candidates(in);
   if (cands.size() == 1 || capturing())
     // No timing inside a graph capture: the table pays off once rows outnumber codes by far.
     return (cands.size() > 1 && p.M >= 4096) ? cands[1] : cands[0];
@@ -64,7 +80,7 @@ Choice auto_pick(const std::vector<Choice>& cands, const Params& p, const Prepar
   }
   for (auto& e : ev) C10_CUDA_CHECK(cudaEventDestroy(e));
   std::lock_guard<std::mutex> lock(g_auto_mu);
-  g_auto_cache[shape_key(p)] = best;
+  g_auto_cache[pick_key(in)] = best;
   return best;
 }
 

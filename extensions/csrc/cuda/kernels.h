@@ -48,6 +48,11 @@ std::shared_ptr<Prepared> prepare(const Params& geo, const at::Tensor& lut, cons
 bool cache_enabled();
 bool capturing();  // a CUDA graph capture is under way on the current stream
 bool weights_changing(const at::Tensor& w);
+// The format (Prepared::fmt) of the cached prepared tables of (w, lut) for these shapes; -1 if none
+// are cached. Builds nothing.
+int cached_format(const Params& p, const at::Tensor& w, const at::Tensor& lut, const ConvGeo& cg);
+// The format prepared tables of this LUT get (1 int16, 2 int32), computed on the host like prep.
+int lut_format(const at::Tensor& lut, bool is_unsigned);
 // The prepared tables for this call: cached, or built now (and cached where allowed).
 std::shared_ptr<Prepared> get_prepared(const Params& p, const at::Tensor& w, const at::Tensor& lut,
                                        const ConvGeo& cg, bool need_table, cudaStream_t stream,

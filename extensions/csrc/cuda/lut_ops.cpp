@@ -87,8 +87,7 @@ void run(Choice choice, const Params& p, const at::Tensor& w, const at::Tensor& 
   const bool changing = cache_enabled() && weights_changing(w);
   if (choice.algo == kAuto && changing && p.M * p.N < 512LL * p.NG * 8) {
     // Training: this table would serve this call only. Building costs ~K*256*Np writes per group,
-    // each row saves ~K*N lookups, so below ~512 rows per group direct lookups are cheaper (the CPU
-    // backend's rule, runner/ops.py documents both).
+    // each row saves ~K*N lookups, so below ~512 rows per group direct lookups are cheaper.
     choice = parse_choice("direct", op);
   }
   if (choice.algo != kAuto) {
@@ -99,8 +98,7 @@ void run(Choice choice, const Params& p, const at::Tensor& w, const at::Tensor& 
   }
   const bool table = table_bytes(p) <= kTableBudget;
   const auto pr = get_prepared(p, w, lut, cg, table, stream, changing);
-  run_choice(auto_pick(auto_candidates(p, cg, pr->fmt, table), p, *pr, cg, stream), p, *pr, cg,
-             stream);
+  run_choice(auto_pick(auto_inputs(p, cg, pr->fmt), *pr, stream), p, *pr, cg, stream);
 }
 
 at::Tensor lut_linear_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
@@ -157,8 +155,14 @@ lut_algos_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
     notes.push_back(why);
     bytes.push_back(why.empty() ? workspace_bytes(al, p) : -1);
   }
+  // auto's pick is cached per table format too: the format the prepared tables of (w, lut) have
+  // (cached_format), else the one the LUT gives (lut_format), else 0, that of tables built uncached
+  // (weights changing in place, graph captures).
   Choice pick;
-  return {names, bytes, notes, cached_pick(p, pick) ? choice_name(pick) : std::string()};
+  bool found = false;
+  for (int fmt : {cached_format(p, w, lut, cg), lut_format(lut, p.xmask == 0), 0})
+    if (fmt >= 0 && !found) found = cached_pick(auto_inputs(p, cg, fmt), pick);
+  return {names, bytes, notes, found ? choice_name(pick) : std::string()};
 }
 
 }  // namespace

@@ -96,6 +96,30 @@ bool weights_changing(const at::Tensor& w) {
   return changed;
 }
 
+int cached_format(const Params& p, const at::Tensor& w, const at::Tensor& lut, const ConvGeo& cg) {
+  const CacheKey key = cache_key(p, cg, w, lut);
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  for (const CacheEntry& e : g_cache)
+    if (e.key == key && !e.w_st.expired() && !e.lut_st.expired()) return e.prep->fmt;
+  return -1;
+}
+
+int lut_format(const at::Tensor& lut, bool is_unsigned) {
+  const at::Tensor h = lut.to(at::kCPU).contiguous();
+  const int32_t* t = h.data_ptr<int32_t>();
+  for (int r = 0; r < 256; ++r)
+    for (int wi = 0; wi < 256; ++wi) {  // E[r][wi] as prep_kernel (tables.cu) computes it
+      const int wv = wi - 128;
+      uint32_t v = static_cast<uint32_t>(t[r * 256 + wi]);
+      if (is_unsigned)
+        v = wv > 0 ? static_cast<uint32_t>(t[r * 256 + wv])
+                   : wv < 0 ? 0u - static_cast<uint32_t>(t[r * 256 - wv]) : 0u;
+      const int sv = static_cast<int>(v);
+      if (sv < -32768 || sv > 32767) return 2;
+    }
+  return 1;
+}
+
 // The prepared tables for this call: cached, or built now (and cached where allowed).
 std::shared_ptr<Prepared> get_prepared(const Params& p, const at::Tensor& w, const at::Tensor& lut,
                                        const ConvGeo& cg, bool need_table, cudaStream_t stream,

@@ -1,0 +1,102 @@
+"""CPU `auto`: what approx::lut_algos reports is what the next call runs (counted by
+approx::lut_runs), costs are kept per key (shape, batch bucket, table format, threads), and the
+choice never changes a number."""
+import pytest
+import torch
+
+from runner import ops
+
+from .conftest import BACKENDS, codes, random_lut, weights
+
+pytestmark = pytest.mark.skipif(not any(b == "cpp" for b, _ in BACKENDS), reason="runner._C not built")
+
+# LeNet-5's layers as the ops see them (runner.bench.LENET5_LAYERS), with a conv and a linear
+# shape no other test uses, so that their first call here is auto's timed trial.
+LAYERS = {
+    "conv1": ((1, 28, 28), (6, 1, 5, 5)),
+    "conv2": ((6, 12, 12), (16, 6, 5, 5)),
+    "fc1": ((256,), (120, 256)),
+    "fc2": ((120,), (84, 120)),
+    "fc3": ((84,), (10, 84)),
+    "conv_fresh": ((1, 28, 28), (7, 1, 5, 5)),
+    "fc_fresh": ((96,), (13, 96)),
+}
+
+
+def call(a, w, lut, algo="auto"):
+    if a.dim() == 4:
+        return ops.lut_conv2d(a, w, lut, backend="cpp", algo=algo)
+    return ops.lut_linear(a, w, lut, backend="cpp", algo=algo)
+
+
+def pick(a, w, lut):
+    """auto's pick as the kernels report it ("" while not measured)."""
+    return next((r["auto_pick_name"] for r in ops.algo_table(a, w, lut, backend="cpp") if r["auto_pick"]), "")
+
+
+def runs():
+    return torch.ops.approx.lut_runs(torch.zeros(1))
+
+
+def ran(a, w, lut):
+    """Runs auto once; returns (its output, the variants that computed rows, by the kernels' count)."""
+    before = runs()
+    out = call(a, w, lut)
+    after = runs()
+    return out, {n for n, x, y in zip(ops.backend_algos("cpp"), before, after) if y > x}
+
+
+@pytest.mark.parametrize("batch", [1, 256, 600])
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_auto_runs_what_lut_algos_reports(layer, batch):
+    """Over new weights (uncached, unseen), the same weights again (seen, then cached) and other
+    weights: before every call, lut_algos names the one variant that call runs; "" only before the
+    key's first call, which times both. Every output equals direct's."""
+    gen = torch.Generator().manual_seed(batch)
+    a_shape, w_shape = LAYERS[layer]
+    lut = random_lut(gen, -(2**15) + 1, 2**15)
+    a = codes(gen, (batch, *a_shape), False)
+    w1, w2 = weights(gen, w_shape), weights(gen, w_shape)
+    for w in (w1, w1, w1, w2, w2, w2):
+        said = pick(a, w, lut)
+        out, variants = ran(a, w, lut)
+        assert variants == ({said} if said else {"direct", "expanded"}), (said, variants)
+        assert pick(a, w, lut) != ""
+        assert torch.equal(out, call(a, w, lut, "direct"))
+
+
+@pytest.mark.parametrize("signed", [True, False])
+@pytest.mark.parametrize("lut_range", [2**15 - 1, 2**24], ids=["int16", "int32"])
+def test_trial_splits_rows_between_variants_bit_identically(signed, lut_range):
+    """A first call large enough to time slices of its own rows (then the faster variant computes the
+    rest) gives exactly the reference's sums: which variant computed which rows cannot show."""
+    gen = torch.Generator().manual_seed(lut_range + signed)
+    lut = random_lut(gen, -lut_range, lut_range + 1)
+    n = 3 if signed else 5  # a shape of its own per case: its first call is the trial
+    a, w = codes(gen, (280, 1, 28, 28), signed), weights(gen, (n + (lut_range > 2**15), 1, 5, 5))
+    assert pick(a, w, lut) == ""
+    out, variants = ran(a, w, lut)
+    assert variants == {"direct", "expanded"}
+    assert torch.equal(out, ops.reference_lut_conv2d(a, w, lut))
+    assert pick(a, w, lut) in {"direct", "expanded"}
+
+
+def test_costs_are_kept_per_batch_bucket_table_format_and_threads():
+    """A measured key does not answer for another batch bucket, table format (int16 or int32
+    products) or thread count: each is measured anew on its first call."""
+    gen = torch.Generator().manual_seed(7)
+    lut16, lut32 = random_lut(gen, -1000, 1000), random_lut(gen, -(2**20), 2**20)
+    w = weights(gen, (11, 72))
+    a = codes(gen, (40, 72), True)
+    call(a, w, lut16)
+    assert pick(a, w, lut16) != ""
+    assert pick(a[:33], w, lut16) == pick(a, w, lut16)  # same bucket: 32..63 rows
+    assert pick(a[:31], w, lut16) == ""  # 16..31 rows: not measured yet
+    assert pick(a, w, lut32) == ""  # int32 table
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1 if threads > 1 else 2)
+    try:
+        assert pick(a, w, lut16) == ""
+    finally:
+        torch.set_num_threads(threads)
+    assert pick(a, w, lut16) != ""

@@ -165,8 +165,9 @@ class _Quantized(nn.Module):
             return
         # A training step on a GPU skips this check's host wait (one per layer and step): a non-finite weight
         # makes the layer's output non-finite, which the next layer's input flag and the loss report without
-        # waiting. Inference after any change (load, the last step) still checks here.
-        if not (self.weight.is_cuda and torch.is_grad_enabled()):
+        # waiting. Inference after any change (load, the last step) still checks here. Train mode, not grad
+        # mode, tells them apart: this method runs under no_grad.
+        if not (self.weight.is_cuda and self.training):
             check_finite(self.layer_name, "the weight", self.weight.detach())
         self.weight_scale.copy_(weight_scale(self.weight, self.granularity))
         self._requantized()

@@ -93,16 +93,18 @@ def test_crop_flip_is_a_shifted_mirrored_crop():
         assert any(torch.equal(out[i], w) or torch.equal(out[i], w.flip(-1)) for w in windows)
 
 
+@pytest.mark.slow  # three CLI runs: about a minute alone on 2 cores, minutes on a busy machine
 @pytest.mark.skipif(not has_cpp(), reason="needs the C++ extension")
 def test_cifar10_train_compare_sweep_end_to_end(tmp_path):
     write_cifar10(tmp_path / "data")
     common = ["data=cifar10", f"data.root={tmp_path / 'data'}", "model=resnet8", "train.epochs=1",
-              "quant.calib_batches=1", f"paths.results={tmp_path}/r", f"paths.checkpoints={tmp_path}/c"]
+              f"paths.results={tmp_path}/r", f"paths.checkpoints={tmp_path}/c"]
     out = run_cli("train", *common)
     assert out.returncode == 0, out.stderr
-    out = run_cli("compare", "multiplier=exact", "eval.repeats=1", "eval.warmup=0", *common)
+    fast = ["eval.repeats=1", "eval.warmup=0", "quant.calib_batches=1", *common]
+    out = run_cli("compare", "multiplier=exact", *fast)
     assert out.returncode == 0, out.stderr
-    out = run_cli("sweep", "sweep.multipliers=[mul8s_1L2J,mul8s_1KV8]", "eval.repeats=1", "eval.warmup=0", *common)
+    out = run_cli("sweep", "sweep.multipliers=[mul8s_1L2J,mul8s_1KV8]", *fast)
     assert out.returncode == 0, out.stderr
     rows = pd.read_csv(tmp_path / "r" / "results.csv")
     ok = rows[rows.status == "ok"]

@@ -147,3 +147,14 @@ def test_per_layer_multipliers_take_dotted_layer_names():
     per_layer = resolve_per_layer(cfg.multiplier, names)
     assert per_layer["layer1.0.conv1"].name == "mul8s_1L2J" and per_layer["layer3.0.shortcut.0"].name == "mul8s_1KV8"
     assert per_layer["conv1"].name.startswith("exact")
+
+
+def test_accumulator_check_names_the_layer_by_its_path():
+    """A table whose products could overflow int32 over a layer's K is refused naming that layer's path."""
+    from runner.multipliers.core import Multiplier
+
+    model = _model("resnet8", "mnist5k")
+    wide = Multiplier("wide", True, torch.full((256, 256), 1 << 24, dtype=torch.int32))  # K=144 overflows
+    with pytest.raises(UserError, match=r"layer layer1\.0\.conv1: sums K=144"):
+        approximate(model, {"conv1": "exact", "layer1.0.conv1": wide}, torch.rand(8, 1, 28, 28),
+                    QuantConfig(calib_batches=1, calib_batch_size=8), backend="python")

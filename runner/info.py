@@ -26,6 +26,7 @@ def data_sources() -> dict[str, str]:
     out["mnist"] = "IDX files from data.root (default data/mnist); data.download=true needs network"
     fm = Path("/usr/share/datasets/fashion-mnist")
     out["fashion_mnist"] = f"{fm} ({'found' if fm.exists() else 'not installed: apt-get install dataset-fashion-mnist'})"
+    out["cifar10"] = "binary version (data_batch_1.bin ... test_batch.bin) from data.root; nothing is downloaded"
     return out
 
 

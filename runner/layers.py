@@ -7,6 +7,7 @@ Both take their scales from runner.quant, so they differ only in the multiply.""
 from __future__ import annotations
 
 import copy
+import fnmatch
 import math
 
 import torch
@@ -368,14 +369,25 @@ def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
 
 
 def select_layers(model: nn.Module, layers) -> list[str]:
-    """The Conv2d/Linear layer names to convert: all when `layers` is None/"all"/empty, else those named."""
+    """The Conv2d/Linear layer names to convert: all when `layers` is None/"all"/empty, else those named. A name
+    is a module path (layer1.0.conv1) or a glob over them ('layer3.*', '*.shortcut.*'); each glob's matches come
+    in the model's order, and a layer named twice is converted once."""
     available = list(quant_layers(model))
     if not layers or layers == "all":
         return available
-    unknown = [n for n in layers if n not in available]
+    if isinstance(layers, str):
+        layers = [layers]
+    chosen, unknown = [], []
+    for pattern in map(str, layers):
+        found = [pattern] if pattern in available else \
+            [n for n in available if any(c in pattern for c in "*?[") and fnmatch.fnmatchcase(n, pattern)]
+        if not found:
+            unknown.append(pattern)
+        chosen += [n for n in found if n not in chosen]
     if unknown:
-        raise UserError(f"layer(s) {unknown} are not Conv2d/Linear layers of the model; choose from {available}.")
-    return list(layers)
+        raise UserError(f"layer(s) {unknown} are not Conv2d/Linear layers of the model (nor globs matching one); "
+                        f"choose from {available}.")
+    return chosen
 
 
 def _per_layer(multipliers, names: list[str]) -> dict:
@@ -427,14 +439,34 @@ def convert_model(model: nn.Module, multipliers, qcfg: QuantConfig, stats: dict[
 def quantized_models(model: nn.Module, multipliers, qcfg: QuantConfig, calib_x: torch.Tensor,
                      backend: str = "python", algo: str = "auto", layers=None, seed: int = 0,
                      device="cpu") -> tuple[nn.Module, nn.Module, dict[str, ActStats]]:
-    """(fakequant model, approx model, calibration stats) from a trained fp32 model: normalisation folded
-    into conv1, inputs calibrated on calib_x, then both conversions from the same statistics."""
-    folded = fold_input_normalization(model) if hasattr(model, "normalize") else copy.deepcopy(model)
+    """(fakequant model, approx model, calibration stats) from a trained fp32 model: BatchNorm and the input
+    normalisation folded into the convs before them (runner.models.fold_input_normalization), inputs
+    calibrated on calib_x, then both conversions from the same statistics."""
+    folded = fold_input_normalization(model, calib_x[:1])
     stats = calibrate(folded, calib_x, qcfg, device=device, seed=seed)
     folded = folded.cpu()
     fq = convert_model(folded, multipliers, qcfg, stats, fake=True, layers=layers)
     approx = convert_model(folded, multipliers, qcfg, stats, backend=backend, algo=algo, layers=layers)
     return fq, approx, stats
+
+
+def approximate(model: nn.Module, multiplier, calib_x: torch.Tensor, quant: QuantConfig | None = None,
+                backend: str = "cpp", layers=None, seed: int = 0) -> tuple[nn.Module, nn.Module]:
+    """The Python API for any trained nn.Module (docs/models.md): (fake-quant int8 model, model whose chosen
+    Conv2d/Linear layers multiply through the table), both in eval mode on the CPU. multiplier: a name or spec
+    as `multiplier=` takes it (mul8s_1L2J, exact, a table file) or a Multiplier, or {layer: one of those};
+    layers: names and globs as model.approx_layers (None: all); calib_x: training inputs for the scales."""
+    from runner.multipliers import resolve
+
+    def one(spec):
+        return spec if hasattr(spec, "lut") else resolve(spec)
+
+    multipliers = {n: one(m) for n, m in multiplier.items()} if isinstance(multiplier, dict) else one(multiplier)
+    if isinstance(multipliers, dict) and layers is None:
+        layers = list(multipliers)
+    fq, approx, _ = quantized_models(model.cpu().eval(), multipliers, quant or QuantConfig(), calib_x,
+                                     backend=backend, layers=layers, seed=seed)
+    return fq, approx
 
 
 def quantized_layers(model: nn.Module) -> dict[str, _Quantized]:

@@ -9,7 +9,12 @@
    most energy per point of loss the sensitivity table predicts (losses assumed to add up; moves it
    predicts within budget first) is tried, and kept only when a real evaluation of the whole assignment
    stays within search.max_loss points of fake-quant; a move that fails is not tried again. Ends when
-   no move is left (or after search.max_evals evaluations).
+   no move is left (or after search.max_evals evaluations). Each (layer, multiplier) move is tried at most
+   once and each layer only moves to cheaper multipliers, so the evaluations grow linearly with the layers
+   (layers x candidates for the table, at most as many again for the descent), not combinatorially.
+   search.max_distinct=k (ALWANN's accelerator constraint: k multiplier circuits on the chip) allows only
+   assignments that use at most k different tables, the exact one counting while a layer keeps it; the
+   uniform assignments (one table everywhere) then compete with the descent's result.
 4. The chosen assignment runs once on the test set as an ordinary compare run (its rows go to the
    results file; search.finetune_epochs > 0 also retrains it), and is printed as an override.
 
@@ -27,6 +32,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from runner.errors import UserError
+from runner.multipliers.registry import canonical_name
 
 KEY = "search.multipliers"
 
@@ -83,13 +89,24 @@ def _energy(assign: dict, macs: dict) -> float | None:
 
 
 def _label(assign: dict) -> str:
-    from runner.multipliers.registry import canonical_name
-
     return ";".join(f"{n}={canonical_name(m)}" for n, m in assign.items())
 
 
+def evaluate_uniform(ev: Evaluator, candidates: list, layers: list[str], macs: dict, log: list) -> None:
+    """Each candidate alone in every searched layer: the uniform rows of the Pareto plot."""
+    for m in candidates:
+        uniform = {n: m for n in layers}
+        log.append({"kind": "uniform", "assignment": canonical_name(m), "val_accuracy": ev.accuracy(uniform),
+                    "mult_energy_rel": _energy(uniform, macs)})
+
+
+def distinct(assign: dict) -> int:
+    """How many different tables an assignment uses (by content: two names of one table are one circuit)."""
+    return len({m.sha256 for m in assign.values()})
+
+
 def greedy(ev: Evaluator, candidates: list, layers: list[str], macs: dict, max_loss: float, max_evals: int,
-           log: list) -> dict:
+           log: list, max_distinct: int | None = None) -> dict:
     """The lowest-energy verified assignment found (see the module docstring); log gets every evaluation."""
     from runner.energy import power_mw
 
@@ -107,6 +124,7 @@ def greedy(ev: Evaluator, candidates: list, layers: list[str], macs: dict, max_l
     current = {layer: ev.exact for layer in layers}
     current_power = {layer: power_mw(ev.exact) for layer in layers}
     rejected: set = set()
+    everywhere_exact = {n: ev.exact for n in ev.layers}
     best = dict(current)
     log.append({"kind": "candidate", "assignment": _label(current), "val_accuracy": ev.fakequant_accuracy,
                 "mult_energy_rel": _energy(current, macs), "accepted": True})  # the start: exact everywhere
@@ -117,6 +135,9 @@ def greedy(ev: Evaluator, candidates: list, layers: list[str], macs: dict, max_l
             for m in candidates:
                 saving = macs[layer] * (current_power[layer] - power[m.name])
                 if saving <= 0 or (layer, m.name) in rejected:
+                    continue
+                # the layers outside the search keep the exact table, which then counts too
+                if max_distinct is not None and distinct({**everywhere_exact, **current, layer: m}) > max_distinct:
                     continue
                 extra = single[layer, m.name] - single.get((layer, current[layer].name), 0.0)
                 # moves the table predicts within budget first, each by energy saved per point lost
@@ -134,6 +155,24 @@ def greedy(ev: Evaluator, candidates: list, layers: list[str], macs: dict, max_l
             best = dict(current)
         else:
             rejected.add((layer, m.name))
+    return best
+
+
+def cheapest_within(chosen: dict, candidates: list, layers: list[str], macs: dict, log: list, fq_acc: float,
+                    max_loss: float) -> dict:
+    """The descent's choice, or a uniform assignment the log verified within budget if that costs less energy
+    (under a max_distinct limit the descent from exact may not reach one: with k=1 it cannot move)."""
+    best, best_energy = chosen, _energy(chosen, macs)
+    for m in candidates:
+        row = next((r for r in log if r["kind"] == "uniform" and r["assignment"] == m.name), None)
+        if row is None or 100 * (fq_acc - row["val_accuracy"]) > max_loss:
+            continue
+        if row["mult_energy_rel"] < best_energy:
+            best, best_energy = {n: m for n in layers}, row["mult_energy_rel"]
+    if best is not chosen:  # the table marks the uniform row's assignment written per layer as chosen too
+        log.append({"kind": "candidate", "assignment": _label(best), "val_accuracy": next(
+            r["val_accuracy"] for r in log if r["kind"] == "uniform" and r["assignment"] == best[layers[0]].name),
+            "mult_energy_rel": best_energy, "accepted": True})
     return best
 
 
@@ -217,6 +256,10 @@ def check(cfg: DictConfig) -> None:
         raise UserError(f"search.max_loss={s.max_loss}: the accuracy budget is in points below fake-quant, >= 0.")
     if int(s.max_evals) < 1 or int(s.finetune_epochs) < 0:
         raise UserError("search.max_evals must be >= 1 and search.finetune_epochs >= 0.")
+    k = s.get("max_distinct")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise UserError(f"search.max_distinct={k}: the number of different multipliers allowed in the network, "
+                        "an integer >= 1 (or null: no limit).")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,7 +267,6 @@ def main(argv: list[str] | None = None) -> int:
     from runner.console import console
     from runner.energy import layer_macs, power_mw
     from runner.multipliers import resolve
-    from runner.multipliers.registry import canonical_name
     from runner.store import write_csv
     from runner.sensitivity import compose_command, layer_names, make_run_dir, multiplier_node
 
@@ -250,11 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     macs = layer_macs(ev.folded, tuple(ev.x.shape[1:]))
     max_loss = float(cfg.search.max_loss)
     log: list[dict] = []
-    for m in candidates:
-        uniform = {n: m for n in layers}
-        log.append({"kind": "uniform", "assignment": canonical_name(m), "val_accuracy": ev.accuracy(uniform),
-                    "mult_energy_rel": _energy(uniform, macs)})
-    chosen = greedy(ev, candidates, layers, macs, max_loss, int(cfg.search.max_evals), log)
+    evaluate_uniform(ev, candidates, layers, macs, log)
+    max_distinct = cfg.search.get("max_distinct")
+    chosen = greedy(ev, candidates, layers, macs, max_loss, int(cfg.search.max_evals), log, max_distinct)
+    if max_distinct is not None:
+        chosen = cheapest_within(chosen, candidates, layers, macs, log, ev.fakequant_accuracy, max_loss)
     label = _label(chosen)
     table = pd.DataFrame(log)
     table["val_loss_pts"] = (100 * (ev.fakequant_accuracy - table["val_accuracy"])).round(9)  # no float noise

@@ -61,12 +61,13 @@ class Session:
         return result
 
     def calibration(self, model: nn.Module, ckpt: Path, calib_x: torch.Tensor, qcfg, seed: int):
-        """(model with normalisation folded into conv1, on CPU; calibration statistics of every layer)."""
+        """(model with BatchNorm and the input normalisation folded into the convs (fold_input_normalization), on
+        CPU; calibration statistics of every layer)."""
         from runner.quant import calibrate
 
         key = (str(ckpt), cache_key(qcfg.as_dict()), seed, id(model), id(calib_x))
         if key not in self._calibrations:
-            folded = fold_input_normalization(model) if hasattr(model, "normalize") else model
+            folded = fold_input_normalization(model, calib_x[:1])
             stats = calibrate(folded, calib_x, qcfg, seed=seed)
             # the inputs stay referenced with their result, so their ids cannot be reused by other objects
             self._calibrations[key] = (folded.cpu(), stats, model, calib_x)

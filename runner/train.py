@@ -18,16 +18,18 @@ from torch import nn
 from runner.console import console, progress_bar
 from runner.data import Dataset, data_digest, load_dataset
 from runner.errors import UserError, config_number
-from runner.models import build_model
+from runner.models import ZOO, build_model
 from runner.provenance import atomic_write_bytes, git_info, resolve_device
 from runner.store import locked, write_csv
 
 # train.* keys that do not change the weights
 _NON_WEIGHT_KEYS = ("force", "eval_batch_size")
 # data.* keys that only say where files are, not what they contain
-_NON_DATA_KEYS = ("root", "download")
+_NON_DATA_KEYS = ("root", "download", "in_channels", "image_size", "num_classes", "zoo_train_epochs")
 # model.* keys that choose what to convert later, not what to train
 _NON_MODEL_KEYS = ("approx_layers", "other_layers")
+# model.* keys that the data set determines (its name is in the key)
+_DATA_SHAPE_KEYS = ("in_channels", "image_size")
 
 
 def weight_config(cfg: DictConfig) -> dict:
@@ -36,7 +38,10 @@ def weight_config(cfg: DictConfig) -> dict:
     data = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k not in _NON_DATA_KEYS}
     data["sha256"] = data_digest(cfg.data)
     train = {k: v for k, v in OmegaConf.to_container(cfg.train, resolve=True).items() if k not in _NON_WEIGHT_KEYS}
-    model = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k not in _NON_MODEL_KEYS}
+    model = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items()
+             if k not in _NON_MODEL_KEYS + _DATA_SHAPE_KEYS}
+    if model.get("_target_") == ZOO.get(model.get("name")):  # the zoo's own class: the name says it
+        model.pop("_target_")
     return {"data": data, "model": model, "train": train,
             "seed": int(cfg.seed)}
 
@@ -63,6 +68,10 @@ def check_train_config(cfg: DictConfig) -> None:
     t = cfg.train
     if t.get("schedule", "constant") not in ("constant", "cosine"):
         raise UserError(f"train.schedule={t.schedule}: choose constant or cosine.")
+    if t.get("optimizer", "adam") not in ("adam", "sgd"):
+        raise UserError(f"train.optimizer={t.optimizer}: choose adam or sgd.")
+    if t.get("optimizer", "adam") == "sgd":
+        config_number(t.get("momentum", 0.9), "train.momentum", minimum=0, kind=float)
     for key in ("epochs", "batch_size", "eval_batch_size"):
         config_number(t[key], f"train.{key}", minimum=1)
     config_number(t.get("weight_decay", 0.0), "train.weight_decay", minimum=0, kind=float)
@@ -70,11 +79,19 @@ def check_train_config(cfg: DictConfig) -> None:
         raise UserError(f"train.lr={t.lr} must be > 0.")
 
 
+def make_optimizer(model: nn.Module, t: DictConfig) -> torch.optim.Optimizer:
+    """train.optimizer: adam (the default, also for configs that predate the key) or sgd (momentum, nesterov)."""
+    if t.get("optimizer", "adam") == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=float(t.lr), momentum=float(t.get("momentum", 0.9)),
+                               nesterov=bool(t.get("nesterov", False)), weight_decay=float(t.weight_decay))
+    return torch.optim.Adam(model.parameters(), lr=float(t.lr), weight_decay=float(t.weight_decay))
+
+
 def train_model(cfg: DictConfig, data: Dataset, device: torch.device) -> tuple[nn.Module, list[dict]]:
     check_train_config(cfg)
     torch.manual_seed(int(cfg.seed))
     model = build_model(cfg.model, data.mean, data.std).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=float(cfg.train.lr), weight_decay=float(cfg.train.weight_decay))
+    opt = make_optimizer(model, cfg.train)
     loss_fn = nn.CrossEntropyLoss()
     loader = data.loader("train", int(cfg.train.batch_size), shuffle=True, seed=int(cfg.seed))
     epochs = int(cfg.train.epochs)

@@ -57,6 +57,8 @@ def test_every_option_builds(group, option, tmp_path):
         overrides.append(f"multiplier.path={tmp_path / 'table.txt'}")
     elif (group, option) == ("multiplier", "named"):
         overrides.append("multiplier.name=exact")
+    elif (group, option) == ("model", "custom"):  # a user's nn.Module: the config names it
+        overrides.append("model._target_=tests.test_models.TinyNet")
     _check_usable(compose("compare", overrides), group, option, tmp_path)
 
 

@@ -1,0 +1,81 @@
+"""`approx-run bench` per layer of the chosen model (bench.layers): each Conv2d/Linear of the converted model
+timed on its own input, as it runs inside the model (quantize, LUT MACs, requantize), beside the same layer in
+PyTorch fp32 (BatchNorm folded in, as the quantized layer has it). Finds the shapes where a kernel is slow: 1x1
+and depthwise convs, stride 2, 3-channel stems, large batches."""
+from __future__ import annotations
+
+import math
+import statistics
+
+import pandas as pd
+import torch
+from torch import nn
+
+
+def layer_geometry(layer: nn.Module) -> dict:
+    if isinstance(layer, nn.Conv2d):
+        return {"kind": "depthwise" if layer.groups == layer.in_channels > 1 else "conv",
+                "in_channels": layer.in_channels, "out_channels": layer.out_channels,
+                "kernel": "x".join(map(str, layer.kernel_size)), "stride": layer.stride[0], "groups": layer.groups}
+    return {"kind": "linear", "in_channels": layer.in_features, "out_channels": layer.out_features,
+            "kernel": "", "stride": 1, "groups": 1}
+
+
+@torch.no_grad()
+def layer_inputs(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """{Conv2d/Linear name: the input it receives when `model` runs on x}."""
+    from runner.quant import quant_layers
+
+    seen, handles = {}, []
+    for name, m in quant_layers(model).items():
+        handles.append(m.register_forward_pre_hook(lambda _m, args, name=name: seen.__setitem__(name, args[0])))
+    try:
+        model.eval()(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def _median_us(fn, repeats: int, warmup: int) -> float:
+    from runner.bench import device_timer
+
+    timer = device_timer(torch.device("cpu"))
+    for _ in range(warmup):
+        timer(fn)
+    return statistics.median(timer(fn) for _ in range(repeats))
+
+
+@torch.no_grad()
+def bench_model_layers(model: nn.Module, multiplier, qcfg, calib_x: torch.Tensor, x: torch.Tensor, backends,
+                       *, batches=(1, 256), repeats: int = 5, warmup: int = 1) -> pd.DataFrame:
+    """One row per (backend, layer, batch): MACs, median time of the LUT layer and of the fp32 layer, GMAC/s.
+    CPU backends only (the GPU's per-layer timing is benchmarks/cuda_layers.py)."""
+    from runner.layers import convert_model, quantized_layers
+    from runner.models import fold_input_normalization
+    from runner.quant import calibrate, quant_layers
+
+    folded = fold_input_normalization(model, calib_x[:1])
+    stats = calibrate(folded, calib_x, qcfg)
+    floats = quant_layers(folded)
+    rows = []
+    for batch in batches:
+        inputs = layer_inputs(folded, x[:batch])
+        for backend in backends:
+            if backend == "cuda":
+                continue
+            approx = convert_model(folded, multiplier, qcfg, stats, backend=backend)
+            for name, layer in quantized_layers(approx).items():
+                inp = inputs[name]
+                out_numel = floats[name](inp).numel()
+                per_output = math.prod(layer.weight.shape[1:])
+                macs = out_numel * per_output
+                reps, warm = (1, 0) if backend == "python" else (repeats, warmup)
+                lut_us = _median_us(lambda: layer(inp), reps, warm)
+                fp32_us = _median_us(lambda: floats[name](inp), repeats, warmup)
+                rows.append({"backend": backend, "layer": name, **layer_geometry(floats[name]),
+                             "input_shape": "x".join(map(str, inp.shape)), "batch": len(inp), "macs": macs,
+                             "threads": torch.get_num_threads(), "repeats": reps, "median_us": lut_us,
+                             "gmacs": macs / lut_us / 1e3, "fp32_median_us": fp32_us,
+                             "fp32_gmacs": macs / fp32_us / 1e3, "x_fp32_time": lut_us / fp32_us})
+    return pd.DataFrame(rows)

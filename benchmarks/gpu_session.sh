@@ -6,6 +6,8 @@
 #     bash benchmarks/gpu_session.sh check    # build, every CUDA test, compute-sanitizer memcheck
 #     bash benchmarks/gpu_session.sh speed    # per-layer and whole-model times, training epochs, sweep wall time
 #     bash benchmarks/gpu_session.sh all      # both, one build (about 6 minutes on an H100 host)
+#     FMNIST=DIR bash benchmarks/gpu_session.sh agree     # every shipped table on Fashion-MNIST (IDX files in DIR):
+#                                                         # cpp vs cuda predictions, then retraining time and accuracy
 #
 # Logs and tables go to $OUT (or ./gpu-out); the last lines of each step are the figures to quote.
 set -uo pipefail
@@ -37,6 +39,20 @@ case $mode in check|all)
   step "memcheck quantize" bash -c "PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \
     --error-exitcode 1 python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops/test_quant_ops.py \
     > '$out/memcheck_quant.log' 2>&1; tail -3 '$out/memcheck_quant.log'"
+  ;;
+esac
+case $mode in agree)
+  fm="data=fashion_mnist data.root=${FMNIST:?FMNIST=<dir of the four IDX .gz files>} paths.checkpoints=/tmp/ckpt"
+  step "sweep cuda" bash -c "python3 -m runner.cli sweep 'sweep.multipliers=mul8*' backend=cuda $fm paths.results=/tmp/r_cuda \
+    > '$out/sweep_cuda.log' 2>&1; tail -3 '$out/sweep_cuda.log'"
+  step "sweep cpp" bash -c "python3 -m runner.cli sweep 'sweep.multipliers=mul8*' backend=cpp $fm paths.results=/tmp/r_cpp \
+    > '$out/sweep_cpp.log' 2>&1; tail -3 '$out/sweep_cpp.log'"
+  step "cpp vs cuda" bash -c "python3 benchmarks/backend_agreement.py /tmp/r_cpp/sweep/* /tmp/r_cuda/sweep/* | tee '$out/agreement.log' | tail -8;
+    cp /tmp/r_cuda/sweep/*/summary.csv '$out/fmnist_sweep_cuda.csv'; cp /tmp/r_cuda/results.csv '$out/fmnist_results_cuda.csv'"
+  for m in mul8u_T83 mul8s_1L2N; do
+    step "finetune $m" bash -c "python3 -m runner.cli finetune multiplier=$m backend=cuda $fm paths.results=/tmp/r_ft \
+      > '$out/finetune_$m.log' 2>&1; grep -i 'retrain\|epoch\|finetuned' '$out/finetune_$m.log' | tail -6"
+  done
   ;;
 esac
 case $mode in speed|all)

@@ -148,8 +148,8 @@ REQUANT_MAX_SHIFT = 63
 
 def requant_multiplier(real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(M0, shift), int32 [N] on the CPU, with real[n] = M0 * 2^-shift to 31 significant bits (gemmlowp's
-    QuantizeMultiplier): M0 in [2^30, 2^31) and 1 <= shift <= 63. A real multiplier below 2^-32 (an output
-    code that stays 0 or +-1 for any int32 accumulator) gets M0 = 0: its codes are 0. real must be in
+    QuantizeMultiplier): M0 in [2^30, 2^31) and 1 <= shift <= 63. A real multiplier below 2^-33 gets M0 = 0,
+    which is exact: |acc + bias| < 2^32, so every code rounds to 0. real must be in
     [0, 2^30); real = 0 gives M0 = 0."""
     real = real.detach().double().cpu()
     if bool((real < 0).any() | ~torch.isfinite(real).all() | (real >= 2.0 ** 30).any()):

@@ -555,11 +555,21 @@ def set_grad_mode(model: nn.Module, grad: str, slope_window: int = 1) -> None:
 @torch.no_grad()
 def recalibrate(model: nn.Module, calib_x: torch.Tensor, qcfg: QuantConfig, seed: int = 0, device="cpu") -> dict:
     """New static activation scales for a converted model after its weights changed (retraining), layer by
-    layer in forward order, so each layer is observed with the new scales of the layers before it."""
+    layer in forward order, so each layer is observed with the new scales of the layers before it. The
+    observing forwards run requant=float: in integer mode a layer's input arrives already clamped to its old
+    range, so a range could never grow."""
     stats = {}
     if qcfg.activation == "dynamic":
         return stats
-    for name, layer in quantized_layers(model).items():
-        stats.update(calibrate(model, calib_x, qcfg, device=device, seed=seed, layers={name: layer}))
-        layer.set_act_amax(stats[name])
+    layers = quantized_layers(model)
+    modes = {name: layer.requant for name, layer in layers.items()}
+    try:
+        for layer in layers.values():
+            layer.requant = "float"
+        for name, layer in layers.items():
+            stats.update(calibrate(model, calib_x, qcfg, device=device, seed=seed, layers={name: layer}))
+            layer.set_act_amax(stats[name])
+    finally:
+        for name, layer in layers.items():
+            layer.requant = modes[name]
     return stats

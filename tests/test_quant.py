@@ -102,3 +102,14 @@ def test_quantize_bias_rounds_at_the_accumulator_scale():
     bias = torch.tensor([0.00301, -0.0125, 1e9])
     q = quantize_bias(bias, sa, sw)
     assert q.dtype == torch.int32 and q.tolist() == [15, -1, 2**31 - 1]  # -1.25 -> -1; a huge one saturates
+
+
+@pytest.mark.parametrize("overrides,says", [(["quant.requant=fixed"], "quant.requant='fixed'"),
+                                            (["quant=per_channel_dynamic", "quant.requant=integer"],
+                                             "static activation scales")])
+def test_bad_requant_is_exit_2_with_one_message(tmp_path, overrides, says):
+    from tests.conftest import run_cli
+
+    out = run_cli("compare", *overrides, f"paths.results={tmp_path}/r", f"paths.checkpoints={tmp_path}/c")
+    assert out.returncode == 2 and "Traceback" not in out.stderr and says in out.stderr
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())  # stopped before training

@@ -140,8 +140,8 @@ def test_requantize_kernels_equal_reference(gen, backend, device, shape):
         expected = ops.reference_requantize(*args, *qrange)
         got = ops.requantize(*(t.to(device) for t in args), *qrange, backend=backend).cpu()
         assert torch.equal(got, expected)
-        if acc.numel():
-            assert expected.unique().numel() > 20  # most values inside the range: rounding, not clamping
+        if acc.numel() > 300:
+            assert expected.unique().numel() > 30  # values inside the range: rounding, not only clamping
 
 
 def test_requant_multiplier_is_the_real_multiplier_to_31_bits(gen):

@@ -39,12 +39,14 @@ def main() -> None:
     ap.add_argument("--checkpoints", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--backends", default="cpp")
+    ap.add_argument("--work", default=None, help="where the sweeps' results go (default: a temporary directory)")
     opts, extra = ap.parse_known_args()
     per = {}
     with tempfile.TemporaryDirectory() as tmp:
+        work = Path(opts.work or tmp)
         for backend in opts.backends.split(","):
             for mode in MODES:
-                per[(backend, mode)] = sweep(mode, backend, opts.checkpoints, Path(tmp) / f"{backend}_{mode}", extra)
+                per[(backend, mode)] = sweep(mode, backend, opts.checkpoints, work / f"{backend}_{mode}", extra)
     out = []
     for backend in opts.backends.split(","):
         cols = {}

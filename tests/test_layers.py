@@ -1,4 +1,6 @@
 """Reference LUT layers and model conversion: the quantized arithmetic, on the python backend."""
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -175,7 +177,8 @@ def test_cuda_model_bit_identical_to_cpp(trained_lenet, mnist5k, requant, table)
     mult = resolve({"name": table})
     q = QuantConfig(calib_batches=1, requant=requant)
     fq, cpu_model, _ = quantized_models(model, mult, q, mnist5k.train_x, backend="cpp")
-    _, gpu_model, _ = quantized_models(model.cuda(), mult, q, mnist5k.train_x.cuda(), backend="cuda")
+    # calibrating a model that lives on the GPU gives the CPU's scales (the fixture's model stays on the CPU)
+    _, gpu_model, _ = quantized_models(copy.deepcopy(model).cuda(), mult, q, mnist5k.train_x.cuda(), backend="cuda")
     with torch.no_grad():
         on_cpu, fq_cpu = cpu_model(mnist5k.test_x), fq(mnist5k.test_x)
         on_gpu = gpu_model.cuda()(mnist5k.test_x.cuda()).cpu()

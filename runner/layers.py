@@ -261,22 +261,20 @@ def _needs_grad(x: torch.Tensor, layer: nn.Module, scale: torch.Tensor) -> bool:
                                         or scale.requires_grad)
 
 
+def exact_dtype(k: int, signed: bool) -> torch.dtype:
+    """float32 when every partial sum of k products of 8-bit codes stays below 2^24, so float32 sums are exact
+    in any order; float64 (exact below 2^53) otherwise."""
+    return torch.float32 if k * (128 if signed else 255) * 127 < 1 << 24 else torch.float64
+
+
 def exact_conv2d(codes: torch.Tensor, weight_codes: torch.Tensor, stride, padding, dilation, groups) -> torch.Tensor:
-    """int64 conv2d of integer codes, summed exactly: float64 holds every product and partial sum of 8-bit codes
-    exactly (below 2^53), so any summation order on any device gives the same integers. Unfold and a matmul
-    rather than F.conv2d, whose cuDNN algorithms (FFT, Winograd) are not exact; images in chunks of <= 64 MiB."""
-    b = codes.shape[0]
-    n, cg, kh, kw = weight_codes.shape
-    ho, wo = ops.conv_output_size(codes.shape[2], codes.shape[3], kh, kw, stride, padding, dilation)
-    w = weight_codes.to(torch.float64).reshape(1, groups, n // groups, cg * kh * kw)
-    out = torch.empty((b, n, ho * wo), dtype=torch.int64, device=codes.device)
-    step = max(1, (64 << 20) // (8 * codes.shape[1] * kh * kw * ho * wo))
-    for s in range(0, b, step):
-        cols = F.unfold(codes[s:s + step].to(torch.float64), (kh, kw), dilation=dilation, padding=padding,
-                        stride=stride)
-        cols = cols.reshape(cols.shape[0], groups, cg * kh * kw, ho * wo)
-        out[s:s + step] = torch.matmul(w, cols).reshape(cols.shape[0], n, ho * wo).to(torch.int64)
-    return out.reshape(b, n, ho, wo)
+    """int64 conv2d of integer codes, summed exactly (exact_dtype): any summation order on any device gives
+    the same integers. cuDNN is off for the call: its FFT and Winograd algorithms transform the operands with
+    inexact constants; the CPU's direct / im2col convolutions and the GPU's im2col + GEMM only add products."""
+    dtype = exact_dtype(weight_codes[0].numel(), codes.dtype == torch.int8)
+    with torch.backends.cudnn.flags(enabled=False):
+        acc = F.conv2d(codes.to(dtype), weight_codes.to(dtype), None, stride, padding, dilation, groups)
+    return acc.to(torch.int64)
 
 
 class _ConvOps:
@@ -319,7 +317,8 @@ class _LinearOps:
 
     def _exact_acc(self, codes, weight_codes):
         """[M, N] (finish's channel dim 1); forward restores the leading dims."""
-        return (codes.reshape(-1, codes.shape[-1]).to(torch.float64) @ weight_codes.to(torch.float64).t()).to(torch.int64)
+        dtype = exact_dtype(codes.shape[-1], codes.dtype == torch.int8)
+        return (codes.reshape(-1, codes.shape[-1]).to(dtype) @ weight_codes.to(dtype).t()).to(torch.int64)
 
 
 class _FakeQuant(_Quantized):

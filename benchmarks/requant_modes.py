@@ -3,7 +3,8 @@
     python benchmarks/requant_modes.py --checkpoints DIR --out benchmarks/requant_modes_mnist5k.csv
     python benchmarks/requant_modes.py --checkpoints DIR --out benchmarks/requant_modes_fashion_mnist.csv \
         data=fashion_mnist data.root=/work/data/fashion-mnist
-    python benchmarks/requant_modes.py ... --backends cpp,python     # also the python reference (slow)
+    python benchmarks/requant_modes.py ... --backends python --multipliers '[mul8s_1L2N,mul8u_T83]'
+                                                                     # the python reference (slow)
 
 Runs `approx-run sweep sweep.multipliers='mul8*'` once per (mode, backend) into its own results directory
 (a fresh process each, as a user runs it; the baseline in --checkpoints is trained by the first run if
@@ -25,8 +26,9 @@ REPO = Path(__file__).resolve().parent.parent
 MODES = ("float", "integer")
 
 
-def sweep(mode: str, backend: str, checkpoints: str, results: Path, extra: list[str]) -> pd.DataFrame:
-    args = [sys.executable, "-m", "runner.cli", "sweep", "sweep.multipliers=mul8*", f"quant.requant={mode}",
+def sweep(mode: str, backend: str, checkpoints: str, results: Path, extra: list[str],
+          multipliers: str = "mul8*") -> pd.DataFrame:
+    args = [sys.executable, "-m", "runner.cli", "sweep", f"sweep.multipliers={multipliers}", f"quant.requant={mode}",
             f"backend={backend}", f"paths.checkpoints={checkpoints}", f"paths.results={results}", *extra]
     print("+", " ".join(args[2:]), flush=True)
     subprocess.run(args, cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -39,6 +41,7 @@ def main() -> None:
     ap.add_argument("--checkpoints", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--backends", default="cpp")
+    ap.add_argument("--multipliers", default="mul8*", help="sweep.multipliers (a glob or [a,b,...])")
     ap.add_argument("--work", default=None, help="where the sweeps' results go (default: a temporary directory)")
     opts, extra = ap.parse_known_args()
     per = {}
@@ -46,7 +49,8 @@ def main() -> None:
         work = Path(opts.work or tmp)
         for backend in opts.backends.split(","):
             for mode in MODES:
-                per[(backend, mode)] = sweep(mode, backend, opts.checkpoints, work / f"{backend}_{mode}", extra)
+                per[(backend, mode)] = sweep(mode, backend, opts.checkpoints, work / f"{backend}_{mode}", extra,
+                                             opts.multipliers)
     out = []
     for backend in opts.backends.split(","):
         cols = {}

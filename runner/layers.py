@@ -18,9 +18,9 @@ from torch import nn
 from runner import ops
 from runner.errors import UserError
 from runner.models import fold_input_normalization
-from runner.quant import (ActStats, QuantConfig, act_qrange, act_scale_from_amax, calibrate, dynamic_amax, fake_quant_act,
-                          fake_quant_weight, quant_layers, quantize_act, quantize_bias, quantize_weight,
-                          requant_multiplier, weight_scale)
+from runner.quant import (ActStats, QuantConfig, act_qrange, act_scale_from_amax, calibrate, dequantized_bias,
+                          dynamic_amax, fake_quant_act, fake_quant_weight, quant_layers, quantize_act, quantize_bias,
+                          quantize_weight, requant_multiplier, weight_scale)
 
 
 # what the layers an evaluation does not approximate compute
@@ -232,6 +232,8 @@ class _Quantized(nn.Module):
         and a forward neither launches extra kernels nor waits for the device."""
         if self.requant != "integer":
             return self.bias, None
+        if self.dynamic:  # a new scale every batch, no consumer: on the device, without waiting for it
+            return dequantized_bias(quantize_bias(self.bias, scale, self.weight_scale), scale, self.weight_scale), None
         consumer = self.__dict__["_consumer"]
         sources = (self._scale_source(), self.weight_scale, self.bias,
                    None if consumer is None else consumer._scale_source())
@@ -243,9 +245,9 @@ class _Quantized(nn.Module):
     def _integer_finish(self, scale: torch.Tensor, consumer):
         dev = self.weight_scale.device
         sa, sw = scale.detach().float().cpu().reshape(()), self.weight_scale.detach().cpu()
-        bias_q = quantize_bias(self.bias, sa, sw)
+        bias_q = quantize_bias(self.bias.detach().cpu(), sa, sw)
         if consumer is None:
-            return (bias_q.to(torch.float32) * (sa * sw)).to(dev), None
+            return dequantized_bias(bias_q, sa, sw).to(dev), None
         out_scale = consumer.input_scale(None).detach()
         m0, shift = requant_multiplier(sa.double() * sw.double() / out_scale.double().cpu())
         return None, (bias_q.to(dev), m0.to(dev), shift.to(dev), out_scale, *act_qrange(consumer.signed))

@@ -54,10 +54,6 @@ class QuantConfig:
             raise UserError("quant.calib_batches and quant.calib_batch_size must be >= 1.")
         if self.requant not in REQUANT:
             raise UserError(f"quant.requant={self.requant!r}: choose {' or '.join(REQUANT)}.")
-        if self.requant == "integer" and self.activation == "dynamic":
-            raise UserError("quant.requant=integer needs static activation scales (the next layer's scale must be "
-                            "known before its input is): use quant.activation=minmax or percentile, or "
-                            "quant.requant=float.")
 
     @classmethod
     def from_cfg(cls, cfg) -> "QuantConfig":
@@ -135,11 +131,18 @@ def reference_dequantize(acc, act_scale, weight_scale, bias):
 
 
 def quantize_bias(bias: torch.Tensor, act_scale: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
-    """int32 [N]: round(bias / (s_a * s_w[n])) (half to even), clamped to int32. float64 on the CPU: the product
-    of two float32 values is exact there and the quotient rounds once, whatever device the layer runs on."""
-    acc_scale = act_scale.detach().double().cpu() * weight_scale.detach().double().cpu()
-    q = torch.round(bias.detach().double().cpu() / acc_scale)
+    """int32 [N]: round(bias / (s_a * s_w[n])) (half to even), clamped to int32, on bias's device. In float64:
+    the product of two float32 values is exact and the quotient rounds once (IEEE), so every device gives
+    the same integers."""
+    acc_scale = act_scale.detach().double().reshape(()).to(bias.device) * weight_scale.detach().double()
+    q = torch.round(bias.detach().double() / acc_scale)
     return q.clamp(INT32_MIN, INT32_MAX).to(torch.int32)
+
+
+def dequantized_bias(bias_q: torch.Tensor, act_scale: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """fp32 fl(float(bias_q) * fl(s_a * s_w[n])): the int32 bias of a layer that dequantizes (requant=integer
+    with no quantized consumer next), added after fl(float(acc) * fl(s_a * s_w)) like a float bias."""
+    return bias_q.to(torch.float32) * (act_scale.detach().float().reshape(()) * weight_scale.detach().float())
 
 
 # requant_multiplier's range: M0 in [2^30, 2^31), 1 <= shift <= 63, so (int64(acc) + bias) * M0 fits int64

@@ -122,14 +122,21 @@ def test_per_layer_multipliers(trained_lenet, mnist5k):
     assert approx.fc3.multiplier_name == "mul8s_1L2J" and approx.conv1.multiplier_name == "exact_s"
 
 
-def test_dynamic_activation_scale(trained_lenet, mnist5k, exact_s):
+@pytest.mark.parametrize("requant", ["float", "integer"])
+def test_dynamic_activation_scale(trained_lenet, mnist5k, exact_s, requant):
+    """Per-batch scales: with requant=integer no scale is known ahead, so every layer dequantizes with its
+    int32 bias (taken at each batch's scale, never a stale one)."""
     model, _ = trained_lenet
-    fq, approx, _ = quantized_models(model, exact_s, QuantConfig(activation="dynamic", calib_batches=1),
-                                     mnist5k.train_x)
-    assert approx.fc1.dynamic and fq.fc1.dynamic
+    fq, approx, _ = quantized_models(model, exact_s, QuantConfig(activation="dynamic", calib_batches=1,
+                                                                 requant=requant), mnist5k.train_x)
+    assert approx.fc1.dynamic and fq.fc1.dynamic and approx.conv1.__dict__["_consumer"] is None
     x = mnist5k.test_x[:200]
     with torch.no_grad():
         assert_matches_fakequant(approx, fq, x, approx(x), fq(x))
+        # a batch of another range in between (other scales, other int32 biases) leaves nothing stale behind
+        first = approx(x[:50])
+        approx(3 * x)
+        assert torch.equal(approx(x[:50]), first)
 
 
 @pytest.mark.parametrize("backend", [*BACKENDS, pytest.param("cuda", marks=pytest.mark.cuda)])

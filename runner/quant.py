@@ -41,7 +41,7 @@ class QuantConfig:
     percentile: float = 99.99          # used by activation=percentile
     calib_batches: int = 8             # training batches seen by static calibration
     calib_batch_size: int = 256
-    requant: str = "float"             # float | integer (REQUANT)
+    requant: str = "integer"           # integer | float (REQUANT; docs/quantization.md says why integer)
 
     def __post_init__(self):
         if self.weight not in ("per_channel", "per_tensor"):

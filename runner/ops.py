@@ -542,10 +542,13 @@ def _register_fakes():
         torch._check(acc.dim() >= 2, lambda: "dequantize: acc must be [B, N, ...]")
         return torch.empty_like(acc, dtype=torch.float32)
 
-    @torch.library.register_fake("approx::requantize")
-    def _(acc, bias, multiplier, shift, out_scale, qmin, qmax):
+    def requantize_fake(acc, bias, multiplier, shift, out_scale, qmin, qmax):
         torch._check(acc.dim() >= 2, lambda: "requantize: acc must be [B, N, ...]")
         return torch.empty_like(acc, dtype=torch.float32)
+
+    # an extension built before requantize existed still imports; backend=cpp/cuda then says to rebuild
+    if hasattr(torch.ops.approx, "requantize"):
+        torch.library.register_fake("approx::requantize")(requantize_fake)
 
     @torch.library.register_fake("approx::lut_grad_a")
     def _(a, w, grad, slope):

@@ -176,10 +176,12 @@ def reference_requantize(acc, bias, multiplier, shift, out_scale, qmin: int, qma
     round trip < 255 * 2^-22 < 0.5), so the next layer reads these codes; ReLU and max-pool in between are
     monotone and act on them as on codes."""
     shape = (1, -1) + (1,) * (acc.dim() - 2)
-    p = (acc.to(torch.int64) + bias.to(torch.int64).view(shape)) * multiplier.to(torch.int64).view(shape)
     shift = shift.to(torch.int64).clamp(1, REQUANT_MAX_SHIFT).view(shape)  # the kernels clamp alike
-    code = ((p >> (shift - 1)) + 1) >> 1
-    return code.clamp(qmin, qmax).to(torch.float32) * out_scale.reshape(())
+    # in place: fake-quant runs this on whole batches, and each int64 pass is a large tensor
+    p = acc.to(torch.int64, copy=True)
+    p.add_(bias.to(torch.int64).view(shape)).mul_(multiplier.to(torch.int64).view(shape))
+    code = p.bitwise_right_shift_(shift - 1).add_(1).bitwise_right_shift_(1).clamp_(qmin, qmax)
+    return code.to(torch.float32).mul_(out_scale.reshape(()))
 
 
 @dataclass

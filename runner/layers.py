@@ -3,7 +3,9 @@
 FakeQuantConv2d/Linear: fp32 layers whose input and weight pass through quantize-dequantize.
 ApproxConv2d/Linear ("custom MAC"): the same codes, multiplied through a 256x256 LUT by
 runner.ops (python reference, C++ or CUDA kernels) and summed exactly in int32.
-Both take their scales from runner.quant, so they differ only in the multiply."""
+Both take their scales from runner.quant, so they differ only in the multiply: at inference fake-quant
+sums the products of the same codes exactly (exact_conv2d) and finishes like the LUT layers
+(runner.ops.finish), so with the exact table the two give the same bits, on every device."""
 from __future__ import annotations
 
 import copy
@@ -17,8 +19,9 @@ from torch import nn
 from runner import ops
 from runner.errors import UserError
 from runner.models import fold_input_normalization
-from runner.quant import (ActStats, QuantConfig, act_qrange, act_scale_from_amax, calibrate, dynamic_amax, fake_quant_act,
-                          fake_quant_weight, quant_layers, quantize_weight, weight_scale)
+from runner.quant import (ActStats, QuantConfig, act_qrange, act_scale_from_amax, calibrate, dequantized_bias,
+                          dynamic_amax, fake_quant_act, fake_quant_weight, quant_layers, quantize_act, quantize_bias,
+                          quantize_weight, requant_multiplier, weight_scale)
 
 
 # what the layers an evaluation does not approximate compute
@@ -145,6 +148,11 @@ class _Quantized(nn.Module):
             check_finite(name, "the calibrated input range", torch.tensor([stats.min, stats.amax_signed]))
         self.signed = bool(signed)
         self.dynamic = qcfg.activation == "dynamic"
+        self.requant = qcfg.requant
+        self._requant_cache = None
+        # requant=integer: the quantized layer this one's output reaches as codes (link_consumers). A plain
+        # attribute: the consumer is a module of the model already, not a submodule of this layer.
+        object.__setattr__(self, "_consumer", None)
         self.granularity = qcfg.weight
         self.weight = nn.Parameter(layer.weight.detach().clone())
         bias = layer.bias.detach().clone() if layer.bias is not None else torch.zeros(layer.weight.shape[0])
@@ -216,6 +224,40 @@ class _Quantized(nn.Module):
                 x, scale.reshape(1), torch.zeros(1, device=x.device), qmin, qmax, 1.0)
         return fake_quant_act(x, scale, self.signed)
 
+    def _scale_source(self) -> torch.Tensor:
+        """The tensor the static input scale is read from (its version says when the scale changed)."""
+        return getattr(self, "act_log_scale", None) if getattr(self, "act_log_scale", None) is not None \
+            else self.act_scale
+
+    def _finish_args(self, scale: torch.Tensor):
+        """(bias, requant) of runner.ops.finish for an inference forward at input scale `scale`.
+        requant=float: the float bias, no requantization. requant=integer: the bias as int32 at s_a * s_w, and
+        with a quantized consumer next, the requantize arguments (its codes, at its scale); without one (the
+        logits, or a model whose stages do not say), the int32 bias dequantized for the fp32 output.
+        Computed on the CPU once per change of the scales or the bias, so every backend gets the same values
+        and a forward neither launches extra kernels nor waits for the device."""
+        if self.requant != "integer":
+            return self.bias, None
+        if self.dynamic:  # a new scale every batch, no consumer: on the device, without waiting for it
+            return dequantized_bias(quantize_bias(self.bias, scale, self.weight_scale), scale, self.weight_scale), None
+        consumer = self.__dict__["_consumer"]
+        sources = (self._scale_source(), self.weight_scale, self.bias,
+                   None if consumer is None else consumer._scale_source())
+        key = tuple(None if t is None else (t.data_ptr(), t._version, t.device) for t in sources)
+        if self._requant_cache is None or self._requant_cache[0] != key:
+            self._requant_cache = (key, self._integer_finish(scale, consumer))
+        return self._requant_cache[1]
+
+    def _integer_finish(self, scale: torch.Tensor, consumer):
+        dev = self.weight_scale.device
+        sa, sw = scale.detach().float().cpu().reshape(()), self.weight_scale.detach().cpu()
+        bias_q = quantize_bias(self.bias.detach().cpu(), sa, sw)
+        if consumer is None:
+            return dequantized_bias(bias_q, sa, sw).to(dev), None
+        out_scale = consumer.input_scale(None).detach()
+        m0, shift = requant_multiplier(sa.double() * sw.double() / out_scale.double().cpu())
+        return None, (bias_q.to(dev), m0.to(dev), shift.to(dev), out_scale, *act_qrange(consumer.signed))
+
     def set_act_amax(self, stats: ActStats) -> None:
         """Static activation scale from new calibration statistics (recalibration after retraining)."""
         amax = torch.tensor(stats.amax_signed if self.signed else stats.amax_unsigned)
@@ -225,6 +267,22 @@ class _Quantized(nn.Module):
 def _needs_grad(x: torch.Tensor, layer: nn.Module, scale: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad or layer.bias.requires_grad
                                         or scale.requires_grad)
+
+
+def exact_dtype(k: int, signed: bool) -> torch.dtype:
+    """float32 when every partial sum of k products of 8-bit codes stays below 2^24, so float32 sums are exact
+    in any order; float64 (exact below 2^53) otherwise."""
+    return torch.float32 if k * (128 if signed else 255) * 127 < 1 << 24 else torch.float64
+
+
+def exact_conv2d(codes: torch.Tensor, weight_codes: torch.Tensor, stride, padding, dilation, groups) -> torch.Tensor:
+    """int64 conv2d of integer codes, summed exactly (exact_dtype): any summation order on any device gives
+    the same integers. cuDNN is off for the call: its FFT and Winograd algorithms transform the operands with
+    inexact constants; the CPU's direct / im2col convolutions and the GPU's im2col + GEMM only add products."""
+    dtype = exact_dtype(weight_codes[0].numel(), codes.dtype == torch.int8)
+    with torch.backends.cudnn.flags(enabled=False):
+        acc = F.conv2d(codes.to(dtype), weight_codes.to(dtype), None, stride, padding, dilation, groups)
+    return acc.to(torch.int64)
 
 
 class _ConvOps:
@@ -244,8 +302,12 @@ class _ConvOps:
             self._check_input(x.detach())
             return ops.qconv2d(x, self.weight, self.bias, self.weight_codes, self.weight_scale, scale, self.lut,
                                *self._slopes(), *geometry, self.signed, self.backend, self.algo, self.grad)
-        return ops._qforward_conv2d(x, self.weight_codes, self.weight_scale, scale, self.bias, self.lut, *geometry,
-                                    self.signed, self.backend, self.algo, self._input_flag(x))
+        bias, requant = self._finish_args(scale)
+        return ops._qforward_conv2d(x, self.weight_codes, self.weight_scale, scale, bias, self.lut, *geometry,
+                                    self.signed, self.backend, self.algo, self._input_flag(x), requant)
+
+    def _exact_acc(self, codes, weight_codes):
+        return exact_conv2d(codes, weight_codes, self.stride, self.padding, self.dilation, self.groups)
 
 
 class _LinearOps:
@@ -257,15 +319,29 @@ class _LinearOps:
             self._check_input(x.detach())
             return ops.qlinear(x, self.weight, self.bias, self.weight_codes, self.weight_scale, scale, self.lut,
                                *self._slopes(), self.signed, self.backend, self.algo, self.grad)
-        return ops._qforward_linear(x, self.weight_codes, self.weight_scale, scale, self.bias, self.lut, self.signed,
-                                    self.backend, self.algo, self._input_flag(x))
+        bias, requant = self._finish_args(scale)
+        return ops._qforward_linear(x, self.weight_codes, self.weight_scale, scale, bias, self.lut, self.signed,
+                                    self.backend, self.algo, self._input_flag(x), requant)
+
+    def _exact_acc(self, codes, weight_codes):
+        """[M, N] (finish's channel dim 1); forward restores the leading dims."""
+        dtype = exact_dtype(codes.shape[-1], codes.dtype == torch.int8)
+        return (codes.reshape(-1, codes.shape[-1]).to(dtype) @ weight_codes.to(dtype).t()).to(torch.int64)
 
 
 class _FakeQuant(_Quantized):
     def forward(self, x):
         self.refresh_weight_quant()
         self._check_input(x.detach())
-        return self._float_op(self._fake_quant_input(x), fake_quant_weight(self.weight, self.weight_scale), self.bias)
+        scale = self.input_scale(x)
+        if _needs_grad(x, self, scale):  # training: torch's fake-quant in fp32, whose autograd is torch's own
+            return self._float_op(self._fake_quant_input(x), fake_quant_weight(self.weight, self.weight_scale),
+                                  self.bias)
+        # inference: the same codes' products summed exactly, then the LUT layers' own last step, so the
+        # result does not depend on the device's float sums (cuDNN, TF32) and equals the exact table's
+        acc = self._exact_acc(quantize_act(x, scale, self.signed), quantize_weight(self.weight, self.weight_scale))
+        out = ops.finish(acc, scale, self.weight_scale, *self._finish_args(scale), backend="python")
+        return out if acc.dim() == x.dim() else out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 class _Approx(_Quantized):
@@ -432,18 +508,47 @@ def convert_model(model: nn.Module, multipliers, qcfg: QuantConfig, stats: dict[
         else:
             new = (ApproxConv2d if conv else ApproxLinear)(layer, per_layer[name], qcfg, st, backend, algo, name=name)
         _set_module(out, name, new)
+    link_consumers(out)
     out.register_forward_hook(NonFiniteInputCheck())
     return out.eval()
 
 
+# Steps that map codes times a positive scale to codes times the same scale (monotone, no arithmetic): a
+# layer's requantized output passes through them as codes.
+CODE_PRESERVING = (nn.ReLU, nn.MaxPool2d, nn.Flatten, nn.Identity)
+
+
+def link_consumers(model: nn.Module) -> None:
+    """For requant=integer: the consumer of each quantized layer is the quantized layer its output reaches
+    through CODE_PRESERVING steps alone, in the model's forward as its stages() lists it; the layer then
+    requantizes to the consumer's codes. A layer with no such consumer (the logits; the input of a residual
+    add or of any other step; every layer of a model without stages()) dequantizes to fp32, and the next
+    quantized layer quantizes that as in requant=float."""
+    for m in quantized_layers(model).values():
+        object.__setattr__(m, "_consumer", None)
+        m._requant_cache = None
+    steps = [step for _, step in model.stages()] if hasattr(model, "stages") else []
+    for i, step in enumerate(steps):
+        if not isinstance(step, _Quantized):
+            continue
+        for nxt in steps[i + 1:]:
+            if isinstance(nxt, _Quantized):
+                if not nxt.dynamic:
+                    object.__setattr__(step, "_consumer", nxt)
+                break
+            if not isinstance(nxt, CODE_PRESERVING):
+                break
+
+
 def quantized_models(model: nn.Module, multipliers, qcfg: QuantConfig, calib_x: torch.Tensor,
-                     backend: str = "python", algo: str = "auto", layers=None, seed: int = 0,
-                     device="cpu") -> tuple[nn.Module, nn.Module, dict[str, ActStats]]:
+                     backend: str = "python", algo: str = "auto", layers=None,
+                     seed: int = 0) -> tuple[nn.Module, nn.Module, dict[str, ActStats]]:
     """(fakequant model, approx model, calibration stats) from a trained fp32 model: BatchNorm and the input
     normalisation folded into the convs before them (runner.models.fold_input_normalization), inputs
-    calibrated on calib_x, then both conversions from the same statistics."""
+    calibrated on calib_x (on the CPU, in float64: runner.quant.calibrate), then both conversions from the
+    same statistics."""
     folded = fold_input_normalization(model, calib_x[:1])
-    stats = calibrate(folded, calib_x, qcfg, device=device, seed=seed)
+    stats = calibrate(folded, calib_x, qcfg, seed=seed)
     folded = folded.cpu()
     fq = convert_model(folded, multipliers, qcfg, stats, fake=True, layers=layers)
     approx = convert_model(folded, multipliers, qcfg, stats, backend=backend, algo=algo, layers=layers)
@@ -489,11 +594,21 @@ def set_grad_mode(model: nn.Module, grad: str, slope_window: int = 1) -> None:
 @torch.no_grad()
 def recalibrate(model: nn.Module, calib_x: torch.Tensor, qcfg: QuantConfig, seed: int = 0, device="cpu") -> dict:
     """New static activation scales for a converted model after its weights changed (retraining), layer by
-    layer in forward order, so each layer is observed with the new scales of the layers before it."""
+    layer in forward order, so each layer is observed with the new scales of the layers before it. The
+    observing forwards run requant=float: in integer mode a layer's input arrives already clamped to its old
+    range, so a range could never grow."""
     stats = {}
     if qcfg.activation == "dynamic":
         return stats
-    for name, layer in quantized_layers(model).items():
-        stats.update(calibrate(model, calib_x, qcfg, device=device, seed=seed, layers={name: layer}))
-        layer.set_act_amax(stats[name])
+    layers = quantized_layers(model)
+    modes = {name: layer.requant for name, layer in layers.items()}
+    try:
+        for layer in layers.values():
+            layer.requant = "float"
+        for name, layer in layers.items():
+            stats.update(calibrate(model, calib_x, qcfg, device=device, seed=seed, layers={name: layer}))
+            layer.set_act_amax(stats[name])
+    finally:
+        for name, layer in layers.items():
+            layer.requant = modes[name]
     return stats

@@ -23,7 +23,9 @@ import torch.nn.functional as F
 
 from runner import _ext
 from runner.errors import UserError
-from runner.quant import reference_quantize
+from runner.lut_slopes import (effective_products, reference_lut_grad_a, reference_lut_grad_w,  # noqa: F401
+                               slope_tables)
+from runner.quant import reference_dequantize, reference_quantize, reference_requantize  # noqa: F401 (oracles)
 
 BACKENDS = ("python", "cpp", "cuda")
 BACKEND_DEVICE = {"cpp": "cpu", "cuda": "cuda"}  # where the compiled backends' tensors live
@@ -213,84 +215,6 @@ def reference_lut_conv2d(a, w, lut, stride=1, padding=0, dilation=1, groups=1, a
     return out
 
 
-def _check_grad(op, a, w, grad, slope):
-    if a.dtype not in (torch.int8, torch.uint8) or w.dtype != torch.int8:
-        raise RuntimeError(f"{op}: codes must be a int8/uint8 and w int8, got {a.dtype}, {w.dtype}")
-    if a.dim() != 2 or w.dim() != 2 or a.shape[1] != w.shape[1]:
-        raise RuntimeError(f"{op}: expected a [M, K] and w [N, K], got {list(a.shape)}, {list(w.shape)}")
-    if grad.dtype != torch.float32 or tuple(grad.shape) != (a.shape[0], w.shape[0]):
-        raise RuntimeError(f"{op}: grad must be float32 [M, N] = {[a.shape[0], w.shape[0]]}, "
-                           f"got {grad.dtype} {list(grad.shape)}")
-    if slope.dtype != torch.float32 or tuple(slope.shape) != (256, 256):
-        raise RuntimeError(f"{op}: slope must be float32 [256, 256], got {slope.dtype} {list(slope.shape)}")
-
-
-def _slope_products(a, w, slope, rows):
-    """slope[row(a[m, k])][w[n, k] + 128] for rows m in `rows`: float64 [m, K, N]."""
-    ai = a[rows].to(torch.int64)
-    if a.dtype == torch.int8:
-        ai = ai + 128
-    col = w.to(torch.int64).t() + 128                       # [K, N]
-    return slope.reshape(-1).to(torch.float64)[(ai * 256).unsqueeze(2) + col.unsqueeze(0)]
-
-
-def reference_lut_grad_a(a, w, grad, slope):
-    """float32 [M, K]: out[m, k] = sum_n grad[m, n] * slope[row(a[m, k])][w[n, k] + 128] (float64 sums).
-
-    With slope = dP/da of the effective product table P (see slope_tables) and grad scaled by the
-    weight scale, this is the input gradient of a LUT layer that sees the multiplier's error."""
-    _check_grad("lut_grad_a", a, w, grad, slope)
-    m, k = a.shape
-    out = torch.empty((m, k), dtype=torch.float32, device=a.device)
-    step = max(1, _REF_CHUNK_BYTES // (8 * max(1, k * w.shape[0])))
-    for s in range(0, m, step):
-        prod = _slope_products(a, w, slope, slice(s, s + step))
-        out[s:s + step] = (prod * grad[s:s + step].to(torch.float64).unsqueeze(1)).sum(2).to(torch.float32)
-    return out
-
-
-def reference_lut_grad_w(a, w, grad, slope):
-    """float32 [N, K]: out[n, k] = sum_m grad[m, n] * slope[row(a[m, k])][w[n, k] + 128] (float64 sums)."""
-    _check_grad("lut_grad_w", a, w, grad, slope)
-    m, k = a.shape
-    acc = torch.zeros((k, w.shape[0]), dtype=torch.float64, device=a.device)
-    step = max(1, _REF_CHUNK_BYTES // (8 * max(1, k * w.shape[0])))
-    for s in range(0, m, step):
-        prod = _slope_products(a, w, slope, slice(s, s + step))
-        acc += (prod * grad[s:s + step].to(torch.float64).unsqueeze(1)).sum(0)
-    return acc.t().contiguous().to(torch.float32)
-
-
-def effective_products(lut, signed):
-    """float64 [256, 256] P[row(a)][w + 128]: the product the layer adds for codes (a, w), the weight's
-    sign folded in for unsigned multipliers (P = sign(w) * lut[a][|w|]), so both kinds index alike."""
-    lut = lut.to(torch.float64).cpu()
-    if signed:
-        return lut
-    w = torch.arange(-128, 128)
-    return lut[:, w.abs()] * torch.sign(w).to(torch.float64)
-
-
-def _finite_difference(p, dim, window=1):
-    """Slope of p along dim: (p[i+h] - p[i-h]) / 2h, the ends of the range clamped to the table (so h = 1 is
-    the central difference inside and one-sided at the edges)."""
-    i = torch.arange(256)
-    hi, lo = (i + window).clamp(max=255), (i - window).clamp(min=0)
-    shape = [1, 1]
-    shape[dim] = 256
-    return (p.index_select(dim, hi) - p.index_select(dim, lo)) / (hi - lo).to(p.dtype).reshape(shape)
-
-
-def slope_tables(lut, signed, window=1):
-    """(dP/da, dP/dw), float32 [256, 256] on lut's device: the multiplier's own finite-difference slopes over
-    +-window codes, which the `lut` gradient uses in place of the exact operands. For the exact multiplier
-    P = a * w, so they are exactly w and a (any window), and the `lut` gradient equals the straight-through
-    one. A wider window averages the steps of a coarse table into a usable slope."""
-    p = effective_products(lut, signed)
-    return (_finite_difference(p, 0, window).to(torch.float32).to(lut.device),
-            _finite_difference(p, 1, window).to(torch.float32).to(lut.device))
-
-
 def lut_grad_a(a, w, grad, slope, *, backend="cpp"):
     _check_backend(backend)
     if backend == "python":
@@ -340,11 +264,6 @@ def lut_conv2d(a, w, lut, stride=1, padding=0, dilation=1, groups=1, *, backend=
               list(_pair(dilation, "dilation")), groups, algo)
 
 
-def reference_dequantize(acc, act_scale, weight_scale, bias):
-    shape = (1, -1) + (1,) * (acc.dim() - 2)
-    return acc.to(torch.float32) * (act_scale * weight_scale).view(shape) + bias.view(shape)
-
-
 def mark_non_finite(flag: torch.Tensor, x: torch.Tensor) -> None:
     """Set the 1-element bool `flag` (on x's device, never cleared here) when x holds a NaN or Inf, without a
     host wait: what the quantize kernels do as they read x, for code that has no such kernel."""
@@ -368,6 +287,24 @@ def dequantize(acc, act_scale, weight_scale, bias, *, backend="cpp"):
     if backend == "python":
         return reference_dequantize(acc, act_scale, weight_scale, bias)
     return _compiled("dequantize", backend, acc)(acc, act_scale.reshape(()).contiguous(), weight_scale, bias)
+
+
+def requantize(acc, bias, multiplier, shift, out_scale, qmin, qmax, *, backend="cpp"):
+    """fp32 code * out_scale with code = clamp(round((acc + bias[n]) * M0[n] / 2^shift[n]), qmin, qmax):
+    runner.quant.reference_requantize. acc int32 [B, N, ...]; bias, multiplier (M0), shift int32 [N]
+    (requant_multiplier's range); out_scale 0-d float32 on acc's device."""
+    _check_backend(backend)
+    if backend == "python":
+        return reference_requantize(acc, bias, multiplier, shift, out_scale, qmin, qmax)
+    return _compiled("requantize", backend, acc)(acc, bias, multiplier, shift, out_scale.reshape(()), qmin, qmax)
+
+
+def finish(acc, act_scale, weight_scale, bias, requant=None, *, backend="cpp"):
+    """A layer's last step: dequantize (requant None) or requantize to the next layer's codes (requant: the
+    arguments of requantize after acc)."""
+    if requant is None:
+        return dequantize(acc, act_scale, weight_scale, bias, backend=backend)
+    return requantize(acc, *requant, backend=backend)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -396,18 +333,19 @@ def _check_grad_mode(grad):
         raise UserError(f"finetune.grad={grad!r}: choose {' or '.join(GRADS)}.")
 
 
-def _qforward_linear(x, weight_codes, weight_scale, act_scale, bias, lut, signed, backend, algo, nonfinite=None):
+def _qforward_linear(x, weight_codes, weight_scale, act_scale, bias, lut, signed, backend, algo, nonfinite=None,
+                     requant=None):
     codes = quantize(x.contiguous(), act_scale, signed, backend=backend, nonfinite=nonfinite)
     lead = codes.shape[:-1]
     acc = lut_linear(codes.reshape(-1, codes.shape[-1]), weight_codes, lut, backend=backend, algo=algo)
-    return dequantize(acc, act_scale, weight_scale, bias, backend=backend).reshape(*lead, acc.shape[-1])
+    return finish(acc, act_scale, weight_scale, bias, requant, backend=backend).reshape(*lead, acc.shape[-1])
 
 
 def _qforward_conv2d(x, weight_codes, weight_scale, act_scale, bias, lut, stride, padding, dilation, groups,
-                     signed, backend, algo, nonfinite=None):
+                     signed, backend, algo, nonfinite=None, requant=None):
     codes = quantize(x.contiguous(), act_scale, signed, backend=backend, nonfinite=nonfinite)
     acc = lut_conv2d(codes, weight_codes, lut, stride, padding, dilation, groups, backend=backend, algo=algo)
-    return dequantize(acc, act_scale, weight_scale, bias, backend=backend)
+    return finish(acc, act_scale, weight_scale, bias, requant, backend=backend)
 
 
 @torch.library.custom_op("approx::qlinear", mutates_args=())
@@ -603,6 +541,14 @@ def _register_fakes():
     def _(acc, act_scale, weight_scale, bias):
         torch._check(acc.dim() >= 2, lambda: "dequantize: acc must be [B, N, ...]")
         return torch.empty_like(acc, dtype=torch.float32)
+
+    def requantize_fake(acc, bias, multiplier, shift, out_scale, qmin, qmax):
+        torch._check(acc.dim() >= 2, lambda: "requantize: acc must be [B, N, ...]")
+        return torch.empty_like(acc, dtype=torch.float32)
+
+    # an extension built before requantize existed still imports; backend=cpp/cuda then says to rebuild
+    if hasattr(torch.ops.approx, "requantize"):
+        torch.library.register_fake("approx::requantize")(requantize_fake)
 
     @torch.library.register_fake("approx::lut_grad_a")
     def _(a, w, grad, slope):

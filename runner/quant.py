@@ -8,9 +8,19 @@ Activations (the input of each Conv2d/Linear): one scale per tensor, zero-point 
     amax calibrated statically (min-max or a percentile over training batches) or per batch.
 Codes are exactly what torch.fake_quantize_per_{tensor,channel}_affine rounds to, so the
 fake-quant path and the LUT path see identical integers. The LUT products are summed exactly in
-int32; the layer output is acc * (s_a * s_w) + bias in fp32."""
+int32. What follows the sum (quant.requant; docs/quantization.md):
+    float    the layer output is acc * (s_a * s_w) + bias in fp32 (reference_dequantize), and the next
+             layer quantizes it again;
+    integer  acc plus an int32 bias (quantize_bias) is requantized to the next layer's codes with a
+             fixed-point multiplier and a rounding shift (requant_multiplier, reference_requantize);
+             a layer with no quantized consumer directly after it (the logits) dequantizes.
+Every step is defined here once, in integer or single IEEE-rounded fp32 operations, and the kernels
+(runner.ops) do the same operations in the same order, so python, cpp and cuda give the same bits.
+Calibration runs the float model in float64 on the CPU, so scales do not depend on the device or
+the batching of the calibration forward."""
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -19,6 +29,9 @@ from torch import nn
 from runner.errors import UserError
 
 WEIGHT_QMAX = 127
+# what a layer does after its integer MAC (module docstring)
+REQUANT = ("float", "integer")
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -28,6 +41,7 @@ class QuantConfig:
     percentile: float = 99.99          # used by activation=percentile
     calib_batches: int = 8             # training batches seen by static calibration
     calib_batch_size: int = 256
+    requant: str = "integer"           # integer | float (REQUANT; docs/quantization.md says why integer)
 
     def __post_init__(self):
         if self.weight not in ("per_channel", "per_tensor"):
@@ -38,6 +52,8 @@ class QuantConfig:
             raise UserError(f"quant.percentile={self.percentile}: must be in (50, 100].")
         if int(self.calib_batches) < 1 or int(self.calib_batch_size) < 1:
             raise UserError("quant.calib_batches and quant.calib_batch_size must be >= 1.")
+        if self.requant not in REQUANT:
+            raise UserError(f"quant.requant={self.requant!r}: choose {' or '.join(REQUANT)}.")
 
     @classmethod
     def from_cfg(cls, cfg) -> "QuantConfig":
@@ -106,6 +122,68 @@ def quantize_weight(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.round(fake_quant_weight(w, scale) / scale.view(shape).to(w.device)).to(torch.int8)
 
 
+def reference_dequantize(acc, act_scale, weight_scale, bias):
+    """fp32 float(acc) * (act_scale * weight_scale[n]) + bias[n], channel dim 1: three IEEE roundings (the int to
+    float conversion, the products; the multiply and the add rounded separately, never fused). acc may be int64
+    (fake-quant's exact sums): its conversion rounds the same integer the same way."""
+    shape = (1, -1) + (1,) * (acc.dim() - 2)
+    return acc.to(torch.float32) * (act_scale * weight_scale).view(shape) + bias.view(shape)
+
+
+def quantize_bias(bias: torch.Tensor, act_scale: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """int32 [N]: round(bias / (s_a * s_w[n])) (half to even), clamped to int32, on bias's device. In float64:
+    the product of two float32 values is exact and the quotient rounds once (IEEE), so every device gives
+    the same integers."""
+    acc_scale = act_scale.detach().double().reshape(()).to(bias.device) * weight_scale.detach().double()
+    q = torch.round(bias.detach().double() / acc_scale)
+    return q.clamp(INT32_MIN, INT32_MAX).to(torch.int32)
+
+
+def dequantized_bias(bias_q: torch.Tensor, act_scale: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """fp32 fl(float(bias_q) * fl(s_a * s_w[n])): the int32 bias of a layer that dequantizes (requant=integer
+    with no quantized consumer next), added after fl(float(acc) * fl(s_a * s_w)) like a float bias."""
+    return bias_q.to(torch.float32) * (act_scale.detach().float().reshape(()) * weight_scale.detach().float())
+
+
+# requant_multiplier's range: M0 in [2^30, 2^31), 1 <= shift <= 63, so (int64(acc) + bias) * M0 fits int64
+REQUANT_MAX_SHIFT = 63
+
+
+def requant_multiplier(real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M0, shift), int32 [N] on the CPU, with real[n] = M0 * 2^-shift to 31 significant bits (gemmlowp's
+    QuantizeMultiplier): M0 in [2^30, 2^31) and 1 <= shift <= 63. A real multiplier below 2^-33 gets M0 = 0,
+    which is exact: |acc + bias| < 2^32, so every code rounds to 0. real must be in
+    [0, 2^30); real = 0 gives M0 = 0."""
+    real = real.detach().double().cpu()
+    if bool((real < 0).any() | ~torch.isfinite(real).all() | (real >= 2.0 ** 30).any()):
+        raise UserError(f"requantization multiplier {real.tolist()} is outside [0, 2^30): the scales of "
+                        "consecutive layers are degenerate (a zero or non-finite activation range?).")
+    mant, exp = torch.frexp(real)                       # real = mant * 2^exp, mant in [0.5, 1)
+    m0 = torch.round(mant * 2.0 ** 31).to(torch.int64)  # in [2^30, 2^31]
+    carry = m0 == 1 << 31
+    m0, exp = torch.where(carry, m0 // 2, m0), exp.to(torch.int64) + carry
+    shift = 31 - exp
+    gone = (shift > REQUANT_MAX_SHIFT) | (m0 == 0)
+    m0, shift = torch.where(gone, 0, m0), torch.where(gone, REQUANT_MAX_SHIFT, shift)
+    return m0.to(torch.int32), shift.to(torch.int32)
+
+
+def reference_requantize(acc, bias, multiplier, shift, out_scale, qmin: int, qmax: int):
+    """fp32 code * out_scale, with code = clamp(round((acc + bias[n]) * M0[n] / 2^shift[n]), qmin, qmax),
+    channel dim 1. All in int64: acc + bias (|.| < 2^32) times M0 (< 2^31) fits; the division rounds half up,
+    computed as ((p >> (shift - 1)) + 1) >> 1, which never overflows. The code times the scale is one IEEE
+    rounding, and the next layer's quantize at that same scale recovers the code exactly (|error| of the
+    round trip < 255 * 2^-22 < 0.5), so the next layer reads these codes; ReLU and max-pool in between are
+    monotone and act on them as on codes."""
+    shape = (1, -1) + (1,) * (acc.dim() - 2)
+    shift = shift.to(torch.int64).clamp(1, REQUANT_MAX_SHIFT).view(shape)  # the kernels clamp alike
+    # in place: fake-quant runs this on whole batches, and each int64 pass is a large tensor
+    p = acc.to(torch.int64, copy=True)
+    p.add_(bias.to(torch.int64).view(shape)).mul_(multiplier.to(torch.int64).view(shape))
+    code = p.bitwise_right_shift_(shift - 1).add_(1).bitwise_right_shift_(1).clamp_(qmin, qmax)
+    return code.to(torch.float32).mul_(out_scale.reshape(()))
+
+
 @dataclass
 class ActStats:
     min: float
@@ -118,41 +196,60 @@ def quant_layers(model: nn.Module) -> dict[str, nn.Module]:
 
 
 @torch.no_grad()
-def calibrate(model: nn.Module, x: torch.Tensor, qcfg: QuantConfig, device="cpu", seed: int = 0,
+def calibrate(model: nn.Module, x: torch.Tensor, qcfg: QuantConfig, device=None, seed: int = 0,
               layers: dict[str, nn.Module] | None = None) -> dict[str, ActStats]:
     """Observe the input of every Conv2d/Linear (or of `layers`) over `calib_batches` seeded random
     batches of x.
+
+    device None (a float model): a float64 copy of the model runs on the CPU, whatever device evaluates
+    later, so the statistics do not depend on the device, its kernels (TF32, cuDNN's algorithm) or how the
+    images are batched: float64 sums differ across those by ~1e-16 relative, far below a float32 ulp, and the
+    statistics become float32 once, as scales (act_scale_from_amax). A device (recalibrating a converted
+    model, whose LUT layers take float32): the model itself runs there.
 
     Runs for dynamic quantization too: the sign check (an unsigned multiplier needs inputs >= 0)
     must happen before inference, whatever the scale policy."""
     gen = torch.Generator().manual_seed(seed)
     n = min(len(x), qcfg.calib_batches * qcfg.calib_batch_size)
     idx = torch.randperm(len(x), generator=gen)[:n]
+    dtype = torch.float64 if device is None else None
+    if device is None:
+        names = set(quant_layers(model) if layers is None else layers)
+        model, device = copy.deepcopy(model).to(torch.float64), "cpu"
+        layers = {name: m for name, m in model.named_modules() if name in names}
     layers = quant_layers(model) if layers is None else layers
+    keep_all = qcfg.activation == "percentile"
     seen: dict[str, list[torch.Tensor]] = {name: [] for name in layers}
 
     def hook(name):
         def fn(_module, args):
-            seen[name].append(args[0].detach().flatten().float().cpu())
+            v = args[0].detach().flatten().double().cpu()
+            # min-max needs only each batch's extremes (exact, in any order); a percentile needs every value
+            seen[name].append(v if keep_all or v.numel() == 0 else torch.stack([v.min(), v.max()]))
         return fn
 
     handles = [m.register_forward_pre_hook(hook(name)) for name, m in layers.items()]
     try:
         model.eval().to(device)
         for i in range(0, n, qcfg.calib_batch_size):
-            model(x[idx[i:i + qcfg.calib_batch_size]].to(device))
+            model(x[idx[i:i + qcfg.calib_batch_size]].to(device=device, dtype=dtype))
     finally:
         for h in handles:
             h.remove()
     stats = {}
     for name, chunks in seen.items():
         v = torch.cat(chunks)
-        if qcfg.activation == "percentile":
+        if keep_all:
             q = qcfg.percentile / 100.0
             sample = v if v.numel() <= 1 << 24 else v[torch.randperm(v.numel(), generator=gen)[: 1 << 24]]
             amax_s = torch.quantile(sample.abs(), q).item()
             amax_u = max(torch.quantile(sample, q).item(), 0.0)
         else:
             amax_s, amax_u = v.abs().max().item(), max(v.max().item(), 0.0)
-        stats[name] = ActStats(min=v.min().item(), amax_signed=amax_s, amax_unsigned=amax_u)
+        stats[name] = ActStats(min=v.min().item(), amax_signed=_f32(amax_s), amax_unsigned=_f32(amax_u))
     return stats
+
+
+def _f32(v: float) -> float:
+    """The float32 nearest v, as a Python float: what the scale is computed from."""
+    return torch.tensor(v, dtype=torch.float64).float().item()

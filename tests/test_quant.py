@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from runner.quant import (QuantConfig, act_qrange, act_scale_from_amax, calibrate, fake_quant_act,
+from runner.quant import (QuantConfig, act_qrange, act_scale_from_amax, calibrate, fake_quant_act, quantize_bias,
                           fake_quant_weight, quantize_act, quantize_weight, weight_scale)
 
 
@@ -58,3 +58,54 @@ def test_calibration_deterministic(trained_lenet, mnist5k, mode):
     if mode == "percentile":
         mm = calibrate(model, mnist5k.train_x, QuantConfig(calib_batches=2, calib_batch_size=128), seed=3)
         assert a["fc1"].amax_unsigned <= mm["fc1"].amax_unsigned
+
+
+@pytest.mark.parametrize("mode", ["minmax", "percentile"])
+def test_calibration_does_not_depend_on_batching(trained_lenet, mnist5k, mode):
+    """The same images in batches of 64 or in one batch of 512 give the same statistics, bit for bit (the
+    float model runs in float64 on the CPU, so how the kernels split their sums leaves no trace)."""
+    from runner.models import fold_input_normalization
+
+    model = fold_input_normalization(trained_lenet[0])
+    small = calibrate(model, mnist5k.train_x, QuantConfig(activation=mode, calib_batches=8, calib_batch_size=64))
+    whole = calibrate(model, mnist5k.train_x, QuantConfig(activation=mode, calib_batches=1, calib_batch_size=512))
+    assert small == whole
+    # the scales come from float32 statistics: each amax is a float32 value
+    assert all(torch.tensor(s.amax_signed).double().item() == s.amax_signed for s in small.values())
+
+
+@pytest.mark.cuda
+def test_calibration_same_for_a_model_on_the_gpu(trained_lenet, mnist5k):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from runner.models import fold_input_normalization
+
+    model = fold_input_normalization(trained_lenet[0])
+    q = QuantConfig(calib_batches=2, calib_batch_size=128)
+    on_cpu = calibrate(model, mnist5k.train_x, q)
+    on_gpu = calibrate(model.cuda(), mnist5k.train_x.cuda(), q)
+    assert on_cpu == on_gpu
+
+
+def test_requant_setting_is_validated():
+    from runner.errors import UserError
+
+    assert QuantConfig(requant="integer").requant == "integer"
+    with pytest.raises(UserError, match="quant.requant='fixed'"):
+        QuantConfig(requant="fixed")
+
+
+def test_quantize_bias_rounds_at_the_accumulator_scale():
+    sa, sw = torch.tensor(0.02), torch.tensor([0.01, 0.5, 1e-6])
+    bias = torch.tensor([0.00301, -0.0125, 1e9])
+    q = quantize_bias(bias, sa, sw)
+    assert q.dtype == torch.int32 and q.tolist() == [15, -1, 2**31 - 1]  # -1.25 -> -1; a huge one saturates
+
+
+def test_bad_requant_is_exit_2_with_one_message(tmp_path):
+    from tests.conftest import run_cli
+
+    says = "quant.requant='fixed'"
+    out = run_cli("compare", "quant.requant=fixed", f"paths.results={tmp_path}/r", f"paths.checkpoints={tmp_path}/c")
+    assert out.returncode == 2 and "Traceback" not in out.stderr and says in out.stderr
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())  # stopped before training

@@ -43,11 +43,13 @@ inline void check_common(const char* op, const at::Tensor& a, const at::Tensor& 
               " kernel got tensors on ", a.device().str());
 }
 
-// A scale of quantize / dequantize: float32, `numel` values, on x's device, contiguous.
+// A scale of quantize / dequantize / requantize (or an int32 parameter of requantize): float32 (int32),
+// `numel` values, on x's device, contiguous.
 inline void check_scale(const char* op, const at::Tensor& s, const at::Tensor& x, int64_t numel,
-                        const char* name) {
+                        const char* name, bool int32 = false) {
   const std::string what = std::string(op) + ": `" + name + "` must ";
-  TORCH_CHECK(s.scalar_type() == at::kFloat, what + "be float32, got " + T(s));
+  TORCH_CHECK(s.scalar_type() == (int32 ? at::kInt : at::kFloat),
+              what + "be " + (int32 ? "int32" : "float32") + ", got " + T(s));
   TORCH_CHECK(s.numel() == numel, what + "have " + I(numel) + " element(s), got " + I(s.numel()));
   TORCH_CHECK(s.device() == x.device(), what + "be on " + x.device().str() + ", got " + s.device().str());
   TORCH_CHECK(s.is_contiguous(), what + "be contiguous");
@@ -58,6 +60,16 @@ inline void check_nonfinite_flag(const std::optional<at::Tensor>& flag, const at
   TORCH_CHECK(!flag || (flag->scalar_type() == at::kBool && flag->numel() == 1 && flag->device() == x.device()),
               "quantize: `nonfinite` must be one bool on " + x.device().str() + ", got " +
                   (flag ? std::string(T(*flag)) + " " + D(flag->sizes()) + " on " + flag->device().str() : ""));
+}
+
+// requantize's accumulators and code range (the parameters go through check_scale).
+inline int64_t check_requantize(const at::Tensor& acc, int64_t qmin, int64_t qmax) {
+  TORCH_CHECK(acc.scalar_type() == at::kInt, std::string("requantize: `acc` must be int32, got ") + T(acc));
+  TORCH_CHECK(acc.dim() >= 2, "requantize: `acc` must be [B, N, ...], got " + I(acc.dim()) + " dims");
+  TORCH_CHECK(acc.is_contiguous(), "requantize: `acc` must be contiguous");
+  TORCH_CHECK(-128 <= qmin && qmin < qmax && qmax <= 255,
+              "requantize: need -128 <= qmin < qmax <= 255, got qmin " + I(qmin) + ", qmax " + I(qmax));
+  return acc.size(1);
 }
 
 struct LinearShape {

@@ -52,6 +52,17 @@ TORCH_LIBRARY(approx, m) {
   //               a check of its own (extra launches on the GPU, a host wait on the result).
   m.def("quantize(Tensor x, Tensor scale, bool signed, Tensor(a!)? nonfinite=None) -> Tensor");
   m.def("dequantize(Tensor acc, Tensor act_scale, Tensor weight_scale, Tensor bias) -> Tensor");
+  // quant.requant=integer: the accumulators requantized to the next layer's codes in integer arithmetic
+  // (runner/quant.py reference_requantize; gemmlowp / TFLite style fixed-point multiplier):
+  //   v = int64(acc) + bias[n];  p = v * multiplier[n];  code = ((p >> (shift[n] - 1)) + 1) >> 1
+  //   out = float(clamp(code, qmin, qmax)) * out_scale   (one IEEE rounding; the next layer's quantize at
+  //   out_scale gives `code` back exactly)
+  // acc int32 [B, N, ...]; bias, multiplier, shift int32 [N] on acc's device, multiplier in [0, 2^31) and
+  // shift in [1, 63] (so p fits int64 and the shifts are defined); out_scale 0-d float32; qmin < qmax within
+  // [-128, 255]. Rounds half up; arithmetic shifts of int64.
+  m.def(
+      "requantize(Tensor acc, Tensor bias, Tensor multiplier, Tensor shift, Tensor out_scale, int qmin, "
+      "int qmax) -> Tensor");
   // Backward of the `lut` gradient (runner/ops.py slope_tables, reference_lut_grad_*), in rows form
   // (a conv is unfolded first): a [M, K] codes, w [N, K] codes, grad [M, N] float32, slope [256, 256]
   // float32 indexed [row(a)][w + 128] (row(a) = a + 128 for int8, a for uint8):

@@ -1,9 +1,12 @@
-"""approx::quantize / approx::dequantize: the fused ends of an approx layer equal their references
-(fake-quant's integers; the eager dequantize expression) bit for bit on every backend."""
+"""approx::quantize / dequantize / requantize: the fused ends of an approx layer equal their references
+(fake-quant's integers; the eager dequantize expression; the integer requantization) bit for bit on every
+backend."""
 import pytest
 import torch
 
 from runner import ops
+from runner.errors import UserError
+from runner.quant import requant_multiplier
 
 from .conftest import backend_params
 
@@ -89,3 +92,111 @@ def test_quant_ops_reject_bad_inputs(backend, device):
         torch.ops.approx.dequantize(acc.float(), s, torch.ones(3, device=device), torch.ones(3, device=device))
     with pytest.raises(RuntimeError, match="3 element"):
         torch.ops.approx.dequantize(acc, s, torch.ones(2, device=device), torch.ones(3, device=device))
+
+
+# ---- requantize (quant.requant=integer) ----------------------------------------------------------------------
+
+def _exact_requant(v: int, m0: int, shift: int, qmin: int, qmax: int) -> int:
+    """The definition in Python's unbounded integers: clamp(floor(v * m0 / 2^shift + 1/2))."""
+    return min(max((2 * v * m0 + (1 << shift)) >> (shift + 1), qmin), qmax)
+
+
+def _requant_args(gen, n, extremes=False):
+    real = torch.exp(torch.empty(n, dtype=torch.float64).uniform_(-40, 20, generator=gen))
+    m0, shift = requant_multiplier(real)
+    bias = torch.randint(-(2**31), 2**31 - 1, (n,), generator=gen, dtype=torch.int32)
+    if extremes:  # the ends of every range: the int64 product and the shifts must neither overflow nor wrap
+        m0[:4] = torch.tensor([2**31 - 1, 2**30, 0, 2**31 - 1], dtype=torch.int32)
+        shift[:4] = torch.tensor([63, 1, 31, 1], dtype=torch.int32)
+        bias[:4] = torch.tensor([2**31 - 1, -(2**31), 0, -(2**31)], dtype=torch.int32)
+    return bias, m0, shift
+
+
+@pytest.mark.parametrize("backend,device", [("python", "cpu"), *backend_params()])
+@pytest.mark.parametrize("qrange", [(-128, 127), (0, 255)], ids=["signed", "unsigned"])
+def test_requantize_equals_unbounded_integer_definition(gen, backend, device, qrange):
+    """Every element against the definition in exact integers, at the extremes of acc, bias, M0 and shift:
+    (acc + bias) * M0 needs 64 bits and must not wrap; the rounding shift must not overflow."""
+    n = 8
+    bias, m0, shift = _requant_args(gen, n, extremes=True)
+    acc = torch.randint(-(2**31), 2**31 - 1, (64, n), generator=gen, dtype=torch.int32)
+    acc[0], acc[1] = 2**31 - 1, -(2**31)
+    out_scale = torch.tensor(0.0371)
+    got = ops.requantize(*(t.to(device) for t in (acc, bias, m0, shift, out_scale)), *qrange, backend=backend).cpu()
+    want = torch.tensor([[_exact_requant(int(acc[i, c]) + int(bias[c]), int(m0[c]), int(shift[c]), *qrange)
+                          for c in range(n)] for i in range(acc.shape[0])], dtype=torch.float32) * out_scale
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("backend,device", backend_params())
+@pytest.mark.parametrize("shape", [(5, 7), (3, 6, 4, 5), (0, 4)])
+def test_requantize_kernels_equal_reference(gen, backend, device, shape):
+    bias, m0, shift = _requant_args(gen, shape[1])
+    bias //= 4096  # biases of the size quantize_bias gives, so codes land inside the range too, not only clamped
+    acc = torch.randint(-(2**20), 2**20, shape, generator=gen, dtype=torch.int32)
+    m0, shift = requant_multiplier(torch.rand(shape[1], generator=gen, dtype=torch.float64) * 1e-4)
+    for qrange in ((-128, 127), (0, 255)):
+        args = (acc, bias, m0, shift, torch.tensor(0.0123))
+        expected = ops.reference_requantize(*args, *qrange)
+        got = ops.requantize(*(t.to(device) for t in args), *qrange, backend=backend).cpu()
+        assert torch.equal(got, expected)
+        if acc.numel() > 300:
+            assert expected.unique().numel() > 30  # values inside the range: rounding, not only clamping
+
+
+def test_requant_multiplier_is_the_real_multiplier_to_31_bits(gen):
+    real = torch.cat([torch.exp(torch.empty(1000, dtype=torch.float64).uniform_(-21, 20, generator=gen)),
+                      torch.tensor([1.0, 0.5, 2.0**-21, 2.0**29, 1 - 2.0**-40])])
+    m0, shift = requant_multiplier(real)
+    assert bool(((m0 >= 2**30) & (shift >= 1) & (shift <= 63)).all())
+    approx = m0.double() * torch.pow(2.0, -shift.double())
+    assert bool(((approx - real).abs() <= real * 2.0**-31).all())
+    zero, _ = requant_multiplier(torch.tensor([0.0, 2.0**-50], dtype=torch.float64))
+    assert zero.tolist() == [0, 0]
+    for bad in (-1.0, float("inf"), float("nan"), 2.0**30):
+        with pytest.raises(UserError, match="requantization multiplier"):
+            requant_multiplier(torch.tensor([bad], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("backend,device", [("python", "cpu"), *backend_params()])
+def test_requantized_codes_survive_relu_maxpool_and_the_next_quantize(gen, backend, device):
+    """Why requant=integer may hand the next layer fp32 values: code * s, through ReLU and max-pool, quantized
+    again at the same fp32 scale s, is the code (ReLU'd, max-pooled) again, for every code and any scale."""
+    scales = torch.cat([torch.exp(torch.empty(2000).uniform_(-30, 10, generator=gen)),
+                        torch.tensor([1 / 255, 1 / 127, 0.1, 3.4e-38, 1e30])])
+    for signed, (lo, hi) in ((True, (-128, 127)), (False, (0, 255))):
+        c = torch.arange(lo, hi + 1, dtype=torch.float32)
+        for s in scales:
+            s = s.reshape(()).to(device)
+            x = (c.to(device) * s).reshape(1, 1, -1, 1).repeat(1, 1, 1, 2).contiguous()
+            back = ops.quantize(x, s, signed, backend=backend).cpu()
+            assert torch.equal(back[0, 0, :, 0].float(), c), float(s)
+            pooled = torch.nn.functional.max_pool2d(torch.relu(x), (2, 2)).contiguous()
+            codes = ops.quantize(pooled, s, signed, backend=backend).cpu().float().flatten()
+            assert torch.equal(codes, c.clamp(min=0).reshape(-1, 2).amax(1)), float(s)
+
+
+@pytest.mark.parametrize("backend,device", backend_params())
+def test_opcheck_requantize(gen, backend, device):
+    bias, m0, shift = _requant_args(gen, 3)
+    acc = torch.randint(-1000, 1000, (4, 3, 5, 5), generator=gen, dtype=torch.int32)
+    args = tuple(t.to(device) for t in (acc, bias, m0, shift, torch.tensor(0.05)))
+    torch.library.opcheck(torch.ops.approx.requantize.default, (*args, -128, 127))
+    torch.library.opcheck(torch.ops.approx.requantize.default, (args[0][:, :, 0, 0].contiguous(), *args[1:], 0, 255))
+
+
+@pytest.mark.parametrize("backend,device", backend_params())
+def test_requantize_rejects_bad_inputs(backend, device):
+    acc = torch.zeros(4, 3, dtype=torch.int32, device=device)
+    i3, s = torch.zeros(3, dtype=torch.int32, device=device), torch.tensor(0.1, device=device)
+    op = torch.ops.approx.requantize
+    with pytest.raises(RuntimeError, match="acc.*int32"):
+        op(acc.float(), i3, i3, i3, s, -128, 127)
+    with pytest.raises(RuntimeError, match="bias.*int32"):
+        op(acc, i3.float(), i3, i3, s, -128, 127)
+    with pytest.raises(RuntimeError, match="shift.*3 element"):
+        op(acc, i3, i3, i3[:2], s, -128, 127)
+    with pytest.raises(RuntimeError, match="out_scale.*float32"):
+        op(acc, i3, i3, i3, s.double(), -128, 127)
+    with pytest.raises(RuntimeError, match="qmin"):
+        op(acc, i3, i3, i3, s, 0, 256)

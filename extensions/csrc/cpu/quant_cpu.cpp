@@ -1,9 +1,10 @@
-// CPU kernels for approx::quantize and approx::dequantize (arithmetic: see ../ops.cpp).
+// CPU kernels for approx::quantize, approx::dequantize and approx::requantize (arithmetic: see ../ops.cpp).
 // setup.py compiles with -ffp-contract=off, so `a * b + c` below is two roundings, as in eager PyTorch.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -76,9 +77,43 @@ at::Tensor dequantize_cpu(const at::Tensor& acc, const at::Tensor& act_scale, co
   return out;
 }
 
+at::Tensor requantize_cpu(const at::Tensor& acc, const at::Tensor& bias, const at::Tensor& multiplier,
+                          const at::Tensor& shift, const at::Tensor& out_scale, int64_t qmin, int64_t qmax) {
+  const int64_t n = approx_checks::check_requantize(acc, qmin, qmax);
+  check_scale("requantize", bias, acc, n, "bias", true);
+  check_scale("requantize", multiplier, acc, n, "multiplier", true);
+  check_scale("requantize", shift, acc, n, "shift", true);
+  check_scale("requantize", out_scale, acc, 1, "out_scale");
+  int64_t inner = 1;
+  for (int64_t d = 2; d < acc.dim(); ++d) inner *= acc.size(d);
+  const float os = out_scale.item<float>();
+  const int32_t* b = bias.data_ptr<int32_t>();
+  const int32_t* m0 = multiplier.data_ptr<int32_t>();
+  const int32_t* sh = shift.data_ptr<int32_t>();
+  const int32_t* in = acc.data_ptr<int32_t>();
+  auto out = at::empty(acc.sizes(), acc.options().dtype(at::kFloat));
+  float* o = out.data_ptr<float>();
+  const int64_t rows = acc.size(0) * n;
+  at::parallel_for(0, rows, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(inner, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t c = r % n, bc = b[c], mc = m0[c];
+      const int s = std::min(std::max<int>(sh[c], 1), 63);  // the documented range; a shift outside it is UB
+      const int32_t* src = in + r * inner;
+      float* dst = o + r * inner;
+      for (int64_t i = 0; i < inner; ++i) {
+        const int64_t p = (static_cast<int64_t>(src[i]) + bc) * mc;
+        const int64_t code = ((p >> (s - 1)) + 1) >> 1;
+        dst[i] = static_cast<float>(std::min(std::max(code, qmin), qmax)) * os;
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(approx, CPU, m) {
   m.impl("quantize", &quantize_cpu);
   m.impl("dequantize", &dequantize_cpu);
+  m.impl("requantize", &requantize_cpu);
 }

@@ -1,4 +1,4 @@
-// CUDA kernels for approx::quantize and approx::dequantize (arithmetic: see ../ops.cpp).
+// CUDA kernels for approx::quantize, approx::dequantize and approx::requantize (arithmetic: see ../ops.cpp).
 // The _rn intrinsics fix each float operation to one IEEE round-to-nearest step, whatever
 // --use_fast_math or FMA contraction would otherwise do, so results equal the CPU kernels.
 #include <ATen/ATen.h>
@@ -40,6 +40,23 @@ __global__ void dequantize_kernel(const int32_t* __restrict__ acc, const float* 
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t c = (i / inner) % n;
     out[i] = __fadd_rn(__fmul_rn(__int2float_rn(acc[i]), __fmul_rn(a, sw[c])), bias[c]);
+  }
+}
+
+// Integer only up to the last step, so nothing for nvcc to contract; the code (|code| <= 255, exact as a
+// float) times the scale is one round-to-nearest multiply, as on the CPU.
+__global__ void requantize_kernel(const int32_t* __restrict__ acc, const int32_t* __restrict__ bias,
+                                  const int32_t* __restrict__ multiplier, const int32_t* __restrict__ shift,
+                                  const float* __restrict__ out_scale, float* __restrict__ out, int64_t total,
+                                  int64_t n, int64_t inner, int64_t qmin, int64_t qmax) {
+  const float os = *out_scale;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t c = (i / inner) % n;
+    const int s = min(max(shift[c], 1), 63);  // the documented range; a shift outside it is UB
+    const int64_t p = (static_cast<int64_t>(acc[i]) + bias[c]) * static_cast<int64_t>(multiplier[c]);
+    const int64_t code = ((p >> (s - 1)) + 1) >> 1;
+    const int64_t clamped = code < qmin ? qmin : (code > qmax ? qmax : code);
+    out[i] = __fmul_rn(__int2float_rn(static_cast<int>(clamped)), os);
   }
 }
 
@@ -96,9 +113,30 @@ at::Tensor dequantize_cuda(const at::Tensor& acc, const at::Tensor& act_scale, c
   return out;
 }
 
+at::Tensor requantize_cuda(const at::Tensor& acc, const at::Tensor& bias, const at::Tensor& multiplier,
+                           const at::Tensor& shift, const at::Tensor& out_scale, int64_t qmin, int64_t qmax) {
+  const int64_t n = approx_checks::check_requantize(acc, qmin, qmax);
+  check_scale("requantize", bias, acc, n, "bias", true);
+  check_scale("requantize", multiplier, acc, n, "multiplier", true);
+  check_scale("requantize", shift, acc, n, "shift", true);
+  check_scale("requantize", out_scale, acc, 1, "out_scale");
+  const c10::cuda::CUDAGuard guard(acc.device());
+  auto out = at::empty(acc.sizes(), acc.options().dtype(at::kFloat));
+  const int64_t total = acc.numel();
+  if (total == 0) return out;
+  int64_t inner = 1;
+  for (int64_t d = 2; d < acc.dim(); ++d) inner *= acc.size(d);
+  requantize_kernel<<<grid_for(total), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      acc.data_ptr<int32_t>(), bias.data_ptr<int32_t>(), multiplier.data_ptr<int32_t>(), shift.data_ptr<int32_t>(),
+      out_scale.data_ptr<float>(), out.data_ptr<float>(), total, n, inner, qmin, qmax);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(approx, CUDA, m) {
   m.impl("quantize", &quantize_cuda);
   m.impl("dequantize", &dequantize_cuda);
+  m.impl("requantize", &requantize_cuda);
 }

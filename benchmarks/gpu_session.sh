@@ -49,7 +49,7 @@ case $mode in agree)
     > '$out/sweep_cpp.log' 2>&1; tail -3 '$out/sweep_cpp.log'"
   step "cpp vs cuda" bash -c "python3 benchmarks/backend_agreement.py /tmp/r_cpp/sweep/* /tmp/r_cuda/sweep/* | tee '$out/agreement.log' | tail -8;
     cp /tmp/r_cuda/sweep/*/summary.csv '$out/fmnist_sweep_cuda.csv'; cp /tmp/r_cuda/results.csv '$out/fmnist_results_cuda.csv'"
-  for m in mul8u_T83 mul8s_1L2N; do
+  for m in ${FINETUNE_TABLES-mul8u_T83 mul8s_1L2N}; do   # FINETUNE_TABLES="" skips the retraining
     step "finetune $m" bash -c "python3 -m runner.cli finetune multiplier=$m backend=cuda $fm paths.results=/tmp/r_ft \
       > '$out/finetune_$m.log' 2>&1; grep -i 'retrain\|epoch\|finetuned' '$out/finetune_$m.log' | tail -6"
   done

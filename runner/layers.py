@@ -546,10 +546,10 @@ def quantized_models(model: nn.Module, multipliers, qcfg: QuantConfig, calib_x: 
     """(fakequant model, approx model, calibration stats) from a trained fp32 model: BatchNorm and the input
     normalisation folded into the convs before them (runner.models.fold_input_normalization), inputs
     calibrated on calib_x (on the CPU, in float64: runner.quant.calibrate), then both conversions from the
-    same statistics."""
-    folded = fold_input_normalization(model, calib_x[:1])
+    same statistics. The folds run on a CPU copy: folded weights computed on a GPU could differ in their last
+    bits, and with them every scale and code."""
+    folded = fold_input_normalization(copy.deepcopy(model).cpu(), calib_x[:1].cpu())
     stats = calibrate(folded, calib_x, qcfg, seed=seed)
-    folded = folded.cpu()
     fq = convert_model(folded, multipliers, qcfg, stats, fake=True, layers=layers)
     approx = convert_model(folded, multipliers, qcfg, stats, backend=backend, algo=algo, layers=layers)
     return fq, approx, stats

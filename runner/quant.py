@@ -118,8 +118,13 @@ def fake_quant_weight(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_weight(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """int8 codes round(w * (1/scale)) clamped to +-WEIGHT_QMAX: the codes fake_quant_weight's grid holds, in
+    its arithmetic (one float reciprocal, one multiply, round half to even), written with plain tensor ops
+    because torch.fake_quantize_per_channel_affine waits for the GPU, and a training step calls this once a
+    layer."""
     shape = (-1,) + (1,) * (w.dim() - 1)
-    return torch.round(fake_quant_weight(w, scale) / scale.view(shape).to(w.device)).to(torch.int8)
+    inv = 1.0 / scale.detach().float().view(shape).to(w.device)
+    return torch.clamp(torch.round(w.detach().float() * inv), -WEIGHT_QMAX, WEIGHT_QMAX).to(torch.int8)
 
 
 def reference_dequantize(acc, act_scale, weight_scale, bias):

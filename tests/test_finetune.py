@@ -275,7 +275,8 @@ def test_non_finite_loss_stops_training_with_a_user_error(backend):
         def forward(self, x):
             return torch.full((len(x), 10), float("nan"), device=x.device)
 
-    with pytest.raises(UserError, match="finetune diverged"):
+    # on a GPU the next layer's input flag may report it first (its message also says the run diverged)
+    with pytest.raises(UserError, match="diverged"):
         train_epochs(approx, data, FinetuneConfig(epochs=1, batch_size=16, distill_alpha=0.5), q,
                      device, 0, "tiny", teacher=NaNTeacher())
     with pytest.raises(ValueError, match="teacher"):

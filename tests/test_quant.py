@@ -109,3 +109,19 @@ def test_bad_requant_is_exit_2_with_one_message(tmp_path):
     out = run_cli("compare", "quant.requant=fixed", f"paths.results={tmp_path}/r", f"paths.checkpoints={tmp_path}/c")
     assert out.returncode == 2 and "Traceback" not in out.stderr and says in out.stderr
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())  # stopped before training
+
+
+@pytest.mark.parametrize("granularity", ["per_channel", "per_tensor"])
+def test_quantize_weight_gives_the_codes_of_fake_quant_grid(granularity):
+    """quantize_weight (plain tensor ops, no GPU wait) returns exactly the codes torch's fake-quant rounds to,
+    ties and the clamp included."""
+    from runner.quant import fake_quant_weight, quantize_weight, weight_scale
+
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(16, 6, 5, 5, generator=gen)
+    scale = weight_scale(w, granularity)
+    ties = (torch.arange(-130, 131, dtype=torch.float32) + 0.5)[: 6 * 5 * 5].reshape(1, 6, 5, 5) * scale[0]
+    w = torch.cat([w, ties])
+    scale = torch.cat([scale, scale[:1]])
+    want = torch.round(fake_quant_weight(w, scale) / scale.view(-1, 1, 1, 1)).to(torch.int8)
+    assert torch.equal(quantize_weight(w, scale), want)

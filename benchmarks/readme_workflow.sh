@@ -21,7 +21,7 @@ t $AR results $R --pivot --markdown
 t $AR results $R --plot docs/img/sweep_mnist5k.png
 t $AR sensitivity sensitivity.multipliers='mul8*' $P
 cp "$(ls -d "$OUT"/results/sensitivity/*/ | tail -1)sensitivity.png" docs/img/sensitivity_mnist5k.png
-t $AR search search.multipliers='mul8*' search.max_evals=1000 $P     # the default 300 is spent on the 300 one-layer and uniform evaluations of 50 tables
+t $AR search search.multipliers='mul8*' $P
 cp "$(ls -d "$OUT"/results/search/*/ | tail -1)pareto.png" docs/img/pareto_mnist5k.png
 for m in mul8s_1L2N mul8u_T83 mul8s_1L12; do for g in ste lut; do
   t $AR finetune multiplier=$m finetune.grad=$g $P

@@ -9,7 +9,8 @@
    most energy per point of loss the sensitivity table predicts (losses assumed to add up; moves it
    predicts within budget first) is tried, and kept only when a real evaluation of the whole assignment
    stays within search.max_loss points of fake-quant; a move that fails is not tried again. Ends when
-   no move is left (or after search.max_evals evaluations). Each (layer, multiplier) move is tried at most
+   no move is left (or after search.max_evals evaluations of the descent; the table and the uniform
+   choices are not counted, so the budget does not shrink as candidates are added). Each (layer, multiplier) move is tried at most
    once and each layer only moves to cheaper multipliers, so the evaluations grow linearly with the layers
    (layers x candidates for the table, at most as many again for the descent), not combinatorially.
    search.max_distinct=k (ALWANN's accelerator constraint: k multiplier circuits on the chip) allows only
@@ -128,7 +129,8 @@ def greedy(ev: Evaluator, candidates: list, layers: list[str], macs: dict, max_l
     best = dict(current)
     log.append({"kind": "candidate", "assignment": _label(current), "val_accuracy": ev.fakequant_accuracy,
                 "mult_energy_rel": _energy(current, macs), "accepted": True})  # the start: exact everywhere
-    while ev.evals < max_evals:
+    descent_start = ev.evals
+    while ev.evals - descent_start < max_evals:
         predicted = sum(single.get((n, m.name), 0.0) for n, m in current.items())
         moves = []
         for layer in layers:

@@ -69,3 +69,16 @@ def test_distinct_counts_tables_by_content():
 def test_max_distinct_must_be_a_positive_integer(bad):
     with pytest.raises(UserError, match="max_distinct"):
         check(compose("search", [f"search.max_distinct={bad}"]))
+
+
+def test_max_evals_bounds_the_descent_not_the_one_layer_table():
+    """A budget smaller than the one-layer table (layers x candidates) still leaves the descent its
+    evaluations: the search moves off exact and spends at most max_evals beyond the table."""
+    layers = [f"layer{i}.conv" for i in range(8)]
+    candidates = [resolve(c) for c in CANDIDATES]
+    ev = FakeEvaluator(layers, candidates)
+    macs = {n: 1000 for n in layers}
+    table_evals = len(layers) * len(candidates)
+    chosen = greedy(ev, candidates, layers, macs, 0.5, 5, [])
+    assert any(m.name != "exact" for m in chosen.values())
+    assert ev.evals <= table_evals + 5

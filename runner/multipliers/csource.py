@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from ..errors import UserError
 from . import bitslice as bs
+from .tokens import TokenStream
 
 ALLOWED_INCLUDES = ("stdint.h", "stdlib.h")
 
@@ -123,33 +124,12 @@ def _literal(text: str) -> tuple[int, str]:
     return value, suffix
 
 
-class _Evaluator:
+class _Evaluator(TokenStream):
     def __init__(self, text: str, where: str, operands: dict, extend_signed: bool = False):
-        self.where, self.extend_signed = where, extend_signed
-        self.toks = tokenize(text, where)
-        self.i = 0
+        super().__init__(tokenize(text, where), where)
+        self.extend_signed = extend_signed
         self.operands = operands
         self.env: dict = {}
-
-    # ------------------------------------------------------------ tokens
-    def peek(self, k=0):
-        return self.toks[min(self.i + k, len(self.toks) - 1)]
-
-    def next(self):
-        t = self.toks[self.i]
-        if t[0] != "eof":
-            self.i += 1
-        return t
-
-    def fail(self, msg, line=None):
-        raise UserError(f"{self.where}:{self.peek()[2] if line is None else line}: {msg}")
-
-    def expect(self, s):
-        t = self.next()
-        if t[1] != s or t[0] == "eof":
-            got = "the end of the file (is it truncated?)" if t[0] == "eof" else f"{t[1]!r}"
-            self.fail(f"expected {s!r}, found {got}", t[2])
-        return t
 
     def refuse_word(self, t):
         if t[1] in _REFUSED:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from ..errors import UserError
 from . import bitslice as bs
+from .tokens import TokenStream
 
 # EvoApproxLib's standard cells, as the library's own files define them; a file's definition wins.
 BUILTIN_CELLS = """
@@ -145,28 +146,9 @@ def _number(s: str, fail) -> tuple:
     return ("num", width, value, signed)
 
 
-class Parser:
+class Parser(TokenStream):
     def __init__(self, text: str, where: str):
-        self.where, self.toks, self.i = where, tokenize(text, where), 0
-
-    def peek(self, k=0):
-        return self.toks[min(self.i + k, len(self.toks) - 1)]
-
-    def next(self):
-        t = self.toks[self.i]
-        if t[0] != "eof":
-            self.i += 1
-        return t
-
-    def fail(self, msg, line=None):
-        raise UserError(f"{self.where}:{self.peek()[2] if line is None else line}: {msg}")
-
-    def expect(self, s):
-        t = self.next()
-        if t[1] != s or t[0] == "eof":
-            got = "the end of the file (is it truncated?)" if t[0] == "eof" else repr(t[1])
-            self.fail(f"expected {s!r}, found {got}", t[2])
-        return t
+        super().__init__(tokenize(text, where), where)
 
     def ident(self, what="a name"):
         t = self.next()

@@ -52,7 +52,7 @@ def test_missing_data_is_exit_2_without_traceback(tmp_path):
 
 
 def test_bad_override_is_exit_2(tmp_path):
-    out = run_cli("train", "data=cifar", f"paths.results={tmp_path}/r")
+    out = run_cli("train", "data=mnist6k", f"paths.results={tmp_path}/r")
     assert out.returncode == 2 and "Traceback" not in out.stderr and "mnist5k" in out.stderr
     out = run_cli("frobnicate")
     assert out.returncode == 2

@@ -62,14 +62,20 @@ inline void check_nonfinite_flag(const std::optional<at::Tensor>& flag, const at
                   (flag ? std::string(T(*flag)) + " " + D(flag->sizes()) + " on " + flag->device().str() : ""));
 }
 
-// requantize's accumulators and code range (the parameters go through check_scale).
-inline int64_t check_requantize(const at::Tensor& acc, int64_t qmin, int64_t qmax) {
+// requantize's accumulators, code range and per-channel parameters, for the CPU and CUDA kernels alike.
+inline int64_t check_requantize(const at::Tensor& acc, const at::Tensor& bias, const at::Tensor& multiplier,
+                                const at::Tensor& shift, const at::Tensor& out_scale, int64_t qmin, int64_t qmax) {
   TORCH_CHECK(acc.scalar_type() == at::kInt, std::string("requantize: `acc` must be int32, got ") + T(acc));
   TORCH_CHECK(acc.dim() >= 2, "requantize: `acc` must be [B, N, ...], got " + I(acc.dim()) + " dims");
   TORCH_CHECK(acc.is_contiguous(), "requantize: `acc` must be contiguous");
   TORCH_CHECK(-128 <= qmin && qmin < qmax && qmax <= 255,
               "requantize: need -128 <= qmin < qmax <= 255, got qmin " + I(qmin) + ", qmax " + I(qmax));
-  return acc.size(1);
+  const int64_t n = acc.size(1);
+  check_scale("requantize", bias, acc, n, "bias", true);
+  check_scale("requantize", multiplier, acc, n, "multiplier", true);
+  check_scale("requantize", shift, acc, n, "shift", true);
+  check_scale("requantize", out_scale, acc, 1, "out_scale");
+  return n;
 }
 
 struct LinearShape {

@@ -79,11 +79,7 @@ at::Tensor dequantize_cpu(const at::Tensor& acc, const at::Tensor& act_scale, co
 
 at::Tensor requantize_cpu(const at::Tensor& acc, const at::Tensor& bias, const at::Tensor& multiplier,
                           const at::Tensor& shift, const at::Tensor& out_scale, int64_t qmin, int64_t qmax) {
-  const int64_t n = approx_checks::check_requantize(acc, qmin, qmax);
-  check_scale("requantize", bias, acc, n, "bias", true);
-  check_scale("requantize", multiplier, acc, n, "multiplier", true);
-  check_scale("requantize", shift, acc, n, "shift", true);
-  check_scale("requantize", out_scale, acc, 1, "out_scale");
+  const int64_t n = approx_checks::check_requantize(acc, bias, multiplier, shift, out_scale, qmin, qmax);
   int64_t inner = 1;
   for (int64_t d = 2; d < acc.dim(); ++d) inner *= acc.size(d);
   const float os = out_scale.item<float>();

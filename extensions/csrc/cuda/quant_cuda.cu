@@ -115,11 +115,7 @@ at::Tensor dequantize_cuda(const at::Tensor& acc, const at::Tensor& act_scale, c
 
 at::Tensor requantize_cuda(const at::Tensor& acc, const at::Tensor& bias, const at::Tensor& multiplier,
                            const at::Tensor& shift, const at::Tensor& out_scale, int64_t qmin, int64_t qmax) {
-  const int64_t n = approx_checks::check_requantize(acc, qmin, qmax);
-  check_scale("requantize", bias, acc, n, "bias", true);
-  check_scale("requantize", multiplier, acc, n, "multiplier", true);
-  check_scale("requantize", shift, acc, n, "shift", true);
-  check_scale("requantize", out_scale, acc, 1, "out_scale");
+  const int64_t n = approx_checks::check_requantize(acc, bias, multiplier, shift, out_scale, qmin, qmax);
   const c10::cuda::CUDAGuard guard(acc.device());
   auto out = at::empty(acc.sizes(), acc.options().dtype(at::kFloat));
   const int64_t total = acc.numel();

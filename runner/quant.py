@@ -72,11 +72,18 @@ def act_qrange(signed: bool) -> tuple[int, int]:
     return (-128, 127) if signed else (0, 255)
 
 
+def true_divide(t: torch.Tensor, number: float) -> torch.Tensor:
+    """t / number rounded once (IEEE) on every device. PyTorch's CUDA division by a Python number multiplies by
+    the number's float reciprocal instead (one rounding more than the CPU's division), so the scales computed on
+    a GPU would differ from the CPU's in the last bit; a divisor tensor on t's device keeps true division."""
+    return t / torch.full((), number, dtype=t.dtype, device=t.device)
+
+
 def act_scale_from_amax(amax: torch.Tensor, signed: bool) -> torch.Tensor:
     """float32 scalar tensor; a zero range gets scale 1 so codes are 0 rather than NaN."""
     qmax = act_qrange(signed)[1]
     amax = amax.detach().float().reshape(())
-    return torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+    return torch.where(amax > 0, true_divide(amax, qmax), torch.ones_like(amax))
 
 
 def dynamic_amax(x: torch.Tensor, signed: bool) -> torch.Tensor:
@@ -109,7 +116,7 @@ def weight_scale(w: torch.Tensor, granularity: str) -> torch.Tensor:
         amax = w.abs().reshape(w.shape[0], -1).amax(dim=1)
     else:
         amax = w.abs().amax().expand(w.shape[0])
-    return torch.where(amax > 0, amax / WEIGHT_QMAX, torch.ones_like(amax)).contiguous()
+    return torch.where(amax > 0, true_divide(amax, WEIGHT_QMAX), torch.ones_like(amax)).contiguous()
 
 
 def fake_quant_weight(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -172,9 +172,7 @@ def test_set_multiplier_equals_a_fresh_conversion(trained_lenet, mnist5k, backen
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("requant", [pytest.param("float", marks=pytest.mark.xfail(
-    reason="known gap: with requant=float a conv layer's output on the GPU can differ from cpp in the last "
-           "bit (found on the H100, cause not yet located); the default requant=integer is bit-identical")), "integer"])
+@pytest.mark.parametrize("requant", ["float", "integer"])
 @pytest.mark.parametrize("table", ["mul8s_1L2J", "mul8u_T83"])
 def test_cuda_model_bit_identical_to_cpp(trained_lenet, mnist5k, requant, table):
     """Every stage is exact or rounds like the CPU (integer LUT sums, IEEE round-to-nearest quantize and
@@ -197,9 +195,7 @@ def test_cuda_model_bit_identical_to_cpp(trained_lenet, mnist5k, requant, table)
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("requant", [pytest.param("float", marks=pytest.mark.xfail(
-    reason="known gap: with requant=float a conv layer's output on the GPU can differ from cpp in the last "
-           "bit (found on the H100, cause not yet located); the default requant=integer is bit-identical")), "integer"])
+@pytest.mark.parametrize("requant", ["float", "integer"])
 def test_cuda_layers_bit_identical_to_cpp_on_rounding_ties(exact_s, requant):
     """Layer by layer on inputs at and next to quantization ties: quantize, LUT sums, dequantize or
     requantize give the same bits on the GPU as on the CPU (and the python reference)."""

@@ -125,3 +125,18 @@ def test_quantize_weight_gives_the_codes_of_fake_quant_grid(granularity):
     scale = torch.cat([scale, scale[:1]])
     want = torch.round(fake_quant_weight(w, scale) / scale.view(-1, 1, 1, 1)).to(torch.int8)
     assert torch.equal(quantize_weight(w, scale), want)
+
+
+@pytest.mark.cuda
+def test_scales_on_the_gpu_equal_the_cpus():
+    """Weight and activation scales divide by 127/255 once on every device (a GPU's division by a Python
+    number would multiply by its reciprocal and differ in the last bit for some values)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    w = torch.randn(4096, 9, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(weight_scale(w, "per_channel"), weight_scale(w.cuda(), "per_channel").cpu())
+    amax = torch.rand(4096, generator=torch.Generator().manual_seed(1)) * 8
+    for signed in (True, False):
+        on_cpu = torch.stack([act_scale_from_amax(a, signed) for a in amax[:512]])
+        on_gpu = torch.stack([act_scale_from_amax(a, signed) for a in amax[:512].cuda()]).cpu()
+        assert torch.equal(on_cpu, on_gpu)

@@ -25,6 +25,16 @@ class Normalize(nn.Module):
         return (x - self._shaped(self.mean)) / self._shaped(self.std)
 
 
+class GlobalAvgPool(nn.Module):
+    """The mean of each channel's map, [N, C, H, W] -> [N, C, 1, 1], summed in float64. A float32 sum depends
+    on the order of its terms, which differs between the CPU and a GPU. float64 has 29 more mantissa bits than
+    float32, so the sum of a map's float32 values is exact (in any order) unless some term is below 2^-29 of
+    the largest, and the mean comes out the same on every device."""
+
+    def forward(self, x):
+        return x.double().mean(dim=(2, 3), keepdim=True).to(x.dtype)
+
+
 class PadWith(nn.Module):
     """Pads an image with one value per channel. After the normalisation is folded into a padded first conv,
     the border must be the raw pixel value that normalises to 0 (the channel mean), not 0."""

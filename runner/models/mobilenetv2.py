@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from runner.models.common import Normalize
+from runner.models.common import GlobalAvgPool, Normalize
 
 # (expansion t, output channels c, blocks n, stride of the first s), as in the paper's table 2, shortened
 SMALL = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 2, 2), (6, 64, 2, 2))
@@ -45,7 +45,7 @@ class MobileNetV2(nn.Module):
                 c = width
         self.blocks = nn.Sequential(*layers)
         self.head = _conv_bn(c, head, 1)
-        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.pool = GlobalAvgPool()
         self.fc = nn.Linear(head, num_classes)
 
     def forward(self, x):

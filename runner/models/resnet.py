@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from runner.models.common import Normalize
+from runner.models.common import GlobalAvgPool, Normalize
 
 
 class BasicBlock(nn.Module):
@@ -46,7 +46,7 @@ class ResNet(nn.Module):
                 blocks.append(BasicBlock(planes, width, 2 if i > 0 and j == 0 else 1))
                 planes = width
             setattr(self, f"layer{i + 1}", nn.Sequential(*blocks))
-        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.pool = GlobalAvgPool()
         self.fc = nn.Linear(planes, num_classes)
 
     def forward(self, x):

@@ -127,7 +127,8 @@ def bench_algos(backends, batches=(10000,), repeats=10, warmup=2, *, signed=Fals
     """Every concrete variant of each backend on each LeNet-5 layer at each batch size: time, the
     workspace its prepared tables take, and for `auto` the variant it ran in the timed calls
     (approx::lut_algos, asked after them: the kernels' own choice function), or why a variant does
-    not apply to that shape."""
+    not apply to that shape. The variants of one (layer, batch) are timed in interleaved rounds (each
+    variant once per round), so a change of the machine's load during the measurement hits them alike."""
     rows = []
     for backend in backends:
         device = torch.device("cuda" if backend == "cuda" else "cpu")
@@ -139,33 +140,42 @@ def bench_algos(backends, batches=(10000,), repeats=10, warmup=2, *, signed=Fals
                 a = synthetic_codes((batch, *a_shape), signed, "uniform", gen).to(device)
                 w = torch.randint(-127, 128, w_shape, generator=gen, dtype=torch.int8).to(device)
                 macs = layer_macs(kind, a_shape, w_shape, batch)
-                for algo in ("auto", *ops.backend_algos(backend)):
-                    rows.append(_time_algo(backend, algo, kind, name, batch, macs, a, w, lut, device, timer,
-                                           repeats, warmup))
+                rows += _time_algos(backend, ("auto", *ops.backend_algos(backend)), kind, name, batch, macs, a, w,
+                                    lut, device, timer, repeats, warmup)
     return pd.DataFrame(rows)
 
 
-def _time_algo(backend, algo, kind, name, batch, macs, a, w, lut, device, timer, repeats, warmup) -> dict:
-    wa = w.clone()  # own weights: prepared tables are cached per weights tensor
-    fn = ((lambda: ops.lut_conv2d(a, wa, lut, backend=backend, algo=algo)) if kind == "conv"  # noqa: E731
-          else (lambda: ops.lut_linear(a, wa, lut, backend=backend, algo=algo)))
-    row = dict(backend=backend, algo=algo, layer=name, batch=batch, device=str(device),
-               threads=torch.get_num_threads(), macs=macs)
-    try:
-        fn()
-        for _ in range(warmup):
-            timer(fn)
-        ts = [timer(fn) for _ in range(repeats)]
+def _time_algos(backend, algos, kind, name, batch, macs, a, w, lut, device, timer, repeats, warmup) -> list[dict]:
+    base = dict(backend=backend, layer=name, batch=batch, device=str(device), threads=torch.get_num_threads(),
+                macs=macs)
+    fns, rows = {}, {}
+    for algo in algos:
+        wa = w.clone()  # own weights: prepared tables are cached per weights tensor
+        fn = ((lambda wa=wa, algo=algo: ops.lut_conv2d(a, wa, lut, backend=backend, algo=algo)) if kind == "conv"
+              else (lambda wa=wa, algo=algo: ops.lut_linear(a, wa, lut, backend=backend, algo=algo)))
+        try:
+            fn()
+            for _ in range(warmup):
+                timer(fn)
+        except RuntimeError as exc:  # a variant that does not apply to this shape says why
+            rows[algo] = {**base, "algo": algo, "supported": False, "note": str(exc).splitlines()[0]}
+            continue
+        fns[algo] = (fn, wa)
+    times = {algo: [] for algo in fns}
+    for _ in range(repeats):
+        for algo, (fn, _wa) in fns.items():
+            times[algo].append(timer(fn))
+    for algo, (_fn, wa) in fns.items():
         # the kernels' own account: workspace per variant, and auto's pick for these tensors
         info = {r["algo"]: r for r in ops.algo_table(a, wa, lut, backend=backend)}
-    except RuntimeError as exc:  # a variant that does not apply to this shape says why
-        return {**row, "supported": False, "note": str(exc).splitlines()[0]}
-    pick = next((r for r in info.values() if r["auto_pick"]), None)
-    mine = pick if algo == "auto" else info.get(algo)
-    med = statistics.median(ts)
-    return {**row, "auto_pick": pick["auto_pick_name"] if algo == "auto" and pick else "",
-            "supported": True, "median_us": med, "min_us": min(ts), "gmacs": macs / med / 1e3,
-            "workspace_mib": (mine["workspace_bytes"] if mine else float("nan")) / 2**20, "note": ""}
+        pick = next((r for r in info.values() if r["auto_pick"]), None)
+        mine = pick if algo == "auto" else info.get(algo)
+        ts = times[algo]
+        med = statistics.median(ts)
+        rows[algo] = {**base, "algo": algo, "auto_pick": pick["auto_pick_name"] if algo == "auto" and pick else "",
+                      "supported": True, "median_us": med, "min_us": min(ts), "gmacs": macs / med / 1e3,
+                      "workspace_mib": (mine["workspace_bytes"] if mine else float("nan")) / 2**20, "note": ""}
+    return [rows[algo] for algo in algos]
 
 
 def bench_models(model, multiplier, qcfg, calib_x, x, backends, *, batch_size, repeats, warmup,

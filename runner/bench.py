@@ -128,7 +128,8 @@ def bench_algos(backends, batches=(10000,), repeats=10, warmup=2, *, signed=Fals
     workspace its prepared tables take, and for `auto` the variant it ran in the timed calls
     (approx::lut_algos, asked after them: the kernels' own choice function), or why a variant does
     not apply to that shape. The variants of one (layer, batch) are timed in interleaved rounds (each
-    variant once per round), so a change of the machine's load during the measurement hits them alike."""
+    variant once per round, the order rotated each round), so a change of the machine's load during the
+    measurement, and what ran just before, hit them alike."""
     rows = []
     for backend in backends:
         device = torch.device("cuda" if backend == "cuda" else "cpu")
@@ -162,9 +163,10 @@ def _time_algos(backend, algos, kind, name, batch, macs, a, w, lut, device, time
             continue
         fns[algo] = (fn, wa)
     times = {algo: [] for algo in fns}
-    for _ in range(repeats):
-        for algo, (fn, _wa) in fns.items():
-            times[algo].append(timer(fn))
+    order = list(fns)
+    for r in range(repeats):  # each round starts one variant later: no variant always runs after the same one
+        for algo in order[r % len(order):] + order[:r % len(order)]:
+            times[algo].append(timer(fns[algo][0]))
     for algo, (_fn, wa) in fns.items():
         # the kernels' own account: workspace per variant, and auto's pick for these tensors
         info = {r["algo"]: r for r in ops.algo_table(a, wa, lut, backend=backend)}

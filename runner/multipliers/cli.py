@@ -13,7 +13,8 @@ from pathlib import Path
 from ..console import print_table
 from ..errors import ArgumentParser, UserError
 from .circuits import compare_published
-from .io import SUFFIXES, load_table
+from .io import SUFFIXES
+from .peers import load_table
 from .peers import EXPORT_FORMATS, export
 from .metrics import metrics_of, published_convention
 from .registry import get, import_table, list_multipliers, shipped_names, user_dir, user_names

@@ -16,6 +16,7 @@ import torch
 
 from runner import ops
 from runner.errors import UserError, config_number
+from runner.evaluate import device_timer  # noqa: F401  (benchmarks/ time with it as runner.bench.device_timer)
 from runner.multipliers.core import exact_lut
 
 # LeNet-5 layers as the approx ops see them: name, kind, activation shape without batch, weight shape.
@@ -51,26 +52,6 @@ def synthetic_codes(shape, signed, dist, gen):
     elif dist != "uniform":
         raise ValueError(f"unknown code distribution '{dist}'; valid: {', '.join(DISTRIBUTIONS)}")
     return a
-
-
-def device_timer(device, queued=True):
-    """fn -> microseconds of one call, by runner.evaluate.Clock (CUDA events on the GPU).
-    queued: a sleep kernel keeps the GPU busy while the host dispatches fn, so that the events
-    time the device's work, as in a pipeline where the host runs ahead (an idle GPU would also
-    wait for Python and the dispatcher)."""
-    from runner.evaluate import Clock
-
-    clock = Clock(device)
-
-    def run(fn):
-        if clock.cuda:
-            torch.cuda.synchronize(device)
-            if queued:
-                torch.cuda._sleep(400_000)
-        t0 = clock.start()
-        fn()
-        return clock.ms_since(t0) * 1e3
-    return run
 
 
 def bench_ops(backends=("python", "cpp"), batches=(1, 256, 10000), repeats=20, warmup=3, *,

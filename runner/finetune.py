@@ -286,13 +286,3 @@ def row_columns(fcfg: FinetuneConfig, meta: dict, path: Path) -> dict:
     """The approx_finetuned row's extra columns (empty in every other row)."""
     return {**{f"finetune_{k}": v for k, v in fcfg.as_dict().items()},
             "finetune_epoch_s": meta.get("epoch_s"), "finetune_checkpoint": str(path)}
-
-
-def run(cfg: DictConfig, out_dir: Path) -> dict:
-    """`approx-run finetune`: compare with retraining on (finetune.epochs >= 1)."""
-    from runner import compare
-
-    if config_number(cfg.finetune.epochs, "finetune.epochs") < 1:
-        raise UserError(f"finetune.epochs={cfg.finetune.epochs}: `approx-run finetune` needs at least one epoch.")
-    FinetuneConfig.from_cfg(cfg.finetune)
-    return compare.run(cfg, out_dir)

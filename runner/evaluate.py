@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from runner.errors import config_number
-from runner.layers import check_non_finite_inputs
+from runner.layer_checks import check_non_finite_inputs
 
 
 @dataclass

@@ -28,8 +28,9 @@ from torch import nn
 
 from runner.console import console, progress_bar
 from runner.errors import UserError, config_number
-from runner.layers import check_non_finite_inputs, learn_act_scales, recalibrate, set_grad_mode
-from runner.ops import GRADS
+from runner.layer_checks import check_non_finite_inputs
+from runner.layers import learn_act_scales, recalibrate, set_grad_mode
+from runner.ops_autograd import GRADS
 from runner.provenance import atomic_write_bytes
 from runner.quant import QuantConfig
 from runner.store import write_csv

@@ -20,7 +20,6 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from runner.errors import UserError
 from runner.jobs.hydra_app import compose_command
 from runner.jobs.plan import Job, make_run_dir, multiplier_node
 

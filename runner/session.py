@@ -19,7 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from runner.layers import check_non_finite_inputs
+from runner.layer_checks import check_non_finite_inputs
 from runner.models import fold_input_normalization, run_from, run_until
 
 

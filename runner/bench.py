@@ -32,7 +32,9 @@ DEFAULT_ALGOS = {"python": ("auto",), "cpp": ("direct", "expanded"), "cuda": ("a
 DISTRIBUTIONS = ("uniform", "relu")
 
 
-def layer_macs(kind, a_shape, w_shape, batch):
+def op_call_macs(kind, a_shape, w_shape, batch):
+    """Multiply-accumulates of one timed op call on a batch (not runner.energy.layer_macs: a model's per-image
+    MACs per layer)."""
     if kind == "linear":
         return batch * w_shape[0] * w_shape[1]
     ho = a_shape[1] - w_shape[2] + 1
@@ -74,7 +76,7 @@ def bench_ops(backends=("python", "cpp"), batches=(1, 256, 10000), repeats=20, w
         lut_d = lut.to(device)
         for name, kind, a_shape, w_shape in layers:
             for batch in batches:
-                macs = layer_macs(kind, a_shape, w_shape, batch)
+                macs = op_call_macs(kind, a_shape, w_shape, batch)
                 reps, warm = repeats, warmup
                 if backend == "python":
                     if macs > python_max_macs:
@@ -119,7 +121,7 @@ def bench_algos(backends, batches=(10000,), repeats=10, warmup=2, *, signed=Fals
                 gen = torch.Generator().manual_seed(seed)
                 a = synthetic_codes((batch, *a_shape), signed, "uniform", gen).to(device)
                 w = torch.randint(-127, 128, w_shape, generator=gen, dtype=torch.int8).to(device)
-                macs = layer_macs(kind, a_shape, w_shape, batch)
+                macs = op_call_macs(kind, a_shape, w_shape, batch)
                 for algo in ("auto", *ops.backend_algos(backend)):
                     rows.append(_time_algo(backend, algo, kind, name, batch, macs, a, w, lut, device, timer,
                                            repeats, warmup))

@@ -66,8 +66,8 @@ EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143  # Ctrl-C, SIGTERM: 128 + the signa
 
 def _exit_now_when_needed(rc: int) -> None:
     """Exit now, with Python's exit handlers and the logs run but not the interpreter's teardown, when
-    - this process holds a CUDA context: the driver's teardown of it at interpreter exit takes about a
-      second on an H100 host, as long as a whole 19-table sweep's evaluations;
+    - this process holds a CUDA context: the driver's teardown of it at interpreter exit can last as long as
+      a whole small sweep's evaluations on a GPU;
     - the run was interrupted: a KeyboardInterrupt raised inside exec() of a string (dataclasses build their
       methods so, as torch's import does) marks it unhandled in CPython even once caught, and a `python -m`
       run then ends killed by SIGINT (-2) instead of with our 130.

@@ -123,7 +123,8 @@ def enabled(cfg: DictConfig) -> bool:
     return node is not None and config_number(node.get("epochs", 0) or 0, "finetune.epochs", minimum=0) > 0
 
 
-def checkpoint_path(cfg: DictConfig, identity: dict) -> Path:
+def finetuned_checkpoint_path(cfg: DictConfig, identity: dict) -> Path:
+    """Where a retrained model is kept (runner.train.checkpoint_path names the baseline's)."""
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return Path(cfg.paths.checkpoints) / f"{cfg.model.name}_{cfg.data.name}_finetuned_{digest}.pt"
 
@@ -263,7 +264,7 @@ def obtain(cfg: DictConfig, approx: nn.Module, data, ident: dict, qcfg: QuantCon
     this configuration, else trained (distilling from `teacher`, the fp32 baseline, when
     finetune.distill.alpha > 0), recalibrated and saved. Returns (model, meta, checkpoint path)."""
     fcfg = FinetuneConfig.from_cfg(cfg.finetune)
-    path = checkpoint_path(cfg, ident)
+    path = finetuned_checkpoint_path(cfg, ident)
     model = copy.deepcopy(approx)
     if path.exists() and not cfg.finetune.get("force", False):
         meta = _load(path, model)

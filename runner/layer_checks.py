@@ -55,8 +55,8 @@ class NonFiniteInputCheck:
 
     On the CPU a layer checks its input itself and raises at once. On a GPU the layers only set a flag on the
     device (the approx layers' quantize kernel sets it as it reads the input: no extra launch), and reading
-    the flags at the end of a forward would make the host wait for the whole forward (measured: 7 % of an
-    H100 LeNet-5 forward at batch 10,000). So each forward starts an asynchronous copy of its flags, and the
+    the flags at the end of a forward would make the host wait for the whole forward (a visible share of a
+    LeNet-5 forward on a GPU). So each forward starts an asynchronous copy of its flags, and the
     next forward, or check() after the last one, reads it. Evaluation loops call check() after their last
     batch, when their own copies of the outputs have waited for the device already."""
 

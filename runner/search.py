@@ -178,15 +178,13 @@ def cheapest_within(chosen: dict, candidates: list, layers: list[str], macs: dic
     return best
 
 
-def pareto(table: pd.DataFrame) -> pd.Series:
-    """True for the rows no other row beats on both accuracy (higher) and energy (lower)."""
-    order = table.sort_values(["mult_energy_rel", "val_accuracy"], ascending=[True, False])
-    front, best = set(), -1.0
-    for i, r in order.iterrows():
-        if r["val_accuracy"] > best:
-            front.add(i)
-            best = r["val_accuracy"]
-    return table.index.isin(front)
+def on_front(table: pd.DataFrame) -> list[bool]:
+    """True for the assignments no other one beats on both validation accuracy (higher) and multiplier energy
+    (lower): the Pareto front of runner.report.pareto_front, over this search's evaluations."""
+    from runner.report import pareto_front
+
+    front = set(pareto_front(list(table["mult_energy_rel"]), list(table["val_accuracy"])))
+    return [i in front for i in range(len(table))]
 
 
 def plot(table: pd.DataFrame, fq_acc: float, max_loss: float, chosen: str, path: Path, title: str) -> Path | None:
@@ -304,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     label = _label(chosen)
     table = pd.DataFrame(log)
     table["val_loss_pts"] = (100 * (ev.fakequant_accuracy - table["val_accuracy"])).round(9)  # no float noise
-    table["on_front"] = pareto(table)
+    table["on_front"] = on_front(table)
     table["chosen"] = table["assignment"] == label
     write_csv(run_dir / "pareto.csv", table)
     png = plot(table, ev.fakequant_accuracy, max_loss, label, run_dir / "pareto.png",

@@ -94,7 +94,7 @@ def parse_text(text: str, where: str) -> tuple[np.ndarray, list[int]]:
         raise UserError(f"{where}: empty file (expected 256 lines of 256 integers)")
     if len(rows) != SIZE:
         raise UserError(f"{where}: {len(rows)} rows, expected 256 (the file ends at line {lineno})")
-    # numpy's C parser reads a whole table five times faster than converting token lists (a sweep reads
+    # numpy's C parser reads a whole table several times faster than converting token lists (a sweep reads
     # every shipped table). At a token it cannot read it stops (older numpy: a warning and a short result;
     # newer: ValueError), and it saturates on overflow; then the token-wise pass below names the culprit.
     try:

@@ -13,15 +13,16 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Callable
-
-from omegaconf import DictConfig, open_dict
+from typing import TYPE_CHECKING, Callable
 
 from runner.config import CONFIG_DIR, HeldSignals, compose, compose_errors
 from runner.errors import UserError, config_number
 from runner.jobs.argv import (asks_for_help, command_line, expand_multipliers, hydra_flags, is_hydra_override,
                              is_multirun, set_program_argv, split_argv)
 from runner.jobs.plan import with_multiplier
+
+if TYPE_CHECKING:  # omegaconf is imported where it is used: `approx-run info` and `lut` start without it
+    from omegaconf import DictConfig
 
 
 def report_error(exc: BaseException | str) -> None:
@@ -96,6 +97,7 @@ def compose_jobs(command: str, jobs: list[list[str]], overrides: list[str]) -> l
     Jobs that differ only in sweep.multiplier (a plain key) share one composition."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import open_dict
 
     parser = OverridesParser.create()
     hydra_overrides = [o for o in overrides if is_hydra_override(o)]

@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Any
-
-from omegaconf import DictConfig, OmegaConf, open_dict
+from typing import TYPE_CHECKING, Any
 
 from runner.jobs.argv import is_table_path
+
+if TYPE_CHECKING:  # omegaconf is imported where it is used: `approx-run info` and `lut` start without it
+    from omegaconf import DictConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,8 @@ def multiplier_node(spec: str, layers: dict | None = None) -> dict:
 def with_multiplier(cfg: DictConfig) -> DictConfig:
     """The compare config of a sweep job: sweep.multiplier (a name or a table file) replaces the multiplier
     group, keeping its per-layer overrides."""
+    from omegaconf import OmegaConf, open_dict
+
     spec = cfg.get("sweep", {}).get("multiplier")
     if spec in (None, ""):
         return cfg

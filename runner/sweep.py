@@ -24,12 +24,12 @@ from runner.jobs.argv import (asks_for_help, command_line, expand_jobs, expand_m
                               launcher_of, split_argv)
 from runner.jobs.hydra_app import check_common, compose_jobs, run_hydra_command
 from runner.jobs.plan import Job, run_dir
-from runner.jobs.run import plan_jobs as plan_each, run_job, run_jobs
+from runner.jobs.run import plan_all, run_job, run_jobs
 
 
 # ---------------------------------------------------------------- the sweep
 
-def plan_jobs(argv: list[str]) -> tuple[list[str], list[str], list[Job]]:
+def sweep_jobs(argv: list[str]) -> tuple[list[str], list[str], list[Job]]:
     """(Hydra flags, overrides for Hydra, the jobs unplanned) of `approx-run sweep argv`; with flags
     (--cfg, --info) no jobs: Hydra inspects the config itself. A job's run dir is <sweep dir>/<job number>."""
     flags, overrides, multipliers = split_argv(argv)
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     if asks_for_help(argv):
         print_help()
         return 0
-    flags, overrides, jobs = plan_jobs(argv)
+    flags, overrides, jobs = sweep_jobs(argv)
     if flags:  # --cfg, --info, ...: Hydra's own inspection, no sweep around it
         return run_hydra_command("sweep", ["-m", *flags, *overrides], run_job)
     cfgs = [job.cfg for job in jobs]
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     console.print(f"[bold]sweep:[/] {len(jobs)} jobs -> {sweep_dir}")
-    plan_each(jobs)
+    plan_all(jobs)
     try:
         prepare(jobs, sweep_dir)
         if launcher_of(overrides) == "basic":

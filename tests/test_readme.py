@@ -37,7 +37,7 @@ def test_readme_shows_commands():
 def _sweep_job_configs(argv: list[str]):
     from runner import sweep
 
-    flags, _, jobs = sweep.plan_jobs(argv)
+    flags, _, jobs = sweep.sweep_jobs(argv)
     assert not flags
     return [job.cfg for job in jobs]
 

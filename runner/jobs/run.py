@@ -26,7 +26,8 @@ def plan_or_reason(cfg: DictConfig) -> tuple[Plan | None, str]:
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def plan_jobs(jobs: list[Job]) -> list[Job]:
+def plan_all(jobs: list[Job]) -> list[Job]:
+    """Each job with its plan, or the reason it has none."""
     for job in jobs:
         job.plan, job.plan_error = plan_or_reason(job.cfg)
     return jobs

@@ -8,7 +8,7 @@ import torch
 from runner.errors import UserError
 from runner.jobs.argv import launcher_of, split_argv, wants_cuda
 from runner.jobs.plan import Job, Plan, multiplier_node, run_dir, with_multiplier
-from runner.jobs.run import plan_jobs, plan_or_reason
+from runner.jobs.run import plan_all, plan_or_reason
 from tests.conftest import REPO, compose
 
 
@@ -59,5 +59,5 @@ def test_plan_has_named_fields_and_moves_device(tmp_path):
 
 def test_a_job_that_cannot_be_planned_keeps_the_reason(tmp_path):
     cfg = compose("compare", ["backend=python", "model.approx_layers=[conv9]"], tmp_path)
-    (job,) = plan_jobs([Job(0, ["model.approx_layers=[conv9]"], cfg, Path(tmp_path / "0"))])
+    (job,) = plan_all([Job(0, ["model.approx_layers=[conv9]"], cfg, Path(tmp_path / "0"))])
     assert job.plan is None and "conv9" in job.plan_error

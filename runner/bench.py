@@ -16,6 +16,7 @@ import torch
 
 from runner import ops
 from runner.errors import UserError, config_number
+from runner.evaluate import device_timer  # noqa: F401  (benchmarks/ time with it as runner.bench.device_timer)
 from runner.multipliers.core import exact_lut
 
 # LeNet-5 layers as the approx ops see them: name, kind, activation shape without batch, weight shape.
@@ -31,7 +32,9 @@ DEFAULT_ALGOS = {"python": ("auto",), "cpp": ("direct", "expanded"), "cuda": ("a
 DISTRIBUTIONS = ("uniform", "relu")
 
 
-def layer_macs(kind, a_shape, w_shape, batch):
+def op_call_macs(kind, a_shape, w_shape, batch):
+    """Multiply-accumulates of one timed op call on a batch (not runner.energy.layer_macs: a model's per-image
+    MACs per layer)."""
     if kind == "linear":
         return batch * w_shape[0] * w_shape[1]
     ho = a_shape[1] - w_shape[2] + 1
@@ -51,26 +54,6 @@ def synthetic_codes(shape, signed, dist, gen):
     elif dist != "uniform":
         raise ValueError(f"unknown code distribution '{dist}'; valid: {', '.join(DISTRIBUTIONS)}")
     return a
-
-
-def device_timer(device, queued=True):
-    """fn -> microseconds of one call, by runner.evaluate.Clock (CUDA events on the GPU).
-    queued: a sleep kernel keeps the GPU busy while the host dispatches fn, so that the events
-    time the device's work, as in a pipeline where the host runs ahead (an idle GPU would also
-    wait for Python and the dispatcher)."""
-    from runner.evaluate import Clock
-
-    clock = Clock(device)
-
-    def run(fn):
-        if clock.cuda:
-            torch.cuda.synchronize(device)
-            if queued:
-                torch.cuda._sleep(400_000)
-        t0 = clock.start()
-        fn()
-        return clock.ms_since(t0) * 1e3
-    return run
 
 
 def bench_ops(backends=("python", "cpp"), batches=(1, 256, 10000), repeats=20, warmup=3, *,
@@ -93,7 +76,7 @@ def bench_ops(backends=("python", "cpp"), batches=(1, 256, 10000), repeats=20, w
         lut_d = lut.to(device)
         for name, kind, a_shape, w_shape in layers:
             for batch in batches:
-                macs = layer_macs(kind, a_shape, w_shape, batch)
+                macs = op_call_macs(kind, a_shape, w_shape, batch)
                 reps, warm = repeats, warmup
                 if backend == "python":
                     if macs > python_max_macs:
@@ -140,7 +123,7 @@ def bench_algos(backends, batches=(10000,), repeats=10, warmup=2, *, signed=Fals
                 gen = torch.Generator().manual_seed(seed)
                 a = synthetic_codes((batch, *a_shape), signed, "uniform", gen).to(device)
                 w = torch.randint(-127, 128, w_shape, generator=gen, dtype=torch.int8).to(device)
-                macs = layer_macs(kind, a_shape, w_shape, batch)
+                macs = op_call_macs(kind, a_shape, w_shape, batch)
                 rows += _time_algos(backend, ("auto", *ops.backend_algos(backend)), kind, name, batch, macs, a, w,
                                     lut, device, timer, repeats, warmup)
     return pd.DataFrame(rows)

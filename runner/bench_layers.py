@@ -38,7 +38,7 @@ def layer_inputs(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def _median_us(fn, repeats: int, warmup: int) -> float:
-    from runner.bench import device_timer
+    from runner.evaluate import device_timer
 
     timer = device_timer(torch.device("cpu"))
     for _ in range(warmup):

@@ -16,10 +16,11 @@ from omegaconf import DictConfig, OmegaConf
 from runner import finetune, launch, session
 from runner._ext import backend_status
 from runner.console import console, print_table, progress_bar
-from runner.errors import UserError
+from runner.errors import UserError, config_number
 from runner import operand
 from runner.energy import energy, layer_macs
 from runner.evaluate import check_eval_config, run_timed
+from runner.jobs.plan import Plan
 from runner.layers import auto_picks, convert_model, quantized_layers, select_layers
 from runner.models import build_model
 from runner.multipliers import metrics_of, resolve_per_layer
@@ -131,8 +132,9 @@ def _row(path, timed, y, ref_preds, batch_size, device, threads) -> dict:
     return row
 
 
-def run(cfg: DictConfig, out_dir: Path, quiet: bool = False, planned: tuple | None = None) -> dict:
-    """planned: what plan(cfg) returned earlier in this process (a sweep plans every job first)."""
+def run(cfg: DictConfig, out_dir: Path, quiet: bool = False, plan: Plan | None = None) -> dict:
+    """`approx-run compare`. plan: what plan_run(cfg) returned earlier in this process (a sweep plans every
+    job first)."""
     t_start = time.time()
     common = {"run_dir": str(out_dir), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "data": cfg.data.name, "model": cfg.model.name, "quant": cfg.quant.get("name", ""),
@@ -142,7 +144,7 @@ def run(cfg: DictConfig, out_dir: Path, quiet: bool = False, planned: tuple | No
         with launch.gpu_lease(Path(cfg.paths.results) / ".gpu-locks", n_gpus) as gpu:
             if n_gpus:
                 torch.cuda.set_device(gpu)
-            return _run(cfg, out_dir, common, quiet, planned)
+            return _run(cfg, out_dir, common, quiet, plan)
     except Exception as exc:  # noqa: BLE001  (a crash in one sweep job must not end the sweep)
         if cfg.get("on_error", "raise") != "record":
             raise
@@ -160,9 +162,9 @@ def run(cfg: DictConfig, out_dir: Path, quiet: bool = False, planned: tuple | No
         return {"status": "failed", "error": reason}
 
 
-def plan(cfg: DictConfig):
-    """(device, approx layers, per-layer multipliers, row keys) of a run, without running it; sweep uses
-    it to group jobs sharing pytorch/fakequant rows and to find each job's rows afterwards."""
+def plan_run(cfg: DictConfig) -> Plan:
+    """What a run will evaluate and record, without running it; sweeps use it to group jobs sharing
+    pytorch/fakequant rows and to find each job's rows afterwards."""
     check_eval_config(cfg.eval)
     device = eval_device(cfg)
     with torch.device("meta"):  # only the layers' names and shapes: no weights to initialise
@@ -170,7 +172,7 @@ def plan(cfg: DictConfig):
     layer_names = list(quant_layers(model))
     approx_layers = select_layers(model, cfg.model.get("approx_layers"))
     multipliers = resolve_per_layer(cfg.multiplier, layer_names)
-    return device, approx_layers, multipliers, row_keys(cfg, multipliers, approx_layers, device)
+    return Plan(device, approx_layers, multipliers, row_keys(cfg, multipliers, approx_layers, device))
 
 
 def build_models(cfg: DictConfig, model, ckpt, calib_x, multipliers: dict, approx_layers: list[str], keys: dict,
@@ -210,12 +212,12 @@ def prefix_of(cfg: DictConfig, multipliers: dict, approx_layers: list[str], keys
                              "before": [(n, kind, multipliers[n].signed if kind != "fp32" else None) for n in before]})
 
 
-def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False, planned: tuple | None = None) -> dict:
+def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False, plan: Plan | None = None) -> dict:
     """quiet: no progress bar, table or skip message (a command that runs many evaluations reports them)."""
     qcfg = QuantConfig.from_cfg(cfg.quant)
     # a plan made earlier keeps all but the device: this run may hold a different leased GPU
-    planned = plan(cfg) if planned is None else (eval_device(cfg), *planned[1:])
-    device, approx_layers, multipliers, keys = planned
+    plan = plan_run(cfg) if plan is None else plan.on(eval_device(cfg))
+    device, approx_layers, multipliers, keys = plan.device, plan.approx_layers, plan.multipliers, plan.row_keys
     results_file = Path(cfg.results_file)
     wanted = [p for p in cfg.eval.paths if p in PATHS]
     if not wanted:
@@ -318,6 +320,14 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False, plan
     if not quiet:
         _print_table(rows)
     return {"status": "ok", "rows": rows}
+
+
+def run_finetune(cfg: DictConfig, out_dir: Path) -> dict:
+    """`approx-run finetune`: compare with retraining on (finetune.epochs >= 1)."""
+    if config_number(cfg.finetune.epochs, "finetune.epochs") < 1:
+        raise UserError(f"finetune.epochs={cfg.finetune.epochs}: `approx-run finetune` needs at least one epoch.")
+    finetune.FinetuneConfig.from_cfg(cfg.finetune)
+    return run(cfg, out_dir)
 
 
 @contextmanager

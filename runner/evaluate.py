@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from runner.errors import config_number
-from runner.layers import check_non_finite_inputs
+from runner.layer_checks import check_non_finite_inputs
 
 
 @dataclass
@@ -49,6 +49,24 @@ class Clock:
             end.synchronize()
             return t0.elapsed_time(end)
         return (time.perf_counter() - t0) * 1e3
+
+
+def device_timer(device, queued=True):
+    """fn -> microseconds of one call, by Clock (CUDA events on the GPU).
+    queued: a sleep kernel keeps the GPU busy while the host dispatches fn, so that the events
+    time the device's work, as in a pipeline where the host runs ahead (an idle GPU would also
+    wait for Python and the dispatcher)."""
+    clock = Clock(device)
+
+    def run(fn):
+        if clock.cuda:
+            torch.cuda.synchronize(device)
+            if queued:
+                torch.cuda._sleep(400_000)
+        t0 = clock.start()
+        fn()
+        return clock.ms_since(t0) * 1e3
+    return run
 
 
 def check_eval_config(e) -> None:

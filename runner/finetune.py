@@ -28,8 +28,9 @@ from torch import nn
 
 from runner.console import console, progress_bar
 from runner.errors import UserError, config_number
-from runner.layers import check_non_finite_inputs, learn_act_scales, recalibrate, set_grad_mode
-from runner.ops import GRADS
+from runner.layer_checks import check_non_finite_inputs
+from runner.layers import learn_act_scales, recalibrate, set_grad_mode
+from runner.ops_autograd import GRADS
 from runner.provenance import atomic_write_bytes
 from runner.quant import QuantConfig
 from runner.store import write_csv
@@ -122,7 +123,8 @@ def enabled(cfg: DictConfig) -> bool:
     return node is not None and config_number(node.get("epochs", 0) or 0, "finetune.epochs", minimum=0) > 0
 
 
-def checkpoint_path(cfg: DictConfig, identity: dict) -> Path:
+def finetuned_checkpoint_path(cfg: DictConfig, identity: dict) -> Path:
+    """Where a retrained model is kept (runner.train.checkpoint_path names the baseline's)."""
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return Path(cfg.paths.checkpoints) / f"{cfg.model.name}_{cfg.data.name}_finetuned_{digest}.pt"
 
@@ -262,7 +264,7 @@ def obtain(cfg: DictConfig, approx: nn.Module, data, ident: dict, qcfg: QuantCon
     this configuration, else trained (distilling from `teacher`, the fp32 baseline, when
     finetune.distill.alpha > 0), recalibrated and saved. Returns (model, meta, checkpoint path)."""
     fcfg = FinetuneConfig.from_cfg(cfg.finetune)
-    path = checkpoint_path(cfg, ident)
+    path = finetuned_checkpoint_path(cfg, ident)
     model = copy.deepcopy(approx)
     if path.exists() and not cfg.finetune.get("force", False):
         meta = _load(path, model)
@@ -286,13 +288,3 @@ def row_columns(fcfg: FinetuneConfig, meta: dict, path: Path) -> dict:
     """The approx_finetuned row's extra columns (empty in every other row)."""
     return {**{f"finetune_{k}": v for k, v in fcfg.as_dict().items()},
             "finetune_epoch_s": meta.get("epoch_s"), "finetune_checkpoint": str(path)}
-
-
-def run(cfg: DictConfig, out_dir: Path) -> dict:
-    """`approx-run finetune`: compare with retraining on (finetune.epochs >= 1)."""
-    from runner import compare
-
-    if config_number(cfg.finetune.epochs, "finetune.epochs") < 1:
-        raise UserError(f"finetune.epochs={cfg.finetune.epochs}: `approx-run finetune` needs at least one epoch.")
-    FinetuneConfig.from_cfg(cfg.finetune)
-    return compare.run(cfg, out_dir)

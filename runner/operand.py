@@ -40,7 +40,7 @@ def _calibration_batches(x: torch.Tensor, qcfg: QuantConfig, seed: int):
 
 def _taps(x: torch.Tensor, kernel, stride, padding, dilation) -> torch.Tensor:
     """[N * output positions, C * kh * kw]: the input each kernel tap meets, in the weight's (C, kh, kw)
-    order. Strided slices rather than F.unfold, whose CPU kernel is ~50x slower here on a busy machine."""
+    order. Strided slices rather than F.unfold, whose CPU kernel is much slower at these shapes."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
     x = F.pad(x, (pw, pw, ph, ph))
     ho = (x.shape[2] - dh * (kh - 1) - 1) // sh + 1

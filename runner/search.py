@@ -178,15 +178,13 @@ def cheapest_within(chosen: dict, candidates: list, layers: list[str], macs: dic
     return best
 
 
-def pareto(table: pd.DataFrame) -> pd.Series:
-    """True for the rows no other row beats on both accuracy (higher) and energy (lower)."""
-    order = table.sort_values(["mult_energy_rel", "val_accuracy"], ascending=[True, False])
-    front, best = set(), -1.0
-    for i, r in order.iterrows():
-        if r["val_accuracy"] > best:
-            front.add(i)
-            best = r["val_accuracy"]
-    return table.index.isin(front)
+def on_front(table: pd.DataFrame) -> list[bool]:
+    """True for the assignments no other one beats on both validation accuracy (higher) and multiplier energy
+    (lower): the Pareto front of runner.report.pareto_front, over this search's evaluations."""
+    from runner.report import pareto_front
+
+    front = set(pareto_front(list(table["mult_energy_rel"]), list(table["val_accuracy"])))
+    return [i in front for i in range(len(table))]
 
 
 def plot(table: pd.DataFrame, fq_acc: float, max_loss: float, chosen: str, path: Path, title: str) -> Path | None:
@@ -224,7 +222,7 @@ def plot(table: pd.DataFrame, fq_acc: float, max_loss: float, chosen: str, path:
 
 def _spec(m, specs: dict):
     """A layer's multiplier config: the name, or for a table file the file node."""
-    from runner.sensitivity import multiplier_node
+    from runner.jobs.plan import multiplier_node
 
     node = multiplier_node(specs.get(m.name, m.name))
     return node["name"] if len(node) == 1 else node
@@ -240,7 +238,7 @@ def override(assign: dict, layers: list[str], specs: dict) -> str:
     return f"multiplier=exact '+multiplier.layers={{{inner}}}'"
 
 
-def test_config(cfg: DictConfig, assign: dict, specs: dict) -> DictConfig:
+def assignment_config(cfg: DictConfig, assign: dict, specs: dict) -> DictConfig:
     """The compare config that runs the chosen assignment on the test set (and retrains it if asked)."""
     job = copy.deepcopy(cfg)
     with open_dict(job):
@@ -270,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     from runner.energy import layer_macs, power_mw
     from runner.multipliers import resolve
     from runner.store import write_csv
-    from runner.sensitivity import compose_command, layer_names, make_run_dir, multiplier_node
+    from runner.jobs.hydra_app import compose_command
+    from runner.jobs.plan import make_run_dir, multiplier_node
+    from runner.sensitivity import layer_names
 
     composed = compose_command("search", argv, KEY, __doc__, "")
     if composed is None:
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     label = _label(chosen)
     table = pd.DataFrame(log)
     table["val_loss_pts"] = (100 * (ev.fakequant_accuracy - table["val_accuracy"])).round(9)  # no float noise
-    table["on_front"] = pareto(table)
+    table["on_front"] = on_front(table)
     table["chosen"] = table["assignment"] == label
     write_csv(run_dir / "pareto.csv", table)
     png = plot(table, ev.fakequant_accuracy, max_loss, label, run_dir / "pareto.png",
@@ -311,12 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"search: {ev.evals} validation evaluations in {time.time() - t0:.1f}s; fake-quant "
                   f"{100 * ev.fakequant_accuracy:.2f} %")
 
-    job = test_config(cfg, chosen, specs)
+    job = assignment_config(cfg, chosen, specs)
     out = run_dir / "test"
     out.mkdir(exist_ok=True)
     result = compare.run(job, out)
     rows = {r["path"]: r for r in result.get("rows", [])}
-    keys = compare.plan(job)[3]
+    keys = compare.plan_run(job).row_keys
     if len(rows) < 2:  # recorded before: the numbers are in the results file
         from runner.store import read_csv
 

@@ -20,48 +20,10 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from runner.errors import UserError
+from runner.jobs.hydra_app import compose_command
+from runner.jobs.plan import Job, make_run_dir, multiplier_node
 
 KEY = "sensitivity.multipliers"
-
-
-def multiplier_node(spec: str, layers: dict | None = None) -> dict:
-    """The multiplier config node of a name or a table file."""
-    from runner.sweep import _is_path
-
-    node = {"name": "file", "path": spec, "signed": None} if _is_path(spec) else {"name": spec}
-    if layers:
-        node["layers"] = layers
-    return node
-
-
-def compose_command(command: str, argv: list[str] | None, key: str, doc: str, keys_help: str):
-    """(config, expanded multiplier names) of `approx-run <command> argv`, key naming the multiplier set;
-    None when argv asks for the help, which is then printed (doc's first paragraph and keys_help)."""
-    from runner.cli import asked_for_help
-    from runner.config import compose
-    from runner.sweep import expand_multipliers, split_argv
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if asked_for_help(argv, command, doc, keys_help):
-        return None
-    flags, overrides, value = split_argv(argv, key)
-    if flags:
-        raise UserError(f"`approx-run {command}` takes key=value overrides only, not {' '.join(flags)}.")
-    if value is None:
-        raise UserError(f"`approx-run {command}` needs a multiplier set: {key}='mul8*' (names, globs or files).")
-    names = expand_multipliers(value, key)
-    return compose(command, overrides), names
-
-
-def make_run_dir(cfg: DictConfig) -> Path:
-    """results/<command>/<date>_<time>/ with the composed config in it."""
-    from runner.provenance import write_config_yaml
-
-    run_dir = Path(cfg.paths.results) / str(cfg.command) / time.strftime("%Y-%m-%d_%H-%M-%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_config_yaml(run_dir / "config.yaml", cfg)
-    return run_dir
 
 
 def layer_names(cfg: DictConfig, wanted) -> list[str]:
@@ -86,33 +48,23 @@ def pair_config(cfg: DictConfig, layer: str, spec: str) -> DictConfig:
 
 def run_pairs(cfg: DictConfig, pairs: list[tuple[str, str]], run_dir: Path) -> pd.DataFrame:
     """Evaluate each (layer, multiplier) pair as a compare run; one tidy line per pair from the results file."""
-    from runner import compare
-    from runner.console import progress_bar
+    from runner.jobs.run import plan_all, run_jobs
     from runner.store import read_csv
 
-    jobs = [pair_config(cfg, layer, spec) for layer, spec in pairs]
-    plans = []  # (compare.plan's answer, "") or (None, the reason the pair cannot run)
-    for job in jobs:
-        try:
-            plans.append((compare.plan(job), ""))
-        except UserError as exc:
-            plans.append((None, str(exc)))
-    with progress_bar(f"{cfg.command}: {len(jobs)} evaluations", total=len(jobs)) as advance:
-        for i, (job, (layer, spec)) in enumerate(zip(jobs, pairs)):
-            out = run_dir / f"{i}_{layer}"
-            out.mkdir(parents=True, exist_ok=True)
-            compare.run(job, out, quiet=True, planned=plans[i][0])
-            advance(1, layer=layer, multiplier=Path(spec).name)
+    jobs = plan_all([Job(i, [f"model.approx_layers=[{layer}]", f"multiplier={spec}"], pair_config(cfg, layer, spec),
+                          run_dir / f"{i}_{layer}", label={"layer": layer, "multiplier": Path(spec).name})
+                      for i, (layer, spec) in enumerate(pairs)])
+    run_jobs(jobs, f"{cfg.command}: {len(jobs)} evaluations")
     rows = read_csv(Path(cfg.results_file))
     ok = rows[rows["status"] == "ok"].drop_duplicates("row_key", keep="last").set_index("row_key") \
         if len(rows) else pd.DataFrame()
     failed = rows[rows["status"] == "failed"] if len(rows) else pd.DataFrame()
     table = []
-    for (layer, spec), (planned, plan_error) in zip(pairs, plans):
+    for (layer, spec), job in zip(pairs, jobs):
         line = {"layer": layer, "multiplier": Path(spec).name if "/" in spec else spec, "status": "failed"}
-        keys = planned[3] if planned else None
+        keys = job.plan.row_keys if job.plan else None
         if keys is None:
-            line["error"] = plan_error
+            line["error"] = job.plan_error
         elif keys["approx"] in ok.index:
             a, fq = ok.loc[keys["approx"]], ok.loc[keys["fakequant"]] if keys["fakequant"] in ok.index else None
             line.update({"multiplier": a["multiplier"], "status": "ok", "accuracy": a["accuracy"],

@@ -19,7 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from runner.layers import check_non_finite_inputs
+from runner.layer_checks import check_non_finite_inputs
 from runner.models import fold_input_normalization, run_from, run_until
 
 
@@ -127,8 +127,8 @@ def reset() -> None:
 
 def warm_up_cuda():
     """Start the GPU's libraries in a background thread while this thread composes configs, reads tables,
-    loads data and calibrates on the CPU. The CUDA context, cuDNN's and cuBLAS's first calls took about
-    0.5 s of a 4-5 s GPU sweep; torch releases the GIL inside its ops, so most of it overlaps. Any
+    loads data and calibrates on the CPU. The CUDA context, cuDNN's and cuBLAS's first calls are a
+    large share of a short GPU sweep (benchmarks/cuda_first_calls.py times them); torch releases the GIL inside its ops, so most of it overlaps. Any
     failure is left to the first real use, which reports it. Returns the thread (None when switched off
     with APPROX_RUN_NO_WARMUP=1)."""
     import os

@@ -14,225 +14,40 @@ skip_done (rows recorded ok are not recomputed: a rerun resumes) and on_error=re
 writes a failed row and the sweep goes on). Afterwards <sweep dir>/summary.csv holds one row per job."""
 from __future__ import annotations
 
-import copy
-import fnmatch
-import os
 import sys
 import time
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
-from runner.errors import UserError
-
-_GLOB = set("*?[")
-
-
-# ---------------------------------------------------------------- per job (inside the multirun)
-
-def job_config(cfg: DictConfig) -> DictConfig:
-    """The compare config of a job: sweep.multiplier (a name or a table file) replaces the multiplier group."""
-    spec = cfg.get("sweep", {}).get("multiplier")
-    if spec in (None, ""):
-        return cfg
-    spec = str(spec)
-    node = ({"name": "file", "path": spec, "signed": None} if _is_path(spec) else {"name": spec})
-    layers = cfg.multiplier.get("layers")
-    if layers:
-        node["layers"] = OmegaConf.to_container(layers, resolve=True)
-    with open_dict(cfg):
-        cfg.multiplier = OmegaConf.create(node)
-    return cfg
+from runner.jobs.argv import (asks_for_help, command_line, expand_jobs, expand_multipliers, hydra_quote,
+                              launcher_of, split_argv)
+from runner.jobs.hydra_app import check_common, compose_jobs, run_hydra_command
+from runner.jobs.plan import Job, run_dir
+from runner.jobs.run import plan_all, run_job, run_jobs
 
 
-def _limit_threads() -> None:
-    """Parallel joblib jobs share the cores instead of each taking all of them."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
+# ---------------------------------------------------------------- the sweep
 
-        launcher = HydraConfig.get().launcher
-    except (ValueError, ImportError):
-        return
-    if "joblib" not in str(launcher.get("_target_", "")).lower():
-        return
-    import torch
-
-    n_jobs = int(launcher.get("n_jobs") or -1)
-    cores = os.cpu_count() or 1
-    n_jobs = cores if n_jobs < 1 else n_jobs
-    torch.set_num_threads(max(1, cores // n_jobs))
-
-
-def run(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None, quiet: bool = False,
-        planned: tuple | None = None) -> dict:
-    """One sweep job: a compare run; job.json records what happened for the sweep summary. quiet: no
-    per-job table (the in-process loop shows progress, the summary the numbers)."""
-    from runner import compare
-    from runner.provenance import atomic_write_json
-
-    t0 = time.time()
-    if overrides is None:  # launched by Hydra (a parallel or cluster launcher)
-        from hydra.core.hydra_config import HydraConfig
-
-        _limit_threads()
-        try:
-            overrides = list(HydraConfig.get().overrides.task)
-        except ValueError:
-            overrides = []
-    cfg = job_config(cfg)
-    result = compare.run(cfg, out_dir, quiet=quiet, planned=planned)
-    atomic_write_json(Path(out_dir) / "job.json", {
-        "status": result.get("status"), "error": result.get("error", ""), "overrides": overrides,
-        "elapsed_s": round(time.time() - t0, 3)})
-    return result
-
-
-# ---------------------------------------------------------------- the sweep (outside the multirun)
-
-def _is_path(spec: str) -> bool:
-    # The table formats are the loader's, matched as it matches them (case-insensitively); imported
-    # here because runner.multipliers loads torch, which sweep's module level avoids.
-    from runner.multipliers.io import SUFFIXES
-
-    return os.sep in spec or "/" in spec or spec.lower().endswith(SUFFIXES)
-
-
-def _unquote(s: str) -> str:
-    s = s.strip()
-    return s[1:-1] if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"" else s
-
-
-def expand_multipliers(value: str, key: str = "sweep.multipliers") -> list[str]:
-    """'mul8s_*', 'a,b', '[a, b]' -> names (globs matched against the registry) and absolute table paths;
-    key: the setting it came from, for the messages."""
-    from runner.multipliers import get, list_multipliers
-
-    value = _unquote(value)
-    if value.startswith("[") and value.endswith("]"):
-        value = value[1:-1]
-    items = [_unquote(v) for v in value.split(",") if v.strip()]
-    if not items:
-        raise UserError(f"{key} is empty; give names, globs or table files, e.g. {key}='mul8s_*'.")
-    names, known = [], list_multipliers()
-    for item in items:
-        if _is_path(item):
-            names.append(str(Path(item).expanduser().resolve()))
-        elif _GLOB & set(item):
-            hits = fnmatch.filter(known, item)
-            if not hits:
-                raise UserError(f"{key}: {item!r} matches no multiplier. `approx-run lut list` shows them.")
-            names += hits
-        else:
-            get(item)  # an unknown name is a typo: say so now (with suggestions), not after the sweep
-            names.append(item)
-    return list(dict.fromkeys(names))
-
-
-def _hydra_quote(s: str) -> str:
-    """s as a Hydra override value that parses back to s (Hydra's own escaping rules)."""
-    from hydra.core.override_parser.types import Quote, QuotedString
-
-    return QuotedString(text=s, quote=Quote.single).with_quotes()
-
-
-def split_argv(argv: list[str], key: str = "sweep.multipliers"):
-    """(Hydra flags, overrides, the value of `key` or None): `key` takes globs, which are not Hydra syntax."""
-    flags = [a for a in argv if a.startswith("-") and a not in ("-m", "--multirun")]
-    overrides, multipliers = [], None
-    for a in argv:
-        if a.startswith("-"):
-            continue
-        name = a.split("=", 1)[0].lstrip("+~")
-        if name == key:
-            multipliers = a.split("=", 1)[1] if "=" in a else ""
-        elif name == "sweep.multiplier":
-            raise UserError("sweep.multiplier is set per job; use sweep.multipliers=... (a list or a glob).")
-        else:
-            overrides.append(a)
-    return flags, overrides, multipliers
-
-
-def expand_jobs(overrides: list[str]) -> list[list[str]]:
-    """The job override lists Hydra's basic sweeper launches, in its order (job.num = index): the cartesian
-    product of every comma-separated sweep, the last override varying fastest."""
-    import itertools
-
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except Exception as exc:  # noqa: BLE001  (hydra's parse errors have several types)
-        raise UserError(f"bad override for `approx-run sweep`: {exc}") from None
-    axes = []
-    for o in parsed:
-        if o.is_hydra_override():
-            continue
-        key = o.get_key_element()
-        if o.is_sweep_override():
-            if not o.is_discrete_sweep():
-                raise UserError(f"{o.input_line}: `approx-run sweep` takes comma-separated lists or choice(), "
-                                "not ranges or intervals.")
-            axes.append([f"{key}={v}" for v in o.sweep_string_iterator()])
-        else:
-            axes.append([f"{key}={o.get_value_element_as_str()}"])
-    return [list(job) for job in itertools.product(*axes)]
-
-
-def plan_jobs(argv: list[str]):
-    """(Hydra flags, overrides for Hydra, each job's overrides, each job's config) of `approx-run sweep argv`."""
+def sweep_jobs(argv: list[str]) -> tuple[list[str], list[str], list[Job]]:
+    """(Hydra flags, overrides for Hydra, the jobs unplanned) of `approx-run sweep argv`; with flags
+    (--cfg, --info) no jobs: Hydra inspects the config itself. A job's run dir is <sweep dir>/<job number>."""
     flags, overrides, multipliers = split_argv(argv)
     if multipliers is not None:
-        overrides.append("sweep.multiplier=" + ",".join(_hydra_quote(n) for n in expand_multipliers(multipliers)))
+        overrides.append("sweep.multiplier=" + ",".join(hydra_quote(n) for n in expand_multipliers(multipliers)))
     if flags:
-        return flags, overrides, [], []
-    jobs = expand_jobs(overrides)
-    cfgs = _compose_all(jobs, [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))])
-    return flags, overrides, jobs, cfgs
+        return flags, overrides, []
+    job_overrides = expand_jobs(overrides)
+    cfgs = compose_jobs("sweep", job_overrides, overrides)
+    sweep_dir = next((Path(o.split("=", 1)[1]) for o in overrides if o.startswith("hydra.sweep.dir=")), None)
+    if sweep_dir is None:
+        sweep_dir = run_dir(cfgs[0], "sweep")
+        overrides.append(f"hydra.sweep.dir={sweep_dir}")
+    return flags, overrides, [Job(num, job, cfg, sweep_dir / str(num))
+                              for num, (job, cfg) in enumerate(zip(job_overrides, cfgs))]
 
 
-def _compose_all(jobs: list[list[str]], hydra_overrides: list[str]) -> list[DictConfig]:
-    """Each job's config. Jobs that differ only in sweep.multiplier (a plain key) share one composition:
-    Hydra takes a quarter of a second per composition, longer than a job's evaluation."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from runner.config import CONFIG_DIR, HeldSignals, compose_errors
-
-    parser = OverridesParser.create()
-    composed: dict[tuple, DictConfig] = {}
-    cfgs = []
-    with HeldSignals(), initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="sweep"):
-        if hydra_overrides:  # a bad launcher or hydra.* override: say so first, before the jobs' errors
-            with compose_errors("sweep", hint_launchers=True):
-                compose(config_name="sweep", overrides=[*jobs[0], *hydra_overrides], return_hydra_config=True)
-        for job in jobs:
-            rest = tuple(o for o in job if not o.startswith("sweep.multiplier="))
-            if rest not in composed:
-                with compose_errors("sweep", job=job):
-                    composed[rest] = compose(config_name="sweep", overrides=list(rest))
-            cfg = copy.deepcopy(composed[rest])
-            picked = [o for o in job if o.startswith("sweep.multiplier=")]
-            if picked:
-                with open_dict(cfg):
-                    cfg.sweep.multiplier = parser.parse_override(picked[0]).value()
-            cfgs.append(job_config(cfg))
-    return cfgs
-
-
-def _plan(cfg: DictConfig):
-    """(compare.plan's answer, ""), or (None, the reason the job cannot run): it will then be recorded
-    failed by the job itself."""
-    from runner import compare
-
-    try:
-        return compare.plan(cfg), ""
-    except UserError as exc:
-        return None, str(exc)
-    except Exception as exc:  # noqa: BLE001
-        return None, f"{type(exc).__name__}: {exc}"
-
-
-def prepare(cfgs: list[DictConfig], plans: list, sweep_dir: Path) -> None:
+def prepare(jobs: list[Job], sweep_dir: Path) -> None:
     """Train each distinct baseline once and record each distinct pytorch/fakequant pair once, before the
     jobs, so parallel jobs neither train the same model nor time the same reference twice."""
     from runner import compare
@@ -241,10 +56,10 @@ def prepare(cfgs: list[DictConfig], plans: list, sweep_dir: Path) -> None:
     from runner.train import checkpoint_path, load_or_train
 
     seen_ckpt, seen_ref = set(), set()
-    for i, (cfg, (planned, _)) in enumerate(zip(cfgs, plans)):
-        if planned is None:
+    for job in jobs:
+        if job.plan is None:
             continue
-        keys = planned[3]
+        cfg, keys = job.cfg, job.plan.row_keys
         ref = (str(cfg.results_file), keys["pytorch"], keys["fakequant"])
         if cfg.sweep.get("reference", True) and ref not in seen_ref:
             seen_ref.add(ref)
@@ -256,7 +71,7 @@ def prepare(cfgs: list[DictConfig], plans: list, sweep_dir: Path) -> None:
                     ref_cfg.eval.paths = wanted
                 out = sweep_dir / "reference" / str(len(seen_ref) - 1)
                 out.mkdir(parents=True, exist_ok=True)
-                console.print(f"[bold]sweep:[/] reference rows ({', '.join(wanted)}) for job {i}")
+                console.print(f"[bold]sweep:[/] reference rows ({', '.join(wanted)}) for job {job.num}")
                 compare.run(ref_cfg, out, quiet=True)
         ckpt = str(checkpoint_path(cfg))
         if ckpt not in seen_ckpt:
@@ -283,7 +98,7 @@ def _value(cell: str):
     return cell
 
 
-def summarize(sweep_dir: Path, jobs: list[list[str]], cfgs: list[DictConfig], plans: list) -> list[dict]:
+def summarize(sweep_dir: Path, jobs: list[Job]) -> list[dict]:
     """One row per job: its status (ok / skipped: already recorded / failed / not run) and its rows' numbers,
     looked up by row key in the results file, so resumed jobs show the numbers recorded earlier."""
     import json
@@ -299,20 +114,20 @@ def summarize(sweep_dir: Path, jobs: list[list[str]], cfgs: list[DictConfig], pl
         by_overrides[tuple(info.get("overrides", []))] = (f.parent, info)
     ok_rows = {}  # results file -> row key -> its last row recorded ok
     rows = []
-    for num, (job, cfg, (planned, plan_error)) in enumerate(zip(jobs, cfgs, plans)):
-        keys = planned[3] if planned else None
+    for job in jobs:
+        num, cfg, keys = job.num, job.cfg, job.plan.row_keys if job.plan else None
         rf = str(cfg.results_file)
         if rf not in ok_rows:
             ok_rows[rf] = {r.get("row_key"): r for r in read_rows(Path(rf)) if r.get("status") == "ok"}
         recorded = ok_rows[rf]
-        job_dir, info = by_overrides.get(tuple(job), (sweep_dir / str(num), None))
+        job_dir, info = by_overrides.get(tuple(job.overrides), (sweep_dir / str(num), None))
         status = info["status"] if info else "not run"
         m = cfg.multiplier
         row = dict.fromkeys(SUMMARY_COLUMNS)
         row.update({"job": num, "multiplier": str(m.get("path") or m.get("name")) if m.get("name") in ("file", None)
                     else str(m.get("name")), "data": cfg.data.name, "model": cfg.model.name,
                     "quant": cfg.quant.get("name", ""), "backend": cfg.backend.name, "status": status,
-                    "error": (info or {}).get("error") or plan_error, "overrides": " ".join(job),
+                    "error": (info or {}).get("error") or job.plan_error, "overrides": " ".join(job.overrides),
                     "elapsed_s": (info or {}).get("elapsed_s"), "job_dir": str(job_dir),
                     "row_key": keys["approx"] if keys else ""})
         if keys:
@@ -359,26 +174,6 @@ def _print_summary(summary: list[dict], sweep_dir: Path, elapsed: float) -> None
             print(f"  failed job {r['job']} ({r['multiplier']}): {str(r['error']).splitlines()[0] if r['error'] else ''}")
 
 
-def _basic_launcher(overrides: list[str]) -> bool:
-    launcher = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("hydra/launcher=")]
-    return not launcher or launcher[-1] == "basic"
-
-
-def run_in_process(jobs: list[list[str]], cfgs: list[DictConfig], plans: list, sweep_dir: Path) -> None:
-    """What Hydra's basic launcher does, without composing every job again: the jobs one after another in
-    this process, so they share its evaluation session (runner.session)."""
-    from runner.console import progress_bar
-    from runner.provenance import write_config_yaml
-
-    with progress_bar(f"sweep: {len(jobs)} jobs", total=len(jobs)) as advance:
-        for num, (job, cfg, (planned, _)) in enumerate(zip(jobs, cfgs, plans)):
-            out_dir = sweep_dir / str(num)
-            out_dir.mkdir(parents=True, exist_ok=True)
-            write_config_yaml(out_dir / "config.yaml", cfg)
-            result = run(cfg, out_dir, overrides=job, quiet=True, planned=planned)
-            advance(1, job=num, status=result.get("status"))
-
-
 def _launcher_overrides(overrides: list[str], cfgs: list[DictConfig]) -> list[str]:
     """With the joblib launcher and CUDA jobs, as many parallel jobs as GPUs; each job leases a free GPU
     (runner.launch.gpu_lease), so no two jobs share one."""
@@ -394,30 +189,29 @@ def _launcher_overrides(overrides: list[str], cfgs: list[DictConfig]) -> list[st
 
 
 def print_help() -> None:
-    from runner.cli import print_hydra_help
+    from runner.jobs.commands import print_command_help
 
-    print(__doc__.split("\n\n", 1)[0] + "\n")
-    print_hydra_help("sweep")
+    print_command_help("sweep", __doc__)
     print("launchers:  hydra/launcher=joblib (parallel; hydra.launcher.n_jobs=N), hydra/launcher=submitit_local,\n"
           "            hydra/launcher=submitit_slurm (pip install 'approx-run[sweep]')\n"
           "resume:     rerun the same command; rows already recorded ok are skipped")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from runner.cli import check_common, run_hydra_command
     from runner.console import console
     from runner.data import data_digest
     from runner.evaluate import check_eval_config
     from runner.store import check_store
     from runner.train import check_train_config
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
+    argv = command_line(argv)
+    if asks_for_help(argv):
         print_help()
         return 0
-    flags, overrides, jobs, cfgs = plan_jobs(argv)
+    flags, overrides, jobs = sweep_jobs(argv)
     if flags:  # --cfg, --info, ...: Hydra's own inspection, no sweep around it
-        return run_hydra_command("sweep", ["-m", *flags, *overrides])
+        return run_hydra_command("sweep", ["-m", *flags, *overrides], run_job)
+    cfgs = [job.cfg for job in jobs]
     for c in cfgs:  # settings shared by the jobs: a bad one stops the sweep before any work (exit 2)
         check_common(c)
         check_eval_config(c.eval)
@@ -426,23 +220,20 @@ def main(argv: list[str] | None = None) -> int:
         data_digest(data)  # missing or unreadable data files: one message now, not a failed row per job
     for results_file in dict.fromkeys(str(c.results_file) for c in cfgs):
         check_store(Path(results_file))  # a damaged results file stops the sweep here, not in every job
-    sweep_dir = next((Path(o.split("=", 1)[1]) for o in overrides if o.startswith("hydra.sweep.dir=")), None)
-    if sweep_dir is None:
-        sweep_dir = Path(cfgs[0].paths.results) / "sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")
-        overrides.append(f"hydra.sweep.dir={sweep_dir}")
+    sweep_dir = jobs[0].out_dir.parent
     overrides += _launcher_overrides(overrides, cfgs)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     console.print(f"[bold]sweep:[/] {len(jobs)} jobs -> {sweep_dir}")
-    plans = [_plan(c) for c in cfgs]
+    plan_all(jobs)
     try:
-        prepare(cfgs, plans, sweep_dir)
-        if _basic_launcher(overrides):
-            run_in_process(jobs, cfgs, plans, sweep_dir)
+        prepare(jobs, sweep_dir)
+        if launcher_of(overrides) == "basic":
+            run_jobs(jobs, f"sweep: {len(jobs)} jobs")
         else:
-            run_hydra_command("sweep", ["-m", *overrides])
+            run_hydra_command("sweep", ["-m", *overrides], run_job)
     finally:  # also after Ctrl-C: the summary says which jobs are done
-        summary = summarize(sweep_dir, jobs, cfgs, plans)
+        summary = summarize(sweep_dir, jobs)
         _print_summary(summary, sweep_dir, time.time() - t0)
     failed = sum(r["status"] == "failed" for r in summary)
     if failed:  # the exit code says so too, for scripts and CI that do not read the table

@@ -57,9 +57,9 @@ def test_config_validation():
 
 
 def test_row_key_includes_the_finetune_settings(tmp_path):
-    from runner.compare import plan
+    from runner.compare import plan_run
 
-    keys = [plan(compose("compare", ["backend=python", *extra], tmp_path))[3]
+    keys = [plan_run(compose("compare", ["backend=python", *extra], tmp_path)).row_keys
             for extra in ([], ["finetune.epochs=2"], ["finetune.epochs=2", "finetune.grad=lut"],
                           ["finetune.epochs=3"])]
     assert "approx_finetuned" not in keys[0]                       # compare: off by default

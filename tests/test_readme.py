@@ -37,9 +37,9 @@ def test_readme_shows_commands():
 def _sweep_job_configs(argv: list[str]):
     from runner import sweep
 
-    flags, _, _, cfgs = sweep.plan_jobs(argv)
+    flags, _, jobs = sweep.sweep_jobs(argv)
     assert not flags
-    return cfgs
+    return [job.cfg for job in jobs]
 
 
 @pytest.mark.parametrize("argv", COMMANDS, ids=[" ".join(a) for a in COMMANDS])

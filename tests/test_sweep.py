@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from runner.errors import UserError
-from runner.sweep import expand_jobs, expand_multipliers
+from runner.jobs.argv import expand_jobs, expand_multipliers
 from tests.conftest import REPO, compose, has_cpp
 
 pytestmark = pytest.mark.skipif(not has_cpp(), reason="needs the C++ extension (backend=cpp)")

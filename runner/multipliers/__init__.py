@@ -8,7 +8,8 @@ designs, registry.py for config specs and user imports.
 
 from .core import Multiplier, exact_table, table_sha256
 from .families import build as build_family
-from .io import load_table, save_table
+from .io import save_table
+from .peers import load_table
 from .metrics import compute_metrics, metrics_of
 from .registry import get, import_table, list_multipliers, manifest, resolve, resolve_per_layer, user_dir
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from ..console import print_table
 from ..errors import ArgumentParser, UserError
+from ..jobs.argv import command_line
 from .circuits import compare_published
-from .io import SUFFIXES, load_table
-from .peers import EXPORT_FORMATS, export
+from .io import SUFFIXES
+from .peers import EXPORT_FORMATS, export, load_table
 from .metrics import metrics_of, published_convention
 from .registry import get, import_table, list_multipliers, shipped_names, user_dir, user_names
 
@@ -210,7 +211,7 @@ def cmd_import(args) -> int:
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = command_line(argv)
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # argparse exits on --help; keep main() in-process

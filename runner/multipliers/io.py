@@ -94,7 +94,7 @@ def parse_text(text: str, where: str) -> tuple[np.ndarray, list[int]]:
         raise UserError(f"{where}: empty file (expected 256 lines of 256 integers)")
     if len(rows) != SIZE:
         raise UserError(f"{where}: {len(rows)} rows, expected 256 (the file ends at line {lineno})")
-    # numpy's C parser reads a whole table five times faster than converting token lists (a sweep reads
+    # numpy's C parser reads a whole table several times faster than converting token lists (a sweep reads
     # every shipped table). At a token it cannot read it stops (older numpy: a warning and a short result;
     # newer: ValueError), and it saturates on overflow; then the token-wise pass below names the culprit.
     try:
@@ -300,30 +300,6 @@ def check_layout(values: np.ndarray, signed: bool | None, where: str, *, expect_
 
 
 # ---------------------------------------------------------------- public API
-
-def load_table(path, signed: bool | None = None, *, name: str | None = None, layout: str = "auto",
-               expect_exact: bool | None = None, activation: str | None = None) -> Multiplier:
-    """Load and validate a table or circuit file (any of SUFFIXES).
-
-    signed=None infers signedness (see peers.load_file). expect_exact=None treats a
-    file whose name contains "exact" as claiming exactness. The result is always in our
-    offset-128 (signed) or plain (unsigned) layout."""
-    from .peers import load_file
-
-    path = Path(os.path.expanduser(str(path)))
-    if expect_exact is None:
-        expect_exact = "exact" in path.name.lower()
-    loaded = load_file(path, signed, layout=layout, activation=activation, name=name or "", expect_exact=expect_exact)
-    return Multiplier(
-        name=name or stem(path),
-        signed=loaded.signed,
-        lut=loaded.values.astype(np.int32),
-        source=f"file:{path.resolve()}",
-        published=loaded.published,
-        params={"path": str(path.resolve()), "layout": loaded.layout, "layout_note": loaded.layout_note,
-                **({"notes": loaded.notes} if loaded.notes else {})},
-    )
-
 
 def save_table(m: Multiplier, path) -> Path:
     """Write m.lut in the format named by the file's suffix (.txt, .txt.gz, .npy)."""

@@ -24,7 +24,7 @@ from ..errors import UserError
 from ..provenance import atomic_write_bytes
 from .circuits import CIRCUIT_SUFFIXES, Loaded, as_values, decide_signed, finish, load_circuit, read_source
 from .core import SIZE, Multiplier
-from .io import _signed_by_name, _suffix, check_layout, check_range, raw_bytes_to_offset128, read_values, save_table
+from .io import _signed_by_name, _suffix, check_layout, check_range, raw_bytes_to_offset128, read_values, save_table, stem
 
 BIN_BYTES = SIZE * SIZE * 2
 EXPORT_FORMATS = ("txt", "npy", "bin", "h")
@@ -191,3 +191,25 @@ def export(m: Multiplier, fmt: str, path: Path) -> Path:
     atomic_write_bytes(path, data)
     os.chmod(path, 0o644)       # the temporary file's 0600 would keep the other tool's user out
     return path
+
+
+def load_table(path, signed: bool | None = None, *, name: str | None = None, layout: str = "auto",
+               expect_exact: bool | None = None, activation: str | None = None) -> Multiplier:
+    """Load and validate a table or circuit file (any of SUFFIXES).
+
+    signed=None infers signedness (see load_file). expect_exact=None treats a
+    file whose name contains "exact" as claiming exactness. The result is always in our
+    offset-128 (signed) or plain (unsigned) layout."""
+    path = Path(os.path.expanduser(str(path)))
+    if expect_exact is None:
+        expect_exact = "exact" in path.name.lower()
+    loaded = load_file(path, signed, layout=layout, activation=activation, name=name or "", expect_exact=expect_exact)
+    return Multiplier(
+        name=name or stem(path),
+        signed=loaded.signed,
+        lut=loaded.values.astype(np.int32),
+        source=f"file:{path.resolve()}",
+        published=loaded.published,
+        params={"path": str(path.resolve()), "layout": loaded.layout, "layout_note": loaded.layout_note,
+                **({"notes": loaded.notes} if loaded.notes else {})},
+    )

@@ -31,7 +31,8 @@ from ..errors import UserError
 from ..provenance import atomic_write_bytes
 from . import families
 from .core import Multiplier, table_sha256
-from .io import check_range, load_table, read_values, save_table, stem
+from .io import check_range, read_values, save_table, stem
+from .peers import load_file, load_table
 
 DATA = Path(__file__).parent / "data"
 ALIASES = {"exact": "exact_s", "exact_signed": "exact_s", "exact_unsigned": "exact_u"}
@@ -116,8 +117,6 @@ def import_table(path, name: str | None = None, signed: bool | None = None, *, t
     """Validate a user's table or circuit file, convert it to our layout and register it under name
     (default: the file's stem). A file that reproduces the shipped table of its own name registers
     nothing: the result's params["shipped"] names it."""
-    from .peers import load_file
-
     power = _power(power_mw)
     path = Path(os.path.expanduser(str(path)))
     name = name or stem(path)

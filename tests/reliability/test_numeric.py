@@ -7,8 +7,8 @@ from torch import nn
 from runner import ops
 from runner.errors import UserError
 from runner.evaluate import run_timed
-from runner.layers import (ApproxLinear, NonFiniteInputCheck, check_accumulator, check_non_finite_inputs,
-                           quantized_layers, quantized_models, reduction_length)
+from runner.layer_checks import NonFiniteInputCheck, check_accumulator, check_non_finite_inputs, reduction_length
+from runner.layers import ApproxLinear, quantized_layers, quantized_models
 from runner.models import build_model, run_from, run_until
 from runner.multipliers import Multiplier, get
 from runner.quant import ActStats, QuantConfig

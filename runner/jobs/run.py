@@ -1,0 +1,89 @@
+"""Running planned jobs: one job (a compare run that leaves job.json for the sweep summary), and a list of
+jobs one after another in this process, sharing its evaluation session (runner.session): the model, data,
+calibration and reference predictions are set up once for all of them. This is what Hydra's basic launcher
+would do, without composing every job again; other launchers call run_job in their own processes."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from runner.errors import UserError
+from runner.jobs.plan import Job, Plan, with_multiplier
+
+
+def plan_or_reason(cfg: DictConfig) -> tuple[Plan | None, str]:
+    """(the job's plan, ""), or (None, the reason it cannot run): the job then records itself failed."""
+    from runner import compare
+
+    try:
+        return compare.plan_run(cfg), ""
+    except UserError as exc:
+        return None, str(exc)
+    except Exception as exc:  # noqa: BLE001  (one broken job must not stop the others being planned)
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def plan_all(jobs: list[Job]) -> list[Job]:
+    """Each job with its plan, or the reason it has none."""
+    for job in jobs:
+        job.plan, job.plan_error = plan_or_reason(job.cfg)
+    return jobs
+
+
+def _limit_threads() -> None:
+    """Parallel joblib jobs share the cores instead of each taking all of them."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        launcher = HydraConfig.get().launcher
+    except (ValueError, ImportError):
+        return
+    if "joblib" not in str(launcher.get("_target_", "")).lower():
+        return
+    import torch
+
+    n_jobs = int(launcher.get("n_jobs") or -1)
+    cores = os.cpu_count() or 1
+    n_jobs = cores if n_jobs < 1 else n_jobs
+    torch.set_num_threads(max(1, cores // n_jobs))
+
+
+def run_job(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None, quiet: bool = False,
+            plan: Plan | None = None) -> dict:
+    """One sweep job: a compare run; job.json records what happened for the sweep summary. overrides: None
+    when a Hydra launcher runs it (they are then Hydra's task overrides). quiet: no per-job table (the
+    in-process loop shows progress, the summary the numbers)."""
+    from runner import compare
+    from runner.provenance import atomic_write_json
+
+    t0 = time.time()
+    if overrides is None:  # launched by Hydra (a parallel or cluster launcher)
+        from hydra.core.hydra_config import HydraConfig
+
+        _limit_threads()
+        try:
+            overrides = list(HydraConfig.get().overrides.task)
+        except ValueError:
+            overrides = []
+    cfg = with_multiplier(cfg)
+    result = compare.run(cfg, out_dir, quiet=quiet, plan=plan)
+    atomic_write_json(Path(out_dir) / "job.json", {
+        "status": result.get("status"), "error": result.get("error", ""), "overrides": overrides,
+        "elapsed_s": round(time.time() - t0, 3)})
+    return result
+
+
+def run_jobs(jobs: list[Job], title: str) -> None:
+    """The jobs one after another in this process, each in its own run dir (config.yaml, job.json)."""
+    from runner.console import progress_bar
+    from runner.provenance import write_config_yaml
+
+    with progress_bar(title, total=len(jobs)) as advance:
+        for job in jobs:
+            job.out_dir.mkdir(parents=True, exist_ok=True)
+            write_config_yaml(job.out_dir / "config.yaml", job.cfg)
+            result = run_job(job.cfg, job.out_dir, overrides=job.overrides, quiet=True, plan=job.plan)
+            advance(1, **(job.label or {"job": job.num, "status": result.get("status")}))

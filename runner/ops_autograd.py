@@ -1,0 +1,213 @@
+"""Differentiable layer ops: float input -> quantize -> LUT MAC -> dequantize -> float output.
+
+The forward composes the integer ops of runner.ops; this module adds what only the float level knows:
+the custom ops approx::qlinear / approx::qconv2d and their registered autograd.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from runner.errors import UserError
+from runner.ops import conv_output_size, finish, lut_conv2d, lut_grad_a, lut_grad_w, lut_linear, quantize
+
+# Autograd lives here, on float-level ops, not on lut_linear / lut_conv2d: those take integer codes,
+# which have no gradient, and the gradient of a quantized layer needs what only the float level
+# knows (the clipping masks of the quantizers, the scales). So approx::qlinear / approx::qconv2d are
+# Python custom ops whose forward composes the integer ops (quantize, lut_*, dequantize on the
+# chosen backend) and whose backward is registered with torch.library.register_autograd:
+#   grad="ste"  straight-through: the gradient of the exact product of the dequantized operands,
+#               times the quantizers' clipping masks -- exactly what fake-quant's autograd computes
+#               (the same aten calls on the same fake-quantized tensors).
+#   grad="lut"  the multiplier's own slopes (slope_tables) in place of the exact operands:
+#               dL/dx[m,k] = mask_x * sum_n g[m,n] s_w[n] dP/da(a[m,k], w[n,k])
+#               dL/dW[n,k] = mask_w * s_a * sum_m g[m,n] dP/dw(a[m,k], w[n,k])
+#               through approx::lut_grad_a / lut_grad_w (the reference, runner.lut_slopes, on backend=python).
+# The weight scale is a constant of the step (it follows the weights: runner.layers refreshes it after
+# each step). The activation scale is too, unless it requires grad: then it gets the LSQ gradient
+# (_scale_grad), the same as torch's learnable fake-quant gives the QAT model.
+GRADS = ("ste", "lut")
+
+
+def check_grad_mode(grad):
+    if grad not in GRADS:
+        raise UserError(f"finetune.grad={grad!r}: choose {' or '.join(GRADS)}.")
+
+
+def qforward_linear(x, weight_codes, weight_scale, act_scale, bias, lut, signed, backend, algo, nonfinite=None,
+                     requant=None):
+    codes = quantize(x.contiguous(), act_scale, signed, backend=backend, nonfinite=nonfinite)
+    lead = codes.shape[:-1]
+    acc = lut_linear(codes.reshape(-1, codes.shape[-1]), weight_codes, lut, backend=backend, algo=algo)
+    return finish(acc, act_scale, weight_scale, bias, requant, backend=backend).reshape(*lead, acc.shape[-1])
+
+
+def qforward_conv2d(x, weight_codes, weight_scale, act_scale, bias, lut, stride, padding, dilation, groups,
+                     signed, backend, algo, nonfinite=None, requant=None):
+    codes = quantize(x.contiguous(), act_scale, signed, backend=backend, nonfinite=nonfinite)
+    acc = lut_conv2d(codes, weight_codes, lut, stride, padding, dilation, groups, backend=backend, algo=algo)
+    return finish(acc, act_scale, weight_scale, bias, requant, backend=backend)
+
+
+@torch.library.custom_op("approx::qlinear", mutates_args=())
+def qlinear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, weight_codes: torch.Tensor,
+            weight_scale: torch.Tensor, act_scale: torch.Tensor, lut: torch.Tensor, slope_a: torch.Tensor,
+            slope_w: torch.Tensor, signed: bool, backend: str, algo: str, grad: str) -> torch.Tensor:
+    """Linear layer through the LUT: x float [..., K], weight float [N, K] (its codes and scale given,
+    so kernels reuse their cached tables), act_scale 0-d. slope_a/slope_w: slope_tables() for grad="lut"
+    (unused, may be empty, for "ste")."""
+    return qforward_linear(x, weight_codes, weight_scale, act_scale, bias, lut, signed, backend, algo)
+
+
+@torch.library.custom_op("approx::qconv2d", mutates_args=())
+def qconv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, weight_codes: torch.Tensor,
+            weight_scale: torch.Tensor, act_scale: torch.Tensor, lut: torch.Tensor, slope_a: torch.Tensor,
+            slope_w: torch.Tensor, stride: list[int], padding: list[int], dilation: list[int], groups: int,
+            signed: bool, backend: str, algo: str, grad: str) -> torch.Tensor:
+    """Conv2d through the LUT, float in and out (see qlinear)."""
+    return qforward_conv2d(x, weight_codes, weight_scale, act_scale, bias, lut, stride, padding, dilation,
+                            groups, signed, backend, algo)
+
+
+@qlinear.register_fake
+def _(x, weight, bias, weight_codes, weight_scale, act_scale, lut, slope_a, slope_w, signed, backend, algo, grad):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@qconv2d.register_fake
+def _(x, weight, bias, weight_codes, weight_scale, act_scale, lut, slope_a, slope_w, stride, padding, dilation,
+      groups, signed, backend, algo, grad):
+    ho, wo = conv_output_size(x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], stride, padding, dilation)
+    return x.new_empty((x.shape[0], weight.shape[0], ho, wo))
+
+
+def _fake_quant_with_mask(x, scale, qmin, qmax):
+    """(x_q, mask): torch's fake-quant output and clipping mask, with its arithmetic (q = nearbyint(x * (1/s)),
+    x_q = clamp(q) * s, mask = q inside [qmin, qmax]) in plain ops, which unlike aten's cachemask kernels
+    have fake (meta) implementations, so the op traces under torch.compile and opcheck."""
+    q = torch.round(x * scale.reciprocal())
+    return q.clamp(qmin, qmax) * scale, (q >= qmin) & (q <= qmax)
+
+
+def _fake_quant_masks(x, weight, weight_scale, act_scale, signed):
+    """(x_q, mask_x, w_q, mask_w): fake-quant's own outputs and clipping masks, so the STE gradient is
+    fake-quant's gradient."""
+    from runner.quant import WEIGHT_QMAX, act_qrange
+
+    xq, mask_x = _fake_quant_with_mask(x, act_scale, *act_qrange(signed))
+    shape = (-1,) + (1,) * (weight.dim() - 1)
+    wq, mask_w = _fake_quant_with_mask(weight, weight_scale.reshape(shape), -WEIGHT_QMAX, WEIGHT_QMAX)
+    return xq, mask_x, wq, mask_w
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, weight_codes, weight_scale, act_scale, lut, slope_a, slope_w = inputs[:9]
+    ctx.save_for_backward(x, weight, weight_codes, weight_scale, act_scale, slope_a, slope_w)
+    ctx.conv = len(inputs) > 13
+    if ctx.conv:
+        ctx.stride, ctx.padding, ctx.dilation, ctx.groups = inputs[9:13]
+    ctx.signed, ctx.backend, ctx.algo, ctx.grad = inputs[-4:]
+
+
+def _lut_rows_grads(ctx, codes, weight_codes, g_rows, weight_scale, act_scale, slope_a, slope_w, need_x, need_w):
+    """The `lut` gradient in rows form (codes [M, K], g_rows [M, N]): (d codes-space input, d weight)."""
+    gx = gw = None
+    if need_x:
+        gx = lut_grad_a(codes, weight_codes, (g_rows * weight_scale).contiguous(), slope_a, backend=ctx.backend)
+    if need_w:
+        gw = lut_grad_w(codes, weight_codes, g_rows.contiguous(), slope_w, backend=ctx.backend) * act_scale
+    return gx, gw
+
+
+def _scale_grad(gxq, x, xq, mask_x, act_scale):
+    """Gradient of the activation scale (LSQ, Esser et al. 2020; what torch's learnable fake-quant computes):
+    x_q = s * clamp(round(x / s)), so dx_q/ds = q - x/s inside the range and q where clipped."""
+    q = xq / act_scale
+    return (gxq * torch.where(mask_x, q - x / act_scale, q)).sum().reshape(act_scale.shape)
+
+
+def _finish(ctx, gxq, gw, x, xq, mask_x, mask_w, act_scale):
+    """Input, weight and activation-scale gradients from the gradient at the fake-quantized input."""
+    need_x, need_s = ctx.needs_input_grad[0], ctx.needs_input_grad[5]
+    gs = _scale_grad(gxq, x, xq, mask_x, act_scale) if need_s else None
+    gx = gxq * mask_x if need_x else None
+    return gx, (None if gw is None else gw * mask_w), gs
+
+
+def _backward_linear(ctx, g):
+    x, weight, weight_codes, weight_scale, act_scale, slope_a, slope_w = ctx.saved_tensors
+    need_xq = ctx.needs_input_grad[0] or ctx.needs_input_grad[5]
+    need_w, need_b = ctx.needs_input_grad[1:3]
+    xq, mask_x, wq, mask_w = _fake_quant_masks(x, weight, weight_scale, act_scale, ctx.signed)
+    k, n = x.shape[-1], weight.shape[0]
+    g2 = g.reshape(-1, n)
+    gxq = gw = gb = None
+    if ctx.grad == "ste":
+        # the aten calls F.linear's autograd makes (addmm backward), so the sums round alike
+        if need_xq:
+            gxq = g2.mm(wq).reshape(x.shape)
+        if need_w:
+            gw = xq.reshape(-1, k).t().mm(g2).t()
+    else:
+        codes = _codes_of(xq, act_scale, ctx.signed).reshape(-1, k)
+        gxq, gw = _lut_rows_grads(ctx, codes, weight_codes, g2, weight_scale, act_scale, slope_a, slope_w,
+                                  need_xq, need_w)
+        gxq = None if gxq is None else gxq.reshape(x.shape)
+    gx, gw, gs = _finish(ctx, gxq, gw, x, xq, mask_x, mask_w, act_scale)
+    if need_b:
+        gb = g2.sum(0)
+    return gx, gw, gb, None, None, gs, *([None] * 7)
+
+
+def _backward_conv2d(ctx, g):
+    x, weight, weight_codes, weight_scale, act_scale, slope_a, slope_w = ctx.saved_tensors
+    need_xq = ctx.needs_input_grad[0] or ctx.needs_input_grad[5]
+    need_w, need_b = ctx.needs_input_grad[1:3]
+    xq, mask_x, wq, mask_w = _fake_quant_masks(x, weight, weight_scale, act_scale, ctx.signed)
+    gb = None
+    if ctx.grad == "ste":
+        # the one aten call F.conv2d's autograd makes
+        gxq, gw, gb = torch.ops.aten.convolution_backward(
+            g, xq, wq, [weight.shape[0]], ctx.stride, ctx.padding, ctx.dilation, False, [0, 0], ctx.groups,
+            [need_xq, need_w, need_b])
+    else:
+        gxq, gw = _lut_conv_grads(ctx, _codes_of(xq, act_scale, ctx.signed), weight_codes, g, weight_scale,
+                                  act_scale, slope_a, slope_w, need_xq, need_w)
+        if need_b:
+            gb = g.sum((0, 2, 3))
+    gx, gw, gs = _finish(ctx, gxq, gw, x, xq, mask_x, mask_w, act_scale)
+    return gx, gw, gb, None, None, gs, *([None] * 11)
+
+
+def _codes_of(xq, act_scale, signed):
+    """The activation codes of fake-quantized values (exact: x_q is an integer times the scale)."""
+    return torch.round(xq / act_scale).to(torch.int8 if signed else torch.uint8)
+
+
+def _lut_conv_grads(ctx, codes, weight_codes, g, weight_scale, act_scale, slope_a, slope_w, need_x, need_w):
+    """The `lut` gradient of a conv: its codes unfolded into rows (padding = code 0), the rows-form
+    gradients per group, the input gradient folded back (padding positions drop out)."""
+    b, c, h, wd = codes.shape
+    n, cg, kh, kw = weight_codes.shape
+    groups, ng, kg = ctx.groups, n // ctx.groups, cg * kh * kw
+    cols = F.unfold(codes.to(torch.float32), (kh, kw), dilation=ctx.dilation, padding=ctx.padding,
+                    stride=ctx.stride)                                   # [B, C*kh*kw, L]
+    length = cols.shape[2]
+    gcols, gws = [], []
+    for gi in range(groups):
+        rows = cols[:, gi * kg:(gi + 1) * kg, :].transpose(1, 2).reshape(-1, kg).to(codes.dtype).contiguous()
+        g_rows = g[:, gi * ng:(gi + 1) * ng].reshape(b, ng, length).transpose(1, 2).reshape(-1, ng)
+        w_rows = weight_codes[gi * ng:(gi + 1) * ng].reshape(ng, kg)
+        gx, gw = _lut_rows_grads(ctx, rows, w_rows, g_rows, weight_scale[gi * ng:(gi + 1) * ng], act_scale,
+                                 slope_a, slope_w, need_x, need_w)
+        if gx is not None:
+            gcols.append(gx.reshape(b, length, kg).transpose(1, 2))
+        if gw is not None:
+            gws.append(gw.reshape(ng, cg, kh, kw))
+    gx = (F.fold(torch.cat(gcols, 1), (h, wd), (kh, kw), dilation=ctx.dilation, padding=ctx.padding,
+                 stride=ctx.stride) if gcols else None)
+    return gx, (torch.cat(gws, 0) if gws else None)
+
+
+torch.library.register_autograd("approx::qlinear", _backward_linear, setup_context=_setup_context)
+torch.library.register_autograd("approx::qconv2d", _backward_conv2d, setup_context=_setup_context)

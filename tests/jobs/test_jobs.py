@@ -1,0 +1,63 @@
+"""The job layer: argv splitting, multiplier nodes, plans, run-dir naming, one error handling for planning."""
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from runner.errors import UserError
+from runner.jobs.argv import launcher_of, split_argv, wants_cuda
+from runner.jobs.plan import Job, Plan, multiplier_node, run_dir, with_multiplier
+from runner.jobs.run import plan_all, plan_or_reason
+from tests.conftest import REPO, compose
+
+
+def test_split_argv_takes_the_multiplier_set_out():
+    flags, overrides, value = split_argv(["--cfg", "job", "search.multipliers=mul8*", "backend=cpp"],
+                                         "search.multipliers")
+    assert (flags, overrides, value) == (["--cfg"], ["job", "backend=cpp"], "mul8*")
+    with pytest.raises(UserError, match="sweep.multiplier is set per job"):
+        split_argv(["sweep.multiplier=exact"])
+
+
+def test_launcher_and_cuda_from_overrides():
+    assert launcher_of([]) == "basic" and launcher_of(["hydra/launcher=joblib"]) == "joblib"
+    assert wants_cuda(["backend=cuda"]) and not wants_cuda(["backend=cuda", "hydra/launcher=joblib"])
+    assert wants_cuda(["+device=cuda:1"]) and not wants_cuda(["backend=cpp"])
+
+
+def test_multiplier_node_of_a_name_and_of_a_file():
+    assert multiplier_node("mul8s_1L2J") == {"name": "mul8s_1L2J"}
+    assert multiplier_node("/tmp/t.txt") == {"name": "file", "path": "/tmp/t.txt", "signed": None}
+    assert multiplier_node("t.npy", {"fc1": "exact"}) == {"name": "file", "path": "t.npy", "signed": None,
+                                                           "layers": {"fc1": "exact"}}
+
+
+def test_with_multiplier_keeps_per_layer_overrides(tmp_path):
+    cfg = compose("sweep", ["sweep.multiplier=mul8s_1L2J", "+multiplier.layers={fc3: exact}"], tmp_path)
+    node = with_multiplier(cfg).multiplier
+    assert node.name == "mul8s_1L2J" and node.layers.fc3 == "exact"
+
+
+def test_run_dir_is_named_as_hydra_names_it(tmp_path):
+    cfg = compose("sensitivity", [], tmp_path)
+    path = run_dir(cfg)
+    assert path.parent == tmp_path / "results" / "sensitivity"
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}", path.name)
+    common = (REPO / "configs" / "common.yaml").read_text()
+    # the pattern run_dir follows: change both or neither
+    assert common.count("dir: ${paths.results}/${command}/${now:%Y-%m-%d}_${now:%H-%M-%S}") == 2
+
+
+def test_plan_has_named_fields_and_moves_device(tmp_path):
+    plan, reason = plan_or_reason(compose("compare", ["backend=python", "model.approx_layers=[fc1]"], tmp_path))
+    assert reason == "" and isinstance(plan, Plan)
+    assert plan.approx_layers == ["fc1"] and {"pytorch", "fakequant", "approx"} <= set(plan.row_keys)
+    moved = plan.on(torch.device("meta"))
+    assert moved.device == torch.device("meta") and moved.row_keys == plan.row_keys and plan.device.type == "cpu"
+
+
+def test_a_job_that_cannot_be_planned_keeps_the_reason(tmp_path):
+    cfg = compose("compare", ["backend=python", "model.approx_layers=[conv9]"], tmp_path)
+    (job,) = plan_all([Job(0, ["model.approx_layers=[conv9]"], cfg, Path(tmp_path / "0"))])
+    assert job.plan is None and "conv9" in job.plan_error

@@ -364,24 +364,51 @@ def _basic_launcher(overrides: list[str]) -> bool:
     return not launcher or launcher[-1] == "basic"
 
 
-def run_in_process(jobs: list[list[str]], cfgs: list[DictConfig], plans: list, sweep_dir: Path) -> None:
+def run_in_process(jobs: list[list[str]], cfgs: list[DictConfig], plans: list, sweep_dir: Path,
+                   devices: list[str] | None = None) -> None:
     """What Hydra's basic launcher does, without composing every job again: the jobs one after another in
-    this process, so they share its evaluation session (runner.session)."""
+    this process, so they share its evaluation session (runner.session); with several devices, spread over
+    a worker per device (runner.workers), this process serving the first."""
+    from runner import workers
     from runner.console import progress_bar
     from runner.provenance import write_config_yaml
 
+    pooled = devices is not None and len(devices) > 1 and len(jobs) > 1
+    tasks = []
     with progress_bar(f"sweep: {len(jobs)} jobs", total=len(jobs)) as advance:
         for num, (job, cfg, (planned, _)) in enumerate(zip(jobs, cfgs, plans)):
             out_dir = sweep_dir / str(num)
             out_dir.mkdir(parents=True, exist_ok=True)
             write_config_yaml(out_dir / "config.yaml", cfg)
+            if pooled:
+                tasks.append(workers.Task(num, " ".join(job), (cfg, out_dir, job, True, planned)))
+                continue
             result = run(cfg, out_dir, overrides=job, quiet=True, planned=planned)
             advance(1, job=num, status=result.get("status"))
+        if tasks:
+            workers.run_tasks(run, tasks, devices, advance, on_failure=_record_failure)
+
+
+def _record_failure(task, error: str) -> None:
+    """A job that ended without recording itself (its worker died): its job.json says so for the summary."""
+    from runner.provenance import atomic_write_json
+
+    _, out_dir, overrides, _, _ = task.args
+    atomic_write_json(Path(out_dir) / "job.json", {"status": "failed", "error": error, "overrides": overrides,
+                                                   "elapsed_s": None})
+
+
+def sweep_devices(cfgs: list[DictConfig]) -> list[str]:
+    """sweep.devices of the jobs (one value for the whole sweep: the first job's)."""
+    from runner.workers import resolve_devices
+
+    return resolve_devices(cfgs[0].sweep.get("devices", "auto"),
+                           uses_cuda=any(c.backend.name == "cuda" or c.device == "cuda" for c in cfgs))
 
 
 def _launcher_overrides(overrides: list[str], cfgs: list[DictConfig]) -> list[str]:
     """With the joblib launcher and CUDA jobs, as many parallel jobs as GPUs; each job leases a free GPU
-    (runner.launch.gpu_lease), so no two jobs share one."""
+    (runner.gpus.gpu_lease), so no two jobs share one."""
     if not any(o.lstrip("+") == "hydra/launcher=joblib" for o in overrides):
         return []
     if any(o.lstrip("+").startswith("hydra.launcher.n_jobs=") for o in overrides):
@@ -410,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     from runner.evaluate import check_eval_config
     from runner.store import check_store
     from runner.train import check_train_config
+    from runner.workers import close_launcher_pools
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
@@ -426,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         data_digest(data)  # missing or unreadable data files: one message now, not a failed row per job
     for results_file in dict.fromkeys(str(c.results_file) for c in cfgs):
         check_store(Path(results_file))  # a damaged results file stops the sweep here, not in every job
+    devices = sweep_devices(cfgs)
     sweep_dir = next((Path(o.split("=", 1)[1]) for o in overrides if o.startswith("hydra.sweep.dir=")), None)
     if sweep_dir is None:
         sweep_dir = Path(cfgs[0].paths.results) / "sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")
@@ -438,9 +467,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prepare(cfgs, plans, sweep_dir)
         if _basic_launcher(overrides):
-            run_in_process(jobs, cfgs, plans, sweep_dir)
+            run_in_process(jobs, cfgs, plans, sweep_dir, devices=devices)
         else:
             run_hydra_command("sweep", ["-m", *overrides])
+            close_launcher_pools()
     finally:  # also after Ctrl-C: the summary says which jobs are done
         summary = summarize(sweep_dir, jobs, cfgs, plans)
         _print_summary(summary, sweep_dir, time.time() - t0)

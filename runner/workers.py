@@ -1,0 +1,280 @@
+"""The jobs of one command spread over several devices of a host, and chunks of them in one task of a
+cluster launcher.
+
+A pool of devices [d0, d1, ...]: this process serves d0 itself (its session already holds the data, the
+baseline and the reference predictions the command made before its jobs, so with one device nothing
+changes) and one long-lived worker process per other device, started with the spawn method (CUDA cannot
+fork), pulls jobs too. A worker keeps its own session (runner.session) for all its jobs. Jobs are claimed
+through one shared counter, so each runs exactly once and a fast device takes more of them; rows go
+through the store's lock (runner.store), as every writer's do. A worker sees only its GPU
+(CUDA_VISIBLE_DEVICES, set before CUDA starts in it), so its jobs lease nothing.
+
+Ending: a worker exits when no job is left; one that died (killed, out of memory, a crash in a kernel) has
+its job reported failed with the reason; the parent never waits on a worker without bound. Ctrl-C or
+SIGTERM: no job is started any more, the workers are stopped, and every finished row stays recorded."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import traceback
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Callable
+
+from runner.errors import UserError
+
+# After the last job: how long a worker that said it is done may take to exit before it is terminated.
+JOIN_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Task:
+    """One job: fn(*args) in whichever process claims it; label names it in messages."""
+    num: int
+    label: str
+    args: tuple
+
+
+@dataclass(frozen=True)
+class Outcome:
+    num: int
+    status: str
+    error: str = ""
+    device: str = ""
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def resolve_devices(spec, uses_cuda: bool) -> list[str]:
+    """sweep.devices as device names. auto: every visible GPU when the jobs run on CUDA, else one device
+    (the jobs then run in this process, as without a pool); a list names them (cpu, cuda, cuda:N; a name
+    twice is two workers on one device)."""
+    if spec is None or str(spec) == "auto":
+        n = _cuda_count() if uses_cuda else 0
+        return [f"cuda:{i}" for i in range(n)] if n > 1 else ["cuda:0" if uses_cuda else "cpu"]
+    items = [spec] if isinstance(spec, str) else list(spec)
+    items = [s.strip() for item in items for s in str(item).split(",") if s.strip()]
+    if not items:
+        raise UserError("sweep.devices is empty; give auto or a list such as [cuda:0,cuda:1].")
+    devices = []
+    for item in items:
+        kind, _, index = item.partition(":")
+        if kind == "cpu" and not index:
+            devices.append("cpu")
+            continue
+        if kind != "cuda" or (index and not index.isdigit()):
+            raise UserError(f"sweep.devices: {item!r} is not a device; use cpu, cuda or cuda:N, "
+                            "e.g. sweep.devices=[cuda:0,cuda:1], or sweep.devices=auto.")
+        n = _cuda_count()
+        i = int(index or 0)
+        if i >= n:
+            raise UserError(f"sweep.devices: {item} is not here: torch sees {n} GPU(s)"
+                            f"{' (cuda:0 .. cuda:' + str(n - 1) + ')' if n else ''}.")
+        devices.append(f"cuda:{i}")
+    return devices
+
+
+def _gpu_index(device: str) -> int | None:
+    kind, _, index = device.partition(":")
+    return int(index or 0) if kind == "cuda" else None
+
+
+def _see_only(device: str) -> None:
+    """Before CUDA starts in this process: make `device` its only GPU (none for cpu)."""
+    index = _gpu_index(device)
+    if index is None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",")] if visible else None
+    os.environ["CUDA_VISIBLE_DEVICES"] = ids[index] if ids else str(index)
+
+
+def _threads_each(devices: list[str]) -> int:
+    """Processes of one host share its cores: the set-up on the CPU (calibration, conversion) and CPU
+    jobs would otherwise oversubscribe them."""
+    return max(1, (os.cpu_count() or 1) // len(devices))
+
+
+def _claim(counter, n: int) -> int | None:
+    with counter.get_lock():
+        i = counter.value
+        if i >= n:
+            return None
+        counter.value = i + 1
+        return i
+
+
+def _status(result) -> tuple[str, str]:
+    if isinstance(result, dict):
+        return str(result.get("status") or "ok"), str(result.get("error") or "")
+    return "ok", ""
+
+
+def _failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
+
+
+def _serve(wid: int, device: str, fn: Callable, tasks: list[Task], counter, results, threads: int) -> None:
+    """A worker process: jobs until none is left, each reported as it starts and ends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the pool on Ctrl-C (the whole group gets it)
+    _see_only(device)
+    import torch
+
+    torch.set_num_threads(threads)
+    while (i := _claim(counter, len(tasks))) is not None:
+        results.put(("start", wid, i, None))
+        try:
+            status, error = _status(fn(*tasks[i].args))
+            raised = False
+        except Exception as exc:  # noqa: BLE001  (one job's crash must not take the others' worker)
+            status, error, raised = "failed", _failure(exc), True
+        results.put(("done", wid, i, (status, error, raised)))
+    results.put(("exit", wid, None, None))
+    results.close()
+    results.join_thread()
+    # Everything is reported and every row written atomically: skip the interpreter's teardown (a CUDA
+    # context's takes about a second, a stall at the end of the sweep).
+    os._exit(0)
+
+
+class _Board:
+    """What the parent knows of the jobs, filled from the workers' messages by a reader thread."""
+
+    def __init__(self, tasks: list[Task], advance: Callable, on_failure: Callable | None):
+        self.tasks, self.advance, self.on_failure = tasks, advance, on_failure
+        self.lock = threading.Lock()
+        self.outcomes: dict[int, Outcome] = {}
+        self.running: dict[int, int] = {}  # worker id -> job it is running
+        self.exited: set[int] = set()
+
+    def finish(self, num: int, status: str, error: str, raised: bool, device: str) -> None:
+        """raised: the job did not return (it raised, or its worker died): on_failure records it."""
+        with self.lock:
+            if num in self.outcomes:
+                return
+            self.outcomes[num] = Outcome(num, status, error, device)
+            if raised and self.on_failure is not None:
+                self.on_failure(self.tasks[num], error)
+            self.advance(1, job=num, status=status, device=device)
+
+    def read(self, results, devices: list[str]) -> None:
+        while True:
+            try:
+                kind, wid, num, info = results.get()
+            except (EOFError, OSError, ValueError):  # the queue closed under us: nothing more will come
+                return
+            except Exception:  # noqa: BLE001  (a message cut short by a worker's death)
+                continue
+            if kind == "stop":
+                return
+            if kind == "start":
+                self.running[wid] = num
+            elif kind == "done":
+                self.running.pop(wid, None)
+                self.finish(num, *info, devices[wid])
+            elif kind == "exit":
+                self.exited.add(wid)
+
+
+def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Callable,
+              on_failure: Callable | None = None, join_timeout_s: float = JOIN_TIMEOUT_S,
+              poll_s: float = 0.1) -> list[Outcome]:
+    """fn(*task.args) for every task, over `devices` (this process serves the first). fn is a module-level
+    function (the workers import it by name); it returns a dict with "status" (and "error"), or raises:
+    the task is then failed. advance(1, **info) after each task, in this process; on_failure(task, error)
+    for a task that failed by raising or with its worker (not for one that recorded its own failure and
+    returned it, though it is reported too: on_failure should not mind). Returns the outcomes in task order."""
+    import torch
+    import torch.multiprocessing as mp
+
+    from runner import gpus
+
+    board = _Board(tasks, advance, on_failure)
+    ctx = mp.get_context("spawn")
+    counter, results = ctx.Value("i", 0), ctx.Queue()
+    threads = _threads_each(devices)
+    procs = {}
+    for wid, device in enumerate(devices[1:], start=1):
+        proc = ctx.Process(target=_serve, args=(wid, device, fn, tasks, counter, results, threads),
+                           name=f"approx-run-worker-{wid}-{device}", daemon=True)
+        proc.start()
+        procs[wid] = proc
+    reader = threading.Thread(target=board.read, args=(results, devices), name="approx-run-pool-reader", daemon=True)
+    reader.start()
+    own_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    index = _gpu_index(devices[0])
+    interrupted = True
+    try:
+        with gpus.pinned(index) if index is not None else nullcontext():
+            if index is not None:
+                torch.cuda.set_device(index)
+            while (i := _claim(counter, len(tasks))) is not None:
+                try:
+                    status, error = _status(fn(*tasks[i].args))
+                    raised = False
+                except Exception as exc:  # noqa: BLE001
+                    status, error, raised = "failed", _failure(exc), True
+                board.finish(i, status, error, raised, devices[0])
+        _wait_for_workers(board, procs, poll_s)
+        interrupted = False
+    finally:  # also on Ctrl-C / SIGTERM: nothing more starts, the workers stop, finished rows stay
+        with counter.get_lock():
+            counter.value = len(tasks)
+        torch.set_num_threads(own_threads)
+        _stop(procs, 0.0 if interrupted else join_timeout_s)
+        results.put(("stop", 0, None, None))
+        reader.join(join_timeout_s)
+    for wid, proc in procs.items():  # a job a worker took and never reported: the worker died with it
+        num = board.running.get(wid)
+        if num is not None and num not in board.outcomes:
+            board.finish(num, "failed", f"its worker on {devices[wid]} ended (exit code {proc.exitcode}) "
+                         "during the job", True, devices[wid])
+    for num in range(len(tasks)):  # claimed by a worker that died before it could say so
+        if num not in board.outcomes:
+            board.finish(num, "failed", "not run: its worker ended before it started the job", True, "")
+    return [board.outcomes[n] for n in range(len(tasks))]
+
+
+def _wait_for_workers(board: _Board, procs: dict, poll_s: float) -> None:
+    """Until every job is reported or every worker has ended (the jobs of one that died are reported
+    failed by the caller; the others' jobs were still run)."""
+    while len(board.outcomes) < len(board.tasks):
+        if not any(p.is_alive() for p in procs.values()):
+            time.sleep(poll_s)  # what a worker sent just before it ended is still being read
+            return
+        time.sleep(poll_s)
+
+
+def _stop(procs: dict, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for proc in procs.values():
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs.values():
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs.values():
+        proc.join(5.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5.0)
+
+
+def close_launcher_pools() -> None:
+    """Stop the worker processes a joblib launcher leaves behind (loky keeps them for reuse, idle for up to
+    300 s). They end when the interpreter runs threading's exit hooks; a command that exits with
+    os._exit (runner.cli, after CUDA work) would otherwise wait for them in multiprocessing's exit hook."""
+    import sys
+
+    reusable = sys.modules.get("joblib.externals.loky.reusable_executor")
+    executor = getattr(reusable, "_executor", None)
+    if executor is not None:
+        executor.shutdown(wait=True)
+

@@ -71,6 +71,9 @@ def run(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None, quie
     from runner.provenance import atomic_write_json
 
     t0 = time.time()
+    if overrides is None and cfg.get("sweep", {}).get("chunk") is not None:  # a launcher task of many jobs
+        _limit_threads()
+        return run_chunk(int(cfg.sweep.chunk), Path(out_dir).parent)
     if overrides is None:  # launched by Hydra (a parallel or cluster launcher)
         from hydra.core.hydra_config import HydraConfig
 
@@ -365,10 +368,11 @@ def _basic_launcher(overrides: list[str]) -> bool:
 
 
 def run_in_process(jobs: list[list[str]], cfgs: list[DictConfig], plans: list, sweep_dir: Path,
-                   devices: list[str] | None = None) -> None:
+                   devices: list[str] | None = None, nums: list[int] | None = None) -> None:
     """What Hydra's basic launcher does, without composing every job again: the jobs one after another in
     this process, so they share its evaluation session (runner.session); with several devices, spread over
-    a worker per device (runner.workers), this process serving the first."""
+    a worker per device (runner.workers), this process serving the first. nums: the jobs' numbers (their
+    directories), when they are some of a sweep's (a chunk)."""
     from runner import workers
     from runner.console import progress_bar
     from runner.provenance import write_config_yaml
@@ -376,7 +380,7 @@ def run_in_process(jobs: list[list[str]], cfgs: list[DictConfig], plans: list, s
     pooled = devices is not None and len(devices) > 1 and len(jobs) > 1
     tasks = []
     with progress_bar(f"sweep: {len(jobs)} jobs", total=len(jobs)) as advance:
-        for num, (job, cfg, (planned, _)) in enumerate(zip(jobs, cfgs, plans)):
+        for num, job, cfg, (planned, _) in zip(nums or range(len(jobs)), jobs, cfgs, plans):
             out_dir = sweep_dir / str(num)
             out_dir.mkdir(parents=True, exist_ok=True)
             write_config_yaml(out_dir / "config.yaml", cfg)
@@ -387,6 +391,41 @@ def run_in_process(jobs: list[list[str]], cfgs: list[DictConfig], plans: list, s
             advance(1, job=num, status=result.get("status"))
         if tasks:
             workers.run_tasks(run, tasks, devices, advance, on_failure=_record_failure)
+
+
+def launch_chunks(jobs: list[list[str]], cfgs: list[DictConfig], overrides: list[str], sweep_dir: Path) -> None:
+    """The jobs through a Hydra launcher, sweep.chunk_size jobs per launched task: each task (run_chunk)
+    runs its chunk in one process with one session, instead of one process, one data load and one
+    calibration per job. The jobs' configs are written here; the launcher composes only the chunk number."""
+    from runner import workers
+    from runner.cli import run_hydra_command
+    from runner.provenance import write_config_yaml
+
+    for num, cfg in enumerate(cfgs):
+        (sweep_dir / str(num)).mkdir(parents=True, exist_ok=True)
+        write_config_yaml(sweep_dir / str(num) / "config.yaml", cfg)
+    n = workers.write_chunks(sweep_dir, jobs, int(cfgs[0].sweep.chunk_size))
+    # one job's overrides (the chunk's own config is composed from them; its jobs bring their own configs),
+    # the launcher's, and the chunk axis; chunk directories apart from the jobs' numbered ones
+    base = [o for o in jobs[0] if not o.startswith("sweep.multiplier=")]
+    hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    run_hydra_command("sweep", ["-m", *base, *hydra_overrides, "sweep.chunk=" + ",".join(map(str, range(n))),
+                                "hydra.sweep.subdir=chunk${hydra.job.num}"])
+
+
+def run_chunk(chunk: int, sweep_dir: Path) -> dict:
+    """One launched task: the jobs of its chunk, from the configs the sweep wrote, in this process (on
+    this host's devices as sweep.devices says)."""
+    from omegaconf import OmegaConf
+
+    from runner import workers
+
+    picked = workers.read_chunk(sweep_dir, chunk)
+    nums = [j["num"] for j in picked]
+    cfgs = [OmegaConf.load(sweep_dir / str(n) / "config.yaml") for n in nums]
+    run_in_process([j["overrides"] for j in picked], cfgs, [(None, "")] * len(cfgs), sweep_dir,
+                   devices=sweep_devices(cfgs), nums=nums)
+    return {"status": "ok", "jobs": nums}
 
 
 def _record_failure(task, error: str) -> None:
@@ -468,6 +507,9 @@ def main(argv: list[str] | None = None) -> int:
         prepare(cfgs, plans, sweep_dir)
         if _basic_launcher(overrides):
             run_in_process(jobs, cfgs, plans, sweep_dir, devices=devices)
+        elif int(cfgs[0].sweep.get("chunk_size") or 0) > 0:
+            launch_chunks(jobs, cfgs, overrides, sweep_dir)
+            close_launcher_pools()
         else:
             run_hydra_command("sweep", ["-m", *overrides])
             close_launcher_pools()

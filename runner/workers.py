@@ -43,6 +43,7 @@ class Outcome:
     status: str
     error: str = ""
     device: str = ""
+    worker: int | None = None  # 0: this process, 1..: the worker of devices[worker]; None: never run
 
 
 def _cuda_count() -> int:
@@ -147,24 +148,25 @@ def _serve(wid: int, device: str, fn: Callable, tasks: list[Task], counter, resu
 class _Board:
     """What the parent knows of the jobs, filled from the workers' messages by a reader thread."""
 
-    def __init__(self, tasks: list[Task], advance: Callable, on_failure: Callable | None):
-        self.tasks, self.advance, self.on_failure = tasks, advance, on_failure
+    def __init__(self, tasks: list[Task], devices: list[str], advance: Callable, on_failure: Callable | None):
+        self.tasks, self.devices, self.advance, self.on_failure = tasks, devices, advance, on_failure
         self.lock = threading.Lock()
         self.outcomes: dict[int, Outcome] = {}
         self.running: dict[int, int] = {}  # worker id -> job it is running
         self.exited: set[int] = set()
 
-    def finish(self, num: int, status: str, error: str, raised: bool, device: str) -> None:
+    def finish(self, num: int, status: str, error: str, raised: bool, wid: int | None) -> None:
         """raised: the job did not return (it raised, or its worker died): on_failure records it."""
+        device = "" if wid is None else self.devices[wid]
         with self.lock:
             if num in self.outcomes:
                 return
-            self.outcomes[num] = Outcome(num, status, error, device)
+            self.outcomes[num] = Outcome(num, status, error, device, wid)
             if raised and self.on_failure is not None:
                 self.on_failure(self.tasks[num], error)
             self.advance(1, job=num, status=status, device=device)
 
-    def read(self, results, devices: list[str]) -> None:
+    def read(self, results) -> None:
         while True:
             try:
                 kind, wid, num, info = results.get()
@@ -178,7 +180,7 @@ class _Board:
                 self.running[wid] = num
             elif kind == "done":
                 self.running.pop(wid, None)
-                self.finish(num, *info, devices[wid])
+                self.finish(num, *info, wid)
             elif kind == "exit":
                 self.exited.add(wid)
 
@@ -196,7 +198,7 @@ def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Call
 
     from runner import gpus
 
-    board = _Board(tasks, advance, on_failure)
+    board = _Board(tasks, devices, advance, on_failure)
     ctx = mp.get_context("spawn")
     counter, results = ctx.Value("i", 0), ctx.Queue()
     threads = _threads_each(devices)
@@ -206,7 +208,7 @@ def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Call
                            name=f"approx-run-worker-{wid}-{device}", daemon=True)
         proc.start()
         procs[wid] = proc
-    reader = threading.Thread(target=board.read, args=(results, devices), name="approx-run-pool-reader", daemon=True)
+    reader = threading.Thread(target=board.read, args=(results,), name="approx-run-pool-reader", daemon=True)
     reader.start()
     own_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -222,7 +224,7 @@ def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Call
                     raised = False
                 except Exception as exc:  # noqa: BLE001
                     status, error, raised = "failed", _failure(exc), True
-                board.finish(i, status, error, raised, devices[0])
+                board.finish(i, status, error, raised, 0)
         _wait_for_workers(board, procs, poll_s)
         interrupted = False
     finally:  # also on Ctrl-C / SIGTERM: nothing more starts, the workers stop, finished rows stay
@@ -236,10 +238,10 @@ def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Call
         num = board.running.get(wid)
         if num is not None and num not in board.outcomes:
             board.finish(num, "failed", f"its worker on {devices[wid]} ended (exit code {proc.exitcode}) "
-                         "during the job", True, devices[wid])
+                         "during the job", True, wid)
     for num in range(len(tasks)):  # claimed by a worker that died before it could say so
         if num not in board.outcomes:
-            board.finish(num, "failed", "not run: its worker ended before it started the job", True, "")
+            board.finish(num, "failed", "not run: its worker ended before it started the job", True, None)
     return [board.outcomes[n] for n in range(len(tasks))]
 
 
@@ -278,3 +280,41 @@ def close_launcher_pools() -> None:
     if executor is not None:
         executor.shutdown(wait=True)
 
+
+
+# ---------------------------------------------------------------- chunks: many jobs per cluster task
+
+CHUNKS_FILE = "chunks.json"
+
+
+def write_chunks(sweep_dir, jobs: list[list[str]], chunk_size: int) -> int:
+    """Cut the jobs (their override lists, numbered in order) into chunks of `chunk_size` for a launcher
+    that starts one task per chunk (submitit: one SLURM array task keeps its session for a whole chunk),
+    beside the jobs' configs, where every task reads it. Returns the number of chunks."""
+    from pathlib import Path
+
+    from runner.provenance import atomic_write_json
+
+    if chunk_size < 1:
+        raise UserError(f"sweep.chunk_size={chunk_size}: give a positive number of jobs per task (or 0: one task "
+                        "per job).")
+    numbered = [{"num": num, "overrides": list(job)} for num, job in enumerate(jobs)]
+    chunks = [numbered[i:i + chunk_size] for i in range(0, len(numbered), chunk_size)]
+    atomic_write_json(Path(sweep_dir) / CHUNKS_FILE, {"chunk_size": chunk_size, "chunks": chunks})
+    return len(chunks)
+
+
+def read_chunk(sweep_dir, chunk: int) -> list[dict]:
+    """The jobs ({num, overrides}) of one chunk written by write_chunks."""
+    import json
+    from pathlib import Path
+
+    path = Path(sweep_dir) / CHUNKS_FILE
+    try:
+        chunks = json.loads(path.read_text())["chunks"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise UserError(f"sweep.chunk={chunk}: cannot read the sweep's chunk list {path} ({exc}); "
+                        "sweep.chunk is set per task by `approx-run sweep`, not by hand.") from None
+    if not 0 <= chunk < len(chunks):
+        raise UserError(f"sweep.chunk={chunk}: the sweep has {len(chunks)} chunk(s) ({path}).")
+    return chunks[chunk]

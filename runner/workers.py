@@ -103,12 +103,15 @@ def _threads_each(devices: list[str]) -> int:
     return max(1, (os.cpu_count() or 1) // len(devices))
 
 
-def _claim(counter, n: int) -> int | None:
+def _claim(counter, owner, n: int, wid: int) -> int | None:
+    """The next job, marked as this process's (owner) in the same step, so a worker's death with it is
+    known even if it could not say so."""
     with counter.get_lock():
         i = counter.value
         if i >= n:
             return None
         counter.value = i + 1
+        owner[i] = wid
         return i
 
 
@@ -122,38 +125,35 @@ def _failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
 
 
-def _serve(wid: int, device: str, fn: Callable, tasks: list[Task], counter, results, threads: int) -> None:
-    """A worker process: jobs until none is left, each reported as it starts and ends."""
+def _serve(wid: int, device: str, fn: Callable, tasks: list[Task], counter, owner, conn, threads: int) -> None:
+    """A worker process: jobs until none is left, each reported as it ends through its own pipe (a worker
+    that dies mid-message breaks only its own)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the pool on Ctrl-C (the whole group gets it)
     _see_only(device)
     import torch
 
     torch.set_num_threads(threads)
-    while (i := _claim(counter, len(tasks))) is not None:
-        results.put(("start", wid, i, None))
+    while (i := _claim(counter, owner, len(tasks), wid)) is not None:
         try:
             status, error = _status(fn(*tasks[i].args))
             raised = False
         except Exception as exc:  # noqa: BLE001  (one job's crash must not take the others' worker)
             status, error, raised = "failed", _failure(exc), True
-        results.put(("done", wid, i, (status, error, raised)))
-    results.put(("exit", wid, None, None))
-    results.close()
-    results.join_thread()
+        conn.send((i, status, error, raised))
+    conn.close()
     # Everything is reported and every row written atomically: skip the interpreter's teardown (a CUDA
     # context's takes about a second, a stall at the end of the sweep).
     os._exit(0)
 
 
 class _Board:
-    """What the parent knows of the jobs, filled from the workers' messages by a reader thread."""
+    """What the parent knows of the jobs, filled from the workers' pipes by a reader thread."""
 
     def __init__(self, tasks: list[Task], devices: list[str], advance: Callable, on_failure: Callable | None):
         self.tasks, self.devices, self.advance, self.on_failure = tasks, devices, advance, on_failure
         self.lock = threading.Lock()
         self.outcomes: dict[int, Outcome] = {}
-        self.running: dict[int, int] = {}  # worker id -> job it is running
-        self.exited: set[int] = set()
+        self.stop = threading.Event()
 
     def finish(self, num: int, status: str, error: str, raised: bool, wid: int | None) -> None:
         """raised: the job did not return (it raised, or its worker died): on_failure records it."""
@@ -166,23 +166,18 @@ class _Board:
                 self.on_failure(self.tasks[num], error)
             self.advance(1, job=num, status=status, device=device)
 
-    def read(self, results) -> None:
-        while True:
-            try:
-                kind, wid, num, info = results.get()
-            except (EOFError, OSError, ValueError):  # the queue closed under us: nothing more will come
-                return
-            except Exception:  # noqa: BLE001  (a message cut short by a worker's death)
-                continue
-            if kind == "stop":
-                return
-            if kind == "start":
-                self.running[wid] = num
-            elif kind == "done":
-                self.running.pop(wid, None)
-                self.finish(num, *info, wid)
-            elif kind == "exit":
-                self.exited.add(wid)
+    def read(self, conns: dict, poll_s: float) -> None:
+        from multiprocessing.connection import wait
+
+        open_ = dict(conns)  # connection -> worker id
+        while open_ and not self.stop.is_set():
+            for conn in wait(list(open_), timeout=poll_s):
+                try:
+                    num, status, error, raised = conn.recv()
+                except (EOFError, OSError):  # the worker ended (its last message, if cut short, is lost)
+                    open_.pop(conn)
+                    continue
+                self.finish(num, status, error, raised, open_[conn])
 
 
 def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Callable,
@@ -191,8 +186,7 @@ def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Call
     """fn(*task.args) for every task, over `devices` (this process serves the first). fn is a module-level
     function (the workers import it by name); it returns a dict with "status" (and "error"), or raises:
     the task is then failed. advance(1, **info) after each task, in this process; on_failure(task, error)
-    for a task that failed by raising or with its worker (not for one that recorded its own failure and
-    returned it, though it is reported too: on_failure should not mind). Returns the outcomes in task order."""
+    for a task that did not return (it raised, or its worker died). Returns the outcomes in task order."""
     import torch
     import torch.multiprocessing as mp
 
@@ -200,15 +194,17 @@ def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Call
 
     board = _Board(tasks, devices, advance, on_failure)
     ctx = mp.get_context("spawn")
-    counter, results = ctx.Value("i", 0), ctx.Queue()
+    counter, owner = ctx.Value("i", 0), ctx.Array("i", [-1] * len(tasks), lock=False)
     threads = _threads_each(devices)
-    procs = {}
+    procs, conns = {}, {}
     for wid, device in enumerate(devices[1:], start=1):
-        proc = ctx.Process(target=_serve, args=(wid, device, fn, tasks, counter, results, threads),
+        receive, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_serve, args=(wid, device, fn, tasks, counter, owner, send, threads),
                            name=f"approx-run-worker-{wid}-{device}", daemon=True)
         proc.start()
-        procs[wid] = proc
-    reader = threading.Thread(target=board.read, args=(results,), name="approx-run-pool-reader", daemon=True)
+        send.close()  # the worker's end only: its death is then the end of this pipe
+        procs[wid], conns[receive] = proc, wid
+    reader = threading.Thread(target=board.read, args=(conns, poll_s), name="approx-run-pool-reader", daemon=True)
     reader.start()
     own_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -218,41 +214,42 @@ def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Call
         with gpus.pinned(index) if index is not None else nullcontext():
             if index is not None:
                 torch.cuda.set_device(index)
-            while (i := _claim(counter, len(tasks))) is not None:
+            while (i := _claim(counter, owner, len(tasks), 0)) is not None:
                 try:
                     status, error = _status(fn(*tasks[i].args))
                     raised = False
                 except Exception as exc:  # noqa: BLE001
                     status, error, raised = "failed", _failure(exc), True
                 board.finish(i, status, error, raised, 0)
-        _wait_for_workers(board, procs, poll_s)
+        _wait_for_workers(board, procs, reader, poll_s)
         interrupted = False
     finally:  # also on Ctrl-C / SIGTERM: nothing more starts, the workers stop, finished rows stay
         with counter.get_lock():
             counter.value = len(tasks)
         torch.set_num_threads(own_threads)
         _stop(procs, 0.0 if interrupted else join_timeout_s)
-        results.put(("stop", 0, None, None))
+        reader.join(join_timeout_s)  # reads what the workers sent before they ended
+        board.stop.set()
         reader.join(join_timeout_s)
-    for wid, proc in procs.items():  # a job a worker took and never reported: the worker died with it
-        num = board.running.get(wid)
-        if num is not None and num not in board.outcomes:
-            board.finish(num, "failed", f"its worker on {devices[wid]} ended (exit code {proc.exitcode}) "
+        for conn in conns:
+            conn.close()
+    for num in range(len(tasks)):
+        if num in board.outcomes:
+            continue
+        wid = owner[num]
+        if wid > 0:  # a job its worker took and never reported: the worker died with it
+            board.finish(num, "failed", f"its worker on {devices[wid]} ended (exit code {procs[wid].exitcode}) "
                          "during the job", True, wid)
-    for num in range(len(tasks)):  # claimed by a worker that died before it could say so
-        if num not in board.outcomes:
-            board.finish(num, "failed", "not run: its worker ended before it started the job", True, None)
+        else:
+            board.finish(num, "failed", "not run", True, None)
     return [board.outcomes[n] for n in range(len(tasks))]
 
 
-def _wait_for_workers(board: _Board, procs: dict, poll_s: float) -> None:
-    """Until every job is reported or every worker has ended (the jobs of one that died are reported
-    failed by the caller; the others' jobs were still run)."""
-    while len(board.outcomes) < len(board.tasks):
-        if not any(p.is_alive() for p in procs.values()):
-            time.sleep(poll_s)  # what a worker sent just before it ended is still being read
-            return
-        time.sleep(poll_s)
+def _wait_for_workers(board: _Board, procs: dict, reader: threading.Thread, poll_s: float) -> None:
+    """Until every job is reported or the workers have all ended and their pipes are read (the job of one
+    that died is reported failed by the caller; the others' jobs were still run)."""
+    while len(board.outcomes) < len(board.tasks) and reader.is_alive():
+        reader.join(poll_s)
 
 
 def _stop(procs: dict, timeout_s: float) -> None:

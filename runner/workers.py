@@ -52,8 +52,8 @@ def _cuda_count() -> int:
     return torch.cuda.device_count()
 
 
-def resolve_devices(spec, uses_cuda: bool) -> list[str]:
-    """sweep.devices as device names. auto: every visible GPU when the jobs run on CUDA, else one device
+def resolve_devices(spec, uses_cuda: bool, key: str = "sweep.devices") -> list[str]:
+    """A devices setting (`key`, for the messages) as device names. auto: every visible GPU when the jobs run on CUDA, else one device
     (the jobs then run in this process, as without a pool); a list names them (cpu, cuda, cuda:N; a name
     twice is two workers on one device)."""
     if spec is None or str(spec) == "auto":
@@ -62,7 +62,7 @@ def resolve_devices(spec, uses_cuda: bool) -> list[str]:
     items = [spec] if isinstance(spec, str) else list(spec)
     items = [s.strip() for item in items for s in str(item).split(",") if s.strip()]
     if not items:
-        raise UserError("sweep.devices is empty; give auto or a list such as [cuda:0,cuda:1].")
+        raise UserError(f"{key} is empty; give auto or a list such as [cuda:0,cuda:1].")
     devices = []
     for item in items:
         kind, _, index = item.partition(":")
@@ -70,12 +70,12 @@ def resolve_devices(spec, uses_cuda: bool) -> list[str]:
             devices.append("cpu")
             continue
         if kind != "cuda" or (index and not index.isdigit()):
-            raise UserError(f"sweep.devices: {item!r} is not a device; use cpu, cuda or cuda:N, "
-                            "e.g. sweep.devices=[cuda:0,cuda:1], or sweep.devices=auto.")
+            raise UserError(f"{key}: {item!r} is not a device; use cpu, cuda or cuda:N, "
+                            f"e.g. {key}=[cuda:0,cuda:1], or {key}=auto.")
         n = _cuda_count()
         i = int(index or 0)
         if i >= n:
-            raise UserError(f"sweep.devices: {item} is not here: torch sees {n} GPU(s)"
+            raise UserError(f"{key}: {item} is not here: torch sees {n} GPU(s)"
                             f"{' (cuda:0 .. cuda:' + str(n - 1) + ')' if n else ''}.")
         devices.append(f"cuda:{i}")
     return devices

@@ -89,7 +89,7 @@ def run_pairs(cfg: DictConfig, pairs: list[tuple[str, str]], run_dir: Path) -> p
     from runner import compare
     from runner.console import progress_bar
     from runner.store import read_csv
-    from runner.workers import Task, resolve_devices, run_tasks
+    from runner.workers import Task, devices_of, run_tasks
 
     jobs = [pair_config(cfg, layer, spec) for layer, spec in pairs]
     plans = []  # (compare.plan's answer, "") or (None, the reason the pair cannot run)
@@ -98,15 +98,14 @@ def run_pairs(cfg: DictConfig, pairs: list[tuple[str, str]], run_dir: Path) -> p
             plans.append((compare.plan(job), ""))
         except UserError as exc:
             plans.append((None, str(exc)))
-    devices = resolve_devices(cfg.sensitivity.get("devices", "auto"), cfg.backend.name == "cuda" or cfg.device == "cuda",
-                              key="sensitivity.devices")
+    devices = devices_of([cfg], "sensitivity")
     tasks = []
     with progress_bar(f"{cfg.command}: {len(jobs)} evaluations", total=len(jobs)) as advance:
         for i, (job, (layer, spec)) in enumerate(zip(jobs, pairs)):
             out = run_dir / f"{i}_{layer}"
             out.mkdir(parents=True, exist_ok=True)
             if len(devices) > 1:  # spread over a worker per device (runner.workers), this process serving one
-                tasks.append(Task(i, f"{layer} x {spec}", (job, out, True, plans[i][0])))
+                tasks.append(Task(i, (job, out, True, plans[i][0])))
                 continue
             compare.run(job, out, quiet=True, planned=plans[i][0])
             advance(1, layer=layer, multiplier=Path(spec).name)

@@ -73,7 +73,9 @@ def run(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None, quie
     t0 = time.time()
     if overrides is None and cfg.get("sweep", {}).get("chunk") is not None:  # a launcher task of many jobs
         _limit_threads()
-        return run_chunk(int(cfg.sweep.chunk), Path(out_dir).parent)
+        from runner import workers
+
+        return workers.run_chunk(int(cfg.sweep.chunk), Path(out_dir).parent, run_in_process)
     if overrides is None:  # launched by Hydra (a parallel or cluster launcher)
         from hydra.core.hydra_config import HydraConfig
 
@@ -385,47 +387,12 @@ def run_in_process(jobs: list[list[str]], cfgs: list[DictConfig], plans: list, s
             out_dir.mkdir(parents=True, exist_ok=True)
             write_config_yaml(out_dir / "config.yaml", cfg)
             if pooled:
-                tasks.append(workers.Task(num, " ".join(job), (cfg, out_dir, job, True, planned)))
+                tasks.append(workers.Task(num, (cfg, out_dir, job, True, planned)))
                 continue
             result = run(cfg, out_dir, overrides=job, quiet=True, planned=planned)
             advance(1, job=num, status=result.get("status"))
         if tasks:
             workers.run_tasks(run, tasks, devices, advance, on_failure=_record_failure)
-
-
-def launch_chunks(jobs: list[list[str]], cfgs: list[DictConfig], overrides: list[str], sweep_dir: Path) -> None:
-    """The jobs through a Hydra launcher, sweep.chunk_size jobs per launched task: each task (run_chunk)
-    runs its chunk in one process with one session, instead of one process, one data load and one
-    calibration per job. The jobs' configs are written here; the launcher composes only the chunk number."""
-    from runner import workers
-    from runner.cli import run_hydra_command
-    from runner.provenance import write_config_yaml
-
-    for num, cfg in enumerate(cfgs):
-        (sweep_dir / str(num)).mkdir(parents=True, exist_ok=True)
-        write_config_yaml(sweep_dir / str(num) / "config.yaml", cfg)
-    n = workers.write_chunks(sweep_dir, jobs, int(cfgs[0].sweep.chunk_size))
-    # one job's overrides (the chunk's own config is composed from them; its jobs bring their own configs),
-    # the launcher's, and the chunk axis; chunk directories apart from the jobs' numbered ones
-    base = [o for o in jobs[0] if not o.startswith("sweep.multiplier=")]
-    hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))]
-    run_hydra_command("sweep", ["-m", *base, *hydra_overrides, "sweep.chunk=" + ",".join(map(str, range(n))),
-                                "hydra.sweep.subdir=chunk${hydra.job.num}"])
-
-
-def run_chunk(chunk: int, sweep_dir: Path) -> dict:
-    """One launched task: the jobs of its chunk, from the configs the sweep wrote, in this process (on
-    this host's devices as sweep.devices says)."""
-    from omegaconf import OmegaConf
-
-    from runner import workers
-
-    picked = workers.read_chunk(sweep_dir, chunk)
-    nums = [j["num"] for j in picked]
-    cfgs = [OmegaConf.load(sweep_dir / str(n) / "config.yaml") for n in nums]
-    run_in_process([j["overrides"] for j in picked], cfgs, [(None, "")] * len(cfgs), sweep_dir,
-                   devices=sweep_devices(cfgs), nums=nums)
-    return {"status": "ok", "jobs": nums}
 
 
 def _record_failure(task, error: str) -> None:
@@ -435,14 +402,6 @@ def _record_failure(task, error: str) -> None:
     _, out_dir, overrides, _, _ = task.args
     atomic_write_json(Path(out_dir) / "job.json", {"status": "failed", "error": error, "overrides": overrides,
                                                    "elapsed_s": None})
-
-
-def sweep_devices(cfgs: list[DictConfig]) -> list[str]:
-    """sweep.devices of the jobs (one value for the whole sweep: the first job's)."""
-    from runner.workers import resolve_devices
-
-    return resolve_devices(cfgs[0].sweep.get("devices", "auto"),
-                           uses_cuda=any(c.backend.name == "cuda" or c.device == "cuda" for c in cfgs))
 
 
 def _launcher_overrides(overrides: list[str], cfgs: list[DictConfig]) -> list[str]:
@@ -476,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     from runner.evaluate import check_eval_config
     from runner.store import check_store
     from runner.train import check_train_config
-    from runner.workers import close_launcher_pools
+    from runner.workers import close_launcher_pools, devices_of, launch_chunks
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
@@ -493,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         data_digest(data)  # missing or unreadable data files: one message now, not a failed row per job
     for results_file in dict.fromkeys(str(c.results_file) for c in cfgs):
         check_store(Path(results_file))  # a damaged results file stops the sweep here, not in every job
-    devices = sweep_devices(cfgs)
+    devices = devices_of(cfgs, "sweep")
     sweep_dir = next((Path(o.split("=", 1)[1]) for o in overrides if o.startswith("hydra.sweep.dir=")), None)
     if sweep_dir is None:
         sweep_dir = Path(cfgs[0].paths.results) / "sweep" / time.strftime("%Y-%m-%d_%H-%M-%S")
@@ -508,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         if _basic_launcher(overrides):
             run_in_process(jobs, cfgs, plans, sweep_dir, devices=devices)
         elif int(cfgs[0].sweep.get("chunk_size") or 0) > 0:
-            launch_chunks(jobs, cfgs, overrides, sweep_dir)
+            launch_chunks(jobs, cfgs, overrides, sweep_dir, lambda args: run_hydra_command("sweep", args))
             close_launcher_pools()
         else:
             run_hydra_command("sweep", ["-m", *overrides])

@@ -31,9 +31,8 @@ JOIN_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True)
 class Task:
-    """One job: fn(*args) in whichever process claims it; label names it in messages."""
+    """One job: fn(*args) in whichever process claims it (args are pickled for the workers)."""
     num: int
-    label: str
     args: tuple
 
 
@@ -53,9 +52,9 @@ def _cuda_count() -> int:
 
 
 def resolve_devices(spec, uses_cuda: bool, key: str = "sweep.devices") -> list[str]:
-    """A devices setting (`key`, for the messages) as device names. auto: every visible GPU when the jobs run on CUDA, else one device
-    (the jobs then run in this process, as without a pool); a list names them (cpu, cuda, cuda:N; a name
-    twice is two workers on one device)."""
+    """A devices setting (`key`, for the messages) as device names. auto: every visible GPU when the jobs
+    run on CUDA, else one device (the jobs then run in this process, as without a pool); a list names
+    them (cpu, cuda, cuda:N; a name twice is two workers on one device)."""
     if spec is None or str(spec) == "auto":
         n = _cuda_count() if uses_cuda else 0
         return [f"cuda:{i}" for i in range(n)] if n > 1 else ["cuda:0" if uses_cuda else "cpu"]
@@ -79,6 +78,14 @@ def resolve_devices(spec, uses_cuda: bool, key: str = "sweep.devices") -> list[s
                             f"{' (cuda:0 .. cuda:' + str(n - 1) + ')' if n else ''}.")
         devices.append(f"cuda:{i}")
     return devices
+
+
+def devices_of(cfgs: list, section: str) -> list[str]:
+    """The devices of a command's jobs: its `<section>.devices` setting (the first job's: one value for
+    the command), auto meaning every GPU when any job runs on CUDA."""
+    return resolve_devices(cfgs[0][section].get("devices", "auto"),
+                           uses_cuda=any(c.backend.name == "cuda" or c.device == "cuda" for c in cfgs),
+                           key=f"{section}.devices")
 
 
 def _gpu_index(device: str) -> int | None:
@@ -299,6 +306,45 @@ def write_chunks(sweep_dir, jobs: list[list[str]], chunk_size: int) -> int:
     chunks = [numbered[i:i + chunk_size] for i in range(0, len(numbered), chunk_size)]
     atomic_write_json(Path(sweep_dir) / CHUNKS_FILE, {"chunk_size": chunk_size, "chunks": chunks})
     return len(chunks)
+
+
+def launch_chunks(jobs: list[list[str]], cfgs: list, overrides: list[str], sweep_dir, multirun: Callable) -> None:
+    """A sweep's jobs through a Hydra launcher, sweep.chunk_size jobs per launched task: each task
+    (run_chunk) runs its chunk in one process with one session, instead of one process, one data load
+    and one calibration per job. The jobs' configs are written here, so a task composes only its chunk
+    number. multirun(args): the sweep command's Hydra multirun over args."""
+    from pathlib import Path
+
+    from runner.provenance import write_config_yaml
+
+    sweep_dir = Path(sweep_dir)
+    for num, cfg in enumerate(cfgs):
+        (sweep_dir / str(num)).mkdir(parents=True, exist_ok=True)
+        write_config_yaml(sweep_dir / str(num) / "config.yaml", cfg)
+    n = write_chunks(sweep_dir, jobs, int(cfgs[0].sweep.chunk_size))
+    # one job's overrides (a task's own config is composed from them; its jobs bring their own configs),
+    # the launcher's, and the chunk axis; the tasks' directories apart from the jobs' numbered ones
+    base = [o for o in jobs[0] if not o.startswith("sweep.multiplier=")]
+    launcher = [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    multirun(["-m", *base, *launcher, "sweep.chunk=" + ",".join(map(str, range(n))),
+              "hydra.sweep.subdir=chunk${hydra.job.num}"])
+
+
+def run_chunk(chunk: int, sweep_dir, run_jobs: Callable) -> dict:
+    """One launched task: the jobs of its chunk, from the configs the sweep wrote, through
+    run_jobs(jobs, cfgs, plans, sweep_dir, devices=..., nums=...) (sweep.run_in_process) in this process,
+    on this host's devices as sweep.devices says."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    sweep_dir = Path(sweep_dir)
+    picked = read_chunk(sweep_dir, chunk)
+    nums = [j["num"] for j in picked]
+    cfgs = [OmegaConf.load(sweep_dir / str(n) / "config.yaml") for n in nums]
+    run_jobs([j["overrides"] for j in picked], cfgs, [(None, "")] * len(cfgs), sweep_dir,
+             devices=devices_of(cfgs, "sweep"), nums=nums)
+    return {"status": "ok", "jobs": nums}
 
 
 def read_chunk(sweep_dir, chunk: int) -> list[dict]:

@@ -25,7 +25,7 @@ from typing import Callable
 
 from runner.errors import UserError
 
-# After the last job: how long a worker that said it is done may take to exit before it is terminated.
+# How long the end of the pool waits for a worker's process and for the reader of their reports.
 JOIN_TIMEOUT_S = 10.0
 
 
@@ -234,7 +234,10 @@ def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Call
         with counter.get_lock():
             counter.value = len(tasks)
         torch.set_num_threads(own_threads)
-        _stop(procs, 0.0 if interrupted else join_timeout_s)
+        # Every job reported (or an interrupt): a worker still alive has no job left, maybe still starting
+        # (torch's import, the CUDA context: seconds, longer than a short sweep's jobs), so it is not
+        # waited for. Otherwise the workers all ended already.
+        _stop(procs, 0.0 if interrupted or len(board.outcomes) == len(tasks) else join_timeout_s)
         reader.join(join_timeout_s)  # reads what the workers sent before they ended
         board.stop.set()
         reader.join(join_timeout_s)

@@ -246,3 +246,17 @@ def test_two_gpus_rows_as_one(tmp_path, checkpoints):
     assert rc == 0, out
     cols = ["multiplier", "status", "row_key", "correct", "accuracy"]
     pd.testing.assert_frame_equal(_approx_rows(tmp_path / "one")[cols], _approx_rows(tmp_path / "two")[cols])
+
+
+@needs_cpp
+def test_sensitivity_on_two_cpu_workers_gives_in_process_table(tmp_path, checkpoints):
+    tables = []
+    for name, extra in (("one", []), ("two", ["sensitivity.devices=[cpu,cpu]"])):
+        rc, out = _run(["sensitivity", "sensitivity.multipliers=mul8s_1KV8,mul8s_1L2N", "backend=cpp", *FAST,
+                        "sensitivity.plot=false", f"paths.results={tmp_path / name}",
+                        f"paths.checkpoints={checkpoints}", *extra], timeout=300)
+        assert rc == 0, out
+        tables.append(pd.read_csv(next((tmp_path / name / "sensitivity").glob("*/sensitivity.csv"))))
+    cols = ["layer", "multiplier", "status", "accuracy", "fakequant_accuracy", "row_key"]
+    pd.testing.assert_frame_equal(tables[0][cols], tables[1][cols])
+    assert (tables[1]["status"] == "ok").all() and len(tables[1]) == 10

@@ -34,9 +34,8 @@ timed() {
   for r in $(seq 1 "$REPEATS"); do
     rm -rf "$OUT/$label.$r"
     local t0=$EPOCHREALTIME
-    if ! "$PY" -m runner.cli "$@" "paths.results=$OUT/$label.$r" "paths.checkpoints=$CKPT" >"$OUT/$label.$r.log" 2>&1; then
-      echo "  $label run $r: exit $? (log $OUT/$label.$r.log)"
-    fi
+    "$PY" -m runner.cli "$@" "paths.results=$OUT/$label.$r" "paths.checkpoints=$CKPT" >"$OUT/$label.$r.log" 2>&1 \
+      || echo "  $label run $r: exit $? (log $OUT/$label.$r.log)"
     walls+=("$("$PY" -c "print(f'{$EPOCHREALTIME - $t0:.2f}')")")
   done
   "$PY" -c "import statistics, sys; w = [float(x) for x in sys.argv[2:]]; \

@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 import traceback
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable
 
@@ -204,13 +204,14 @@ def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Call
     counter, owner = ctx.Value("i", 0), ctx.Array("i", [-1] * len(tasks), lock=False)
     threads = _threads_each(devices)
     procs, conns = {}, {}
-    for wid, device in enumerate(devices[1:], start=1):
-        receive, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_serve, args=(wid, device, fn, tasks, counter, owner, send, threads),
-                           name=f"approx-run-worker-{wid}-{device}", daemon=True)
-        proc.start()
-        send.close()  # the worker's end only: its death is then the end of this pipe
-        procs[wid], conns[receive] = proc, wid
+    with _sigint_ignored():  # inherited through exec: a Ctrl-C while a worker starts is the parent's alone
+        for wid, device in enumerate(devices[1:], start=1):
+            receive, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_serve, args=(wid, device, fn, tasks, counter, owner, send, threads),
+                               name=f"approx-run-worker-{wid}-{device}", daemon=True)
+            proc.start()
+            send.close()  # the worker's end only: its death is then the end of this pipe
+            procs[wid], conns[receive] = proc, wid
     reader = threading.Thread(target=board.read, args=(conns, poll_s), name="approx-run-pool-reader", daemon=True)
     reader.start()
     own_threads = torch.get_num_threads()
@@ -253,6 +254,21 @@ def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Call
         else:
             board.finish(num, "failed", "not run", True, None)
     return [board.outcomes[n] for n in range(len(tasks))]
+
+
+@contextmanager
+def _sigint_ignored():
+    """SIGINT ignored while worker processes are started: they keep ignoring it from their first
+    instruction (a Ctrl-C reaches the whole process group; one that came while a worker imported torch
+    printed its traceback), and the parent stops them itself."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def _wait_for_workers(board: _Board, procs: dict, reader: threading.Thread, poll_s: float) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from runner import finetune, launch, session
+from runner import finetune, gpus, session
 from runner._ext import backend_status
 from runner.console import console, print_table, progress_bar
 from runner.errors import UserError, config_number
@@ -49,7 +49,7 @@ def eval_device(cfg: DictConfig) -> torch.device:
     if cfg.device not in ("auto", want):
         raise UserError(f"backend={backend} runs on {want}, but device={cfg.device}; "
                         f"drop device= or choose backend={'cuda' if want == 'cpu' else 'cpp'}.")
-    # on a multi-GPU machine the index is the GPU this job leased (see runner.launch.gpu_lease)
+    # on a multi-GPU machine the index is the GPU this job leased (see runner.gpus.gpu_lease)
     return torch.device("cuda", torch.cuda.current_device()) if want == "cuda" else torch.device(want)
 
 
@@ -141,7 +141,7 @@ def run(cfg: DictConfig, out_dir: Path, quiet: bool = False, plan: Plan | None =
               "backend": cfg.backend.name, "algo": cfg.backend.algo, "seed": int(cfg.seed)}
     try:
         n_gpus = torch.cuda.device_count() if cfg.backend.name == "cuda" else 0
-        with launch.gpu_lease(Path(cfg.paths.results) / ".gpu-locks", n_gpus) as gpu:
+        with gpus.gpu_lease(Path(cfg.paths.results) / ".gpu-locks", n_gpus) as gpu:
             if n_gpus:
                 torch.cuda.set_device(gpu)
             return _run(cfg, out_dir, common, quiet, plan)

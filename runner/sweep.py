@@ -176,7 +176,7 @@ def _print_summary(summary: list[dict], sweep_dir: Path, elapsed: float) -> None
 
 def _launcher_overrides(overrides: list[str], cfgs: list[DictConfig]) -> list[str]:
     """With the joblib launcher and CUDA jobs, as many parallel jobs as GPUs; each job leases a free GPU
-    (runner.launch.gpu_lease), so no two jobs share one."""
+    (runner.gpus.gpu_lease), so no two jobs share one."""
     if not any(o.lstrip("+") == "hydra/launcher=joblib" for o in overrides):
         return []
     if any(o.lstrip("+").startswith("hydra.launcher.n_jobs=") for o in overrides):
@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     from runner.evaluate import check_eval_config
     from runner.store import check_store
     from runner.train import check_train_config
+    from runner.workers import close_launcher_pools, devices_of, launch_chunks
 
     argv = command_line(argv)
     if asks_for_help(argv):
@@ -220,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         data_digest(data)  # missing or unreadable data files: one message now, not a failed row per job
     for results_file in dict.fromkeys(str(c.results_file) for c in cfgs):
         check_store(Path(results_file))  # a damaged results file stops the sweep here, not in every job
+    devices = devices_of(cfgs, "sweep")
     sweep_dir = jobs[0].out_dir.parent
     overrides += _launcher_overrides(overrides, cfgs)
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -229,9 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prepare(jobs, sweep_dir)
         if launcher_of(overrides) == "basic":
-            run_jobs(jobs, f"sweep: {len(jobs)} jobs")
+            run_jobs(jobs, f"sweep: {len(jobs)} jobs", devices=devices)
+        elif int(cfgs[0].sweep.get("chunk_size") or 0) > 0:
+            launch_chunks([job.overrides for job in jobs], cfgs, overrides, sweep_dir,
+                          lambda args: run_hydra_command("sweep", args, run_job))
+            close_launcher_pools()
         else:
             run_hydra_command("sweep", ["-m", *overrides], run_job)
+            close_launcher_pools()
     finally:  # also after Ctrl-C: the summary says which jobs are done
         summary = summarize(sweep_dir, jobs)
         _print_summary(summary, sweep_dir, time.time() - t0)

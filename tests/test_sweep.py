@@ -189,7 +189,7 @@ def test_gpu_lease_one_job_per_gpu(tmp_path):
     import threading
     import time
 
-    from runner.launch import gpu_lease
+    from runner.gpus import gpu_lease
 
     got, order = [], []
     with gpu_lease(tmp_path, 2) as a, gpu_lease(tmp_path, 2) as b:

@@ -60,6 +60,11 @@ def run_job(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None, 
     from runner.provenance import atomic_write_json
 
     t0 = time.time()
+    if overrides is None and cfg.get("sweep", {}).get("chunk") is not None:  # a launcher task of many jobs
+        from runner import workers
+
+        _limit_threads()
+        return workers.run_chunk(int(cfg.sweep.chunk), Path(out_dir).parent, run_jobs)
     if overrides is None:  # launched by Hydra (a parallel or cluster launcher)
         from hydra.core.hydra_config import HydraConfig
 
@@ -76,14 +81,33 @@ def run_job(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None, 
     return result
 
 
-def run_jobs(jobs: list[Job], title: str) -> None:
-    """The jobs one after another in this process, each in its own run dir (config.yaml, job.json)."""
+def run_jobs(jobs: list[Job], title: str, devices: list[str] | None = None) -> None:
+    """The jobs in this process, each in its own run dir (config.yaml, job.json); with several devices,
+    spread over a worker per device (runner.workers), this process serving the first."""
+    from runner import workers
     from runner.console import progress_bar
     from runner.provenance import write_config_yaml
 
+    pooled = devices is not None and len(devices) > 1 and len(jobs) > 1
+    tasks = []
     with progress_bar(title, total=len(jobs)) as advance:
         for job in jobs:
             job.out_dir.mkdir(parents=True, exist_ok=True)
             write_config_yaml(job.out_dir / "config.yaml", job.cfg)
+            if pooled:
+                tasks.append(workers.Task(job.num, (job.cfg, job.out_dir, job.overrides, True, job.plan)))
+                continue
             result = run_job(job.cfg, job.out_dir, overrides=job.overrides, quiet=True, plan=job.plan)
             advance(1, **(job.label or {"job": job.num, "status": result.get("status")}))
+        if tasks:
+            workers.run_tasks(run_job, tasks, devices, advance, on_failure=record_failure)
+
+
+def record_failure(task, error: str) -> None:
+    """A pooled job that ended without recording itself (its worker died): its job.json says so for the
+    sweep summary."""
+    from runner.provenance import atomic_write_json
+
+    _, out_dir, overrides, _, _ = task.args
+    atomic_write_json(Path(out_dir) / "job.json", {"status": "failed", "error": error, "overrides": overrides,
+                                                   "elapsed_s": None})

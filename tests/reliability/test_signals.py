@@ -78,14 +78,17 @@ SWEPT = ["exact", "mul8s_1KV8", "mul8s_1KV9", "mul8s_1L2N", "mul8s_1KVA", "mul8s
 
 
 def _sweep_args(tmp_path, baseline, launcher):
-    extra = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"] if launcher == "joblib" else []
+    extra = {"joblib": ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
+             "pool": ["sweep.devices=[cpu,cpu]"]}.get(launcher, [])  # pool: a worker process beside this one
     return ["sweep", f"sweep.multipliers=[{','.join(SWEPT)}]", *TINY,
             *outputs(tmp_path, baseline), *extra]
 
 
 @pytest.mark.parametrize("launcher, sig", [("basic", signal.SIGINT), ("basic", signal.SIGKILL),
-                                           ("joblib", signal.SIGINT), ("joblib", signal.SIGKILL)],
-                         ids=["basic-SIGINT", "basic-SIGKILL", "joblib-SIGINT", "joblib-SIGKILL"])
+                                           ("joblib", signal.SIGINT), ("joblib", signal.SIGKILL),
+                                           ("pool", signal.SIGINT), ("pool", signal.SIGKILL)],
+                         ids=["basic-SIGINT", "basic-SIGKILL", "joblib-SIGINT", "joblib-SIGKILL", "pool-SIGINT",
+                              "pool-SIGKILL"])
 def test_sweep(tmp_path, baseline, launcher, sig):
     if launcher == "joblib":
         pytest.importorskip("hydra_plugins.hydra_joblib_launcher")

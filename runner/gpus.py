@@ -1,4 +1,5 @@
-"""Launcher concerns of the jobs of one command: which GPU a job may use."""
+"""Which GPU a job of a command may use: leases for the processes of a parallel launcher, and the one
+GPU a process of the worker pool serves (runner.workers)."""
 from __future__ import annotations
 
 import time
@@ -7,12 +8,30 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+# The GPU this process serves for a worker pool, while `pinned` holds it; None: lease one per job.
+_pinned: int | None = None
+
+
+@contextmanager
+def pinned(index: int):
+    """Jobs run in this process use GPU `index` without leasing: a worker pool gave this process that GPU
+    (its spawned workers see one GPU each and need no lease either)."""
+    global _pinned
+    before, _pinned = _pinned, index
+    try:
+        yield index
+    finally:
+        _pinned = before
+
 
 @contextmanager
 def gpu_lease(lock_dir: Path, n_gpus: int, poll_s: float = 0.2):
     """One job per GPU at a time, across the processes of a parallel launcher: claim the first free GPU
     with its lock file, held until the job ends (also by a crash: the OS drops the lock with the process).
     Yields the GPU index."""
+    if _pinned is not None:
+        yield _pinned
+        return
     if n_gpus <= 1:
         yield 0
         return

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Sweeps over every GPU of a host (runner/workers.py), the joblib launcher's end, and Fashion-MNIST
+# retraining on 1 vs 2 GPUs: wall seconds of whole commands (process start to return), median of
+# REPEATS runs, each into a fresh results directory (nothing skipped). Baselines are trained first, untimed.
+#
+#   bash benchmarks/multi_gpu.sh /path/to/fashion-mnist [out dir]      # on a 2-GPU host, from the repo root
+#   REPEATS=1 FINETUNE=0 bash benchmarks/multi_gpu.sh /data/fmnist      # quicker: no retraining rows
+#
+# Bars (docs/sweeps.md): the 19-table mnist5k sweep on 2 GPUs within 1.3x of 1 GPU in-process (and
+# <= 5 s on one H100); joblib returns right after its last job; the 4-table finetune.epochs=1 Fashion-MNIST
+# sweep >= 1.7x faster on 2 GPUs than on 1.
+set -euo pipefail
+FMNIST=${1:?usage: bash benchmarks/multi_gpu.sh FASHION_MNIST_DIR [OUT_DIR]}
+OUT=${2:-/tmp/approx-run-multi-gpu}
+REPEATS=${REPEATS:-3}
+PY=${PYTHON:-python3}
+# the 19 EvoApproxLib tables the multi-GPU bar was set with (all 13 signed, 6 unsigned)
+TABLES19='mul8s_*,mul8u_17C8,mul8u_197B,mul8u_1JJQ,mul8u_2V0,mul8u_NLX,mul8u_T83'
+TABLES4='mul8s_1L2J,mul8s_1L2N,mul8u_17C8,mul8u_T83'
+CKPT="$OUT/checkpoints"
+mkdir -p "$OUT"
+
+"$PY" - <<'EOF'
+import os, platform, torch
+print(f"host: {platform.node()}  GPUs: {torch.cuda.device_count()} "
+      f"({', '.join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))})  "
+      f"CPU cores: {os.cpu_count()}  torch {torch.__version__}")
+EOF
+
+# One timed command, REPEATS times; prints the median wall seconds and each run's.
+timed() {
+  local label=$1; shift
+  local walls=()
+  for r in $(seq 1 "$REPEATS"); do
+    rm -rf "$OUT/$label.$r"
+    local t0=$EPOCHREALTIME
+    "$PY" -m runner.cli "$@" "paths.results=$OUT/$label.$r" "paths.checkpoints=$CKPT" >"$OUT/$label.$r.log" 2>&1 \
+      || echo "  $label run $r: exit $? (log $OUT/$label.$r.log)"
+    walls+=("$("$PY" -c "print(f'{$EPOCHREALTIME - $t0:.2f}')")")
+  done
+  "$PY" -c "import statistics, sys; w = [float(x) for x in sys.argv[2:]]; \
+print(f'{sys.argv[1]:<44} median {statistics.median(w):7.2f} s   runs {w}')" "$label" "${walls[@]}"
+}
+
+echo "== baselines (untimed)"
+"$PY" -m runner.cli train "paths.checkpoints=$CKPT" "paths.results=$OUT/train" >"$OUT/train_mnist5k.log" 2>&1
+"$PY" -m runner.cli train data=fashion_mnist "data.root=$FMNIST" "paths.checkpoints=$CKPT" \
+  "paths.results=$OUT/train" >"$OUT/train_fmnist.log" 2>&1
+
+echo "== mnist5k, 19 tables, backend=cuda"
+timed sweep19_1gpu_in_process sweep "sweep.multipliers=$TABLES19" backend=cuda 'sweep.devices=[cuda:0]'
+timed sweep19_2gpu_auto sweep "sweep.multipliers=$TABLES19" backend=cuda sweep.devices=auto
+timed sweep19_joblib sweep "sweep.multipliers=$TABLES19" backend=cuda hydra/launcher=joblib
+timed sweep19_2gpu_auto_again sweep "sweep.multipliers=$TABLES19" backend=cuda sweep.devices=auto  # host drift
+
+if [ "${FINETUNE:-1}" = 1 ]; then
+  echo "== Fashion-MNIST, 4 tables, finetune.epochs=1, backend=cuda"
+  fm=(data=fashion_mnist "data.root=$FMNIST" finetune.epochs=1)
+  timed fmnist4_ft1_1gpu sweep "sweep.multipliers=$TABLES4" backend=cuda "${fm[@]}" 'sweep.devices=[cuda:0]'
+  timed fmnist4_ft1_2gpu sweep "sweep.multipliers=$TABLES4" backend=cuda "${fm[@]}" sweep.devices=auto
+fi
+echo "logs and results: $OUT"

@@ -1,0 +1,383 @@
+"""The jobs of one command spread over several devices of a host, and chunks of them in one task of a
+cluster launcher.
+
+A pool of devices [d0, d1, ...]: this process serves d0 itself (its session already holds the data, the
+baseline and the reference predictions the command made before its jobs, so with one device nothing
+changes) and one long-lived worker process per other device, started with the spawn method (CUDA cannot
+fork), pulls jobs too. A worker keeps its own session (runner.session) for all its jobs. Jobs are claimed
+through one shared counter, so each runs exactly once and a fast device takes more of them; rows go
+through the store's lock (runner.store), as every writer's do. A worker sees only its GPU
+(CUDA_VISIBLE_DEVICES, set before CUDA starts in it), so its jobs lease nothing.
+
+Ending: a worker exits when no job is left; one that died (killed, out of memory, a crash in a kernel) has
+its job reported failed with the reason; the parent never waits on a worker without bound. Ctrl-C or
+SIGTERM: no job is started any more, the workers are stopped, and every finished row stays recorded."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import traceback
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Callable
+
+from runner.errors import UserError
+
+# How long the end of the pool waits for a worker's process and for the reader of their reports.
+JOIN_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Task:
+    """One job: fn(*args) in whichever process claims it (args are pickled for the workers)."""
+    num: int
+    args: tuple
+
+
+@dataclass(frozen=True)
+class Outcome:
+    num: int
+    status: str
+    error: str = ""
+    device: str = ""
+    worker: int | None = None  # 0: this process, 1..: the worker of devices[worker]; None: never run
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def resolve_devices(spec, uses_cuda: bool, key: str = "sweep.devices") -> list[str]:
+    """A devices setting (`key`, for the messages) as device names. auto: every visible GPU when the jobs
+    run on CUDA, else one device (the jobs then run in this process, as without a pool); a list names
+    them (cpu, cuda, cuda:N; a name twice is two workers on one device)."""
+    if spec is None or str(spec) == "auto":
+        n = _cuda_count() if uses_cuda else 0
+        return [f"cuda:{i}" for i in range(n)] if n > 1 else ["cuda:0" if uses_cuda else "cpu"]
+    items = [spec] if isinstance(spec, str) else list(spec)
+    items = [s.strip() for item in items for s in str(item).split(",") if s.strip()]
+    if not items:
+        raise UserError(f"{key} is empty; give auto or a list such as [cuda:0,cuda:1].")
+    devices = []
+    for item in items:
+        kind, _, index = item.partition(":")
+        if kind == "cpu" and not index:
+            devices.append("cpu")
+            continue
+        if kind != "cuda" or (index and not index.isdigit()):
+            raise UserError(f"{key}: {item!r} is not a device; use cpu, cuda or cuda:N, "
+                            f"e.g. {key}=[cuda:0,cuda:1], or {key}=auto.")
+        n = _cuda_count()
+        i = int(index or 0)
+        if i >= n:
+            raise UserError(f"{key}: {item} is not here: torch sees {n} GPU(s)"
+                            f"{' (cuda:0 .. cuda:' + str(n - 1) + ')' if n else ''}.")
+        devices.append(f"cuda:{i}")
+    return devices
+
+
+def devices_of(cfgs: list, section: str) -> list[str]:
+    """The devices of a command's jobs: its `<section>.devices` setting (the first job's: one value for
+    the command), auto meaning every GPU when any job runs on CUDA."""
+    return resolve_devices(cfgs[0][section].get("devices", "auto"),
+                           uses_cuda=any(c.backend.name == "cuda" or c.device == "cuda" for c in cfgs),
+                           key=f"{section}.devices")
+
+
+def _gpu_index(device: str) -> int | None:
+    kind, _, index = device.partition(":")
+    return int(index or 0) if kind == "cuda" else None
+
+
+def _see_only(device: str) -> None:
+    """Before CUDA starts in this process: make `device` its only GPU (none for cpu)."""
+    index = _gpu_index(device)
+    if index is None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",")] if visible else None
+    os.environ["CUDA_VISIBLE_DEVICES"] = ids[index] if ids else str(index)
+
+
+def _threads_each(devices: list[str]) -> int:
+    """Processes of one host share its cores: the set-up on the CPU (calibration, conversion) and CPU
+    jobs would otherwise oversubscribe them."""
+    return max(1, (os.cpu_count() or 1) // len(devices))
+
+
+def _claim(counter, owner, n: int, wid: int) -> int | None:
+    """The next job, marked as this process's (owner) in the same step, so a worker's death with it is
+    known even if it could not say so."""
+    with counter.get_lock():
+        i = counter.value
+        if i >= n:
+            return None
+        counter.value = i + 1
+        owner[i] = wid
+        return i
+
+
+def _status(result) -> tuple[str, str]:
+    if isinstance(result, dict):
+        return str(result.get("status") or "ok"), str(result.get("error") or "")
+    return "ok", ""
+
+
+def _failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
+
+
+def _serve(wid: int, device: str, fn: Callable, tasks: list[Task], counter, owner, conn, threads: int) -> None:
+    """A worker process: jobs until none is left, each reported as it ends through its own pipe (a worker
+    that dies mid-message breaks only its own)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the pool on Ctrl-C (the whole group gets it)
+    _see_only(device)
+    import torch
+
+    torch.set_num_threads(threads)
+    while (i := _claim(counter, owner, len(tasks), wid)) is not None:
+        try:
+            status, error = _status(fn(*tasks[i].args))
+            raised = False
+        except Exception as exc:  # noqa: BLE001  (one job's crash must not take the others' worker)
+            status, error, raised = "failed", _failure(exc), True
+        conn.send((i, status, error, raised))
+    conn.close()
+    # Everything is reported and every row written atomically: skip the interpreter's teardown (a CUDA
+    # context's takes about a second, a stall at the end of the sweep).
+    os._exit(0)
+
+
+class _Board:
+    """What the parent knows of the jobs, filled from the workers' pipes by a reader thread."""
+
+    def __init__(self, tasks: list[Task], devices: list[str], advance: Callable, on_failure: Callable | None):
+        self.tasks, self.devices, self.advance, self.on_failure = tasks, devices, advance, on_failure
+        self.lock = threading.Lock()
+        self.outcomes: dict[int, Outcome] = {}
+        self.stop = threading.Event()
+
+    def finish(self, num: int, status: str, error: str, raised: bool, wid: int | None) -> None:
+        """raised: the job did not return (it raised, or its worker died): on_failure records it."""
+        device = "" if wid is None else self.devices[wid]
+        with self.lock:
+            if num in self.outcomes:
+                return
+            self.outcomes[num] = Outcome(num, status, error, device, wid)
+            if raised and self.on_failure is not None:
+                self.on_failure(self.tasks[num], error)
+            self.advance(1, job=num, status=status, device=device)
+
+    def read(self, conns: dict, poll_s: float) -> None:
+        from multiprocessing.connection import wait
+
+        open_ = dict(conns)  # connection -> worker id
+        while open_ and not self.stop.is_set():
+            for conn in wait(list(open_), timeout=poll_s):
+                try:
+                    num, status, error, raised = conn.recv()
+                except (EOFError, OSError):  # the worker ended (its last message, if cut short, is lost)
+                    open_.pop(conn)
+                    continue
+                self.finish(num, status, error, raised, open_[conn])
+
+
+def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Callable,
+              on_failure: Callable | None = None, join_timeout_s: float = JOIN_TIMEOUT_S,
+              poll_s: float = 0.1) -> list[Outcome]:
+    """fn(*task.args) for every task, over `devices` (this process serves the first). fn is a module-level
+    function (the workers import it by name); it returns a dict with "status" (and "error"), or raises:
+    the task is then failed. advance(1, **info) after each task, in this process; on_failure(task, error)
+    for a task that did not return (it raised, or its worker died). Returns the outcomes in task order."""
+    import torch
+    import torch.multiprocessing as mp
+
+    from runner import gpus
+
+    board = _Board(tasks, devices, advance, on_failure)
+    ctx = mp.get_context("spawn")
+    counter, owner = ctx.Value("i", 0), ctx.Array("i", [-1] * len(tasks), lock=False)
+    threads = _threads_each(devices)
+    procs, conns = {}, {}
+    with _sigint_ignored():  # inherited through exec: a Ctrl-C while a worker starts is the parent's alone
+        for wid, device in enumerate(devices[1:], start=1):
+            receive, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_serve, args=(wid, device, fn, tasks, counter, owner, send, threads),
+                               name=f"approx-run-worker-{wid}-{device}", daemon=True)
+            proc.start()
+            send.close()  # the worker's end only: its death is then the end of this pipe
+            procs[wid], conns[receive] = proc, wid
+    reader = threading.Thread(target=board.read, args=(conns, poll_s), name="approx-run-pool-reader", daemon=True)
+    reader.start()
+    own_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    index = _gpu_index(devices[0])
+    interrupted = True
+    try:
+        with gpus.pinned(index) if index is not None else nullcontext():
+            if index is not None:
+                torch.cuda.set_device(index)
+            while (i := _claim(counter, owner, len(tasks), 0)) is not None:
+                try:
+                    status, error = _status(fn(*tasks[i].args))
+                    raised = False
+                except Exception as exc:  # noqa: BLE001
+                    status, error, raised = "failed", _failure(exc), True
+                board.finish(i, status, error, raised, 0)
+        _wait_for_workers(board, procs, reader, poll_s)
+        interrupted = False
+    finally:  # also on Ctrl-C / SIGTERM: nothing more starts, the workers stop, finished rows stay
+        with counter.get_lock():
+            counter.value = len(tasks)
+        torch.set_num_threads(own_threads)
+        # Every job reported (or an interrupt): a worker still alive has no job left, maybe still starting
+        # (torch's import, the CUDA context: seconds, longer than a short sweep's jobs), so it is not
+        # waited for. Otherwise the workers all ended already.
+        _stop(procs, 0.0 if interrupted or len(board.outcomes) == len(tasks) else join_timeout_s)
+        reader.join(join_timeout_s)  # reads what the workers sent before they ended
+        board.stop.set()
+        reader.join(join_timeout_s)
+        for conn in conns:
+            conn.close()
+    for num in range(len(tasks)):
+        if num in board.outcomes:
+            continue
+        wid = owner[num]
+        if wid > 0:  # a job its worker took and never reported: the worker died with it
+            board.finish(num, "failed", f"its worker on {devices[wid]} ended (exit code {procs[wid].exitcode}) "
+                         "during the job", True, wid)
+        else:
+            board.finish(num, "failed", "not run", True, None)
+    return [board.outcomes[n] for n in range(len(tasks))]
+
+
+@contextmanager
+def _sigint_ignored():
+    """SIGINT ignored while worker processes are started: they keep ignoring it from their first
+    instruction (a Ctrl-C reaches the whole process group; one that came while a worker imported torch
+    printed its traceback), and the parent stops them itself."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _wait_for_workers(board: _Board, procs: dict, reader: threading.Thread, poll_s: float) -> None:
+    """Until every job is reported or the workers have all ended and their pipes are read (the job of one
+    that died is reported failed by the caller; the others' jobs were still run)."""
+    while len(board.outcomes) < len(board.tasks) and reader.is_alive():
+        reader.join(poll_s)
+
+
+def _stop(procs: dict, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for proc in procs.values():
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs.values():
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs.values():
+        proc.join(5.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5.0)
+
+
+def close_launcher_pools() -> None:
+    """Stop the worker processes a joblib launcher leaves behind (loky keeps them for reuse, idle for up to
+    300 s). They end when the interpreter runs threading's exit hooks; a command that exits with
+    os._exit (runner.cli, after CUDA work) would otherwise wait for them in multiprocessing's exit hook."""
+    import sys
+
+    reusable = sys.modules.get("joblib.externals.loky.reusable_executor")
+    executor = getattr(reusable, "_executor", None)
+    if executor is not None:
+        executor.shutdown(wait=True)
+
+
+
+# ---------------------------------------------------------------- chunks: many jobs per cluster task
+
+CHUNKS_FILE = "chunks.json"
+
+
+def write_chunks(sweep_dir, jobs: list[list[str]], chunk_size: int) -> int:
+    """Cut the jobs (their override lists, numbered in order) into chunks of `chunk_size` for a launcher
+    that starts one task per chunk (submitit: one SLURM array task keeps its session for a whole chunk),
+    beside the jobs' configs, where every task reads it. Returns the number of chunks."""
+    from pathlib import Path
+
+    from runner.provenance import atomic_write_json
+
+    if chunk_size < 1:
+        raise UserError(f"sweep.chunk_size={chunk_size}: give a positive number of jobs per task (or 0: one task "
+                        "per job).")
+    numbered = [{"num": num, "overrides": list(job)} for num, job in enumerate(jobs)]
+    chunks = [numbered[i:i + chunk_size] for i in range(0, len(numbered), chunk_size)]
+    atomic_write_json(Path(sweep_dir) / CHUNKS_FILE, {"chunk_size": chunk_size, "chunks": chunks})
+    return len(chunks)
+
+
+def launch_chunks(jobs: list[list[str]], cfgs: list, overrides: list[str], sweep_dir, multirun: Callable) -> None:
+    """A sweep's jobs through a Hydra launcher, sweep.chunk_size jobs per launched task: each task
+    (run_chunk) runs its chunk in one process with one session, instead of one process, one data load
+    and one calibration per job. The jobs' configs are written here, so a task composes only its chunk
+    number. multirun(args): the sweep command's Hydra multirun over args."""
+    from pathlib import Path
+
+    from runner.provenance import write_config_yaml
+
+    sweep_dir = Path(sweep_dir)
+    for num, cfg in enumerate(cfgs):
+        (sweep_dir / str(num)).mkdir(parents=True, exist_ok=True)
+        write_config_yaml(sweep_dir / str(num) / "config.yaml", cfg)
+    n = write_chunks(sweep_dir, jobs, int(cfgs[0].sweep.chunk_size))
+    # one job's overrides (a task's own config is composed from them; its jobs bring their own configs),
+    # the launcher's, and the chunk axis; the tasks' directories apart from the jobs' numbered ones
+    base = [o for o in jobs[0] if not o.startswith("sweep.multiplier=")]
+    launcher = [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    multirun(["-m", *base, *launcher, "sweep.chunk=" + ",".join(map(str, range(n))),
+              "hydra.sweep.subdir=chunk${hydra.job.num}"])
+
+
+def run_chunk(chunk: int, sweep_dir, run_jobs: Callable) -> dict:
+    """One launched task: the jobs of its chunk, from the configs the sweep wrote, through
+    run_jobs(jobs, title, devices=...) (runner.jobs.run.run_jobs) in this process, on this host's devices as
+    sweep.devices says."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from runner.jobs.plan import Job
+
+    sweep_dir = Path(sweep_dir)
+    picked = read_chunk(sweep_dir, chunk)
+    jobs = [Job(j["num"], j["overrides"], OmegaConf.load(sweep_dir / str(j["num"]) / "config.yaml"),
+                sweep_dir / str(j["num"])) for j in picked]
+    run_jobs(jobs, f"sweep chunk {chunk}: {len(jobs)} jobs", devices=devices_of([j.cfg for j in jobs], "sweep"))
+    return {"status": "ok", "jobs": [j.num for j in jobs]}
+
+
+def read_chunk(sweep_dir, chunk: int) -> list[dict]:
+    """The jobs ({num, overrides}) of one chunk written by write_chunks."""
+    import json
+    from pathlib import Path
+
+    path = Path(sweep_dir) / CHUNKS_FILE
+    try:
+        chunks = json.loads(path.read_text())["chunks"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise UserError(f"sweep.chunk={chunk}: cannot read the sweep's chunk list {path} ({exc}); "
+                        "sweep.chunk is set per task by `approx-run sweep`, not by hand.") from None
+    if not 0 <= chunk < len(chunks):
+        raise UserError(f"sweep.chunk={chunk}: the sweep has {len(chunks)} chunk(s) ({path}).")
+    return chunks[chunk]

@@ -1,0 +1,262 @@
+"""The worker pool (runner.workers): every job exactly once over several processes, a failing or dying
+job reported while the others finish, no hang; a sweep over two CPU workers gives the in-process rows;
+chunks of jobs per launcher task. Workers on the CPU stand in for GPUs here; the 2-GPU tests are marked
+cuda and skip with fewer GPUs."""
+import os
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from runner.errors import UserError
+from runner.workers import Task, read_chunk, resolve_devices, run_tasks, write_chunks
+from tests.conftest import has_cpp
+from tests.test_sweep import FAST, _run, _summary
+
+# a worker's first job; module state of each worker process (spawned: its own copy)
+_ran_here: list[int] = []
+
+
+def _job(i: int, marks: str, parent: int, fail: int | None = None, die_in_worker: bool = False):
+    """Leaves a mark (job, pid); in the parent, waits until a worker has marked a job, so both serve."""
+    pid = os.getpid()
+    Path(marks, f"{i}-{pid}").touch()
+    if pid == parent:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(p.name.split("-")[1] != str(pid) for p in Path(marks).iterdir()):
+            time.sleep(0.02)
+    elif die_in_worker and not _ran_here:
+        os._exit(3)  # a crash that takes the process down (a kernel's segfault, the OOM killer)
+    _ran_here.append(i)
+    if i == fail:
+        raise ValueError(f"job {i} cannot run")
+    time.sleep(0.05)
+    return {"status": "ok"}
+
+
+def _within(seconds: float, fn, *args, **kwargs):
+    """fn's answer, or a failed test (not a hung suite) when it takes longer."""
+    box = {}
+
+    def call():
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001
+            box["error"] = exc
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"no answer within {seconds} s"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _tasks(tmp_path: Path, n: int, **kw):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    return [Task(i, (i, str(marks), os.getpid(), kw.get("fail"), kw.get("die_in_worker", False)))
+            for i in range(n)], marks
+
+
+def _runs(marks: Path) -> dict[int, list[int]]:
+    done: dict[int, list[int]] = {}
+    for p in marks.iterdir():
+        i, pid = map(int, p.name.split("-"))
+        done.setdefault(i, []).append(pid)
+    return done
+
+
+def test_every_job_once_over_two_processes(tmp_path):
+    tasks, marks = _tasks(tmp_path, 12)
+    advanced = []
+    outcomes = _within(120, run_tasks, _job, tasks, ["cpu", "cpu"], lambda n=1, **info: advanced.append(n))
+    assert [o.num for o in outcomes] == list(range(12))
+    assert all(o.status == "ok" for o in outcomes), outcomes
+    assert sum(advanced) == 12  # the progress bar counts the workers' jobs too
+    runs = _runs(marks)
+    assert sorted(runs) == list(range(12)) and all(len(p) == 1 for p in runs.values())  # exactly once
+    assert {o.worker for o in outcomes} == {0, 1}
+    assert len({pid for p in runs.values() for pid in p}) == 2
+
+
+def test_failing_job_reported_others_finish(tmp_path):
+    tasks, marks = _tasks(tmp_path, 8, fail=5)
+    recorded = []
+    outcomes = _within(120, run_tasks, _job, tasks, ["cpu", "cpu"], lambda n=1, **info: None,
+                       on_failure=lambda task, error: recorded.append((task.num, error)))
+    assert [o.status for o in outcomes] == ["ok"] * 5 + ["failed"] + ["ok"] * 2
+    assert "ValueError: job 5 cannot run" in outcomes[5].error
+    assert [n for n, _ in recorded] == [5]
+    assert sorted(_runs(marks)) == list(range(8))
+
+
+def test_dead_worker_job_failed_no_hang(tmp_path):
+    """The worker dies in its first job: that job is failed with the reason, this process runs the rest."""
+    tasks, marks = _tasks(tmp_path, 6, die_in_worker=True)
+    recorded = []
+    outcomes = _within(120, run_tasks, _job, tasks, ["cpu", "cpu"], lambda n=1, **info: None,
+                       on_failure=lambda task, error: recorded.append(task.num))
+    failed = [o for o in outcomes if o.status == "failed"]
+    assert len(failed) == 1 and "exit code 3" in failed[0].error and failed[0].worker == 1, outcomes
+    assert recorded == [failed[0].num]
+    assert all(o.worker == 0 for o in outcomes if o.status == "ok")
+
+
+def test_resolve_devices(monkeypatch):
+    import runner.workers as workers
+
+    monkeypatch.setattr(workers, "_cuda_count", lambda: 2)
+    assert resolve_devices("auto", uses_cuda=True) == ["cuda:0", "cuda:1"]
+    assert resolve_devices("auto", uses_cuda=False) == ["cpu"]
+    assert resolve_devices(["cuda:1", "cuda"], uses_cuda=True) == ["cuda:1", "cuda:0"]
+    assert resolve_devices("cpu,cpu", uses_cuda=False) == ["cpu", "cpu"]
+    with pytest.raises(UserError, match="torch sees 2 GPU"):
+        resolve_devices(["cuda:2"], uses_cuda=True)
+    with pytest.raises(UserError, match="not a device"):
+        resolve_devices(["gpu1"], uses_cuda=True)
+    monkeypatch.setattr(workers, "_cuda_count", lambda: 1)
+    assert resolve_devices("auto", uses_cuda=True) == ["cuda:0"]  # one GPU: in-process, no worker
+
+
+def test_chunks_cover_every_job_once(tmp_path):
+    jobs = [[f"sweep.multiplier=m{i}"] for i in range(5)]
+    assert write_chunks(tmp_path, jobs, 2) == 3
+    got = [j for c in range(3) for j in read_chunk(tmp_path, c)]
+    assert [j["num"] for j in got] == list(range(5)) and [j["overrides"] for j in got] == jobs
+    with pytest.raises(UserError, match="3 chunk"):
+        read_chunk(tmp_path, 3)
+    with pytest.raises(UserError, match="positive"):
+        write_chunks(tmp_path, jobs, 0)
+
+
+# ---------------------------------------------------------------- end to end: `approx-run sweep`
+
+needs_cpp = pytest.mark.skipif(not has_cpp(), reason="needs the C++ extension (backend=cpp)")
+TABLES = "mul8s_1KV8,mul8s_1KV9,mul8s_1KVA,mul8u_2V0"
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    from runner.train import load_or_train
+    from tests.conftest import compose
+
+    root = tmp_path_factory.mktemp("pool_ckpt")
+    load_or_train(compose("sweep", [*FAST, f"paths.checkpoints={root}", f"paths.results={root / 'r'}"]))
+    return root
+
+
+def _sweep(tmp_path: Path, checkpoints: Path, tables: str, *extra: str):
+    return _run(["sweep", f"sweep.multipliers={tables}", "backend=cpp", *FAST, f"paths.results={tmp_path / 'results'}",
+                 f"paths.checkpoints={checkpoints}", *extra], timeout=300)
+
+
+def _approx_rows(tmp_path: Path) -> pd.DataFrame:
+    df = pd.read_csv(tmp_path / "results" / "results.csv")
+    return df[(df["path"] == "approx")].sort_values("multiplier").reset_index(drop=True)
+
+
+@needs_cpp
+def test_sweep_on_two_cpu_workers_gives_in_process_rows(tmp_path, checkpoints):
+    bad = tmp_path / "broken.txt"
+    bad.write_text("not a table\n")
+    tables = f"{TABLES},{bad}"
+    rc, out = _sweep(tmp_path / "one", checkpoints, tables)
+    assert rc == 1, out  # the broken table fails its job
+    rc, out = _sweep(tmp_path / "two", checkpoints, tables, "sweep.devices=[cpu,cpu]")
+    assert rc == 1, out
+    one, two = _approx_rows(tmp_path / "one"), _approx_rows(tmp_path / "two")
+    cols = ["multiplier", "status", "row_key", "correct", "accuracy", "agreement_fakequant"]
+    pd.testing.assert_frame_equal(one[cols], two[cols])
+    assert two.loc[two["status"] == "ok", "row_key"].is_unique and (two["status"] == "ok").sum() == 4
+    summary = _summary(tmp_path / "two")
+    assert summary["status"].tolist() == ["ok"] * 4 + ["failed"]
+    assert summary["error"].iloc[4] and "broken.txt" in summary["multiplier"].iloc[4]
+
+
+@needs_cpp
+def test_bad_devices_is_a_user_error(tmp_path, checkpoints):
+    rc, out = _sweep(tmp_path, checkpoints, "mul8s_1KV8", "sweep.devices=[cuda:7]")
+    assert rc == 2, out
+    assert "sweep.devices" in out and "Traceback" not in out
+
+
+@needs_cpp
+@pytest.mark.slow
+def test_joblib_sweep_returns_promptly(tmp_path, checkpoints):
+    """The joblib launcher leaves idle workers for 300 s; after CUDA work the command exits with os._exit,
+    whose multiprocessing exit hook waited for them. Here the fast exit is forced on the CPU."""
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    script = ("import sys, torch; torch.cuda.is_initialized = lambda: True; from runner.cli import main; "
+              "sys.argv = ['approx-run', *sys.argv[1:]]; sys.exit(main())")
+    args = ["sweep", "sweep.multipliers=mul8s_1KV8,mul8s_1KV9", "backend=cpp", *FAST,
+            f"paths.results={tmp_path / 'results'}", f"paths.checkpoints={checkpoints}",
+            "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", script, *args], cwd=REPO, capture_output=True, text=True,
+                       timeout=200, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    wall = time.monotonic() - t0
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "sweep: 2 ok" in p.stdout
+    assert wall < 120, f"returned after {wall:.0f} s (the joblib workers' idle timeout is 300 s)"
+
+
+@needs_cpp
+@pytest.mark.slow
+def test_submitit_local_chunks(tmp_path, checkpoints):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    rc, out = _sweep(tmp_path, checkpoints, TABLES, "hydra/launcher=submitit_local", "sweep.chunk_size=2")
+    assert rc == 0, out
+    rows = _approx_rows(tmp_path)
+    assert sorted(rows["multiplier"]) == sorted(TABLES.split(",")) and rows["row_key"].is_unique
+    sweep_dir = sorted((tmp_path / "results" / "sweep").iterdir())[-1]
+    tasks = [d for d in (sweep_dir / ".submitit").iterdir() if d.name.isdigit()]  # one folder per task (job id)
+    assert len(tasks) == 2  # two tasks, two jobs each
+    assert sorted(p.name for p in sweep_dir.glob("chunk[0-9]*")) == ["chunk0", "chunk1"]
+    assert _summary(tmp_path)["status"].tolist() == ["ok"] * 4
+    # resumed: the same command skips every job
+    rc, out = _sweep(tmp_path, checkpoints, TABLES, "hydra/launcher=submitit_local", "sweep.chunk_size=2")
+    assert rc == 0, out
+    assert _summary(tmp_path)["status"].tolist() == ["skipped"] * 4
+
+
+@pytest.mark.cuda
+@needs_cpp
+def test_two_gpus_rows_as_one(tmp_path, checkpoints):
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    tables = "mul8s_1KV8,mul8s_1KV9,mul8s_1KVA,mul8u_2V0,mul8u_17C8,mul8u_T83"
+    rc, out = _run(["sweep", f"sweep.multipliers={tables}", "backend=cuda", *FAST,
+                    f"paths.results={tmp_path / 'one' / 'results'}", f"paths.checkpoints={checkpoints}",
+                    "sweep.devices=[cuda:0]"], timeout=300)
+    assert rc == 0, out
+    rc, out = _run(["sweep", f"sweep.multipliers={tables}", "backend=cuda", *FAST,
+                    f"paths.results={tmp_path / 'two' / 'results'}", f"paths.checkpoints={checkpoints}",
+                    "sweep.devices=auto"], timeout=300)
+    assert rc == 0, out
+    cols = ["multiplier", "status", "row_key", "correct", "accuracy"]
+    pd.testing.assert_frame_equal(_approx_rows(tmp_path / "one")[cols], _approx_rows(tmp_path / "two")[cols])
+
+
+@needs_cpp
+def test_sensitivity_on_two_cpu_workers_gives_in_process_table(tmp_path, checkpoints):
+    tables = []
+    for name, extra in (("one", []), ("two", ["sensitivity.devices=[cpu,cpu]"])):
+        rc, out = _run(["sensitivity", "sensitivity.multipliers=mul8s_1KV8,mul8s_1L2N", "backend=cpp", *FAST,
+                        "sensitivity.plot=false", f"paths.results={tmp_path / name}",
+                        f"paths.checkpoints={checkpoints}", *extra], timeout=300)
+        assert rc == 0, out
+        tables.append(pd.read_csv(next((tmp_path / name / "sensitivity").glob("*/sensitivity.csv"))))
+    cols = ["layer", "multiplier", "status", "accuracy", "fakequant_accuracy", "row_key"]
+    pd.testing.assert_frame_equal(tables[0][cols], tables[1][cols])
+    assert (tables[1]["status"] == "ok").all() and len(tables[1]) == 10

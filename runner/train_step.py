@@ -40,6 +40,8 @@ from torch import nn
 # eager steps before capture: the first call of a layer caches its tables and times auto's choice for them,
 # the second times it for the uncached tables training uses; one more for allocator and library warm-up
 GRAPH_WARMUP = 3
+# the buffers a step writes besides the parameters: runner.layers' requantization
+TRACKED_BUFFERS = ("weight_codes", "weight_scale")
 
 
 def step_optimizer(params, name: str, lr: float, weight_decay: float, device: torch.device):
@@ -84,8 +86,11 @@ class TrainStep:
         self._shapes = None  # the first batch's: the one shape a graph is captured for
         self._static_in = self._static_loss = None
         self._side = torch.cuda.Stream(device) if self.mode == "graph" else None
-        # what replays change without bumping version counters (see the module docstring)
-        self._tracked = [t for t in (*model.parameters(), *model.buffers()) if not t.is_inference()]
+        # what replays change without bumping version counters (see the module docstring); not the tables,
+        # which training never changes (their version keys the layers' slope cache and the kernels' table cache)
+        self._tracked = [t for name, t in (*model.named_parameters(), *model.named_buffers())
+                         if name.rpartition(".")[2] in TRACKED_BUFFERS or t.requires_grad]
+        self._tracked = [t for t in self._tracked if not t.is_inference()]
         self.replays = self.eager_steps = 0
 
     # -------------------------------------------------------------------------------------------------

@@ -71,6 +71,8 @@ class TrainStep:
         self.model, self.loss_of, self.device = model, loss_of, device
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt, self.lr_tensor = step_optimizer(self.params, optimizer, float(lr), float(weight_decay), device)
+        if self.lr_tensor is not None:  # the tensor the optimizer reads (its group's own, should it copy ours)
+            self.lr_tensor = self.opt.param_groups[0]["lr"]
         self._lr = float(lr)
         self.loss_sum = torch.zeros((), device=device)
         self.correct = torch.zeros((), dtype=torch.int64, device=device)

@@ -106,6 +106,7 @@ class FinetuneConfig:
         if unknown:
             names = sorted({_key_name(k) for k in known} | set(RUN_KEYS))
             raise UserError(f"unknown finetune setting(s) {sorted(unknown)}; known: {names}.")
+        _check_cuda_graph(data.get("cuda_graph", True))
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def as_dict(self) -> dict:
@@ -124,7 +125,10 @@ def _key_name(field: str) -> str:
 
 def cuda_graph_setting(cfg: DictConfig) -> bool:
     """finetune.cuda_graph, checked: true (the default) captures the training step as a CUDA graph on a GPU."""
-    value = (cfg.get("finetune") or {}).get("cuda_graph", True)
+    return _check_cuda_graph((cfg.get("finetune") or {}).get("cuda_graph", True))
+
+
+def _check_cuda_graph(value) -> bool:
     if not isinstance(value, bool):
         raise UserError(f"finetune.cuda_graph={value!r}: choose true or false.")
     return value

@@ -60,6 +60,8 @@ def test_cuda_graph_setting_is_checked():
     # a run setting, not a training setting: accepted, and not part of what names the checkpoint
     fcfg = FinetuneConfig.from_cfg(OmegaConf.create({"epochs": 1, "cuda_graph": False}))
     assert "cuda_graph" not in fcfg.as_dict()
+    with pytest.raises(UserError, match="finetune.cuda_graph"):   # checked wherever the settings are read
+        FinetuneConfig.from_cfg(OmegaConf.create({"epochs": 1, "cuda_graph": 1}))
 
 
 @pytest.mark.skipif(not has_cpp(), reason="needs the C++ extension")

@@ -25,6 +25,7 @@ import csv
 import importlib.metadata as metadata
 import sys
 import types
+import warnings
 from pathlib import Path
 
 import torch
@@ -59,7 +60,9 @@ def torchapprox_lenet(ta, mode: str, device: torch.device, seed: int = 0) -> tor
 
     torch.manual_seed(seed)
     net = ta.wrap_quantizable(LeNet5(mean=0.1307, std=0.3081)).train()
-    prepare_qat(net, ta.tal.layer_mapping_dict(), inplace=True)
+    with warnings.catch_warnings():  # torch.ao.quantization's deprecation notice, once per model
+        warnings.simplefilter("ignore", DeprecationWarning)
+        prepare_qat(net, ta.tal.layer_mapping_dict(), inplace=True)
     net.to(device)
     layers = [m for _, m in ta.get_approx_modules(net)]
     for m in layers:
@@ -138,7 +141,7 @@ def main(argv=None):
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=cols)
             w.writeheader()
-            w.writerows(rows)
+            w.writerows({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in rows)
 
 
 if __name__ == "__main__":

@@ -87,7 +87,10 @@ class TrainStep:
         self.graph = None
         self._shapes = None  # the first batch's: the one shape a graph is captured for
         self._static_in = self._static_loss = None
+        # this device's streams for warm-up and capture (torch's default capture stream is one per process,
+        # made on whichever GPU was current first: a worker training on another GPU must not use it)
         self._side = torch.cuda.Stream(device) if self.mode == "graph" else None
+        self._capture_stream = torch.cuda.Stream(device) if self.mode == "graph" else None
         # what replays change without bumping version counters (see the module docstring); not the tables,
         # which training never changes (their version keys the layers' slope cache and the kernels' table cache)
         self._tracked = [t for name, t in (*model.named_parameters(), *model.named_buffers())
@@ -159,7 +162,8 @@ class TrainStep:
     def _replay(self, batch) -> torch.Tensor:
         for a, s in zip(batch, self._static_in):
             s.copy_(a, non_blocking=True)
-        self.graph.replay()
+        with torch.cuda.device(self.device):  # a replay runs on the current device's current stream
+            self.graph.replay()
         torch.autograd.graph.increment_version(self._tracked)
         self.replays += 1
         return self._static_loss
@@ -178,7 +182,8 @@ class TrainStep:
         self.opt.zero_grad(set_to_none=True)     # the graph allocates the gradients, once
         graph = torch.cuda.CUDAGraph()
         try:
-            with _input_hooks_off(self.model), torch.cuda.graph(graph):
+            with torch.cuda.device(self.device), _input_hooks_off(self.model), \
+                    torch.cuda.graph(graph, stream=self._capture_stream):
                 self._static_loss = self._body(self._static_in)
         except Exception as exc:  # noqa: BLE001 - any failure: the eager step is always possible
             self._give_up(f"the step could not be captured as a CUDA graph ({type(exc).__name__}: "

@@ -20,7 +20,6 @@ weights, a fixed random batch."""
 from __future__ import annotations
 
 import argparse
-import copy
 import csv
 import importlib.metadata as metadata
 import sys

@@ -1,14 +1,18 @@
-"""One training step of LeNet-5 (forward, loss, backward, optimizer) per path, batch and optimizer.
+"""One training step of LeNet-5 (forward, loss, backward, optimizer) per path, batch, optimizer and mode.
 
 Paths: fp32, fake-quant (QAT), approx with grad=ste and grad=lut (the LUT layers that `approx-run finetune`
-trains, learned activation scales on as in its default). Each step is timed alone (CUDA events on the GPU,
-perf_counter on the CPU; the host waits for the device after each step) after --warmup untimed steps:
-median and min of --repeats. `per_step_ms` is the mean of --repeats steps run back to back (one wait at
-the end), the rate a training loop without host waits reaches. The input batch is fixed and random, the
-model untrained: timing only.
+trains, learned activation scales on as in its default). Modes: `plain` is the loop anyone writes (torch's
+default optimizer, zero_grad / forward / backward / step); `eager` and `graph` are runner.train_step's step,
+the one `approx-run finetune` and `bench` run (fused optimizer, learning rate in a device tensor, weight
+requantization in the step), run eagerly or replayed as a CUDA graph (`step_mode` says what ran: a step that
+cannot be captured runs eagerly). Each step is timed alone (CUDA events on the GPU, perf_counter on the CPU;
+the host waits for the device after each step) after --warmup untimed steps: median and min of --repeats.
+`per_step_ms` is the mean of --repeats steps run back to back (one wait at the end), the rate a training
+loop without host waits reaches. x_fp32: step_ms_median over fp32's in plain mode at the same batch and
+optimizer. The input batch is fixed and random, the model untrained: timing only.
 
     python benchmarks/train_step.py                                     # CPU, backend cpp
-    python benchmarks/train_step.py --device cuda --backend cuda        # GPU: fp32, fake-quant, ste, lut
+    python benchmarks/train_step.py --device cuda --backend cuda        # GPU: every path, plain/eager/graph
     python benchmarks/train_step.py --profile approx-ste --batches 32   # torch.profiler table of one path
 
 Prints a table and (--csv FILE) writes it."""
@@ -31,7 +35,10 @@ from runner.models import LeNet5  # noqa: E402
 from runner.multipliers import resolve  # noqa: E402
 from runner.quant import QuantConfig  # noqa: E402
 
+from runner.train_step import GRAPH_WARMUP, TrainStep  # noqa: E402
+
 PATHS = ("fp32", "fakequant", "approx-ste", "approx-lut")
+MODES = ("plain", "eager", "graph")
 
 
 def build(path: str, multiplier: str, backend: str, learn_scales: bool, seed: int = 0) -> torch.nn.Module:
@@ -48,7 +55,15 @@ def build(path: str, multiplier: str, backend: str, learn_scales: bool, seed: in
     return model
 
 
-def make_step(model, optimizer: str, lr: float = 1e-4):
+def make_step(model, optimizer: str, lr: float = 1e-4, mode: str = "plain", device=torch.device("cpu")):
+    """step(x, y) of `mode` (MODES); also returns the TrainStep (None in plain mode)."""
+    if mode != "plain":
+        def loss_of(x, y):
+            logits = model(x)
+            return F.cross_entropy(logits, y), logits, y
+
+        runner_step = TrainStep(model, loss_of, optimizer, lr, 0.0, device, cuda_graph=mode == "graph")
+        return runner_step, runner_step
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=lr, momentum=0.9) if optimizer == "sgd" else torch.optim.Adam(params, lr=lr)
 
@@ -56,7 +71,7 @@ def make_step(model, optimizer: str, lr: float = 1e-4):
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
         opt.step()
-    return step
+    return step, None
 
 
 def time_step(step, x, y, device, warmup: int, repeats: int) -> dict:
@@ -93,6 +108,7 @@ def main(argv=None):
     ap.add_argument("--paths", default=",".join(PATHS))
     ap.add_argument("--batches", default="32,256")
     ap.add_argument("--optimizers", default="sgd,adam")
+    ap.add_argument("--modes", default=None, help="plain,eager,graph (default: all on a GPU, plain on the CPU)")
     ap.add_argument("--multiplier", default="mul8u_T83")
     ap.add_argument("--learn-scales", default="true", choices=("true", "false"))
     ap.add_argument("--warmup", type=int, default=10)
@@ -106,21 +122,17 @@ def main(argv=None):
     device = torch.device(args.device)
     backend = args.backend or ("cuda" if device.type == "cuda" else "cpp")
     gen = torch.Generator().manual_seed(1)
+    modes = (args.modes or (",".join(MODES) if device.type == "cuda" else "plain")).split(",")
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
         x = torch.rand(batch, 1, 28, 28, generator=gen).to(device)
         y = torch.randint(0, 10, (batch,), generator=gen).to(device)
         for optimizer in args.optimizers.split(","):
             for path in args.paths.split(","):
-                model = copy.deepcopy(build(path, args.multiplier, backend, args.learn_scales == "true"))
-                step = make_step(model.to(device).train(), optimizer)
-                if args.profile == path:
-                    profile(step, x, y, device, args.warmup)
-                res = time_step(step, x, y, device, args.warmup, args.repeats)
-                rows.append({"path": path, "backend": backend if path.startswith("approx") else "torch",
-                             "device": str(device), "batch": batch, "optimizer": optimizer,
-                             "threads": torch.get_num_threads(), "repeats": args.repeats, **res})
-    fp32 = {(r["batch"], r["optimizer"]): r["step_ms_median"] for r in rows if r["path"] == "fp32"}
+                for mode in modes:
+                    rows.append(measure(path, mode, optimizer, x, y, device, backend, args))
+    fp32 = {(r["batch"], r["optimizer"]): r["step_ms_median"] for r in rows
+            if r["path"] == "fp32" and r["mode"] == "plain"}
     for r in rows:
         ref = fp32.get((r["batch"], r["optimizer"]))
         r["x_fp32"] = r["step_ms_median"] / ref if ref else float("nan")
@@ -135,6 +147,20 @@ def main(argv=None):
             w = csv.DictWriter(f, fieldnames=cols)
             w.writeheader()
             w.writerows(rows)
+
+
+def measure(path, mode, optimizer, x, y, device, backend, args) -> dict:
+    """One row: `path`'s step in `mode` with `optimizer` on the batch (x, y)."""
+    model = copy.deepcopy(build(path, args.multiplier, backend, args.learn_scales == "true"))
+    step, runner_step = make_step(model.to(device).train(), optimizer, mode=mode, device=device)
+    warmup = max(args.warmup, GRAPH_WARMUP + 1 if mode == "graph" else 0)  # captured before timing
+    if args.profile == path:
+        profile(step, x, y, device, warmup)
+    res = time_step(step, x, y, device, warmup, args.repeats)
+    return {"impl": "approx-run", "path": path, "backend": backend if path.startswith("approx") else "torch",
+            "device": str(device), "batch": len(x), "optimizer": optimizer, "mode": mode,
+            "step_mode": runner_step.mode if runner_step else "eager", "threads": torch.get_num_threads(),
+            "repeats": args.repeats, **res}
 
 
 def profile(step, x, y, device, warmup: int, steps: int = 20) -> None:

@@ -198,15 +198,19 @@ def bench_models(model, multiplier, qcfg, calib_x, x, backends, *, batch_size, r
 
 
 def bench_train(model, multiplier, qcfg, data, backends, *, batch_size, repeats, warmup, epochs=1,
-                grads=("ste", "lut"), lr=1e-4, seed=0) -> pd.DataFrame:
+                grads=("ste", "lut"), lr=1e-4, seed=0, cuda_graph=(False, True)) -> pd.DataFrame:
     """Training cost per path, like a forward/backward table: one step (forward + backward + Adam) on a fixed
     batch, median of `repeats` after `warmup`, and whole epochs over the training set (median of `epochs`
-    after one untimed epoch) for pytorch fp32, fake-quant (QAT) and approx (each backend, each gradient)."""
+    after one untimed epoch) for pytorch fp32, fake-quant (QAT) and approx (each backend, each gradient).
+    Every step is runner.train_step's, the one finetune runs: on a GPU once eager and once as a CUDA graph
+    (cuda_graph: which of the two), with `step_mode` saying what ran (a step that cannot be captured runs
+    eagerly; `step_note` says why)."""
     import torch.nn.functional as F
 
     from runner.evaluate import Clock
     from runner.layers import convert_model, quantized_models, set_grad_mode
     from runner.models import fold_input_normalization
+    from runner.train_step import GRAPH_WARMUP, TrainStep
 
     fq, _, stats = quantized_models(model, multiplier, qcfg, data.train_x, backend="python", seed=seed)
     folded = fold_input_normalization(model)
@@ -222,19 +226,19 @@ def bench_train(model, multiplier, qcfg, data, backends, *, batch_size, repeats,
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randperm(len(data.train_x), generator=gen)[:batch_size]
     rows = []
-    for path, backend, grad, dev, base in runs:
+    for (path, backend, grad, dev, base), graph in [(r, g) for r in runs for g in
+                                                    (cuda_graph if r[3] == "cuda" else (False,))]:
         device = torch.device(dev)
         m = copy.deepcopy(base).to(device).train()
-        opt = torch.optim.Adam(m.parameters(), lr=lr)
+
+        def loss_of(x, y, m=m):
+            logits = m(x)
+            return F.cross_entropy(logits, y), logits, y
+
+        step = TrainStep(m, loss_of, "adam", lr, 0.0, device, cuda_graph=graph)
         xb, yb = data.train_x[idx].to(device), data.train_y[idx].to(device)
-
-        def step(x, y):
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(m(x), y).backward()
-            opt.step()
-
         clock = Clock(device)
-        for _ in range(warmup):
+        for _ in range(max(int(warmup), GRAPH_WARMUP + 1 if graph else 0)):  # a graph is captured before timing
             step(xb, yb)
         step_ms = []
         for _ in range(repeats):
@@ -251,14 +255,16 @@ def bench_train(model, multiplier, qcfg, data, backends, *, batch_size, repeats,
                 torch.cuda.synchronize(device)
             if e:
                 epoch_s.append(time.perf_counter() - t0)
-        rows.append(dict(path=path, backend=backend, grad=grad, device=dev, batch_size=batch_size,
-                         threads=torch.get_num_threads(), repeats=repeats, images=len(data.train_x),
-                         step_ms_median=statistics.median(step_ms), step_ms_min=min(step_ms),
-                         epoch_s_median=statistics.median(epoch_s)))
+        step.close()
+        rows.append(dict(path=path, backend=backend, grad=grad, device=dev, cuda_graph=graph, step_mode=step.mode,
+                         batch_size=batch_size, threads=torch.get_num_threads(), repeats=repeats,
+                         images=len(data.train_x), step_ms_median=statistics.median(step_ms),
+                         step_ms_min=min(step_ms), epoch_s_median=statistics.median(epoch_s),
+                         step_note=step.reason if graph else ""))
     df = pd.DataFrame(rows)
-    for dev in devices:
-        ref = df.loc[(df.path == "fakequant") & (df.device == dev), "epoch_s_median"].iloc[0]
-        df.loc[df.device == dev, "x_fakequant_epoch"] = df.loc[df.device == dev, "epoch_s_median"] / ref
+    for (dev, graph), group in df.groupby(["device", "cuda_graph"]):
+        ref = group.loc[group.path == "fakequant", "epoch_s_median"].iloc[0]
+        df.loc[group.index, "x_fakequant_epoch"] = group["epoch_s_median"] / ref
     return df
 
 
@@ -269,8 +275,8 @@ _SHOWN = {
     "model": ("path", "backend", "device", "images", "threads", "median_ms", "images_per_s", "x_pytorch_time"),
     "layers": ("backend", "layer", "kind", "kernel", "stride", "input_shape", "median_us", "gmacs", "fp32_gmacs",
                "x_fp32_time"),
-    "train": ("path", "backend", "grad", "device", "batch_size", "threads", "step_ms_median", "epoch_s_median",
-              "x_fakequant_epoch"),
+    "train": ("path", "backend", "grad", "device", "cuda_graph", "step_mode", "batch_size", "threads",
+              "step_ms_median", "epoch_s_median", "x_fakequant_epoch"),
 }
 
 

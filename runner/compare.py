@@ -327,6 +327,7 @@ def run_finetune(cfg: DictConfig, out_dir: Path) -> dict:
     if config_number(cfg.finetune.epochs, "finetune.epochs") < 1:
         raise UserError(f"finetune.epochs={cfg.finetune.epochs}: `approx-run finetune` needs at least one epoch.")
     finetune.FinetuneConfig.from_cfg(cfg.finetune)
+    finetune.cuda_graph_setting(cfg)
     return run(cfg, out_dir)
 
 

@@ -34,6 +34,7 @@ from runner.ops_autograd import GRADS
 from runner.provenance import atomic_write_bytes
 from runner.quant import QuantConfig
 from runner.store import write_csv
+from runner.train_step import TrainStep, read_input_flags
 
 OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("constant", "cosine")
@@ -44,6 +45,10 @@ SCHEDULES = ("constant", "cosine")
 RECALIBRATE = ("none", "epoch", "end")
 # the nested `finetune.distill` node, as flat fields (flat so the row's finetune_* columns stay scalars)
 DISTILL_KEYS = {"alpha": "distill_alpha", "temperature": "distill_temperature"}
+# finetune keys that say how to run, not what to train: outside FinetuneConfig, so they name no checkpoint
+# and no row column. force: retrain although a checkpoint exists; cuda_graph: the step as one CUDA graph on a
+# GPU (runner.train_step; ignored on the CPU).
+RUN_KEYS = ("force", "cuda_graph")
 # On a GPU the step's loss and accuracy stay on the device; the host reads them (and whether a loss was
 # non-finite) every this many steps and at the end of each epoch, not every step.
 READ_EVERY = 50
@@ -98,10 +103,11 @@ class FinetuneConfig:
             raise UserError(f"finetune.distill={distill!r}: known keys are {sorted(DISTILL_KEYS)}.")
         data.update({DISTILL_KEYS[k]: v for k, v in distill.items()})
         known = {f.name for f in fields(cls)}
-        unknown = set(data) - known - {"force"}
+        unknown = set(data) - known - set(RUN_KEYS)
         if unknown:
-            names = sorted({_key_name(k) for k in known} | {"force"})
+            names = sorted({_key_name(k) for k in known} | set(RUN_KEYS))
             raise UserError(f"unknown finetune setting(s) {sorted(unknown)}; known: {names}.")
+        _check_cuda_graph(data.get("cuda_graph", True))
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def as_dict(self) -> dict:
@@ -116,6 +122,17 @@ def _key_name(field: str) -> str:
     """The config key of a field (distill_alpha -> distill.alpha)."""
     flat = {v: k for k, v in DISTILL_KEYS.items()}
     return f"distill.{flat[field]}" if field in flat else field
+
+
+def cuda_graph_setting(cfg: DictConfig) -> bool:
+    """finetune.cuda_graph, checked: true (the default) captures the training step as a CUDA graph on a GPU."""
+    return _check_cuda_graph((cfg.get("finetune") or {}).get("cuda_graph", True))
+
+
+def _check_cuda_graph(value) -> bool:
+    if not isinstance(value, bool):
+        raise UserError(f"finetune.cuda_graph={value!r}: choose true or false.")
+    return value
 
 
 def enabled(cfg: DictConfig) -> bool:
@@ -136,12 +153,6 @@ def identity(weight_config: dict, multipliers: dict, layers: list[str], qcfg: Qu
     return {"baseline": weight_config, "layers": layers, "luts": {n: multipliers[n].sha256 for n in layers},
             "signed": {n: multipliers[n].signed for n in layers}, "quant": qcfg.as_dict(),
             "finetune": fcfg.as_dict()}
-
-
-def _optimizer(params, fcfg: FinetuneConfig):
-    if fcfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=float(fcfg.lr), momentum=0.9, weight_decay=float(fcfg.weight_decay))
-    return torch.optim.Adam(params, lr=float(fcfg.lr), weight_decay=float(fcfg.weight_decay))
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
@@ -177,7 +188,7 @@ def distill_loss(logits: torch.Tensor, labels: torch.Tensor, teacher_logp: torch
 
 
 def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig, device: torch.device, seed: int,
-                 label: str, teacher: nn.Module | None = None) -> list[dict]:
+                 label: str, teacher: nn.Module | None = None, cuda_graph: bool = True) -> list[dict]:
     """Train `model` in place through its (LUT) layers, recalibrating as fcfg.recalibrate says; one log row
     per epoch. teacher: the fp32 model to distil from (needed when fcfg.distill_alpha > 0).
 
@@ -191,13 +202,18 @@ def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig
     model.to(device).train()
     set_grad_mode(model, fcfg.grad, fcfg.slope_window)
     learn_act_scales(model, fcfg.learn_scales)
-    opt = _optimizer([p for p in model.parameters() if p.requires_grad], fcfg)
     xs, ys = data.train_x.to(device), data.train_y.to(device)
     soft = (teacher_log_probs(teacher, data.train_x, fcfg.distill_temperature, device) if fcfg.distills else None)
+
+    def loss_of(idx):  # the batch is its indices: the gather from the on-device set is part of the step (graph)
+        xb, yb = xs[idx], ys[idx]
+        logits = model(xb)
+        return distill_loss(logits, yb, None if soft is None else soft[idx], fcfg), logits, yb
+
+    step = TrainStep(model, loss_of, fcfg.optimizer, fcfg.lr, fcfg.weight_decay, device, cuda_graph=cuda_graph)
     n, bs, epochs = len(xs), int(fcfg.batch_size), int(fcfg.epochs)
     per_epoch = (n + bs - 1) // bs
     total, warmup = epochs * per_epoch, round(float(fcfg.warmup_epochs) * per_epoch)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup, fcfg.schedule))
     read_every = READ_EVERY if device.type == "cuda" else 1
     gen = torch.Generator().manual_seed(seed)
     history = []
@@ -208,29 +224,21 @@ def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig
                 recalibrate(model.eval(), data.train_x, qcfg, seed=seed, device=device)
                 model.train()
             order = torch.randperm(n, generator=gen).to(device)
-            loss_sum = torch.zeros((), device=device)
-            correct = torch.zeros((), dtype=torch.int64, device=device)
-            bad = torch.zeros((), dtype=torch.bool, device=device)
-            for step in range(per_epoch):
-                idx = order[step * bs:(step + 1) * bs]
-                xb, yb = xs[idx], ys[idx]
-                opt.zero_grad(set_to_none=True)
-                logits = model(xb)
-                loss = distill_loss(logits, yb, None if soft is None else soft[idx], fcfg)
-                loss.backward()
-                opt.step()
-                sched.step()
-                with torch.no_grad():
-                    bad.logical_or_(~torch.isfinite(loss))
-                    loss_sum.add_(loss.detach(), alpha=len(idx))
-                    correct.add_((logits.argmax(1) == yb).sum())
-                if (step + 1) % read_every == 0 or step + 1 == per_epoch:
-                    _check_loss(bad, epoch, fcfg)
-                    advance(min(read_every, step % read_every + 1), epoch=f"{epoch}/{epochs}",
-                            loss=f"{float(loss.detach()):.3f}")
+            step.reset_stats()
+            for i in range(per_epoch):
+                done = (epoch - 1) * per_epoch + i
+                lr = float(fcfg.lr) * lr_factor(done, total, warmup, fcfg.schedule)
+                loss = step(order[i * bs:(i + 1) * bs], lr=lr)
+                if (i + 1) % read_every == 0 or i + 1 == per_epoch:
+                    _check_loss(step.bad, epoch, fcfg)
+                    advance(min(read_every, i % read_every + 1), epoch=f"{epoch}/{epochs}", loss=f"{float(loss):.3f}")
+            if step.replays:
+                read_input_flags(model)
             check_non_finite_inputs(model)
-            history.append({"epoch": epoch, "train_loss": float(loss_sum) / n, "train_accuracy": int(correct) / n,
-                            "epoch_s": time.perf_counter() - t0, "lr_end": opt.param_groups[0]["lr"]})
+            history.append({"epoch": epoch, "train_loss": float(step.loss_sum) / n,
+                            "train_accuracy": int(step.correct) / n, "epoch_s": time.perf_counter() - t0,
+                            "lr_end": float(fcfg.lr) * lr_factor(epoch * per_epoch, total, warmup, fcfg.schedule)})
+    step.close()
     learn_act_scales(model, False)  # the trained scales become the static ones
     if fcfg.recalibrate == "end":
         recalibrate(model.eval(), data.train_x, qcfg, seed=seed, device=device)
@@ -273,7 +281,8 @@ def obtain(cfg: DictConfig, approx: nn.Module, data, ident: dict, qcfg: QuantCon
         console.print(f"[green]reusing retrained checkpoint[/] {path}")
         return model.eval(), meta, path
     seed = int(cfg.seed)
-    history = train_epochs(model, data, fcfg, qcfg, device, seed, label, teacher=teacher)
+    history = train_epochs(model, data, fcfg, qcfg, device, seed, label, teacher=teacher,
+                           cuda_graph=cuda_graph_setting(cfg))
     model.eval().cpu()
     meta = {"identity": ident, "history": history, "torch": str(torch.__version__),
             "device": str(device), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -21,8 +21,8 @@ from runner.errors import UserError
 from runner.layer_checks import NonFiniteInputCheck, check_accumulator, check_finite, reduction_length
 from runner.models import fold_input_normalization
 from runner.quant import (ActStats, QuantConfig, act_qrange, act_scale_from_amax, calibrate, dequantized_bias,
-                          dynamic_amax, fake_quant_act, fake_quant_weight, quant_layers, quantize_act, quantize_bias,
-                          quantize_weight, requant_multiplier, weight_scale)
+                          dynamic_amax, fake_quant_act, fake_quant_act_lsq, fake_quant_weight_ste, quant_layers,
+                          quantize_act, quantize_bias, quantize_weight, requant_multiplier, weight_scale)
 
 
 # what the layers an evaluation does not approximate compute
@@ -121,10 +121,8 @@ class _Quantized(nn.Module):
 
     def _fake_quant_input(self, x: torch.Tensor) -> torch.Tensor:
         scale = self.input_scale(x)
-        if scale.requires_grad and torch.is_grad_enabled():  # LSQ: torch's learnable fake-quant
-            qmin, qmax = act_qrange(self.signed)
-            return torch._fake_quantize_learnable_per_tensor_affine(
-                x, scale.reshape(1), torch.zeros(1, device=x.device), qmin, qmax, 1.0)
+        if scale.requires_grad and torch.is_grad_enabled():  # LSQ: torch's learnable fake-quant, without its wait
+            return fake_quant_act_lsq(x, scale, self.signed)
         return fake_quant_act(x, scale, self.signed)
 
     def _scale_source(self) -> torch.Tensor:
@@ -240,7 +238,7 @@ class _FakeQuant(_Quantized):
         self._check_input(x.detach())
         scale = self.input_scale(x)
         if _needs_grad(x, self, scale):  # training: torch's fake-quant in fp32, whose autograd is torch's own
-            return self._float_op(self._fake_quant_input(x), fake_quant_weight(self.weight, self.weight_scale),
+            return self._float_op(self._fake_quant_input(x), fake_quant_weight_ste(self.weight, self.weight_scale),
                                   self.bias)
         # inference: the same codes' products summed exactly, then the LUT layers' own last step, so the
         # result does not depend on the device's float sums (cuDNN, TF32) and equals the exact table's

@@ -124,6 +124,61 @@ def fake_quant_weight(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.fake_quantize_per_channel_affine(w, scale.to(w.device), zero, 0, -WEIGHT_QMAX, WEIGHT_QMAX)
 
 
+class _FakeQuantSTE(torch.autograd.Function):
+    """torch's fake-quantize, forward and gradient, in plain tensor ops: x_q = clamp(nearbyint(x * (1/s)), qmin,
+    qmax) * s, and the gradient passed where the code was inside [qmin, qmax]. torch's own per-channel op checks
+    its zero points on the host (a wait per call, and no CUDA graph can hold it)."""
+
+    @staticmethod
+    def forward(ctx, x, scale, qmin, qmax):
+        q = torch.round(x * scale.reciprocal())
+        ctx.save_for_backward((q >= qmin) & (q <= qmax))
+        return q.clamp(qmin, qmax) * scale
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inside,) = ctx.saved_tensors
+        return grad * inside, None, None, None
+
+
+class _FakeQuantLSQ(torch.autograd.Function):
+    """torch._fake_quantize_learnable_per_tensor_affine (zero point 0, grad_factor 1) in plain tensor ops, the
+    same arithmetic in the same order, so the same bits (tests/test_quant.py): torch's op reads the scale on the
+    host every call.
+    The scale's gradient (LSQ, Esser et al. 2020): d x_q / d s = (x_q - x) / s inside the range, the clamp
+    bound outside."""
+
+    @staticmethod
+    def forward(ctx, x, scale, qmin, qmax):
+        inv = scale.reciprocal()
+        q = torch.round(x * inv)
+        ctx.save_for_backward(x, scale, inv, q)
+        ctx.qrange = (qmin, qmax)
+        return q.clamp(qmin, qmax) * scale
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, scale, inv, q = ctx.saved_tensors
+        qmin, qmax = ctx.qrange
+        inside = (q >= qmin) & (q <= qmax)
+        # x_q - x rounded once, as torch's kernels compute it (contracted to a fused multiply-add): q * s and
+        # the difference are exact in float64 for codes inside the range
+        diff = (q.clamp(qmin, qmax).double() * scale.double() - x.double()).float()
+        per_element = torch.where(inside, grad * diff * inv, grad * torch.where(q < qmin, float(qmin), float(qmax)))
+        return grad * inside, per_element.sum().reshape(scale.shape), None, None
+
+
+def fake_quant_weight_ste(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fake_quant_weight's values and gradient without its host wait (training)."""
+    return _FakeQuantSTE.apply(w, scale.to(w.device).view((-1,) + (1,) * (w.dim() - 1)), -WEIGHT_QMAX, WEIGHT_QMAX)
+
+
+def fake_quant_act_lsq(x: torch.Tensor, scale: torch.Tensor, signed: bool) -> torch.Tensor:
+    """Fake-quant of an activation at a learned per-tensor scale (0-d or 1-element, requires grad): values and
+    gradients of torch's learnable fake-quantize, without its host wait."""
+    return _FakeQuantLSQ.apply(x, scale.reshape(()), *act_qrange(signed))
+
+
 def quantize_weight(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """int8 codes round(w * (1/scale)) clamped to +-WEIGHT_QMAX: the codes fake_quant_weight's grid holds, in
     its arithmetic (one float reciprocal, one multiply, round half to even), written with plain tensor ops

@@ -140,3 +140,38 @@ def test_scales_on_the_gpu_equal_the_cpus():
         on_cpu = torch.stack([act_scale_from_amax(a, signed) for a in amax[:512]])
         on_gpu = torch.stack([act_scale_from_amax(a, signed) for a in amax[:512].cuda()]).cpu()
         assert torch.equal(on_cpu, on_gpu)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_training_fake_quant_without_host_waits_equals_torchs(device):
+    """The training forward's fake-quant ops in plain tensor ops (no host wait, so a CUDA graph can hold them)
+    give torch's own ops' values and gradients bit for bit: per-channel weights (STE) and a learned
+    activation scale (LSQ), codes inside and outside the range."""
+    from runner.quant import fake_quant_act_lsq, fake_quant_weight_ste
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    gen = torch.Generator().manual_seed(3)
+    w = (torch.randn(6, 4, 5, 5, generator=gen) * 0.3).to(device)
+    s = (w.detach().abs().amax((1, 2, 3)) / 127 * 0.8).to(device)      # 0.8: some weights clip
+    g = torch.randn(w.shape, generator=gen).to(device)
+    ours, theirs = w.clone().requires_grad_(), w.clone().requires_grad_()
+    out = fake_quant_weight_ste(ours, s)
+    ref = torch.fake_quantize_per_channel_affine(theirs, s, torch.zeros(6, dtype=torch.int32, device=device),
+                                                 0, -127, 127)
+    (out * g).sum().backward()
+    (ref * g).sum().backward()
+    assert torch.equal(out, ref) and torch.equal(ours.grad, theirs.grad)
+    for signed in (True, False):
+        qmin, qmax = act_qrange(signed)
+        x = (torch.randn(8, 3, 7, 7, generator=gen) * 2).to(device)
+        gx = torch.randn(x.shape, generator=gen).to(device)
+        scale = torch.tensor(0.011, device=device)
+        xs, xt = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ss, st = scale.clone().requires_grad_(), scale.clone().reshape(1).requires_grad_()
+        out = fake_quant_act_lsq(xs, ss, signed)
+        ref = torch._fake_quantize_learnable_per_tensor_affine(xt, st, torch.zeros(1, device=device), qmin, qmax, 1.0)
+        (out * gx).sum().backward()
+        (ref * gx).sum().backward()
+        assert torch.equal(out, ref) and torch.equal(xs.grad, xt.grad)
+        assert torch.equal(ss.grad.reshape(1), st.grad), (ss.grad, st.grad)

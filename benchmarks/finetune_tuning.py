@@ -102,6 +102,7 @@ def main(argv=None):
         if args.baseline:
             torch.save(model.state_dict(), args.baseline)
     dev = torch.device(args.device)
+    model = model.to(dev)
     print(f"{args.data}: {len(data.train_y)} training images, {len(data.test_y)} validation images, baseline "
           f"{evaluate_accuracy(model, data.test_x, data.test_y, 1000, dev):.4f}, threads {torch.get_num_threads()}, "
           f"device {args.device}, backend {args.backend}",
@@ -110,6 +111,7 @@ def main(argv=None):
     print(",".join(["multiplier", *grid, "seed", "val_fakequant", "val_before", "val_after", "epoch_s", "finetune_s"]), flush=True)
     for name in args.multipliers.split(","):
         fq, approx, _ = quantized_models(model, resolve(name), q, data.train_x, backend=args.backend)
+        fq, approx = fq.to(dev), approx.to(dev)
         before = evaluate_accuracy(approx, data.test_x, data.test_y, 1000, dev)
         fakequant = evaluate_accuracy(fq, data.test_x, data.test_y, 1000, dev)
         for values in itertools.product(*grid.values()):
@@ -122,7 +124,7 @@ def main(argv=None):
                     hist = train_epochs(tuned, data, fcfg, q, dev, seed, name, teacher=model)
                     total_s = time.perf_counter() - t0
                 after = evaluate_accuracy(tuned.eval(), data.test_x, data.test_y, 1000, dev)
-                epoch_s = sum(h["epoch_s"] for h in hist) / len(hist)
+                epoch_s = sum(h["epoch_s"] for h in hist) / max(1, len(hist))  # epochs=0: bias correction alone
                 print(",".join([name, *map(str, values), str(seed), f"{fakequant:.4f}", f"{before:.4f}", f"{after:.4f}", f"{epoch_s:.2f}", f"{total_s:.1f}"]),
                       flush=True)
 

@@ -28,7 +28,8 @@ from torch import nn
 
 from runner.console import console, progress_bar
 from runner.errors import UserError, config_number
-from runner.layers import _Approx, _FakeQuant, check_non_finite_inputs, learn_act_scales, recalibrate, set_grad_mode
+from runner.layers import (_Approx, _FakeQuant, check_non_finite_inputs, learn_act_scales, quantized_layers,
+                           recalibrate, set_grad_mode)
 from runner.ops import GRADS
 from runner.provenance import atomic_write_bytes
 from runner.quant import QuantConfig
@@ -71,11 +72,13 @@ class FinetuneConfig:
     distill_alpha: float = 0.0     # loss = (1 - alpha) CE(labels) + alpha T^2 KL(teacher_T || student_T)
     distill_temperature: float = 4.0
     bias_correction: str = "none"  # none | before | after | both (BIAS_CORRECTION)
+    act_scale_factor: float = 1.0  # static activation scales times this before training (< 1: codes pushed up)
 
     def __post_init__(self):
         for key, low, kind in (("epochs", 0, int), ("slope_window", 1, int), ("batch_size", 1, int),
                                ("lr", 0, float), ("weight_decay", 0, float), ("warmup_epochs", 0, float),
-                               ("distill_alpha", 0, float), ("distill_temperature", 0, float)):
+                               ("distill_alpha", 0, float), ("distill_temperature", 0, float),
+                               ("act_scale_factor", 0, float)):
             config_number(getattr(self, key), f"finetune.{_key_name(key)}", minimum=low, kind=kind)
         if self.optimizer not in OPTIMIZERS:
             raise UserError(f"finetune.optimizer={self.optimizer!r}: choose {' or '.join(OPTIMIZERS)}.")
@@ -88,6 +91,8 @@ class FinetuneConfig:
         if self.learn_scales and self.recalibrate != "none":
             raise UserError(f"finetune.recalibrate={self.recalibrate} would overwrite the learned activation scales; "
                             "set finetune.learn_scales=false to recalibrate instead.")
+        if not 0 < float(self.act_scale_factor) <= 1:
+            raise UserError(f"finetune.act_scale_factor={self.act_scale_factor}: must be in (0, 1].")
         if self.bias_correction not in BIAS_CORRECTION:
             raise UserError(f"finetune.bias_correction={self.bias_correction!r}: choose one of "
                             f"{', '.join(BIAS_CORRECTION)}.")
@@ -233,6 +238,19 @@ def correct_bias(model: nn.Module, x: torch.Tensor, device: torch.device, batch_
     return shifts
 
 
+@torch.no_grad()
+def scale_act_scales(model: nn.Module, factor: float) -> None:
+    """Every static activation scale times `factor` before retraining. A table whose products are coarse for
+    small and mid-size operands (mul8u_T83: 0 or 4,608 for codes 8-63) computes better on larger codes: a
+    factor below 1 moves the activations' codes up, clipping the largest values, and training (with
+    learn_scales, which goes on from there) adapts the weights to the clipping."""
+    if factor == 1.0:
+        return
+    for layer in quantized_layers(model).values():
+        if not layer.dynamic:
+            layer.act_scale.mul_(factor)
+
+
 def _bias_correction_images(x: torch.Tensor, seed: int) -> torch.Tensor:
     keep = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[:BIAS_CORRECTION_IMAGES]
     return x[keep]
@@ -250,6 +268,7 @@ def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig
     if fcfg.distills and teacher is None:
         raise ValueError("finetune.distill.alpha > 0 needs the fp32 teacher model")
     torch.manual_seed(seed)
+    scale_act_scales(model, float(fcfg.act_scale_factor))
     if fcfg.bias_correction in ("before", "both"):
         correct_bias(model, _bias_correction_images(data.train_x, seed), device)
     model.to(device).train()

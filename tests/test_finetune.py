@@ -373,3 +373,26 @@ def test_bias_correction_is_zero_for_the_exact_table_and_runs_in_train_epochs():
         ft.correct_bias = real
     with pytest.raises(UserError, match="bias_correction"):
         FinetuneConfig(bias_correction="sometimes")
+
+
+def test_act_scale_factor_scales_the_static_activation_scales_before_training():
+    """act_scale_factor multiplies every static activation scale before the first step (epochs=0 shows the
+    start), so the codes grow by 1/factor; 1 leaves them alone; outside (0, 1] is a UserError."""
+    import copy
+
+    import torch
+
+    from runner.finetune import train_epochs
+    from runner.layers import quantized_layers
+
+    data, q, _, approx = _tiny()
+    start = {n: m.act_scale.clone() for n, m in quantized_layers(approx).items()}
+    for factor in (1.0, 0.25):
+        model = copy.deepcopy(approx)
+        fcfg = FinetuneConfig(epochs=0, act_scale_factor=factor, learn_scales=False)  # no exp(log) round trip
+        train_epochs(model, data, fcfg, q, torch.device("cpu"), 0, "t")
+        for n, m in quantized_layers(model).items():
+            assert torch.equal(m.act_scale, start[n] * factor), (factor, n)
+    for bad in (0, 1.5, -0.5):
+        with pytest.raises(UserError, match="act_scale_factor"):
+            FinetuneConfig(act_scale_factor=bad)

@@ -170,7 +170,8 @@ def test_train_epochs_recalibrates_at_the_end(mode):
     torch.manual_seed(0)
     _, approx, _ = quantized_models(LeNet5(mean=0.1307, std=0.3081), resolve("exact"), q, x)
     before = approx.fc2.act_scale.clone()
-    fcfg = FinetuneConfig(epochs=1, lr=0.05, batch_size=32, learn_scales=False, recalibrate=mode)
+    fcfg = FinetuneConfig(epochs=1, lr=0.05, batch_size=32, learn_scales=False, recalibrate=mode,
+                          act_scale_factor=1.0)
     train_epochs(approx, data, fcfg, q, torch.device("cpu"), 0, "tiny")
     expected = copy.deepcopy(approx)
     recalibrate(expected, x, q)
@@ -240,7 +241,7 @@ def test_train_epochs_step_is_the_plain_step(alpha):
 
     data, q, teacher, approx = _tiny()
     fcfg = FinetuneConfig(epochs=1, lr=0.01, optimizer="sgd", batch_size=len(data.train_y), schedule="constant",
-                          learn_scales=False, distill_alpha=alpha, distill_temperature=3.0)
+                          learn_scales=False, distill_alpha=alpha, distill_temperature=3.0, act_scale_factor=1.0)
     by_hand = copy.deepcopy(approx).train()
     opt = torch.optim.SGD(by_hand.parameters(), lr=0.01, momentum=0.9)
     logits = by_hand(data.train_x)

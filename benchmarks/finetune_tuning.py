@@ -15,7 +15,8 @@ rest, to fit a small CPU. --baseline FILE keeps the baseline's weights between r
 
 --grid NAME=V1,V2 (repeatable) replaces the default grid; other settings keep FinetuneConfig's defaults
 (distillation: --grid distill_alpha=0,0.5 --grid distill_temperature=4; the teacher is the fp32 baseline).
-Columns: multiplier, the grid's settings, seed, val_fakequant, val_before, val_after, epoch_s. docs/finetune.md shows the result.
+Columns: multiplier, the grid's settings, seed, val_fakequant, val_before, val_after, epoch_s, finetune_s (the
+whole train_epochs call: teacher targets, bias correction, epochs). --device cuda --backend cuda runs on a GPU. docs/finetune.md shows the result.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import dataclasses
 import io
 import itertools
 import sys
+import time
 from dataclasses import fields
 from pathlib import Path
 
@@ -44,7 +46,7 @@ from runner.train import evaluate_accuracy  # noqa: E402
 GRID = {"lr": [1e-3, 3e-3, 5e-3], "batch_size": [32, 64], "learn_scales": [True, False]}
 
 
-def baseline(data, epochs=20, seed=0):
+def baseline(data, epochs=20, seed=0, device="cpu"):
     """LeNet-5 trained like `approx-run train` (Adam 1e-3, cosine, batch 64) on data's training images."""
     from omegaconf import OmegaConf
 
@@ -54,7 +56,7 @@ def baseline(data, epochs=20, seed=0):
                             "train": {"epochs": epochs, "batch_size": 64, "lr": 1e-3, "schedule": "cosine",
                                       "weight_decay": 0.0, "eval_batch_size": 1000}})
     with contextlib.redirect_stdout(io.StringIO()):
-        model, _ = train_model(cfg, data, torch.device("cpu"))
+        model, _ = train_model(cfg, data, torch.device(device))
     return model
 
 
@@ -76,12 +78,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--multipliers", default="mul8s_1L2N,mul8u_T83")
     ap.add_argument("--seeds", default="0,1")
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=3, help="finetune.epochs (unless the grid sets epochs)")
     ap.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2")
     ap.add_argument("--data", default="mnist5k", choices=("mnist5k", "fashion_mnist", "mnist"))
     ap.add_argument("--root", default=None)
     ap.add_argument("--train-images", type=int, default=None)
     ap.add_argument("--baseline", default=None, metavar="FILE")
+    ap.add_argument("--device", default="cpu", help="where the baseline, the retraining and the scoring run")
+    ap.add_argument("--backend", default="cpp", help="the LUT layers' backend (cuda with --device cuda)")
     args = ap.parse_args(argv)
     grid = GRID
     if args.grid:
@@ -94,28 +98,34 @@ def main(argv=None):
         model = LeNet5(mean=data.mean, std=data.std)
         model.load_state_dict(torch.load(args.baseline, weights_only=True))
     else:
-        model = baseline(data, epochs=baseline_epochs)
+        model = baseline(data, epochs=baseline_epochs, device=args.device).cpu()
         if args.baseline:
             torch.save(model.state_dict(), args.baseline)
+    dev = torch.device(args.device)
+    model = model.to(dev)
     print(f"{args.data}: {len(data.train_y)} training images, {len(data.test_y)} validation images, baseline "
-          f"{evaluate_accuracy(model, data.test_x, data.test_y, 1000, 'cpu'):.4f}, threads {torch.get_num_threads()}",
+          f"{evaluate_accuracy(model, data.test_x, data.test_y, 1000, dev):.4f}, threads {torch.get_num_threads()}, "
+          f"device {args.device}, backend {args.backend}",
           file=sys.stderr, flush=True)
     q = QuantConfig()
-    print(",".join(["multiplier", *grid, "seed", "val_fakequant", "val_before", "val_after", "epoch_s"]), flush=True)
+    print(",".join(["multiplier", *grid, "seed", "val_fakequant", "val_before", "val_after", "epoch_s", "finetune_s"]), flush=True)
     for name in args.multipliers.split(","):
-        fq, approx, _ = quantized_models(model, resolve(name), q, data.train_x, backend="cpp")
-        before = evaluate_accuracy(approx, data.test_x, data.test_y, 1000, "cpu")
-        fakequant = evaluate_accuracy(fq, data.test_x, data.test_y, 1000, "cpu")
+        fq, approx, _ = quantized_models(model, resolve(name), q, data.train_x, backend=args.backend)
+        fq, approx = fq.to(dev), approx.to(dev)
+        before = evaluate_accuracy(approx, data.test_x, data.test_y, 1000, dev)
+        fakequant = evaluate_accuracy(fq, data.test_x, data.test_y, 1000, dev)
         for values in itertools.product(*grid.values()):
             setting = dict(zip(grid, values))
             for seed in (int(s) for s in args.seeds.split(",")):
                 tuned = copy.deepcopy(approx)
-                fcfg = FinetuneConfig(epochs=args.epochs, **setting)
+                fcfg = FinetuneConfig(**{"epochs": args.epochs, **setting})
                 with contextlib.redirect_stdout(io.StringIO()):
-                    hist = train_epochs(tuned, data, fcfg, q, torch.device("cpu"), seed, name, teacher=model)
-                after = evaluate_accuracy(tuned.eval(), data.test_x, data.test_y, 1000, "cpu")
-                epoch_s = sum(h["epoch_s"] for h in hist) / len(hist)
-                print(",".join([name, *map(str, values), str(seed), f"{fakequant:.4f}", f"{before:.4f}", f"{after:.4f}", f"{epoch_s:.2f}"]),
+                    t0 = time.perf_counter()
+                    hist = train_epochs(tuned, data, fcfg, q, dev, seed, name, teacher=model)
+                    total_s = time.perf_counter() - t0
+                after = evaluate_accuracy(tuned.eval(), data.test_x, data.test_y, 1000, dev)
+                epoch_s = sum(h["epoch_s"] for h in hist) / max(1, len(hist))  # epochs=0: bias correction alone
+                print(",".join([name, *map(str, values), str(seed), f"{fakequant:.4f}", f"{before:.4f}", f"{after:.4f}", f"{epoch_s:.2f}", f"{total_s:.1f}"]),
                       flush=True)
 
 

@@ -29,7 +29,7 @@ from torch import nn
 from runner.console import console, progress_bar
 from runner.errors import UserError, config_number
 from runner.layer_checks import check_non_finite_inputs
-from runner.layers import learn_act_scales, recalibrate, set_grad_mode
+from runner.layers import _Approx, _FakeQuant, learn_act_scales, quantized_layers, recalibrate, set_grad_mode
 from runner.ops_autograd import GRADS
 from runner.provenance import atomic_write_bytes
 from runner.quant import QuantConfig
@@ -43,6 +43,13 @@ SCHEDULES = ("constant", "cosine")
 #   end    once after training (the weights never see the new scales: measured worse, see docs)
 #   none   keep the baseline's calibration
 RECALIBRATE = ("none", "epoch", "end")
+# When each LUT layer's mean output error (against the exact product of the same codes) is folded into its bias:
+#   before  on the converted weights, so training starts from an unbiased model
+#   after   on the retrained weights (training already absorbs some of the mean error into the bias)
+#   both    before and after;  none: never
+BIAS_CORRECTION = ("none", "before", "after", "both")
+# images (a seeded subset of the training set) the mean output errors are measured on
+BIAS_CORRECTION_IMAGES = 2000
 # the nested `finetune.distill` node, as flat fields (flat so the row's finetune_* columns stay scalars)
 DISTILL_KEYS = {"alpha": "distill_alpha", "temperature": "distill_temperature"}
 # finetune keys that say how to run, not what to train: outside FinetuneConfig, so they name no checkpoint
@@ -69,11 +76,14 @@ class FinetuneConfig:
     recalibrate: str = "none"      # none | epoch | end (RECALIBRATE; measured: recalibrating hurts)
     distill_alpha: float = 0.0     # loss = (1 - alpha) CE(labels) + alpha T^2 KL(teacher_T || student_T)
     distill_temperature: float = 4.0
+    bias_correction: str = "none"  # none | before | after | both (BIAS_CORRECTION)
+    act_scale_factor: float = 0.25  # static activation scales times this before training (< 1: codes pushed up)
 
     def __post_init__(self):
         for key, low, kind in (("epochs", 0, int), ("slope_window", 1, int), ("batch_size", 1, int),
                                ("lr", 0, float), ("weight_decay", 0, float), ("warmup_epochs", 0, float),
-                               ("distill_alpha", 0, float), ("distill_temperature", 0, float)):
+                               ("distill_alpha", 0, float), ("distill_temperature", 0, float),
+                               ("act_scale_factor", 0, float)):
             config_number(getattr(self, key), f"finetune.{_key_name(key)}", minimum=low, kind=kind)
         if self.optimizer not in OPTIMIZERS:
             raise UserError(f"finetune.optimizer={self.optimizer!r}: choose {' or '.join(OPTIMIZERS)}.")
@@ -86,6 +96,11 @@ class FinetuneConfig:
         if self.learn_scales and self.recalibrate != "none":
             raise UserError(f"finetune.recalibrate={self.recalibrate} would overwrite the learned activation scales; "
                             "set finetune.learn_scales=false to recalibrate instead.")
+        if not 0 < float(self.act_scale_factor) <= 1:
+            raise UserError(f"finetune.act_scale_factor={self.act_scale_factor}: must be in (0, 1].")
+        if self.bias_correction not in BIAS_CORRECTION:
+            raise UserError(f"finetune.bias_correction={self.bias_correction!r}: choose one of "
+                            f"{', '.join(BIAS_CORRECTION)}.")
         if self.schedule not in SCHEDULES:
             raise UserError(f"finetune.schedule={self.schedule!r}: choose {' or '.join(SCHEDULES)}.")
         if not float(self.lr) > 0 or int(self.batch_size) < 1 or float(self.weight_decay) < 0:
@@ -187,6 +202,72 @@ def distill_loss(logits: torch.Tensor, labels: torch.Tensor, teacher_logp: torch
     return (1.0 - alpha) * ce + alpha * (t * t) * kl
 
 
+class _Captured(Exception):
+    """Raised by correct_bias's hook to stop a forward once the layer's input is in hand."""
+
+
+@torch.no_grad()
+def correct_bias(model: nn.Module, x: torch.Tensor, device: torch.device, batch_size: int = 500) -> dict:
+    """Fold each LUT layer's mean output error into its bias (error compensation as in ALWANN / TFApprox):
+    per output channel, the mean over x's images (and positions) of the layer's output minus the output of
+    the exact product of the same codes (the fake-quant computation), subtracted from the bias. Layer by
+    layer in forward order, so each layer is measured on inputs the corrected layers before it produce.
+    The measuring forwards run requant=float (the error is the same; integer mode would clamp it into the
+    next layer's codes). Returns {layer: the subtracted shift (float64, per channel)}."""
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, _Approx)}
+    training = model.training
+    model.eval().to(device)
+    modes = {n: m.requant for n, m in layers.items()}
+    shifts = {}
+    try:
+        for m in layers.values():
+            m.requant = "float"
+        for name, layer in layers.items():
+            total, count = None, 0
+            for i in range(0, len(x), batch_size):
+                inputs = []
+
+                def capture(_module, args, inputs=inputs):
+                    inputs.append(args[0])
+                    raise _Captured
+                hook = layer.register_forward_pre_hook(capture)
+                try:
+                    model(x[i:i + batch_size].to(device))
+                except _Captured:
+                    pass
+                finally:
+                    hook.remove()
+                diff = (layer(inputs[0]) - _FakeQuant.forward(layer, inputs[0])).double()
+                diff = diff.reshape(-1, diff.shape[-1]) if diff.dim() == 2 else diff.transpose(0, 1).flatten(1).t()
+                total = diff.sum(0) if total is None else total + diff.sum(0)
+                count += diff.shape[0]
+            shifts[name] = total / count
+            layer.bias.sub_(shifts[name].to(layer.bias.dtype))
+    finally:
+        for n, m in layers.items():
+            m.requant = modes[n]
+        model.train(training)
+    return shifts
+
+
+@torch.no_grad()
+def scale_act_scales(model: nn.Module, factor: float) -> None:
+    """Every static activation scale times `factor` before retraining. A table whose products are coarse for
+    small and mid-size operands (mul8u_T83: 0 or 4,608 for codes 8-63) computes better on larger codes: a
+    factor below 1 moves the activations' codes up, clipping the largest values, and training (with
+    learn_scales, which goes on from there) adapts the weights to the clipping."""
+    if factor == 1.0:
+        return
+    for layer in quantized_layers(model).values():
+        if not layer.dynamic:
+            layer.act_scale.mul_(factor)
+
+
+def _bias_correction_images(x: torch.Tensor, seed: int) -> torch.Tensor:
+    keep = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[:BIAS_CORRECTION_IMAGES]
+    return x[keep]
+
+
 def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig, device: torch.device, seed: int,
                  label: str, teacher: nn.Module | None = None, cuda_graph: bool = True) -> list[dict]:
     """Train `model` in place through its (LUT) layers, recalibrating as fcfg.recalibrate says; one log row
@@ -199,6 +280,9 @@ def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig
     if fcfg.distills and teacher is None:
         raise ValueError("finetune.distill.alpha > 0 needs the fp32 teacher model")
     torch.manual_seed(seed)
+    scale_act_scales(model, float(fcfg.act_scale_factor))
+    if fcfg.bias_correction in ("before", "both"):
+        correct_bias(model, _bias_correction_images(data.train_x, seed), device)
     model.to(device).train()
     set_grad_mode(model, fcfg.grad, fcfg.slope_window)
     learn_act_scales(model, fcfg.learn_scales)
@@ -242,6 +326,8 @@ def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig
     learn_act_scales(model, False)  # the trained scales become the static ones
     if fcfg.recalibrate == "end":
         recalibrate(model.eval(), data.train_x, qcfg, seed=seed, device=device)
+    if fcfg.bias_correction in ("after", "both"):
+        correct_bias(model, _bias_correction_images(data.train_x, seed), device)
     return history
 
 

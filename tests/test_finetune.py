@@ -170,7 +170,8 @@ def test_train_epochs_recalibrates_at_the_end(mode):
     torch.manual_seed(0)
     _, approx, _ = quantized_models(LeNet5(mean=0.1307, std=0.3081), resolve("exact"), q, x)
     before = approx.fc2.act_scale.clone()
-    fcfg = FinetuneConfig(epochs=1, lr=0.05, batch_size=32, learn_scales=False, recalibrate=mode)
+    fcfg = FinetuneConfig(epochs=1, lr=0.05, batch_size=32, learn_scales=False, recalibrate=mode,
+                          act_scale_factor=1.0)
     train_epochs(approx, data, fcfg, q, torch.device("cpu"), 0, "tiny")
     expected = copy.deepcopy(approx)
     recalibrate(expected, x, q)
@@ -240,7 +241,7 @@ def test_train_epochs_step_is_the_plain_step(alpha):
 
     data, q, teacher, approx = _tiny()
     fcfg = FinetuneConfig(epochs=1, lr=0.01, optimizer="sgd", batch_size=len(data.train_y), schedule="constant",
-                          learn_scales=False, distill_alpha=alpha, distill_temperature=3.0)
+                          learn_scales=False, distill_alpha=alpha, distill_temperature=3.0, act_scale_factor=1.0)
     by_hand = copy.deepcopy(approx).train()
     opt = torch.optim.SGD(by_hand.parameters(), lr=0.01, momentum=0.9)
     logits = by_hand(data.train_x)
@@ -281,3 +282,118 @@ def test_non_finite_loss_stops_training_with_a_user_error(backend):
                      device, 0, "tiny", teacher=NaNTeacher())
     with pytest.raises(ValueError, match="teacher"):
         train_epochs(approx, data, FinetuneConfig(epochs=1, distill_alpha=0.5), q, torch.device("cpu"), 0, "tiny")
+
+
+def _layer_outputs(model, x):
+    """{layer: its output on x} for every quantized layer of model (requant=float, as correct_bias measures)."""
+    import torch
+
+    from runner.layers import quantized_layers
+
+    outs, hooks = {}, []
+    for name, layer in quantized_layers(model).items():
+        layer.requant = "float"
+        hooks.append(layer.register_forward_hook(lambda m, a, out, name=name: outs.__setitem__(name, out)))
+    with torch.no_grad():
+        model.eval()(x)
+    for h in hooks:
+        h.remove()
+    return outs
+
+
+def _channel_means(t):
+    import torch
+
+    return t.double().mean(0) if t.dim() == 2 else t.double().mean(dim=(0, 2, 3))
+
+
+@pytest.mark.parametrize("name", ["mul8u_T83", "mul8s_1L12"])
+def test_bias_correction_moves_each_layer_mean_output_to_the_exact_products(name):
+    """After correct_bias, each LUT layer's mean output per channel equals, on the same input, that of the
+    exact product of the same codes with the original bias (the fake-quant computation), where before it
+    was off by the table's systematic error; the biases are the only parameters that move."""
+    import copy
+
+    import torch
+
+    from runner.finetune import correct_bias
+    from runner.layers import _FakeQuant, quantized_layers, quantized_models
+    from runner.models import LeNet5
+    from runner.multipliers import resolve
+    from runner.quant import QuantConfig
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(96, 1, 28, 28, generator=gen)
+    q = QuantConfig(calib_batches=1, calib_batch_size=96)
+    torch.manual_seed(0)
+    _, approx, _ = quantized_models(LeNet5(mean=0.1307, std=0.3081), resolve(name), q, x, backend="cpp")
+    original = copy.deepcopy(approx)
+    shifts = correct_bias(approx, x, torch.device("cpu"), batch_size=40)  # 3 batches, one short
+    inputs = {}
+    hooks = [layer.register_forward_pre_hook(lambda m, a, n=n: inputs.__setitem__(n, a[0]))
+             for n, layer in quantized_layers(approx).items()]
+    got = _layer_outputs(approx, x)
+    for h in hooks:
+        h.remove()
+    for n, layer in quantized_layers(original).items():
+        layer.requant = "float"
+        with torch.no_grad():
+            exact = _FakeQuant.forward(layer, inputs[n])
+            uncorrected = layer(inputs[n])
+        err_before = (_channel_means(uncorrected) - _channel_means(exact)).abs().max()
+        err_after = (_channel_means(got[n]) - _channel_means(exact)).abs().max()
+        assert err_before > 1e-3 and err_after < 1e-5 * max(1.0, float(exact.abs().max())), n
+        assert shifts[n].abs().max() > 1e-3
+    for (pname, p), p0 in zip(approx.named_parameters(), original.parameters()):
+        assert torch.equal(p, p0) != pname.endswith("bias"), pname
+    assert {m.requant for m in quantized_layers(approx).values()} == {"float"}  # _layer_outputs set it
+
+
+def test_bias_correction_is_zero_for_the_exact_table_and_runs_in_train_epochs():
+    """The exact table has no error: no shift. bias_correction=before|after|both reaches correct_bias
+    through train_epochs (every retraining caller), and a bad value is a UserError."""
+    import copy
+
+    import torch
+
+    import runner.finetune as ft
+
+    data, q, teacher, approx = _tiny()
+    shifts = ft.correct_bias(copy.deepcopy(approx), data.train_x, torch.device("cpu"))
+    assert all(torch.equal(s, torch.zeros_like(s)) for s in shifts.values())
+    calls = []
+    real = ft.correct_bias
+    try:
+        ft.correct_bias = lambda model, x, device: calls.append(len(x)) or real(model, x, device)
+        for mode, n in (("none", 0), ("before", 1), ("after", 1), ("both", 2)):
+            calls.clear()
+            fcfg = FinetuneConfig(epochs=1, batch_size=32, bias_correction=mode)
+            ft.train_epochs(copy.deepcopy(approx), data, fcfg, q, torch.device("cpu"), 0, "tiny")
+            assert calls == [len(data.train_x)] * n, mode
+    finally:
+        ft.correct_bias = real
+    with pytest.raises(UserError, match="bias_correction"):
+        FinetuneConfig(bias_correction="sometimes")
+
+
+def test_act_scale_factor_scales_the_static_activation_scales_before_training():
+    """act_scale_factor multiplies every static activation scale before the first step (epochs=0 shows the
+    start), so the codes grow by 1/factor; 1 leaves them alone; outside (0, 1] is a UserError."""
+    import copy
+
+    import torch
+
+    from runner.finetune import train_epochs
+    from runner.layers import quantized_layers
+
+    data, q, _, approx = _tiny()
+    start = {n: m.act_scale.clone() for n, m in quantized_layers(approx).items()}
+    for factor in (1.0, 0.25):
+        model = copy.deepcopy(approx)
+        fcfg = FinetuneConfig(epochs=0, act_scale_factor=factor, learn_scales=False)  # no exp(log) round trip
+        train_epochs(model, data, fcfg, q, torch.device("cpu"), 0, "t")
+        for n, m in quantized_layers(model).items():
+            assert torch.equal(m.act_scale, start[n] * factor), (factor, n)
+    for bad in (0, 1.5, -0.5):
+        with pytest.raises(UserError, match="act_scale_factor"):
+            FinetuneConfig(act_scale_factor=bad)

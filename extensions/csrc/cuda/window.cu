@@ -18,7 +18,10 @@ namespace {
 // once; a smaller cc also lets two blocks share an SM.
 constexpr int kWinThreads = 256;
 
-template <typename TT, int KW, int SW, int RX>
+// CHUNKED: cc < Cg, so the planes are restaged inside the tap loop. A separate instantiation: the
+// restaging code costs registers (28 bytes of spills in the int16 3x3 kernel), which the shapes whose
+// channels fit at once (LeNet's, ResNet's first stages) do not pay.
+template <typename TT, int KW, int SW, int RX, bool CHUNKED>
 __device__ __forceinline__ void window_body(const Params& p, int cc, uint8_t* smem) {
   constexpr int VPR = sizeof(TT) == 2 ? 1 : 2;
   constexpr int NW = (SW * (RX - 1) + KW + 3) / 4, CQ = KW * 256 * VPR;
@@ -83,10 +86,12 @@ __device__ __forceinline__ void window_body(const Params& p, int cc, uint8_t* sm
     cp_async_wait<0>();
     __syncthreads();  // chunk q (and, at q = 0, the staged planes) in; chunk q - 1 done
     if (q + 1 < nchunks) copy_chunk(q + 1);
-    if (c == cc) {  // every thread is past the staged channels (the barrier above): the next ones
-      stage(q / p.win.kh);
-      c = 0;
-      __syncthreads();
+    if constexpr (CHUNKED) {
+      if (c == cc) {  // every thread is past the staged channels (the barrier above): the next ones
+        stage(q / p.win.kh);
+        c = 0;
+        __syncthreads();
+      }
     }
     const uint32_t* row = reinterpret_cast<const uint32_t*>(my + c * plane + i * p.win.Wp);
     uint32_t w[NW];
@@ -141,13 +146,13 @@ __device__ __forceinline__ void window_body(const Params& p, int cc, uint8_t* sm
         if (n0 + j < p.N) o[j * howo + x] = static_cast<int32_t>(v[x][j]);
 }
 
-template <int KW, int SW, int RX, int MODE>
+template <int KW, int SW, int RX, int MODE, bool CHUNKED>
 __global__ void __launch_bounds__(kWinThreads, 2) window_kernel(Params p, int cc) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))
-    window_body<int16_t, KW, SW, RX>(p, cc, smem);
+    window_body<int16_t, KW, SW, RX, CHUNKED>(p, cc, smem);
   else
-    window_body<int32_t, KW, SW, RX>(p, cc, smem);
+    window_body<int32_t, KW, SW, RX, CHUNKED>(p, cc, smem);
 }
 
 // The kernel width the table row of a chunk holds (K = Cg * kh * kw).
@@ -220,7 +225,7 @@ void set_window_geometry(Params& p, const ConvGeo& cg) {
 
 template <int KW, int SW, int RX, int MODE>
 void launch_window_t(const Params& p, int cc, cudaStream_t stream) {
-  auto kern = window_kernel<KW, SW, RX, MODE>;
+  auto kern = cc < p.Cg ? window_kernel<KW, SW, RX, MODE, true> : window_kernel<KW, SW, RX, MODE, false>;
   const size_t smem = window_bytes(p, KW, MODE, cc);
   set_smem(kern, smem);
   const int64_t bx = (p.win.tasks + kWinThreads - 1) / kWinThreads;

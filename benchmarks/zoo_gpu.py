@@ -17,7 +17,8 @@ Layer rows (PREFIX_layers.csv), per layer and batch, on the input the layer rece
   what=layer   the converted layer's whole forward with auto (quantize, LUT MACs, requantize);
   what=fp32    the same layer in PyTorch fp32 (BatchNorm folded in), cuDNN.
 Model rows (PREFIX_models.csv), per model and batch: the approx model (auto), the fp32 model in eval mode with
-its BatchNorms (cuDNN defaults, and with cudnn.benchmark on), x_fp32 = approx time / fp32 time (defaults).
+its BatchNorms (cuDNN defaults, which run convs in TF32; with cudnn.benchmark on; and fp32_strict: TF32 off),
+x_fp32 = time / fp32 time (defaults), x_fp32_strict = time / fp32_strict time.
 Timing: CUDA events (runner.bench.device_timer: a sleep kernel queued first, so the events time the device's
 work), `--warmup` calls, median of `--repeat`, rotating among 3 input sets so repeats do not run from a warm
 L2; prepared tables cached per (weights, LUT), as in a model's forward.
@@ -162,23 +163,28 @@ def bench_model(name, args, dev, mult, qcfg, rows_l, rows_m):
             us, lo = median_us(timer, floats[lname], fl_inputs, args.repeat, args.warmup)
             emit("fp32", "cudnn" if dev.type == "cuda" else "torch", us, lo)
         del inputs, xs
-    print(f"{'model':12} {'batch':>6} {'path':22} {'median ms':>10} {'x fp32':>7}")
+    print(f"{'model':12} {'batch':>6} {'path':22} {'median ms':>10} {'x fp32':>7} {'x strict':>7}")
     for batch in args.model_batches:
         xs = [torch.rand((batch, channels, size, size), generator=gen).to(dev) for _ in range(3)]
         base = dict(model=name, input=shape, batch=batch, multiplier=mult.name, repeats=args.repeat)
-        runs = [("fp32", model, False), ("fp32_cudnn_benchmark", model, True), ("approx", approx, False)]
+        # fp32: PyTorch's defaults (cuDNN may run convs in TF32: torch.backends.cudnn.allow_tf32 is True by
+        # default); fp32_strict: TF32 off, every product and sum in fp32
+        tf32 = torch.backends.cudnn.allow_tf32
+        runs = [("fp32", model, False, tf32), ("fp32_cudnn_benchmark", model, True, tf32),
+                ("fp32_strict", model, False, False), ("approx", approx, False, tf32)]
         times = {}
-        for path, m, bench_on in runs:
-            with torch.backends.cudnn.flags(enabled=True, benchmark=bench_on,
-                                            deterministic=False, allow_tf32=torch.backends.cudnn.allow_tf32):
+        for path, m, bench_on, allow_tf32 in runs:
+            with torch.backends.cudnn.flags(enabled=True, benchmark=bench_on, deterministic=False,
+                                            allow_tf32=allow_tf32):
                 us, lo = median_us(timer, m, xs, args.repeat, args.warmup)
             times[path] = us
             rows_m.append({**base, "path": path, "median_ms": us / 1e3, "min_ms": lo / 1e3,
-                           "images_per_s": batch / (us / 1e6),
-                           "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32})
+                           "images_per_s": batch / (us / 1e6), "cudnn_allow_tf32": allow_tf32})
         for r in rows_m[-len(runs):]:
             r["x_fp32"] = r["median_ms"] * 1e3 / times["fp32"]
-            print(f"{name:12} {batch:6} {r['path']:22} {r['median_ms']:10.3f} {r['x_fp32']:7.2f}", flush=True)
+            r["x_fp32_strict"] = r["median_ms"] * 1e3 / times["fp32_strict"]
+            print(f"{name:12} {batch:6} {r['path']:22} {r['median_ms']:10.3f} {r['x_fp32']:7.2f} "
+                  f"{r['x_fp32_strict']:7.2f}", flush=True)
         if args.profile and batch == max(args.model_batches) and dev.type == "cuda":
             from torch.profiler import ProfilerActivity, profile
             with profile(activities=[ProfilerActivity.CUDA]) as prof:

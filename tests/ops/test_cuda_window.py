@@ -1,7 +1,7 @@
 """CUDA expanded_window on the model zoo's conv shapes (3x3 stride 1 and 2, 1x1 stride 1 and 2, 3-channel
 stems, 32x32 inputs, many channels on small planes): bit-exact against the python reference, with every
-channel-chunk size its staging can take (expanded_window_c<channels>), and the zoo's real layer shapes at
-batch 256 against the CPU kernel.
+channel-chunk size its staging can take (expanded_window_c<channels>) and 8, 7 or 5 outputs a thread
+(expanded_window_x<n>), and the zoo's real layer shapes at batch 256 against the CPU kernel.
 
 Marked `cuda` (deselected by default; run with `-m cuda` on a GPU machine)."""
 import pytest
@@ -37,9 +37,12 @@ CASES = {
 }
 
 
+def _pair(v):
+    return [v, v] if isinstance(v, int) else list(v)
+
+
 def _args(stride, padding, groups):
-    pair = lambda v: [v, v] if isinstance(v, int) else list(v)  # noqa: E731
-    return pair(stride), pair(padding), [1, 1], groups
+    return _pair(stride), _pair(padding), [1, 1], groups
 
 
 def _window_applies(a, w, lut, args):
@@ -65,7 +68,11 @@ def test_window_every_channel_chunk(case, lutkind, signed):
     assert row["applies"], f"{case}: {row['note']}"
     cg = c // groups
     chunks = sorted({1, 2, 3, max(1, cg // 2), cg, cg + 5})
-    for algo in ["expanded_window", "expanded", "auto", *(f"expanded_window_c{k}" for k in chunks)]:
+    algos = ["expanded_window", "expanded", "auto", *(f"expanded_window_c{k}" for k in chunks)]
+    if kw in (3, 5) and _pair(stride)[1] == 1:  # 7 and 5 outputs a thread (unaligned rows, scalar stores)
+        algos += ["expanded_window_x7", "expanded_window_x5", "expanded_window_x7_c1", "expanded_window_x5_c2",
+                  "expanded_window_x8_c3"]
+    for algo in algos:
         got = poisoned_call(lambda: ops.lut_conv2d(ad, wdv, ld, *args, algo), tuple(want.shape))
         check_equal(got, want, f"{case} {lutkind} signed={signed} algo={algo}")
 
@@ -74,7 +81,8 @@ def test_window_bad_channel_chunk_names():
     a = torch.zeros((1, 4, 6, 6), dtype=torch.uint8, device=DEV)
     w = torch.zeros((8, 4, 3, 3), dtype=torch.int8, device=DEV)
     lut = torch.zeros((256, 256), dtype=torch.int32, device=DEV)
-    for bad in ("expanded_window_c0", "expanded_window_cx", "expanded_window_c2x", "expanded_window_c"):
+    for bad in ("expanded_window_c0", "expanded_window_cx", "expanded_window_c2x", "expanded_window_c",
+                "expanded_window_", "expanded_window_x6", "expanded_window_x7_c0", "expanded_window_x7c2"):
         with pytest.raises(RuntimeError, match="bad algo"):
             ops.lut_conv2d(a, w, lut, [1, 1], [1, 1], [1, 1], 1, bad)
 

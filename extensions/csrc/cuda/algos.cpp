@@ -2,6 +2,7 @@
 #include "algos.h"
 
 #include <cstdio>
+#include <cstring>
 
 #include "../checks.h"
 
@@ -76,14 +77,27 @@ Choice parse_choice(const std::string& name, const char* op) {
   const auto& t = algos();
   for (size_t i = 0; i < t.size(); ++i)
     if (name == t[i].name) return Choice{static_cast<int>(i)};
-  if (name.rfind("expanded_window_c", 0) == 0) {  // expanded_window staging <cc> channels at once
+  if (name.rfind("expanded_window_", 0) == 0) {
+    // expanded_window_[x<outputs a thread: 5, 7 or 8>][_c<channels staged at once>]
     Choice c{kAuto};
-    int cc = 0, n = 0;
-    const char* rest = name.c_str() + 17;
-    TORCH_CHECK(std::sscanf(rest, "%d%n", &cc, &n) == 1 && rest[n] == 0 && cc >= 1, op, ": bad algo '",
-                name, "': expanded_window_c<channels staged at once, >= 1>");
+    const char* rest = name.c_str() + 15;  // at the "_"
+    int rx = 0, cc = 0, n = 0;
+    bool ok = true;
+    if (std::strncmp(rest, "_x", 2) == 0) {
+      ok = std::sscanf(rest, "_x%d%n", &rx, &n) == 1 && (rx == 5 || rx == 7 || rx == 8);
+      rest += n;
+    }
+    if (ok && *rest) {
+      n = 0;
+      ok = std::sscanf(rest, "_c%d%n", &cc, &n) == 1 && cc >= 1;
+      rest += n;
+    }
+    TORCH_CHECK(ok && *rest == 0 && (rx || cc), op, ": bad algo '", name,
+                "': expanded_window_x<outputs a thread: 5, 7 or 8>, expanded_window_c<channels staged at once, "
+                ">= 1> or expanded_window_x<..>_c<..>");
     for (size_t i = 0; i < t.size(); ++i)
       if (std::string(t[i].name) == "expanded_window") c.algo = static_cast<int>(i);
+    c.cfg.rx = rx == 8 ? 0 : rx;
     c.cfg.cc = cc;
     return c;
   }
@@ -104,8 +118,9 @@ std::string choice_name(const Choice& c) {
   if (c.algo == kAuto) return "auto";
   if (c.algo == kExpanded) return "expanded";
   const Algo& a = algos()[c.algo];
-  if (std::string(a.name) == "expanded_window" && c.cfg.cc > 0)
-    return "expanded_window_c" + std::to_string(c.cfg.cc);
+  if (std::string(a.name) == "expanded_window")
+    return std::string(a.name) + (c.cfg.rx ? "_x" + std::to_string(c.cfg.rx) : "") +
+           (c.cfg.cc ? "_c" + std::to_string(c.cfg.cc) : "");
   return std::string(a.name) == "expanded_rows" ? rows_config_name(c.cfg) : a.name;
 }
 

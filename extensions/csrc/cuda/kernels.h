@@ -63,6 +63,7 @@ struct Config {
   int r = 0, cs = 0, th = 256;  // rows per thread (0: default config), cluster size, threads
   int mb = 0;                   // rows per block; 0: th * r
   int cc = 0;                   // expanded_window: channels staged at once; 0: as many as fit
+  int rx = 0;                   // expanded_window: outputs a thread (7 or 5); 0: 8
 };
 
 void launch_direct(const Params& p, cudaStream_t stream);                  // direct.cu

@@ -186,16 +186,55 @@ int64_t window_smem(const Params& p, const ConvGeo& cg, int fmt) {
   return cc ? window_bytes(p, cg.kw, fmt, cc) : 0;
 }
 
+namespace {
+
+// p.win for rx outputs a thread (p.win.kh set)
+void window_geometry(Params& p, int kw, int rx) {
+  p.win.rx = rx;
+  p.win.seg = (p.Wo + rx - 1) / rx;
+  p.win.Hp = p.H + 2 * p.ph;
+  const int nw = (p.sw * (rx - 1) + kw + 3) / 4;  // words of a thread's kernel row
+  const int extra = (rx * p.sw) % 4 ? 4 : 0;      // the word loaded below an unaligned start
+  p.win.Wp = static_cast<int>(
+      round_up(std::max(p.W + 2 * p.pw, (p.win.seg - 1) * rx * p.sw + 4 * nw + extra), 4));
+  const int64_t tpi = (int64_t)p.win.Ho * p.win.seg;
+  p.win.tasks = p.win.B * tpi;
+  p.win.imgs = static_cast<int>(std::min<int64_t>((kWinThreads - 1) / tpi + 2, 1 << 20));
+}
+
+// 7 or 5 outputs a thread where that computes fewer past the row's end than 8 (3- and 5-wide
+// kernels at stride 1); 0 where 8 is best or the only choice. Not always faster: their stores are
+// not 16-byte vectors, which costs where few taps make each output (a 28-wide LeNet conv1 row ran
+// at 2.4 T MAC/s with 7, 3.3 with 8), so auto times both.
+int window_alt_rx(const Params& p, int kw) {
+  if (p.sw != 1 || (kw != 3 && kw != 5)) return 0;
+  auto padded = [&](int rx) { return (p.Wo + rx - 1) / rx * rx; };
+  int rx = 8;
+  for (int r : {7, 5})
+    if (padded(r) < padded(rx)) rx = r;
+  return rx == 8 ? 0 : rx;
+}
+
+}  // namespace
+
 std::vector<Config> window_candidates(const Params& p, int fmt) {
-  // As many channels staged at once as fit (one block an SM where that takes over half of shared
-  // memory), and as many as leave room for two blocks an SM: auto's trial decides.
-  const int kw = window_kw(p), optin = max_smem_optin();
-  const int all = window_cc(p, kw, fmt, optin), two = window_cc(p, kw, fmt, optin / 2 - 1024);
-  std::vector<Config> out(1);  // cc 0: as many as fit (the plain `expanded_window`)
-  Config c;
-  if (two > 0 && two < all) {
-    c.cc = two;
-    out.push_back(c);
+  // Per outputs a thread (8, and 7 or 5 where they compute less): as many channels staged at once
+  // as fit (one block an SM where that takes over half of shared memory), and as many as leave
+  // room for two blocks an SM. auto's trial decides.
+  const int kw = window_kw(p), optin = max_smem_optin(), alt = window_alt_rx(p, kw);
+  std::vector<Config> out;
+  for (int rx : {8, alt}) {
+    if (rx == 0) continue;
+    Params q = p;
+    if (rx != q.win.rx) window_geometry(q, kw, rx);
+    const int all = window_cc(q, kw, fmt, optin), two = window_cc(q, kw, fmt, optin / 2 - 1024);
+    Config c;
+    c.rx = rx == 8 ? 0 : rx;
+    if (all > 0) out.push_back(c);  // cc 0: as many as fit
+    if (two > 0 && two < all) {
+      c.cc = two;
+      out.push_back(c);
+    }
   }
   return out;
 }
@@ -204,23 +243,7 @@ void set_window_geometry(Params& p, const ConvGeo& cg) {
   p.win.kh = cg.kh;
   p.win.Ho = static_cast<int>(p.HoWo / p.Wo);
   p.win.B = p.M / p.HoWo;
-  // outputs a thread: 8, or 7 / 5 (3- and 5-wide kernels at stride 1) where fewer are computed
-  // past the row's end
-  auto padded = [&](int rx) { return (p.Wo + rx - 1) / rx * rx; };
-  int rx = 8;
-  if (p.sw == 1 && (cg.kw == 3 || cg.kw == 5))
-    for (int r : {7, 5})
-      if (padded(r) < padded(rx)) rx = r;
-  p.win.rx = rx;
-  p.win.seg = (p.Wo + rx - 1) / rx;
-  p.win.Hp = p.H + 2 * p.ph;
-  const int nw = (p.sw * (rx - 1) + cg.kw + 3) / 4;  // words of a thread's kernel row
-  const int extra = (rx * p.sw) % 4 ? 4 : 0;         // the word loaded below an unaligned start
-  p.win.Wp = static_cast<int>(
-      round_up(std::max(p.W + 2 * p.pw, (p.win.seg - 1) * rx * p.sw + 4 * nw + extra), 4));
-  const int64_t tpi = (int64_t)p.win.Ho * p.win.seg;
-  p.win.tasks = p.win.B * tpi;
-  p.win.imgs = static_cast<int>(std::min<int64_t>((kWinThreads - 1) / tpi + 2, 1 << 20));
+  window_geometry(p, cg.kw, 8);  // the default; launch_window redoes it for a configuration's rx
 }
 
 template <int KW, int SW, int RX, int MODE>
@@ -253,7 +276,10 @@ void launch_window_m(const Params& p, const ConvGeo& cg, int cc, cudaStream_t st
   }
 }
 
-void launch_window(const Params& p, const ConvGeo& cg, int fmt, const Config& c, cudaStream_t stream) {
+void launch_window(const Params& p0, const ConvGeo& cg, int fmt, const Config& c, cudaStream_t stream) {
+  // rx 0, or 7 or 5 for a shape that has no such kernel (only 3- and 5-wide at stride 1 do): 8
+  Params p = p0;
+  if (c.rx && c.rx != p.win.rx && p.sw == 1 && (cg.kw == 3 || cg.kw == 5)) window_geometry(p, cg.kw, c.rx);
   // cc 0 (algo='expanded_window', or a pick made for another format): as many channels as fit
   const int fit = window_cc(p, cg.kw, fmt, max_smem_optin());
   const int cc = c.cc > 0 && c.cc <= fit ? c.cc : fit;

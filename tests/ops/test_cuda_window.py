@@ -26,6 +26,8 @@ CASES = {
     "1x1_s2": ((3, 32, 16, 16), (64, 1, 1), 2, 0, 1),        # ResNet shortcut
     "1x1": ((2, 16, 8, 8), (96, 1, 1), 1, 0, 1),             # MobileNetV2 expand
     "1x1_g2_sw2": ((2, 4, 11, 13), (6, 1, 1), (1, 2), 0, 2),  # row stride 1, column stride 2, groups
+    "1x1_c12": ((3, 12, 7, 9), (10, 1, 1), 1, 0, 1),          # 4 channels a table chunk, K 12 (not whole 8s)
+    "1x1_c6": ((2, 6, 5, 5), (8, 1, 1), 1, 0, 1),             # 6 channels: one a chunk
     "3x1_s2": ((3, 5, 9, 10), (7, 3, 1), 2, (1, 0), 1),      # kh 3, kw 1
     "stem": ((2, 3, 32, 32), (16, 3, 3), 1, 1, 1),           # 3-channel stem, 32x32
     "dw_s2": ((2, 24, 16, 16), (24, 3, 3), 2, 1, 24),        # depthwise, stride 2

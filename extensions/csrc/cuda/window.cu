@@ -21,10 +21,12 @@ constexpr int kWinThreads = 256;
 // CHUNKED: cc < Cg, so the planes are restaged inside the tap loop. A separate instantiation: the
 // restaging code costs registers (28 bytes of spills in the int16 3x3 kernel), which the shapes whose
 // channels fit at once (LeNet's, ResNet's first stages) do not pay.
-template <typename TT, int KW, int SW, int RX, bool CHUNKED>
+// CP: channels a table chunk covers. 1, or 4 for 1x1 convs (Cg % 4 == 0): a chunk of one 1x1 tap gives each
+// thread only RX lookups between two barriers.
+template <typename TT, int KW, int SW, int RX, bool CHUNKED, int CP>
 __device__ __forceinline__ void window_body(const Params& p, int cc, uint8_t* smem) {
   constexpr int VPR = sizeof(TT) == 2 ? 1 : 2;
-  constexpr int NW = (SW * (RX - 1) + KW + 3) / 4, CQ = KW * 256 * VPR;
+  constexpr int NW = (SW * (RX - 1) + KW + 3) / 4, CQ = KW * CP * 256 * VPR;
   // a thread's first input column is 4-byte aligned when RX * SW is a multiple of 4; otherwise its
   // words are loaded from the aligned column below and funnel-shifted into place
   constexpr bool kAligned = (RX * SW) % 4 == 0;
@@ -39,7 +41,7 @@ __device__ __forceinline__ void window_body(const Params& p, int cc, uint8_t* sm
   int4* buf = reinterpret_cast<int4*>(smem);
   uint8_t* st = smem + 2 * CQ * 16;
   const int plane = p.win.Hp * p.win.Wp, img_bytes = cc * plane;
-  const int nchunks = p.Cg * p.win.kh;
+  const int nchunks = p.Cg * p.win.kh / CP;  // CP > 1: kh 1, Cg % CP == 0 (window_cp)
   auto copy_chunk = [&](int q) {
     const int4* src = Tg + (long long)q * CQ;
     int4* dst = buf + (q & 1) * CQ;
@@ -88,33 +90,38 @@ __device__ __forceinline__ void window_body(const Params& p, int cc, uint8_t* sm
     if (q + 1 < nchunks) copy_chunk(q + 1);
     if constexpr (CHUNKED) {
       if (c == cc) {  // every thread is past the staged channels (the barrier above): the next ones
-        stage(q / p.win.kh);
+        stage(q * CP / p.win.kh);
         c = 0;
         __syncthreads();
       }
     }
-    const uint32_t* row = reinterpret_cast<const uint32_t*>(my + c * plane + i * p.win.Wp);
-    uint32_t w[NW];
-    if constexpr (kAligned) {
-#pragma unroll
-      for (int t = 0; t < NW; ++t) w[t] = row[t];
-    } else {
-      uint32_t raw[NW + 1];
-#pragma unroll
-      for (int t = 0; t <= NW; ++t) raw[t] = row[t];
-#pragma unroll
-      for (int t = 0; t < NW; ++t) w[t] = __funnelshift_r(raw[t], raw[t + 1], xsh);
-    }
     const int4* tb = buf + (q & 1) * CQ;
 #pragma unroll
-    for (int j = 0; j < KW; ++j)
+    for (int cp = 0; cp < CP; ++cp) {
+      const uint32_t* row = reinterpret_cast<const uint32_t*>(my + (c + cp) * plane + i * p.win.Wp);
+      uint32_t w[NW];
+      if constexpr (kAligned) {
 #pragma unroll
-      for (int x = 0; x < RX; ++x) {
-        const int pos = SW * x + j;
-        const int idx = static_cast<int>(__byte_perm(w[pos >> 2], 0, 0x4440 | (pos & 3)));
-        add_row<TT>(tb + (j * 256 + idx) * VPR, s[x], h[x]);
+        for (int t = 0; t < NW; ++t) w[t] = row[t];
+      } else {
+        uint32_t raw[NW + 1];
+#pragma unroll
+        for (int t = 0; t <= NW; ++t) raw[t] = row[t];
+#pragma unroll
+        for (int t = 0; t < NW; ++t) w[t] = __funnelshift_r(raw[t], raw[t + 1], xsh);
       }
-    if (++i == p.win.kh) {
+#pragma unroll
+      for (int j = 0; j < KW; ++j)
+#pragma unroll
+        for (int x = 0; x < RX; ++x) {
+          const int pos = SW * x + j;
+          const int idx = static_cast<int>(__byte_perm(w[pos >> 2], 0, 0x4440 | (pos & 3)));
+          add_row<TT>(tb + ((cp * KW + j) * 256 + idx) * VPR, s[x], h[x]);
+        }
+    }
+    if constexpr (CP > 1) {
+      c += CP;
+    } else if (++i == p.win.kh) {
       i = 0;
       ++c;
     }
@@ -146,13 +153,13 @@ __device__ __forceinline__ void window_body(const Params& p, int cc, uint8_t* sm
         if (n0 + j < p.N) o[j * howo + x] = static_cast<int32_t>(v[x][j]);
 }
 
-template <int KW, int SW, int RX, int MODE, bool CHUNKED>
+template <int KW, int SW, int RX, int MODE, bool CHUNKED, int CP>
 __global__ void __launch_bounds__(kWinThreads, 2) window_kernel(Params p, int cc) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))
-    window_body<int16_t, KW, SW, RX, CHUNKED>(p, cc, smem);
+    window_body<int16_t, KW, SW, RX, CHUNKED, CP>(p, cc, smem);
   else
-    window_body<int32_t, KW, SW, RX, CHUNKED>(p, cc, smem);
+    window_body<int32_t, KW, SW, RX, CHUNKED, CP>(p, cc, smem);
 }
 
 // The kernel width the table row of a chunk holds (K = Cg * kh * kw).
@@ -166,16 +173,20 @@ bool window_shape(const Params& p, const ConvGeo& cg) {
 
 // Shared memory of the table chunks (int32 size unless the format is known to be int16) plus cc
 // staged channels of the block's images.
+int window_cp(const Params& p, int kw) { return kw == 1 && p.win.kh == 1 && p.Cg % 4 == 0 ? 4 : 1; }
+
 int64_t window_bytes(const Params& p, int kw, int fmt, int cc) {
-  const int64_t tbuf = 2 * (int64_t)kw * 256 * 16 * (fmt == 1 ? 1 : 2);
+  const int64_t tbuf = 2 * (int64_t)kw * window_cp(p, kw) * 256 * 16 * (fmt == 1 ? 1 : 2);
   return tbuf + (int64_t)p.win.imgs * cc * p.win.Hp * p.win.Wp;
 }
 
 // The most channels (<= Cg) staged at once within `budget` bytes; 0 if not even one fits.
 int window_cc(const Params& p, int kw, int fmt, int64_t budget) {
   const int64_t per = (int64_t)p.win.imgs * p.win.Hp * p.win.Wp, room = budget - window_bytes(p, kw, fmt, 0);
-  if (room < per) return 0;
-  return static_cast<int>(std::min<int64_t>(p.Cg, room / per));
+  const int cp = window_cp(p, kw);
+  if (room < per * cp) return 0;
+  const int64_t cc = std::min<int64_t>(p.Cg, room / per);
+  return static_cast<int>(cc == p.Cg ? cc : cc / cp * cp);  // whole chunks of channels
 }
 
 }  // namespace
@@ -246,9 +257,9 @@ void set_window_geometry(Params& p, const ConvGeo& cg) {
   window_geometry(p, cg.kw, 8);  // the default; launch_window redoes it for a configuration's rx
 }
 
-template <int KW, int SW, int RX, int MODE>
+template <int KW, int SW, int RX, int MODE, int CP = 1>
 void launch_window_t(const Params& p, int cc, cudaStream_t stream) {
-  auto kern = cc < p.Cg ? window_kernel<KW, SW, RX, MODE, true> : window_kernel<KW, SW, RX, MODE, false>;
+  auto kern = cc < p.Cg ? window_kernel<KW, SW, RX, MODE, true, CP> : window_kernel<KW, SW, RX, MODE, false, CP>;
   const size_t smem = window_bytes(p, KW, MODE, cc);
   set_smem(kern, smem);
   const int64_t bx = (p.win.tasks + kWinThreads - 1) / kWinThreads;
@@ -261,10 +272,12 @@ template <int MODE>
 void launch_window_m(const Params& p, const ConvGeo& cg, int cc, cudaStream_t stream) {
   const int rx = p.win.rx;
   if (p.sw == 2) {
-    if (cg.kw == 1) launch_window_t<1, 2, 8, MODE>(p, cc, stream);
+    if (cg.kw == 1 && window_cp(p, 1) == 4) launch_window_t<1, 2, 8, MODE, 4>(p, cc, stream);
+    else if (cg.kw == 1) launch_window_t<1, 2, 8, MODE>(p, cc, stream);
     else launch_window_t<3, 2, 8, MODE>(p, cc, stream);
   } else if (cg.kw == 1) {
-    launch_window_t<1, 1, 8, MODE>(p, cc, stream);
+    if (window_cp(p, 1) == 4) launch_window_t<1, 1, 8, MODE, 4>(p, cc, stream);
+    else launch_window_t<1, 1, 8, MODE>(p, cc, stream);
   } else if (cg.kw == 3) {
     if (rx == 7) launch_window_t<3, 1, 7, MODE>(p, cc, stream);
     else if (rx == 5) launch_window_t<3, 1, 5, MODE>(p, cc, stream);
@@ -281,8 +294,9 @@ void launch_window(const Params& p0, const ConvGeo& cg, int fmt, const Config& c
   Params p = p0;
   if (c.rx && c.rx != p.win.rx && p.sw == 1 && (cg.kw == 3 || cg.kw == 5)) window_geometry(p, cg.kw, c.rx);
   // cc 0 (algo='expanded_window', or a pick made for another format): as many channels as fit
-  const int fit = window_cc(p, cg.kw, fmt, max_smem_optin());
-  const int cc = c.cc > 0 && c.cc <= fit ? c.cc : fit;
+  const int fit = window_cc(p, cg.kw, fmt, max_smem_optin()), cp = window_cp(p, cg.kw);
+  int cc = c.cc > 0 && c.cc <= fit ? c.cc : fit;
+  if (cc < p.Cg) cc = std::max(cp, cc / cp * cp);  // whole chunks of channels (fit is one where fit < Cg)
   TORCH_CHECK(cc > 0, "approx expanded_window: the staged planes do not fit shared memory");
   if (fmt == 1) launch_window_m<1>(p, cg, cc, stream);
   else if (fmt == 2) launch_window_m<2>(p, cg, cc, stream);

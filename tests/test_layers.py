@@ -368,7 +368,7 @@ def test_integer_requant_follows_a_new_consumer_scale(trained_lenet, mnist5k, ex
 def test_unfold_conv2d_is_conv2d(shape, wshape, stride, padding, dilation, groups):
     """The GPU's exact fake-quant convolution (im2col + batched matmul, in batch slices) gives conv2d's integers,
     whatever the slice size."""
-    from runner.layers import unfold_conv2d
+    from runner.exact_conv import unfold_conv2d
 
     gen = torch.Generator().manual_seed(5)
     x = torch.randint(-128, 128, shape, generator=gen).double()
@@ -380,7 +380,7 @@ def test_unfold_conv2d_is_conv2d(shape, wshape, stride, padding, dilation, group
 
 @pytest.mark.cuda
 def test_exact_conv2d_on_the_gpu_equals_the_cpu():
-    from runner.layers import exact_conv2d
+    from runner.exact_conv import exact_conv2d
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")

@@ -1,9 +1,11 @@
 """`approx-run bench` per layer of the chosen model (bench.layers): each Conv2d/Linear of the converted model
 timed on its own input, as it runs inside the model (quantize, LUT MACs, requantize), beside the same layer in
-PyTorch fp32 (BatchNorm folded in, as the quantized layer has it). Finds the shapes where a kernel is slow: 1x1
-and depthwise convs, stride 2, 3-channel stems, large batches."""
+PyTorch fp32 (BatchNorm folded in, as the quantized layer has it; cuDNN on the GPU). Finds the shapes where a kernel
+is slow: 1x1 and depthwise convs, stride 2, 3-channel stems, large batches. The CPU backends are timed with the
+wall clock, `cuda` with CUDA events (runner.bench.device_timer), both layers on the GPU."""
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 
@@ -37,10 +39,10 @@ def layer_inputs(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
     return seen
 
 
-def _median_us(fn, repeats: int, warmup: int) -> float:
+def _median_us(fn, repeats: int, warmup: int, device: torch.device) -> float:
     from runner.evaluate import device_timer
 
-    timer = device_timer(torch.device("cpu"))
+    timer = device_timer(device)
     for _ in range(warmup):
         timer(fn)
     return statistics.median(timer(fn) for _ in range(repeats))
@@ -49,33 +51,34 @@ def _median_us(fn, repeats: int, warmup: int) -> float:
 @torch.no_grad()
 def bench_model_layers(model: nn.Module, multiplier, qcfg, calib_x: torch.Tensor, x: torch.Tensor, backends,
                        *, batches=(1, 256), repeats: int = 5, warmup: int = 1) -> pd.DataFrame:
-    """One row per (backend, layer, batch): MACs, median time of the LUT layer and of the fp32 layer, GMAC/s.
-    CPU backends only (the GPU's per-layer timing is benchmarks/cuda_layers.py)."""
+    """One row per (backend, layer, batch): MACs, median time of the LUT layer and of the fp32 layer on the
+    backend's device, GMAC/s, and the kernel variant `auto` ran (auto_pick)."""
     from runner.layers import convert_model, quantized_layers
     from runner.models import fold_input_normalization
     from runner.quant import calibrate, quant_layers
 
     folded = fold_input_normalization(model, calib_x[:1])
     stats = calibrate(folded, calib_x, qcfg)
-    floats = quant_layers(folded)
     rows = []
-    for batch in batches:
-        inputs = layer_inputs(folded, x[:batch])
-        for backend in backends:
-            if backend == "cuda":
-                continue
-            approx = convert_model(folded, multiplier, qcfg, stats, backend=backend)
+    for backend in backends:
+        device = torch.device("cuda" if backend == "cuda" else "cpu")
+        on_device = copy.deepcopy(folded).to(device)
+        floats = quant_layers(on_device)
+        approx = convert_model(folded, multiplier, qcfg, stats, backend=backend).to(device)
+        for batch in batches:
+            inputs = layer_inputs(on_device, x[:batch].to(device))
             for name, layer in quantized_layers(approx).items():
                 inp = inputs[name]
                 out_numel = floats[name](inp).numel()
                 per_output = math.prod(layer.weight.shape[1:])
                 macs = out_numel * per_output
                 reps, warm = (1, 0) if backend == "python" else (repeats, warmup)
-                lut_us = _median_us(lambda: layer(inp), reps, warm)
-                fp32_us = _median_us(lambda: floats[name](inp), repeats, warmup)
-                rows.append({"backend": backend, "layer": name, **layer_geometry(floats[name]),
+                lut_us = _median_us(lambda: layer(inp), reps, warm, device)
+                fp32_us = _median_us(lambda: floats[name](inp), repeats, warmup, device)
+                rows.append({"backend": backend, "device": device.type, "layer": name, **layer_geometry(floats[name]),
                              "input_shape": "x".join(map(str, inp.shape)), "batch": len(inp), "macs": macs,
                              "threads": torch.get_num_threads(), "repeats": reps, "median_us": lut_us,
                              "gmacs": macs / lut_us / 1e3, "fp32_median_us": fp32_us,
-                             "fp32_gmacs": macs / fp32_us / 1e3, "x_fp32_time": lut_us / fp32_us})
+                             "fp32_gmacs": macs / fp32_us / 1e3, "x_fp32_time": lut_us / fp32_us,
+                             "auto_pick": layer.auto_pick()})
     return pd.DataFrame(rows)

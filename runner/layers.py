@@ -18,6 +18,7 @@ from torch import nn
 
 from runner import ops, ops_autograd
 from runner.errors import UserError
+from runner.exact_conv import exact_conv2d, exact_dtype
 from runner.layer_checks import NonFiniteInputCheck, check_accumulator, check_finite, reduction_length
 from runner.models import fold_input_normalization
 from runner.quant import (ActStats, QuantConfig, act_qrange, act_scale_from_amax, calibrate, dequantized_bias,
@@ -168,22 +169,6 @@ class _Quantized(nn.Module):
 def _needs_grad(x: torch.Tensor, layer: nn.Module, scale: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad or layer.bias.requires_grad
                                         or scale.requires_grad)
-
-
-def exact_dtype(k: int, signed: bool) -> torch.dtype:
-    """float32 when every partial sum of k products of 8-bit codes stays below 2^24, so float32 sums are exact
-    in any order; float64 (exact below 2^53) otherwise."""
-    return torch.float32 if k * (128 if signed else 255) * 127 < 1 << 24 else torch.float64
-
-
-def exact_conv2d(codes: torch.Tensor, weight_codes: torch.Tensor, stride, padding, dilation, groups) -> torch.Tensor:
-    """int64 conv2d of integer codes, summed exactly (exact_dtype): any summation order on any device gives
-    the same integers. cuDNN is off for the call: its FFT and Winograd algorithms transform the operands with
-    inexact constants; the CPU's direct / im2col convolutions and the GPU's im2col + GEMM only add products."""
-    dtype = exact_dtype(weight_codes[0].numel(), codes.dtype == torch.int8)
-    with torch.backends.cudnn.flags(enabled=False):
-        acc = F.conv2d(codes.to(dtype), weight_codes.to(dtype), None, stride, padding, dilation, groups)
-    return acc.to(torch.int64)
 
 
 class _ConvOps:

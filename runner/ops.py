@@ -61,7 +61,8 @@ def algo_table(a, w, lut, stride=1, padding=0, dilation=1, groups=1, *, backend=
     op = _compiled("lut_algos", backend, a)
     names, nbytes, notes, pick = op(a, w, lut, list(_pair(stride, "stride")), list(_pair(padding, "padding")),
                                     list(_pair(dilation, "dilation")), groups)
-    base = "expanded_rows" if pick.startswith("expanded_rows_r") else pick
+    # a configuration of a variant (expanded_rows_r2_c1, expanded_window_c16) belongs to its variant's row
+    base = next((v for v in ("expanded_rows", "expanded_window") if pick.startswith(v + "_")), pick)
     return [dict(algo=n, applies=b >= 0, workspace_bytes=b if b >= 0 else None, note=why, auto_pick=n == base,
                  auto_pick_name=pick if n == base else "")
             for n, b, why in zip(names, nbytes, notes)]
@@ -114,7 +115,7 @@ def _check_common(op, a, w, lut, algo):
     if not (a.device == w.device == lut.device):
         raise RuntimeError(f"{op}: a, w and lut must be on the same device, got "
                            f"{a.device}, {w.device}, {lut.device}")
-    if algo not in _known_algos() and not algo.startswith("expanded_rows_r"):
+    if algo not in _known_algos() and not algo.startswith(("expanded_rows_r", "expanded_window_c")):
         raise RuntimeError(f"{op}: unknown algo '{algo}'; valid: {', '.join(_known_algos())}")
 
 

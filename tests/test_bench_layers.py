@@ -21,3 +21,22 @@ def test_every_layer_of_mobilenetv2_is_timed():
     first = df.iloc[0]
     assert first.layer == "stem.0" and first.input_shape == "2x1x30x30"  # the stem's padding moved to PadWith
     assert df.set_index("layer").loc["blocks.1.depthwise.0", "stride"] == 2
+    assert (df.device == "cpu").all() and df.auto_pick.isin(["direct", "expanded"]).all()
+
+
+@pytest.mark.cuda
+def test_resnet_layers_are_timed_on_the_gpu():
+    """backend cuda: both layers on the GPU, timed with CUDA events; auto's pick reported per layer."""
+    from runner._ext import backend_status
+
+    if not torch.cuda.is_available() or backend_status().get("cuda") != "available":
+        pytest.skip("no CUDA device / CUDA kernels")
+    torch.manual_seed(0)
+    model = build_model(compose("train", ["model=resnet8"]).model).eval()
+    x = torch.rand(16, 1, 28, 28)
+    df = bench_model_layers(model, resolve("exact"), QuantConfig(calib_batches=1, calib_batch_size=16), x, x,
+                            ["cpp", "cuda"], batches=(4,), repeats=2, warmup=1)
+    gpu = df[df.backend == "cuda"]
+    assert len(gpu) == 10 and (gpu.device == "cuda").all() and (gpu.gmacs > 0).all()
+    assert (gpu.fp32_median_us > 0).all() and (gpu.auto_pick != "").all()
+    assert list(gpu.layer) == list(df[df.backend == "cpp"].layer)

@@ -3,6 +3,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from runner._ext import backend_status
@@ -223,7 +224,8 @@ def test_auto_picks_name_each_layers_variant(trained_lenet, mnist5k, exact_s, ba
     picks = auto_picks(approx)
     names = backend_algos(backend)
     assert set(picks) == {"conv1", "conv2", "fc1", "fc2", "fc3"}
-    assert all(any(p == n or p.startswith(n + "_r") for n in names) for p in picks.values()), picks
+    # a variant's name, or one of its configurations (expanded_rows_r2_c1, expanded_window_c16)
+    assert all(any(p == n or p.startswith(n + "_") for n in names) for p in picks.values()), picks
 
 
 class _Chain(nn.Module):
@@ -350,3 +352,38 @@ def test_integer_requant_follows_a_new_consumer_scale(trained_lenet, mnist5k, ex
         approx.fc1.set_act_amax(moved["fc1"])
         after, fresh = approx(x), convert_model(folded, exact_s, q, moved, backend="python")(x)
     assert not torch.equal(before, after) and torch.equal(after, fresh)
+
+
+@pytest.mark.parametrize("shape,wshape,stride,padding,dilation,groups", [
+    ((3, 6, 13, 11), (10, 6, 3, 3), 2, 1, 1, 1),          # 3x3 stride 2, odd planes
+    ((2, 8, 7, 7), (8, 1, 3, 3), 1, 1, 1, 8),             # depthwise
+    ((2, 4, 17, 15), (150, 2, 3, 3), 3, 2, 2, 2),         # groups, dilation
+    ((2, 4, 10, 13), (6, 2, 3, 2), (1, 2), (2, 1), (2, 1), 2),
+    ((4, 32, 16, 16), (64, 32, 1, 1), 2, 0, 1, 1),        # 1x1 stride-2 shortcut
+])
+def test_unfold_conv2d_is_conv2d(shape, wshape, stride, padding, dilation, groups):
+    """The GPU's exact fake-quant convolution (im2col + batched matmul, in batch slices) gives conv2d's integers,
+    whatever the slice size."""
+    from runner.exact_conv import unfold_conv2d
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randint(-128, 128, shape, generator=gen).double()
+    w = torch.randint(-127, 128, wshape, generator=gen).double()
+    want = F.conv2d(x, w, None, stride, padding, dilation, groups)
+    for max_elements in (1 << 27, 50):
+        assert torch.equal(unfold_conv2d(x, w, stride, padding, dilation, groups, max_elements=max_elements), want)
+
+
+@pytest.mark.cuda
+def test_exact_conv2d_on_the_gpu_equals_the_cpu():
+    from runner.exact_conv import exact_conv2d
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    gen = torch.Generator().manual_seed(6)
+    for signed, k in ((True, 64), (False, 600)):  # float32 sums, and float64 ones (255 * 127 * 600 > 2^24)
+        codes = (torch.randint(-128, 128, (9, k, 8, 8), generator=gen, dtype=torch.int8) if signed else
+                 torch.randint(0, 256, (9, k, 8, 8), generator=gen, dtype=torch.uint8))
+        w = torch.randint(-127, 128, (16, k, 3, 3), generator=gen, dtype=torch.int8)
+        want = exact_conv2d(codes, w, (1, 1), (1, 1), (1, 1), 1)
+        assert torch.equal(exact_conv2d(codes.cuda(), w.cuda(), (1, 1), (1, 1), (1, 1), 1).cpu(), want)

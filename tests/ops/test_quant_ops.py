@@ -200,3 +200,42 @@ def test_requantize_rejects_bad_inputs(backend, device):
         op(acc, i3, i3, i3, s.double(), -128, 127)
     with pytest.raises(RuntimeError, match="qmin"):
         op(acc, i3, i3, i3, s, 0, 256)
+
+
+@pytest.mark.parametrize("backend,device", backend_params())
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
+def test_quantize_vectorised_and_tail_lengths(gen, backend, device, signed):
+    """Lengths that are whole 4-element vectors (the GPU's 16-byte path) and ones that are not, with a NaN
+    in the last vector: the same codes as the reference, and the flag raised."""
+    s = torch.tensor(0.0123)
+    x = _tricky_inputs(gen, float(s))
+    for n in (x.numel() // 4 * 4, x.numel() // 4 * 4 - 1, 4, 8 * 1024 * 1024):
+        xi = x[:n] if n <= x.numel() else torch.randn(n, generator=gen)
+        expected = ops.reference_quantize(xi, s, signed)
+        flag = torch.zeros(1, dtype=torch.bool, device=device)
+        got = ops.quantize(xi.to(device), s.to(device), signed, backend=backend, nonfinite=flag).cpu()
+        assert torch.equal(got, expected) and not bool(flag), n
+        bad = xi.clone()
+        bad[-1] = float("nan")
+        ops.quantize(bad.to(device), s.to(device), signed, backend=backend, nonfinite=flag)
+        assert bool(flag), n
+
+
+@pytest.mark.parametrize("backend,device", backend_params())
+@pytest.mark.parametrize("shape", [(3, 6, 4, 5), (2, 16, 8, 8), (2, 3, 1, 4), (64, 16, 32, 32), (4, 5, 3, 3)])
+def test_dequantize_and_requantize_per_channel_on_conv_shapes(gen, backend, device, shape):
+    """Conv outputs [B, N, H, W]: planes of whole 4-element vectors (the GPU's vectorised kernels) or not; each
+    element's channel scale, bias and multiplier are its own (a channel mix-up shows)."""
+    acc = torch.randint(-(2**20), 2**20, shape, generator=gen, dtype=torch.int32)
+    sa = torch.tensor(0.0031)
+    sw, fbias = torch.rand(shape[1], generator=gen) + 0.01, torch.randn(shape[1], generator=gen) * 50
+    args = (acc, sa, sw, fbias)
+    assert torch.equal(ops.dequantize(*(t.to(device) for t in args), backend=backend).cpu(),
+                       ops.reference_dequantize(*args))
+    bias, _, _ = _requant_args(gen, shape[1])
+    bias //= 4096
+    m0, shift = requant_multiplier(torch.rand(shape[1], generator=gen, dtype=torch.float64) * 1e-4)
+    rargs = (acc, bias, m0, shift, torch.tensor(0.0123))
+    for qrange in ((-128, 127), (0, 255)):
+        got = ops.requantize(*(t.to(device) for t in rargs), *qrange, backend=backend).cpu()
+        assert torch.equal(got, ops.reference_requantize(*rargs, *qrange))

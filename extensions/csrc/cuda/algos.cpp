@@ -1,6 +1,9 @@
 // The algorithm table (see algos.h) and what is derived from it.
 #include "algos.h"
 
+#include <cstdio>
+#include <cstring>
+
 #include "../checks.h"
 
 namespace approx_cuda {
@@ -23,13 +26,14 @@ const std::vector<Algo>& algos() {
       {"expanded_window", true, true,
        [](const Params& p, const ConvGeo& cg) {
          return window_smem(p, cg, 0) ? std::string()
-                                      : "needs a conv with stride 1, dilation 1, a 3- or 5-wide "
-                                        "kernel and a few input images that fit shared memory";
+                                      : "needs a conv of dilation 1 with a 1-, 3- or 5-wide kernel "
+                                        "at stride 1 or a 1- or 3-wide one at stride 2, whose input "
+                                        "rows fit shared memory";
        },
-       [](const Params& p, const ConvGeo& cg, int fmt, const Config&, cudaStream_t s) {
-         launch_window(p, cg, fmt, s);
+       [](const Params& p, const ConvGeo& cg, int fmt, const Config& c, cudaStream_t s) {
+         launch_window(p, cg, fmt, c, s);
        },
-       one},
+       window_candidates},
       {"expanded_rows", true, true,
        [](const Params& p, const ConvGeo&) {
          return rows_applies(p) ? std::string() : "is for lut_linear";
@@ -73,6 +77,30 @@ Choice parse_choice(const std::string& name, const char* op) {
   const auto& t = algos();
   for (size_t i = 0; i < t.size(); ++i)
     if (name == t[i].name) return Choice{static_cast<int>(i)};
+  if (name.rfind("expanded_window_", 0) == 0) {
+    // expanded_window_[x<outputs a thread: 5, 7 or 8>][_c<channels staged at once>]
+    Choice c{kAuto};
+    const char* rest = name.c_str() + 15;  // at the "_"
+    int rx = 0, cc = 0, n = 0;
+    bool ok = true;
+    if (std::strncmp(rest, "_x", 2) == 0) {
+      ok = std::sscanf(rest, "_x%d%n", &rx, &n) == 1 && (rx == 5 || rx == 7 || rx == 8);
+      rest += n;
+    }
+    if (ok && *rest) {
+      n = 0;
+      ok = std::sscanf(rest, "_c%d%n", &cc, &n) == 1 && cc >= 1;
+      rest += n;
+    }
+    TORCH_CHECK(ok && *rest == 0 && (rx || cc), op, ": bad algo '", name,
+                "': expanded_window_x<outputs a thread: 5, 7 or 8>, expanded_window_c<channels staged at once, "
+                ">= 1> or expanded_window_x<..>_c<..>");
+    for (size_t i = 0; i < t.size(); ++i)
+      if (std::string(t[i].name) == "expanded_window") c.algo = static_cast<int>(i);
+    c.cfg.rx = rx == 8 ? 0 : rx;
+    c.cfg.cc = cc;
+    return c;
+  }
   if (name.rfind("expanded_rows_r", 0) == 0) {
     Choice c{kAuto};
     const std::string err = parse_rows_config(name, c.cfg);
@@ -90,6 +118,9 @@ std::string choice_name(const Choice& c) {
   if (c.algo == kAuto) return "auto";
   if (c.algo == kExpanded) return "expanded";
   const Algo& a = algos()[c.algo];
+  if (std::string(a.name) == "expanded_window")
+    return std::string(a.name) + (c.cfg.rx ? "_x" + std::to_string(c.cfg.rx) : "") +
+           (c.cfg.cc ? "_c" + std::to_string(c.cfg.cc) : "");
   return std::string(a.name) == "expanded_rows" ? rows_config_name(c.cfg) : a.name;
 }
 

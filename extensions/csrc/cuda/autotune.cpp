@@ -12,8 +12,8 @@ namespace approx_cuda {
 // field of ConvGeo, and the rest of AutoInputs. A field added to either struct changes its size
 // and stops the build here until the key takes it in too.
 static_assert(sizeof(ConvGeo) == 16, "ConvGeo changed: add its new fields to pick_key, then update this size");
-static_assert(sizeof(WindowGeo) == 40, "WindowGeo changed: add its new fields to pick_key, then update this size");
-static_assert(sizeof(Params) == 248, "Params changed: add its new fields to pick_key, then update this size");
+static_assert(sizeof(WindowGeo) == 48, "WindowGeo changed: add its new fields to pick_key, then update this size");
+static_assert(sizeof(Params) == 256, "Params changed: add its new fields to pick_key, then update this size");
 
 PickKey pick_key(const AutoInputs& in) {
   const Params& p = in.p;
@@ -24,7 +24,7 @@ PickKey pick_key(const AutoInputs& in) {
                  p.M, p.HoWo, p.K, p.N, p.G, p.NG, p.NGB, p.Kpad, p.Ntot, p.xmask, p.conv, p.vec,
                  p.vec4, p.C, p.H, p.W, p.Cg, p.Wo, p.sh, p.sw, p.ph, p.pw, p.fHoWo.d, p.fHoWo.mul,
                  p.fHoWo.shift, p.fWo.d, p.fWo.mul, p.fWo.shift, p.stage, p.stage_bytes, w.B,
-                 w.tasks, w.Ho, w.kh, w.Hp, w.Wp, w.seg, w.imgs, p.rows_mb,
+                 w.tasks, w.Ho, w.kh, w.Hp, w.Wp, w.seg, w.imgs, w.rx, p.rows_mb,
                  // ConvGeo
                  cg.kh, cg.kw, cg.dh, cg.dw};
 }

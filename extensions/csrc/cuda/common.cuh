@@ -35,10 +35,11 @@ struct ConvGeo {
   int kh = 1, kw = 1, dh = 1, dw = 1;
 };
 
-// expanded_window (stride 1, dilation 1): a task = (image, output row, segment of kWinRX columns).
+// expanded_window (dilation 1): a task = (image, output row, segment of rx columns).
 struct WindowGeo {
   long long B, tasks;
   int Ho, kh, Hp, Wp, seg, imgs;  // Hp x Wp: a padded input plane as staged in shared memory
+  int rx;                         // outputs a thread computes (8, 7 or 5)
 };
 
 struct Params {

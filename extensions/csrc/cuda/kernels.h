@@ -62,6 +62,8 @@ std::shared_ptr<Prepared> get_prepared(const Params& p, const at::Tensor& w, con
 struct Config {
   int r = 0, cs = 0, th = 256;  // rows per thread (0: default config), cluster size, threads
   int mb = 0;                   // rows per block; 0: th * r
+  int cc = 0;                   // expanded_window: channels staged at once; 0: as many as fit
+  int rx = 0;                   // expanded_window: outputs a thread (7 or 5); 0: 8
 };
 
 void launch_direct(const Params& p, cudaStream_t stream);                  // direct.cu
@@ -70,7 +72,8 @@ void launch_exp_smem(const Params& p, cudaStream_t stream);
 void launch_exp_l2(const Params& p, cudaStream_t stream);
 int64_t window_smem(const Params& p, const ConvGeo& cg, int fmt);         // window.cu (0: n/a)
 void set_window_geometry(Params& p, const ConvGeo& cg);
-void launch_window(const Params& p, const ConvGeo& cg, int fmt, cudaStream_t stream);
+std::vector<Config> window_candidates(const Params& p, int fmt);
+void launch_window(const Params& p, const ConvGeo& cg, int fmt, const Config& c, cudaStream_t stream);
 bool rows_applies(const Params& p);                                        // rows.cu
 int rows_max_cs(const Params& p, int fmt);
 std::vector<Config> rows_candidates(const Params& p, int fmt);

@@ -170,7 +170,7 @@ class TrainStep:
 
     def _capture(self, batch) -> bool:
         """Record the step as a CUDA graph (nothing runs); False (and eager from now on) if it cannot be."""
-        from runner.layers import check_non_finite_inputs
+        from runner.layer_checks import check_non_finite_inputs
 
         torch.cuda.synchronize(self.device)
         check_non_finite_inputs(self.model)      # an eager step's pending flag read waits on an event: not now

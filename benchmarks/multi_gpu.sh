@@ -55,7 +55,7 @@ timed sweep19_2gpu_auto_again sweep "sweep.multipliers=$TABLES19" backend=cuda s
 
 if [ "${FINETUNE:-1}" = 1 ]; then
   echo "== Fashion-MNIST, 4 tables, finetune.epochs=1, backend=cuda"
-  fm=(data=fashion_mnist "data.root=$FMNIST" finetune.epochs=1)
+  fm=(data=fashion_mnist "data.root=$FMNIST" finetune.epochs=1 finetune.force=true)  # force: every run retrains (finetuned checkpoints are cached)
   timed fmnist4_ft1_1gpu sweep "sweep.multipliers=$TABLES4" backend=cuda "${fm[@]}" 'sweep.devices=[cuda:0]'
   timed fmnist4_ft1_2gpu sweep "sweep.multipliers=$TABLES4" backend=cuda "${fm[@]}" sweep.devices=auto
 fi

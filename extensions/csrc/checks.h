@@ -63,11 +63,33 @@ inline void check_nonfinite_flag(const std::optional<at::Tensor>& flag, const at
 }
 
 // requantize's accumulators, code range and per-channel parameters, for the CPU and CUDA kernels alike.
+// The accumulators a layer's last step reads: int32 [B, N, ...], contiguous. Returns N (the channels).
+inline int64_t check_acc(const char* op, const at::Tensor& acc) {
+  TORCH_CHECK(acc.scalar_type() == at::kInt, std::string(op) + ": `acc` must be int32, got " + T(acc));
+  TORCH_CHECK(acc.dim() >= 2, std::string(op) + ": `acc` must be [B, N, ...], got " + I(acc.dim()) + " dims");
+  TORCH_CHECK(acc.is_contiguous(), std::string(op) + ": `acc` must be contiguous");
+  return acc.size(1);
+}
+
+// Values per (batch, channel) plane of acc: the spatial size of a conv's output, 1 for a linear layer's.
+inline int64_t plane_size(const at::Tensor& acc) {
+  int64_t inner = 1;
+  for (int64_t d = 2; d < acc.dim(); ++d) inner *= acc.size(d);
+  return inner;
+}
+
+inline int64_t check_dequantize(const at::Tensor& acc, const at::Tensor& act_scale, const at::Tensor& weight_scale,
+                                const at::Tensor& bias) {
+  const int64_t n = check_acc("dequantize", acc);
+  check_scale("dequantize", act_scale, acc, 1, "act_scale");
+  check_scale("dequantize", weight_scale, acc, n, "weight_scale");
+  check_scale("dequantize", bias, acc, n, "bias");
+  return n;
+}
+
 inline int64_t check_requantize(const at::Tensor& acc, const at::Tensor& bias, const at::Tensor& multiplier,
                                 const at::Tensor& shift, const at::Tensor& out_scale, int64_t qmin, int64_t qmax) {
-  TORCH_CHECK(acc.scalar_type() == at::kInt, std::string("requantize: `acc` must be int32, got ") + T(acc));
-  TORCH_CHECK(acc.dim() >= 2, "requantize: `acc` must be [B, N, ...], got " + I(acc.dim()) + " dims");
-  TORCH_CHECK(acc.is_contiguous(), "requantize: `acc` must be contiguous");
+  check_acc("requantize", acc);
   TORCH_CHECK(-128 <= qmin && qmin < qmax && qmax <= 255,
               "requantize: need -128 <= qmin < qmax <= 255, got qmin " + I(qmin) + ", qmax " + I(qmax));
   const int64_t n = acc.size(1);

@@ -49,15 +49,8 @@ at::Tensor quantize_cpu(const at::Tensor& x, const at::Tensor& scale, bool is_si
 
 at::Tensor dequantize_cpu(const at::Tensor& acc, const at::Tensor& act_scale, const at::Tensor& weight_scale,
                           const at::Tensor& bias) {
-  TORCH_CHECK(acc.scalar_type() == at::kInt, "dequantize: `acc` must be int32, got ", acc.scalar_type());
-  TORCH_CHECK(acc.dim() >= 2, "dequantize: `acc` must be [B, N, ...], got ", acc.dim(), " dims");
-  TORCH_CHECK(acc.is_contiguous(), "dequantize: `acc` must be contiguous");
-  const int64_t n = acc.size(1);
-  check_scale("dequantize", act_scale, acc, 1, "act_scale");
-  check_scale("dequantize", weight_scale, acc, n, "weight_scale");
-  check_scale("dequantize", bias, acc, n, "bias");
-  int64_t inner = 1;
-  for (int64_t d = 2; d < acc.dim(); ++d) inner *= acc.size(d);
+  const int64_t n = approx_checks::check_dequantize(acc, act_scale, weight_scale, bias);
+  const int64_t inner = approx_checks::plane_size(acc);
   const float sa = act_scale.item<float>();
   const float* sw = weight_scale.data_ptr<float>();
   const float* b = bias.data_ptr<float>();
@@ -80,8 +73,7 @@ at::Tensor dequantize_cpu(const at::Tensor& acc, const at::Tensor& act_scale, co
 at::Tensor requantize_cpu(const at::Tensor& acc, const at::Tensor& bias, const at::Tensor& multiplier,
                           const at::Tensor& shift, const at::Tensor& out_scale, int64_t qmin, int64_t qmax) {
   const int64_t n = approx_checks::check_requantize(acc, bias, multiplier, shift, out_scale, qmin, qmax);
-  int64_t inner = 1;
-  for (int64_t d = 2; d < acc.dim(); ++d) inner *= acc.size(d);
+  const int64_t inner = approx_checks::plane_size(acc);
   const float os = out_scale.item<float>();
   const int32_t* b = bias.data_ptr<int32_t>();
   const int32_t* m0 = multiplier.data_ptr<int32_t>();

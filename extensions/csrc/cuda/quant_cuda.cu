@@ -128,17 +128,15 @@ __global__ void requantize_kernel(const int32_t* __restrict__ acc, const int32_t
   }
 }
 
-// Messages are built from std::string pieces only: streaming integers or ATen types into
-// TORCH_CHECK from nvcc-compiled code crashed under torch 2.11 (see ../checks.h).
-std::string dtype_name(const at::Tensor& t) { return c10::toString(t.scalar_type()); }
-
+// Messages are built from std::string pieces only (approx_checks::T, I): streaming integers or ATen
+// types into TORCH_CHECK from nvcc-compiled code crashed under torch 2.11 (see ../checks.h).
 dim3 grid_for(int64_t n) {
   return dim3(static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65535 * 4)));
 }
 
 at::Tensor quantize_cuda(const at::Tensor& x, const at::Tensor& scale, bool is_signed,
                          const std::optional<at::Tensor>& nonfinite) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat, std::string("quantize: `x` must be float32, got ") + dtype_name(x));
+  TORCH_CHECK(x.scalar_type() == at::kFloat, std::string("quantize: `x` must be float32, got ") + approx_checks::T(x));
   TORCH_CHECK(x.is_contiguous(), "quantize: `x` must be contiguous");
   check_scale("quantize", scale, x, 1, "scale");
   check_nonfinite_flag(nonfinite, x);
@@ -174,20 +172,12 @@ at::Tensor quantize_cuda(const at::Tensor& x, const at::Tensor& scale, bool is_s
 
 at::Tensor dequantize_cuda(const at::Tensor& acc, const at::Tensor& act_scale, const at::Tensor& weight_scale,
                            const at::Tensor& bias) {
-  TORCH_CHECK(acc.scalar_type() == at::kInt, std::string("dequantize: `acc` must be int32, got ") + dtype_name(acc));
-  TORCH_CHECK(acc.dim() >= 2, std::string("dequantize: `acc` must be [B, N, ...], got ") +
-                                  std::to_string(acc.dim()) + " dims");
-  TORCH_CHECK(acc.is_contiguous(), "dequantize: `acc` must be contiguous");
-  const int64_t n = acc.size(1);
-  check_scale("dequantize", act_scale, acc, 1, "act_scale");
-  check_scale("dequantize", weight_scale, acc, n, "weight_scale");
-  check_scale("dequantize", bias, acc, n, "bias");
+  const int64_t n = approx_checks::check_dequantize(acc, act_scale, weight_scale, bias);
   const c10::cuda::CUDAGuard guard(acc.device());
   auto out = at::empty(acc.sizes(), acc.options().dtype(at::kFloat));
   const int64_t total = acc.numel();
   if (total == 0) return out;
-  int64_t inner = 1;
-  for (int64_t d = 2; d < acc.dim(); ++d) inner *= acc.size(d);
+  const int64_t inner = approx_checks::plane_size(acc);
   if (vec4_rows(acc, total, inner, out)) {
     const unsigned nvec = static_cast<unsigned>(total / 4);
     dequantize_vec4_kernel<<<grid_for(nvec), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
@@ -212,8 +202,7 @@ at::Tensor requantize_cuda(const at::Tensor& acc, const at::Tensor& bias, const 
   auto out = at::empty(acc.sizes(), acc.options().dtype(at::kFloat));
   const int64_t total = acc.numel();
   if (total == 0) return out;
-  int64_t inner = 1;
-  for (int64_t d = 2; d < acc.dim(); ++d) inner *= acc.size(d);
+  const int64_t inner = approx_checks::plane_size(acc);
   if (vec4_rows(acc, total, inner, out)) {
     const unsigned nvec = static_cast<unsigned>(total / 4);
     requantize_vec4_kernel<<<grid_for(nvec), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(

@@ -20,7 +20,6 @@ weights, a fixed random batch."""
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib.metadata as metadata
 import sys
 import types
@@ -34,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from runner.models import LeNet5  # noqa: E402
-from train_step import MODES, PATHS, measure, time_step  # noqa: E402
+from train_step import MODES, PATHS, measure, report, time_step  # noqa: E402
 
 
 def import_torchapprox(src: str) -> types.SimpleNamespace:
@@ -132,15 +131,7 @@ def main(argv=None):
         kind = "fakequant" if r["path"] == "fakequant" else "approx" if r["path"].startswith("approx") else None
         ta_ref = ta_ms.get((r["batch"], r["optimizer"], kind))
         r["x_torchapprox"] = r["step_ms_median"] / ta_ref if ta_ref else float("nan")
-    cols = list(rows[0])
-    print(" ".join(f"{c:>13}" for c in cols))
-    for r in rows:
-        print(" ".join(f"{r[c]:>13.3f}" if isinstance(r[c], float) else f"{str(r[c]):>13}" for c in cols))
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=cols)
-            w.writeheader()
-            w.writerows({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in rows)
+    report(rows, args.csv)
 
 
 if __name__ == "__main__":

@@ -136,17 +136,22 @@ def main(argv=None):
     for r in rows:
         ref = fp32.get((r["batch"], r["optimizer"]))
         r["x_fp32"] = r["step_ms_median"] / ref if ref else float("nan")
+    report(rows, args.csv)
+
+
+def report(rows: list[dict], csv_path: str | None) -> None:
+    """The rows as a fixed-width table on stdout and, with csv_path, as a CSV (floats to 4 decimals)."""
     cols = list(rows[0])
     print(" ".join(f"{c:>14}" for c in cols))
     for r in rows:
         print(" ".join(f"{r[c]:>14.3f}" if isinstance(r[c], float) else f"{str(r[c]):>14}" for c in cols))
-    if args.csv:
+    if csv_path:
         import csv
 
-        with open(args.csv, "w", newline="") as f:
+        with open(csv_path, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=cols)
             w.writeheader()
-            w.writerows(rows)
+            w.writerows({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in rows)
 
 
 def measure(path, mode, optimizer, x, y, device, backend, args) -> dict:

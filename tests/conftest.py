@@ -58,3 +58,24 @@ def has_cpp() -> bool:
     from runner._ext import backend_status
 
     return backend_status()["cpp"] == "available"
+
+
+def tiny_lenet(n: int, backend: str = "cpp", multiplier: str = "exact"):
+    """A LeNet-5 (seed 0) on n random images: (data, quant config, the fp32 teacher, fake-quant, approx), for
+    tests of retraining that need a model but no real data."""
+    import torch
+
+    from runner.data import Dataset
+    from runner.layers import quantized_models
+    from runner.models import LeNet5
+    from runner.multipliers import resolve
+    from runner.quant import QuantConfig
+
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.rand(n, 1, 28, 28, generator=gen), torch.randint(0, 10, (n,), generator=gen)
+    data = Dataset("tiny", x, y, x[:8], y[:8], 0.1307, 0.3081, "random")
+    q = QuantConfig(calib_batches=1, calib_batch_size=n)
+    torch.manual_seed(0)
+    teacher = LeNet5(mean=0.1307, std=0.3081)
+    fq, approx, _ = quantized_models(teacher, resolve(multiplier), q, x, backend=backend)
+    return data, q, teacher, fq, approx

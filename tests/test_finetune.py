@@ -12,7 +12,7 @@ import pytest
 
 from runner.errors import UserError
 from runner.finetune import FinetuneConfig
-from tests.conftest import REPO, compose, has_cpp, run_cli
+from tests.conftest import REPO, compose, has_cpp, run_cli, tiny_lenet
 
 pytestmark = pytest.mark.skipif(not has_cpp(), reason="needs the C++ extension (backend=cpp)")
 
@@ -209,21 +209,7 @@ def test_distill_loss_is_ce_plus_scaled_kl():
 
 
 def _tiny(n=64, backend="cpp"):
-    import torch
-
-    from runner.data import Dataset
-    from runner.layers import quantized_models
-    from runner.models import LeNet5
-    from runner.multipliers import resolve
-    from runner.quant import QuantConfig
-
-    gen = torch.Generator().manual_seed(0)
-    x, y = torch.rand(n, 1, 28, 28, generator=gen), torch.randint(0, 10, (n,), generator=gen)
-    data = Dataset("tiny", x, y, x[:8], y[:8], 0.1307, 0.3081, "random")
-    q = QuantConfig(calib_batches=1, calib_batch_size=n)
-    torch.manual_seed(0)
-    teacher = LeNet5(mean=0.1307, std=0.3081)
-    _, approx, _ = quantized_models(teacher, resolve("exact"), q, x, backend=backend)
+    data, q, teacher, _, approx = tiny_lenet(n, backend)
     return data, q, teacher, approx
 
 

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from runner.errors import UserError
 from runner.finetune import FinetuneConfig, cuda_graph_setting, train_epochs
 from runner.train_step import TrainStep
-from tests.conftest import has_cpp
+from tests.conftest import has_cpp, tiny_lenet
 
 
 def _cuda_ready() -> bool:
@@ -24,20 +24,7 @@ def _cuda_ready() -> bool:
 
 def _tiny(n=72, backend="cpp", multiplier="exact"):
     """72 random images: at batch 16, four full batches and a partial one of 8 per epoch."""
-    from runner.data import Dataset
-    from runner.layers import quantized_models
-    from runner.models import LeNet5
-    from runner.multipliers import resolve
-    from runner.quant import QuantConfig
-
-    gen = torch.Generator().manual_seed(0)
-    x, y = torch.rand(n, 1, 28, 28, generator=gen), torch.randint(0, 10, (n,), generator=gen)
-    data = Dataset("tiny", x, y, x[:8], y[:8], 0.1307, 0.3081, "random")
-    q = QuantConfig(calib_batches=1, calib_batch_size=n)
-    torch.manual_seed(0)
-    teacher = LeNet5(mean=0.1307, std=0.3081)
-    fq, approx, _ = quantized_models(teacher, resolve(multiplier), q, x, backend=backend)
-    return data, q, teacher, fq, approx
+    return tiny_lenet(n, backend, multiplier)
 
 
 def _state(model):

@@ -202,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     from runner.data import data_digest
     from runner.evaluate import check_eval_config
     from runner.store import check_store
+    from runner.errors import config_number
     from runner.train import check_train_config
     from runner.workers import close_launcher_pools, devices_of, launch_chunks
 
@@ -222,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     for results_file in dict.fromkeys(str(c.results_file) for c in cfgs):
         check_store(Path(results_file))  # a damaged results file stops the sweep here, not in every job
     devices = devices_of(cfgs, "sweep")
+    # 0: one launched task per job; a typo (-1, 2.5) stops here, not after the reference rows
+    chunk_size = config_number(cfgs[0].sweep.get("chunk_size") or 0, "sweep.chunk_size", minimum=0)
     sweep_dir = jobs[0].out_dir.parent
     overrides += _launcher_overrides(overrides, cfgs)
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -232,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         prepare(jobs, sweep_dir)
         if launcher_of(overrides) == "basic":
             run_jobs(jobs, f"sweep: {len(jobs)} jobs", devices=devices)
-        elif int(cfgs[0].sweep.get("chunk_size") or 0) > 0:
+        elif chunk_size > 0:
             launch_chunks([job.overrides for job in jobs], cfgs, overrides, sweep_dir,
                           lambda args: run_hydra_command("sweep", args, run_job))
             close_launcher_pools()

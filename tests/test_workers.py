@@ -185,6 +185,15 @@ def test_bad_devices_is_a_user_error(tmp_path, checkpoints):
 
 
 @needs_cpp
+@pytest.mark.parametrize("value", ["-1", "2.5"])
+def test_bad_chunk_size_is_a_user_error_before_any_job(tmp_path, checkpoints, value):
+    rc, out = _sweep(tmp_path, checkpoints, "mul8s_1KV8", "hydra/launcher=joblib", f"sweep.chunk_size={value}")
+    assert rc == 2, out
+    assert "sweep.chunk_size" in out and "Traceback" not in out
+    assert not list(tmp_path.rglob("job.json"))  # no job ran
+
+
+@needs_cpp
 @pytest.mark.slow
 def test_joblib_sweep_returns_promptly(tmp_path, checkpoints):
     """The joblib launcher leaves idle workers for 300 s; after CUDA work the command exits with os._exit,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import sys
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 import pandas as pd
@@ -39,9 +40,14 @@ KEY = "search.multipliers"
 
 
 class Evaluator:
-    """Validation accuracy of per-layer assignments, sharing the command's session. Layers on the exact
-    signed multiplier run as fake-quant int8 (the same integers), so an evaluation starts at the first
-    approximated layer from kept activations."""
+    """Validation accuracy of per-layer assignments, sharing the command's session. Layers left exact run the
+    exact table through the same LUT kernels: the same integers as fake-quant int8, bit for bit (tested), at
+    the kernels' speed (fake-quant's exact integer convolution is far slower on a GPU). Models are converted
+    once per pattern of signed / unsigned layers and then only load the tables an assignment changes; with a
+    model whose forward is a chain (stages()), an evaluation starts at the first approximated layer from
+    kept activations."""
+
+    MAX_MODELS = 4  # converted models kept (one per signedness pattern the descent visits)
 
     def __init__(self, cfg: DictConfig):
         from runner import compare, session
@@ -61,18 +67,37 @@ class Evaluator:
         self.layers = list(quant_layers(self.folded))
         self.exact = resolve("exact")
         self.evals = 0
+        self._models: OrderedDict = OrderedDict()
         self.fakequant_accuracy = self.accuracy({})
+
+    def _model(self, per_layer: dict, fake: bool) -> torch.nn.Module:
+        """The converted model with per_layer's tables loaded (fake: the fake-quant int8 model)."""
+        from runner.layers import convert_model, quantized_layers
+
+        key = "fake" if fake else tuple(per_layer[n].signed for n in self.layers)
+        entry = self._models.get(key)
+        if entry is None:
+            model = convert_model(self.folded, per_layer, self.qcfg, self.stats, backend=self.cfg.backend.name,
+                                  algo=self.cfg.backend.algo, fake=fake)
+            entry = self._models[key] = (model, {n: per_layer[n].sha256 for n in self.layers})
+            while len(self._models) > self.MAX_MODELS:
+                self._models.popitem(last=False)
+        model, loaded = entry
+        self._models.move_to_end(key)
+        if not fake:
+            for name, layer in quantized_layers(model).items():
+                if loaded[name] != per_layer[name].sha256:
+                    layer.set_multiplier(per_layer[name])
+                    loaded[name] = per_layer[name].sha256
+        return model
 
     def accuracy(self, assign: dict) -> float:
         """assign: {layer: Multiplier}; layers not in it (or on the exact table) are exact."""
-        from runner.layers import convert_model
         from runner.session import cache_key
 
         approx = [n for n in self.layers if n in assign and assign[n].sha256 != self.exact.sha256]
         per_layer = {n: assign.get(n, self.exact) if n in approx else self.exact for n in self.layers}
-        model = convert_model(self.folded, per_layer, self.qcfg, self.stats, backend=self.cfg.backend.name,
-                              algo=self.cfg.backend.algo, layers=approx or None, fake=not approx,
-                              others="fakequant")
+        model = self._model(per_layer, fake=not approx)
         start = approx[0] if approx and approx[0] != self.layers[0] else None
         prefix = cache_key({"search": str(self.ckpt), "quant": self.qcfg.as_dict(), "seed": int(self.cfg.seed),
                             "split": [float(self.cfg.search.validation_fraction), int(self.cfg.search.validation_seed)],

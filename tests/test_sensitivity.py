@@ -1,5 +1,6 @@
 """`approx-run sensitivity` and `approx-run search`: rows, resume, bad input. Small: 200 test images."""
 import pandas as pd
+import torch
 import pytest
 
 from runner.cli import main
@@ -155,3 +156,27 @@ def test_sensitivity_records_a_failing_pair_and_goes_on(tmp_path, checkpoints, c
     table = pd.read_csv(next((tmp_path / "results" / "sensitivity").glob("*/sensitivity.csv")))
     assert table["status"].tolist() == ["ok", "failed"] and "expected 256" in table["error"].iloc[1]
     assert "1 of 2 evaluations failed" in capsys.readouterr().err
+
+
+def test_search_evaluator_matches_a_fresh_fakequant_conversion(tmp_path, checkpoints):
+    """The evaluator runs exact layers on the exact table and reuses converted models across assignments
+    (loading only changed tables); each accuracy must equal a fresh conversion whose other layers are
+    fake-quant int8, whatever the order the assignments come in."""
+    from runner import session
+    from runner.layers import convert_model
+    from runner.multipliers import resolve
+    from runner.search import Evaluator
+
+    session.reset()
+    cfg = compose("search", [*_args(tmp_path, checkpoints), "search.multipliers=[mul8u_T83]"])
+    ev = Evaluator(cfg)
+    t83, l2n = resolve("mul8u_T83"), resolve("mul8s_1L2N")
+    assignments = [{"conv2": t83}, {"fc1": l2n, "conv2": t83}, {"conv1": l2n}, {"conv2": t83}, {}]
+    for assign in assignments:
+        model = convert_model(ev.folded, {n: assign.get(n, ev.exact) for n in ev.layers}, ev.qcfg, ev.stats,
+                              backend="cpp", layers=list(assign) or None, fake=not assign, others="fakequant")
+        with torch.no_grad():
+            want = int((model(ev.x).argmax(1) == ev.y).sum()) / len(ev.y)
+        assert ev.accuracy(assign) == want, assign
+    assert len(ev._models) == 3          # fake-quant, all signed, one unsigned layer: tables reloaded in place
+    session.reset()

@@ -7,7 +7,7 @@
 #                                                              # training images held out; the test set is not read)
 #     FMNIST=DIR bash benchmarks/finetune_recover.sh confirm   # the defaults, `approx-run finetune`, test accuracy
 #     FMNIST=DIR bash benchmarks/finetune_recover.sh all       # both
-#     (tune-t83 / tune-1l2n: one table's grid; mul8u_T83: 3 weight_scale_factor values (WSF=1,0.7,0.5) x
+#     (tune-t83 / tune-1l2n: one table's grid; mul8u_T83: 3 weight_scale_factor values (WSF=1,0.85,0.7) x
 #     distill_alpha 0/0.5 x (3 and 8 epochs at batch 64, 3 epochs at batch 16) = 18 retrainings; mul8s_1L2N: 3 x
 #     batch 16/64, 3 epochs = 6; about 3 minutes of retraining on one H100/H200 with the graph step, plus the
 #     baseline's training on the first run, which later runs reuse from $OUT)
@@ -25,7 +25,7 @@ export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null
 mode=${1:-all}
-WSF=${WSF:-1,0.7,0.5}   # the weight_scale_factor values of the tune grid
+WSF=${WSF:-1,0.85,0.7}   # the weight_scale_factor values of the tune grid (CPU: 0.5 and below lost)
 
 tune() {  # $1: a name for the csv, then finetune_tuning.py arguments
   local name=$1; shift

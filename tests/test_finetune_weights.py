@@ -84,11 +84,9 @@ def test_train_epochs_leaves_weights_the_plain_rule_reproduces(factor):
         assert torch.equal(layer.weight_scale, weight_scale(w0, "per_channel", factor)), name
 
 
-def _retrain_and_reload(backend: str, device: torch.device):
+def _retrain_and_reload(backend: str, device: torch.device, path):
     """(outputs of the retrained model while the factor is still in force, the same model's outputs after
-    train_epochs returns, and those of a fresh converted model that loaded its saved checkpoint)."""
-    import io
-
+    train_epochs returns, and those of a fresh converted model that loaded its checkpoint, saved to `path`)."""
     data, q, _, _, approx = tiny_lenet(64, backend=backend, multiplier="mul8u_T83")
     model = copy.deepcopy(approx)
     real, seen = ft.set_weight_scale_factor, {}
@@ -110,10 +108,9 @@ def _retrain_and_reload(backend: str, device: torch.device):
         ft.set_weight_scale_factor = real
     with torch.no_grad():
         final = model.eval()(data.test_x.to(device)).cpu()
-    buf = io.BytesIO()
-    torch.save({"state_dict": {k: v.cpu() for k, v in model.state_dict().items()}}, buf)
+    ft._save(path, model, {})  # what finetune.obtain writes and reads
     fresh = copy.deepcopy(approx)
-    fresh.load_state_dict(torch.load(io.BytesIO(buf.getvalue()), weights_only=True)["state_dict"])
+    ft._load(path, fresh)
     with torch.no_grad():
         reloaded = fresh.eval().to(device)(data.test_x.to(device)).cpu()
     codes = {n: l.weight_codes.cpu() for n, l in quantized_layers(fresh).items()}
@@ -121,12 +118,12 @@ def _retrain_and_reload(backend: str, device: torch.device):
 
 
 @pytest.mark.parametrize("backend", ["cpp", pytest.param("cuda", marks=pytest.mark.cuda)])
-def test_retrained_checkpoint_reloads_to_the_same_outputs(backend):
+def test_retrained_checkpoint_reloads_to_the_same_outputs(backend, tmp_path):
     """The model retrained with factor 0.5 gives bit-identical outputs with the factor in force, after the clamp
     that ends training, and reloaded from its state dict into a freshly converted model (plain weight rule),
     with the same weight codes. Retraining moved the weights (the test could fail)."""
     device = torch.device("cuda" if backend == "cuda" else "cpu")
-    seen, final, reloaded, codes = _retrain_and_reload(backend, device)
+    seen, final, reloaded, codes = _retrain_and_reload(backend, device, tmp_path / "retrained.pt")
     assert torch.equal(seen["trained"], final) and torch.equal(final, reloaded)
     for name, c in codes.items():
         assert torch.equal(c, seen["codes"][name]), name

@@ -80,7 +80,8 @@ def test_train_epochs_leaves_weights_the_plain_rule_reproduces(factor):
         assert torch.equal(_amax(w), bound), name
         shape = (-1,) + (1,) * (w.dim() - 1)
         inside = w0.abs() <= bound.view(shape)
-        assert torch.equal(w[inside], w0[inside]) and (w[~inside].abs() == bound.view(shape).expand_as(w)[~inside]).all()
+        assert torch.equal(w[inside], w0[inside])
+        assert (w[~inside].abs() == bound.view(shape).expand_as(w)[~inside]).all()
         assert torch.equal(layer.weight_scale, weight_scale(w0, "per_channel", factor)), name
 
 

@@ -7,7 +7,12 @@
 #                                                              # training images held out; the test set is not read)
 #     FMNIST=DIR bash benchmarks/finetune_recover.sh confirm   # the defaults, `approx-run finetune`, test accuracy
 #     FMNIST=DIR bash benchmarks/finetune_recover.sh all       # both
-#     (tune-t83 / tune-1l2n: one table's grid; 12 retrainings of 3 or 8 epochs / 4 of 3 epochs, batch 16 or 64)
+#     (tune-t83 / tune-1l2n: one table's grid; mul8u_T83: 3 weight_scale_factor values (WSF=1,0.85,0.7) x
+#     distill_alpha 0/0.5 x (3 and 8 epochs at batch 64, 3 epochs at batch 16) = 18 retrainings; mul8s_1L2N: 3 x
+#     batch 16/64, 3 epochs = 6; estimated from the graph step's epoch times (not run yet): ~2.3 minutes of
+#     retraining, ~3.5 with start-up and scoring on one H100/H200, plus the baseline's training on the first run,
+#     which later runs reuse from $OUT)
+#     CONFIRM_ARGS="finetune.batch_size=64 ..." adds overrides to confirm's runs (default: none, the defaults)
 #
 # tune prints one CSV row per setting (val_after = validation accuracy after retraining, finetune_s = seconds of
 # the whole retraining); confirm prints each table's fp32 / fake-quant / before / after test accuracy and its
@@ -21,6 +26,7 @@ export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null
 mode=${1:-all}
+WSF=${WSF:-1,0.85,0.7}   # the weight_scale_factor values of the tune grid (CPU: 0.5 and below lost)
 
 tune() {  # $1: a name for the csv, then finetune_tuning.py arguments
   local name=$1; shift
@@ -31,12 +37,17 @@ tune() {  # $1: a name for the csv, then finetune_tuning.py arguments
 }
 
 case $mode in tune|tune-t83|all)
-  # mul8u_T83, the table far from its bar: activation scales shrunk before retraining (CPU: best at 0.25) x epochs
-  tune t83 --multipliers mul8u_T83 --grid act_scale_factor=1,0.5,0.25 --grid epochs=3,8 --grid batch_size=16,64
+  # mul8u_T83, the table far from its bar: weight codes grown (weight_scale_factor; activation scales at the
+  # default act_scale_factor 0.25) x distillation x epochs 3/8 at batch 64 (~2.5 / 6.5 s a retraining with the
+  # graph step), and 3 epochs at batch 16 (~8.4 s; 8 epochs at batch 16 lost 2-7 points in the earlier grid)
+  tune t83-b64 --multipliers mul8u_T83 --grid weight_scale_factor=$WSF --grid distill_alpha=0,0.5 \
+    --grid epochs=3,8 --grid batch_size=64
+  tune t83-b16 --multipliers mul8u_T83 --grid weight_scale_factor=$WSF --grid distill_alpha=0,0.5 \
+    --grid epochs=3 --grid batch_size=16
 esac
 case $mode in tune|tune-1l2n|all)
-  # mul8s_1L2N met its bar with the old defaults: the shrunk scales must not cost it
-  tune 1l2n --multipliers mul8s_1L2N --grid act_scale_factor=1,0.25 --grid epochs=3 --grid batch_size=16,64
+  # mul8s_1L2N met its bar: the weight scale factor must not cost it
+  tune 1l2n --multipliers mul8s_1L2N --grid weight_scale_factor=$WSF --grid epochs=3 --grid batch_size=16,64
 esac
 
 case $mode in confirm|all)
@@ -44,7 +55,7 @@ case $mode in confirm|all)
     echo "== confirm $m (default finetune settings)"
     /usr/bin/time -f "   %e s wall (with baseline training on the first run)" $PY -m runner.cli finetune \
       multiplier=$m backend=cuda device=cuda data=fashion_mnist data.root="$FMNIST" \
-      paths.checkpoints="$out/ckpt" paths.results="$out/results" > "$out/confirm_$m.log" 2>&1
+      paths.checkpoints="$out/ckpt" paths.results="$out/results" ${CONFIRM_ARGS:-} > "$out/confirm_$m.log" 2>&1
     tail -2 "$out/confirm_$m.log"
   done
   $PY - "$out/results/results.csv" <<'PY'
@@ -52,7 +63,7 @@ import sys, pandas as pd
 df = pd.read_csv(sys.argv[1])
 df["finetune_s"] = df["finetune_epoch_s"] * df["finetune_epochs"]
 cols = ["path", "multiplier", "backend", "accuracy", "finetune_epochs", "finetune_batch_size",
-        "finetune_act_scale_factor", "finetune_bias_correction", "finetune_distill_alpha", "finetune_epoch_s", "finetune_s"]
+        "finetune_act_scale_factor", "finetune_weight_scale_factor", "finetune_bias_correction", "finetune_distill_alpha", "finetune_epoch_s", "finetune_s"]
 print(df[[c for c in cols if c in df.columns]].to_string(index=False))
 PY
 esac

@@ -78,12 +78,13 @@ class FinetuneConfig:
     distill_temperature: float = 4.0
     bias_correction: str = "none"  # none | before | after | both (BIAS_CORRECTION)
     act_scale_factor: float = 0.25  # static activation scales times this before training (< 1: codes pushed up)
+    weight_scale_factor: float = 1.0  # weight scales factor * max|w| / 127 while training (< 1: codes pushed up)
 
     def __post_init__(self):
         for key, low, kind in (("epochs", 0, int), ("slope_window", 1, int), ("batch_size", 1, int),
                                ("lr", 0, float), ("weight_decay", 0, float), ("warmup_epochs", 0, float),
                                ("distill_alpha", 0, float), ("distill_temperature", 0, float),
-                               ("act_scale_factor", 0, float)):
+                               ("act_scale_factor", 0, float), ("weight_scale_factor", 0, float)):
             config_number(getattr(self, key), f"finetune.{_key_name(key)}", minimum=low, kind=kind)
         if self.optimizer not in OPTIMIZERS:
             raise UserError(f"finetune.optimizer={self.optimizer!r}: choose {' or '.join(OPTIMIZERS)}.")
@@ -96,8 +97,9 @@ class FinetuneConfig:
         if self.learn_scales and self.recalibrate != "none":
             raise UserError(f"finetune.recalibrate={self.recalibrate} would overwrite the learned activation scales; "
                             "set finetune.learn_scales=false to recalibrate instead.")
-        if not 0 < float(self.act_scale_factor) <= 1:
-            raise UserError(f"finetune.act_scale_factor={self.act_scale_factor}: must be in (0, 1].")
+        for key in ("act_scale_factor", "weight_scale_factor"):
+            if not 0 < float(getattr(self, key)) <= 1:
+                raise UserError(f"finetune.{key}={getattr(self, key)}: must be in (0, 1].")
         if self.bias_correction not in BIAS_CORRECTION:
             raise UserError(f"finetune.bias_correction={self.bias_correction!r}: choose one of "
                             f"{', '.join(BIAS_CORRECTION)}.")
@@ -263,6 +265,15 @@ def scale_act_scales(model: nn.Module, factor: float) -> None:
             layer.act_scale.mul_(factor)
 
 
+@torch.no_grad()
+def set_weight_scale_factor(model: nn.Module, factor: float) -> None:
+    """Every quantized layer's weight scale factor * max|w| / 127 from now on (the weight codes grow 1/factor and
+    the largest weights clip, as act_scale_factor does for the activations); factor 1 clamps the weights to the
+    clipped range first, so that the plain max|w| / 127 rule of a saved and reloaded model gives the same codes."""
+    for layer in quantized_layers(model).values():
+        layer.set_weight_scale_factor(factor)
+
+
 def _bias_correction_images(x: torch.Tensor, seed: int) -> torch.Tensor:
     keep = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[:BIAS_CORRECTION_IMAGES]
     return x[keep]
@@ -281,6 +292,7 @@ def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig
         raise ValueError("finetune.distill.alpha > 0 needs the fp32 teacher model")
     torch.manual_seed(seed)
     scale_act_scales(model, float(fcfg.act_scale_factor))
+    set_weight_scale_factor(model, float(fcfg.weight_scale_factor))
     if fcfg.bias_correction in ("before", "both"):
         correct_bias(model, _bias_correction_images(data.train_x, seed), device)
     model.to(device).train()
@@ -324,6 +336,7 @@ def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig
                             "lr_end": float(fcfg.lr) * lr_factor(epoch * per_epoch, total, warmup, fcfg.schedule)})
     step.close()
     learn_act_scales(model, False)  # the trained scales become the static ones
+    set_weight_scale_factor(model, 1.0)  # the clipped weights clamped: the plain rule now gives the trained codes
     if fcfg.recalibrate == "end":
         recalibrate(model.eval(), data.train_x, qcfg, seed=seed, device=device)
     if fcfg.bias_correction in ("after", "both"):

@@ -23,7 +23,7 @@ from runner.layer_checks import NonFiniteInputCheck, check_accumulator, check_fi
 from runner.models import fold_input_normalization
 from runner.quant import (ActStats, QuantConfig, act_qrange, act_scale_from_amax, calibrate, dequantized_bias,
                           dynamic_amax, fake_quant_act, fake_quant_act_lsq, fake_quant_weight_ste, quant_layers,
-                          quantize_act, quantize_bias, quantize_weight, requant_multiplier, weight_scale)
+                          quantize_act, quantize_bias, quantize_weight, requant_multiplier, weight_clip, weight_scale)
 
 
 # what the layers an evaluation does not approximate compute
@@ -58,6 +58,8 @@ class _Quantized(nn.Module):
         # attribute: the consumer is a module of the model already, not a submodule of this layer.
         object.__setattr__(self, "_consumer", None)
         self.granularity = qcfg.weight
+        # below 1 only while retraining (set_weight_scale_factor): weight scale factor * max|w| / 127
+        self.weight_scale_factor = 1.0
         self.weight = nn.Parameter(layer.weight.detach().clone())
         bias = layer.bias.detach().clone() if layer.bias is not None else torch.zeros(layer.weight.shape[0])
         self.bias = nn.Parameter(bias)
@@ -82,9 +84,25 @@ class _Quantized(nn.Module):
         # mode, tells them apart: this method runs under no_grad.
         if not (self.weight.is_cuda and self.training):
             check_finite(self.layer_name, "the weight", self.weight.detach())
-        self.weight_scale.copy_(weight_scale(self.weight, self.granularity))
+        self.weight_scale.copy_(weight_scale(self.weight, self.granularity, self.weight_scale_factor))
         self._requantized()
         self._weight_seen = self._weight_state()
+
+    @torch.no_grad()
+    def set_weight_scale_factor(self, factor: float) -> None:
+        """Weight scales factor * max|w| / 127 from now on (factor < 1: larger codes; the weights beyond the
+        codes' range clip, and the STE masks their gradient). Going back to 1 first clamps each channel's
+        weights to +-factor * max|w|, so the plain rule (max|w| / 127) gives the same scales and codes: the
+        model computes the same, and a checkpoint of it reloads to the same outputs."""
+        if factor == self.weight_scale_factor:
+            return
+        if factor == 1.0:
+            bound = weight_clip(self.weight, self.granularity, self.weight_scale_factor)
+            bound = bound.to(self.weight.device).view((-1,) + (1,) * (self.weight.dim() - 1))
+            self.weight.copy_(torch.minimum(torch.maximum(self.weight, -bound), bound))
+        self.weight_scale_factor = float(factor)
+        self._weight_seen = None
+        self.refresh_weight_quant()  # the buffers a state dict saves hold the scales and codes this factor gives
 
     def _requantized(self) -> None:
         pass

@@ -109,13 +109,20 @@ def quantize_act(x: torch.Tensor, scale: torch.Tensor, signed: bool) -> torch.Te
     return reference_quantize(x, scale, signed)
 
 
-def weight_scale(w: torch.Tensor, granularity: str) -> torch.Tensor:
-    """float32 [out_channels]; per_tensor repeats the one scale so kernels see one layout."""
+def weight_clip(w: torch.Tensor, granularity: str, factor: float = 1.0) -> torch.Tensor:
+    """float32 [out_channels]: the largest |w| the codes represent, factor * max|w| (factor 1: max|w|, no
+    clipping). Retraining with factor < 1 clips the largest weights for larger codes (finetune.weight_scale_factor)."""
     w = w.detach().float()
     if granularity == "per_channel":
         amax = w.abs().reshape(w.shape[0], -1).amax(dim=1)
     else:
         amax = w.abs().amax().expand(w.shape[0])
+    return amax if factor == 1.0 else amax * factor
+
+
+def weight_scale(w: torch.Tensor, granularity: str, factor: float = 1.0) -> torch.Tensor:
+    """float32 [out_channels], weight_clip / 127; per_tensor repeats the one scale so kernels see one layout."""
+    amax = weight_clip(w, granularity, factor)
     return torch.where(amax > 0, true_divide(amax, WEIGHT_QMAX), torch.ones_like(amax)).contiguous()
 
 

@@ -97,6 +97,7 @@ def test_finetune_end_to_end_and_reuse(tmp_path, checkpoints):
 @pytest.mark.parametrize("override,message", [
     ("finetune.epochs=0", "needs at least one epoch"),
     ("finetune.grad=exact", "finetune.grad='exact': choose ste or lut"),
+    ("finetune.weight_scale_factor=1.5", "finetune.weight_scale_factor=1.5: must be in (0, 1]"),
     ("backend=cuda", "backend=cuda is not usable here"),
 ])
 def test_bad_input_exits_2(tmp_path, checkpoints, override, message):

@@ -5,6 +5,7 @@
 #
 #   bash benchmarks/multi_gpu.sh /path/to/fashion-mnist [out dir]      # on a 2-GPU host, from the repo root
 #   REPEATS=1 FINETUNE=0 bash benchmarks/multi_gpu.sh /data/fmnist      # quicker: no retraining rows
+#   SWEEP19=0 FT_EPOCHS=3 bash benchmarks/multi_gpu.sh /data/fmnist     # only the retraining sweep, 3 epochs a table
 #
 # Bars (docs/sweeps.md): the 19-table mnist5k sweep on 2 GPUs within 1.3x of 1 GPU in-process (and
 # <= 5 s on one H100); joblib returns right after its last job; the 4-table finetune.epochs=1 Fashion-MNIST
@@ -47,16 +48,19 @@ echo "== baselines (untimed)"
 "$PY" -m runner.cli train data=fashion_mnist "data.root=$FMNIST" "paths.checkpoints=$CKPT" \
   "paths.results=$OUT/train" >"$OUT/train_fmnist.log" 2>&1
 
+if [ "${SWEEP19:-1}" = 1 ]; then
 echo "== mnist5k, 19 tables, backend=cuda"
 timed sweep19_1gpu_in_process sweep "sweep.multipliers=$TABLES19" backend=cuda 'sweep.devices=[cuda:0]'
 timed sweep19_2gpu_auto sweep "sweep.multipliers=$TABLES19" backend=cuda sweep.devices=auto
 timed sweep19_joblib sweep "sweep.multipliers=$TABLES19" backend=cuda hydra/launcher=joblib
 timed sweep19_2gpu_auto_again sweep "sweep.multipliers=$TABLES19" backend=cuda sweep.devices=auto  # host drift
+fi
 
 if [ "${FINETUNE:-1}" = 1 ]; then
-  echo "== Fashion-MNIST, 4 tables, finetune.epochs=1, backend=cuda"
-  fm=(data=fashion_mnist "data.root=$FMNIST" finetune.epochs=1 finetune.force=true)  # force: every run retrains (finetuned checkpoints are cached)
-  timed fmnist4_ft1_1gpu sweep "sweep.multipliers=$TABLES4" backend=cuda "${fm[@]}" 'sweep.devices=[cuda:0]'
-  timed fmnist4_ft1_2gpu sweep "sweep.multipliers=$TABLES4" backend=cuda "${fm[@]}" sweep.devices=auto
+  ep=${FT_EPOCHS:-1}
+  echo "== Fashion-MNIST, 4 tables, finetune.epochs=$ep, backend=cuda"
+  fm=(data=fashion_mnist "data.root=$FMNIST" finetune.epochs=$ep finetune.force=true)  # force: every run retrains (finetuned checkpoints are cached)
+  timed fmnist4_ft${ep}_1gpu sweep "sweep.multipliers=$TABLES4" backend=cuda "${fm[@]}" 'sweep.devices=[cuda:0]'
+  timed fmnist4_ft${ep}_2gpu sweep "sweep.multipliers=$TABLES4" backend=cuda "${fm[@]}" sweep.devices=auto
 fi
 echo "logs and results: $OUT"

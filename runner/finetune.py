@@ -78,7 +78,7 @@ class FinetuneConfig:
     distill_temperature: float = 4.0
     bias_correction: str = "none"  # none | before | after | both (BIAS_CORRECTION)
     act_scale_factor: float = 0.25  # static activation scales times this before training (< 1: codes pushed up)
-    weight_scale_factor: float = 1.0  # weight scales factor * max|w| / 127 while training (< 1: codes pushed up)
+    weight_scale_factor: float = 0.85  # weight scales factor * max|w| / 127 while training (< 1: codes pushed up)
 
     def __post_init__(self):
         for key, low, kind in (("epochs", 0, int), ("slope_window", 1, int), ("batch_size", 1, int),

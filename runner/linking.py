@@ -56,8 +56,8 @@ def _function_clamps(node: fx.Node) -> Clamps | None:
         return () if target in _PLAIN_METHODS else None
     if target in _PLAIN_FUNCTIONS:
         return ()
-    if target in _MAX_POOLS:
-        return None if kwargs.get("return_indices", False) else ()
+    if target in _MAX_POOLS:  # (input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+        return None if kwargs.get("return_indices", node.args[6] if len(node.args) > 6 else False) else ()
     if target in _DROPOUTS:
         return None if kwargs.get("training", True) and kwargs.get("p", 0.5) > 0 else ()
     if target in _CLAMP_FUNCTIONS:

@@ -137,7 +137,8 @@ class _Quantized(nn.Module):
         """(bias, requant) of runner.ops.finish for an inference forward at input scale `scale`.
         requant=float: the float bias, no requantization. requant=integer: the bias as int32 at s_a * s_w, and
         with a quantized consumer next, the requantize arguments (its codes, at its scale); without one (the
-        logits, a residual add's input, a ReLU6 that would clip codes at the consumer's scale), the int32 bias dequantized for the fp32 output.
+        logits, a residual add's input; or a ReLU6 on the way that would clip codes at the consumer's present
+        scale), the int32 bias dequantized for the fp32 output.
         Computed on the CPU once per change of the scales or the bias, so every backend gets the same values
         and a forward neither launches extra kernels nor waits for the device."""
         if self.requant != "integer":

@@ -102,7 +102,7 @@ def applicable(layer, codes, backend):
 
 @torch.no_grad()
 def bench_model(name, args, dev, mult, qcfg, rows_l, rows_m):
-    from runner.layers import convert_model, quantized_layers
+    from runner.layers import convert_model, integer_links, quantized_layers
     from runner.models import fold_input_normalization
     from runner.quant import calibrate, quant_layers, quantize_act
 
@@ -121,7 +121,9 @@ def bench_model(name, args, dev, mult, qcfg, rows_l, rows_m):
 
     algos = args.algos.split(",") if args.algos else [*backend_algos(args.backend), "auto"]
     shape = f"{channels}x{size}x{size}"
-    print(f"\n== {name} on {shape}: {len(lut_layers)} LUT layers, multiplier {mult.name}", flush=True)
+    links = integer_links(approx)  # requant=integer: the layers that hand codes, not fp32, to the next
+    print(f"\n== {name} on {shape}: {len(lut_layers)} LUT layers ({len(links)} hand integer codes on), "
+          f"multiplier {mult.name}", flush=True)
     print(f"{'layer':24} {'kind':9} {'k':3} {'s':1} {'cin':>4} {'cout':>4} {'grp':>4} {'batch':>6} "
           f"{'what':6} {'algo':22} {'us':>9} {'TMAC/s':>7}  note")
     for batch in args.layer_batches:

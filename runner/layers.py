@@ -20,6 +20,7 @@ from runner import ops, ops_autograd
 from runner.errors import UserError
 from runner.exact_conv import exact_conv2d, exact_dtype
 from runner.layer_checks import NonFiniteInputCheck, check_accumulator, check_finite, reduction_length
+from runner.linking import clamps_keep_codes, find_consumers
 from runner.models import fold_input_normalization
 from runner.quant import (ActStats, QuantConfig, act_qrange, act_scale_from_amax, calibrate, dequantized_bias,
                           dynamic_amax, fake_quant_act, fake_quant_act_lsq, fake_quant_weight_ste, quant_layers,
@@ -54,9 +55,10 @@ class _Quantized(nn.Module):
         self.dynamic = qcfg.activation == "dynamic"
         self.requant = qcfg.requant
         self._requant_cache = None
-        # requant=integer: the quantized layer this one's output reaches as codes (link_consumers). A plain
-        # attribute: the consumer is a module of the model already, not a submodule of this layer.
+        # requant=integer: the quantized layer this one's output reaches as codes, and the clamps on the way
+        # (link_consumers). A plain attribute: the consumer is a module of the model already, not a submodule.
         object.__setattr__(self, "_consumer", None)
+        self._link_clamps = ()
         self.granularity = qcfg.weight
         # below 1 only while retraining (set_weight_scale_factor): weight scale factor * max|w| / 127
         self.weight_scale_factor = 1.0
@@ -153,7 +155,8 @@ class _Quantized(nn.Module):
         """(bias, requant) of runner.ops.finish for an inference forward at input scale `scale`.
         requant=float: the float bias, no requantization. requant=integer: the bias as int32 at s_a * s_w, and
         with a quantized consumer next, the requantize arguments (its codes, at its scale); without one (the
-        logits, or a model whose stages do not say), the int32 bias dequantized for the fp32 output.
+        logits, a residual add's input; or a ReLU6 on the way that would clip codes at the consumer's present
+        scale), the int32 bias dequantized for the fp32 output.
         Computed on the CPU once per change of the scales or the bias, so every backend gets the same values
         and a forward neither launches extra kernels nor waits for the device."""
         if self.requant != "integer":
@@ -172,9 +175,9 @@ class _Quantized(nn.Module):
         dev = self.weight_scale.device
         sa, sw = scale.detach().float().cpu().reshape(()), self.weight_scale.detach().cpu()
         bias_q = quantize_bias(self.bias.detach().cpu(), sa, sw)
-        if consumer is None:
+        out_scale = None if consumer is None else consumer.input_scale(None).detach()
+        if consumer is None or not clamps_keep_codes(self._link_clamps, out_scale, consumer.signed):
             return dequantized_bias(bias_q, sa, sw).to(dev), None
-        out_scale = consumer.input_scale(None).detach()
         m0, shift = requant_multiplier(sa.double() * sw.double() / out_scale.double().cpu())
         return None, (bias_q.to(dev), m0.to(dev), shift.to(dev), out_scale, *act_qrange(consumer.signed))
 
@@ -419,31 +422,30 @@ def convert_model(model: nn.Module, multipliers, qcfg: QuantConfig, stats: dict[
     return out.eval()
 
 
-# Steps that map codes times a positive scale to codes times the same scale (monotone, no arithmetic): a
-# layer's requantized output passes through them as codes.
-CODE_PRESERVING = (nn.ReLU, nn.MaxPool2d, nn.Flatten, nn.Identity)
-
-
 def link_consumers(model: nn.Module) -> None:
-    """For requant=integer: the consumer of each quantized layer is the quantized layer its output reaches
-    through CODE_PRESERVING steps alone, in the model's forward as its stages() lists it; the layer then
-    requantizes to the consumer's codes. A layer with no such consumer (the logits; the input of a residual
-    add or of any other step; every layer of a model without stages()) dequantizes to fp32, and the next
-    quantized layer quantizes that as in requant=float."""
-    for m in quantized_layers(model).values():
+    """For requant=integer: each quantized layer's consumer is the one quantized (static-scale) layer its
+    output alone reaches through code-preserving steps (runner.linking: ReLU, max-pool, flatten, identity,
+    eval dropout, ReLU6 where it keeps codes), found by tracing the forward with torch.fx; the layer then
+    requantizes to the consumer's codes. A layer with no such consumer (the logits; a value read twice, as a
+    residual block's input; the input of an add, a concatenation, an average pool, any other step; every
+    layer of a model fx cannot trace and that has no stages()) dequantizes to fp32, and the next quantized
+    layer quantizes that as in requant=float."""
+    layers = quantized_layers(model)
+    for m in layers.values():
         object.__setattr__(m, "_consumer", None)
-        m._requant_cache = None
-    steps = [step for _, step in model.stages()] if hasattr(model, "stages") else []
-    for i, step in enumerate(steps):
-        if not isinstance(step, _Quantized):
-            continue
-        for nxt in steps[i + 1:]:
-            if isinstance(nxt, _Quantized):
-                if not nxt.dynamic:
-                    object.__setattr__(step, "_consumer", nxt)
-                break
-            if not isinstance(nxt, CODE_PRESERVING):
-                break
+        m._link_clamps, m._requant_cache = (), None
+    for name, (consumer, clamps) in find_consumers(model, lambda m: isinstance(m, _Quantized)).items():
+        if not layers[consumer].dynamic:
+            object.__setattr__(layers[name], "_consumer", layers[consumer])
+            layers[name]._link_clamps = clamps
+
+
+def integer_links(model: nn.Module) -> dict[str, str]:
+    """{layer: the layer it hands codes to} at the consumers' present scales (requant=integer)."""
+    names = {id(m): n for n, m in quantized_layers(model).items()}
+    return {name: names[id(c)] for name, m in quantized_layers(model).items()
+            if (c := m.__dict__["_consumer"]) is not None and m.requant == "integer" and not m.dynamic
+            and clamps_keep_codes(m._link_clamps, c.input_scale(None), c.signed)}
 
 
 def quantized_models(model: nn.Module, multipliers, qcfg: QuantConfig, calib_x: torch.Tensor,

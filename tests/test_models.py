@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from runner.errors import UserError
-from runner.layers import approximate, quantized_layers, select_layers
+from runner.layers import approximate, integer_links, quantized_layers, select_layers
 from runner.models import ZOO, LeNet5, build_model, fold_input_normalization
 from runner.quant import QuantConfig, quant_layers
 from tests.conftest import compose, has_cpp
@@ -166,8 +166,8 @@ def test_accumulator_check_names_the_layer_by_its_path():
     ("mobilenetv2", "cifar10"),
 ])
 def test_cuda_zoo_matches_cpp(name, data):
-    """On the GPU the zoo's layers (1x1, stride 2, depthwise, 3-channel stems), residual adds and the global
-    average pool give the cpp backend's logits bit for bit."""
+    """On the GPU the zoo's layers (1x1, stride 2, depthwise, 3-channel stems), their integer hand-offs, residual
+    adds and the global average pool give the cpp backend's logits bit for bit."""
     from runner._ext import backend_status
 
     if backend_status().get("cuda") != "available" or not torch.cuda.is_available():
@@ -179,6 +179,7 @@ def test_cuda_zoo_matches_cpp(name, data):
     qcfg = QuantConfig(calib_batches=1, calib_batch_size=64)
     fq, cpu = approximate(model, "mul8s_1L2J", calib, qcfg, backend="cpp")
     _, gpu = approximate(model, "mul8s_1L2J", calib, qcfg, backend="cuda")
+    assert integer_links(cpu) and integer_links(gpu) == integer_links(cpu)  # the integer hand-offs run too
     with torch.no_grad():
         want, got = cpu(x), gpu.to("cuda")(x.cuda()).cpu()
     assert torch.equal(got, want)

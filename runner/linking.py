@@ -1,0 +1,193 @@
+"""Which quantized layer's output reaches which quantized layer as codes (requant=integer's hand-offs).
+
+A layer's requantized output is fl(code * s) at its consumer's scale s; the consumer's quantize recovers the
+code exactly. Between the two, only steps that act on those values as on codes may run: ReLU, max-pooling,
+flattening and reshaping, identity, dropout in eval mode, and a clamp such as ReLU6 when, at the consumer's
+scale, it changes no code (clamps_keep_codes). The model's forward is traced with torch.fx to find them, so
+any model's chains are found, not only those of models that list their steps (stages()). Anything else ends
+a chain: a second reader of a value on the way (a residual block's input feeds its conv and its shortcut),
+an add, a concatenation, average pooling, a module that is not one of those steps."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from runner.quant import act_qrange, quantize_act
+
+# (lower, upper) bounds of the clamps on a chain; ReLU's lower bound 0 acts on codes as on values
+Clamps = tuple[tuple[float, float], ...]
+
+_PLAIN_MODULES = (nn.ReLU, nn.Flatten, nn.Identity)
+_PLAIN_FUNCTIONS = {F.relu, F.relu_, torch.relu, torch.relu_, torch.flatten}
+_PLAIN_METHODS = {"relu", "relu_", "flatten", "view", "reshape", "contiguous"}
+_CLAMP_FUNCTIONS = {F.hardtanh: (-1.0, 1.0), F.hardtanh_: (-1.0, 1.0), F.relu6: (0.0, 6.0)}
+_MAX_POOLS = {F.max_pool1d, F.max_pool2d, F.max_pool3d}
+_DROPOUTS = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d}
+# what reads only a value's shape, not its codes: x.view(x.size(0), -1) still hands x's codes on
+_METADATA_METHODS = {"size", "dim"}
+_METADATA_ATTRS = {"shape", "ndim", "dtype", "device"}
+
+
+def module_clamps(module: nn.Module) -> Clamps | None:
+    """The clamps a module applies if it hands codes on unchanged otherwise, None if it is not such a step."""
+    if isinstance(module, _PLAIN_MODULES):
+        return ()
+    if isinstance(module, (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d)):
+        return None if module.return_indices else ()
+    if isinstance(module, nn.modules.dropout._DropoutNd):
+        return None if module.training and module.p > 0 else ()
+    if isinstance(module, nn.Hardtanh):  # nn.ReLU6 included
+        return ((float(module.min_val), float(module.max_val)),)
+    if isinstance(module, nn.Sequential):
+        found: list = []
+        for child in module:
+            clamps = module_clamps(child)
+            if clamps is None:
+                return None
+            found += clamps
+        return tuple(found)
+    return None
+
+
+def _function_clamps(node: fx.Node) -> Clamps | None:
+    target, kwargs = node.target, node.kwargs
+    if node.op == "call_method":
+        return () if target in _PLAIN_METHODS else None
+    if target in _PLAIN_FUNCTIONS:
+        return ()
+    if target in _MAX_POOLS:  # (input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+        return None if kwargs.get("return_indices", node.args[6] if len(node.args) > 6 else False) else ()
+    if target in _DROPOUTS:
+        return None if kwargs.get("training", True) and kwargs.get("p", 0.5) > 0 else ()
+    if target in _CLAMP_FUNCTIONS:
+        lo, hi = _CLAMP_FUNCTIONS[target]
+        bounds = [kwargs.get("min_val", lo), kwargs.get("max_val", hi)]
+        for i, value in enumerate(node.args[1:3]):  # bounds passed by position
+            bounds[i] = value
+        if not all(isinstance(b, (int, float)) for b in bounds):
+            return None
+        return ((float(bounds[0]), float(bounds[1])),)
+    return None
+
+
+def clamps_keep_codes(clamps: Clamps, scale: torch.Tensor, signed: bool) -> bool:
+    """Whether the clamps act on every code c a consumer at `scale` can read as ReLU does (c -> max(c, 0), lower
+    bound 0) or not at all (lower bound below 0): clamping fl(c * scale), as the producer hands it on, and
+    quantizing at `scale` with the consumer's own quantize gives that code back, decided over the whole code
+    range on the CPU. A clamp whose upper bound lies inside the range (ReLU6 at a scale for codes above 6)
+    would change codes: no hand-off through it then."""
+    if not clamps:
+        return True
+    s = scale.detach().float().cpu().reshape(())
+    qmin, qmax = act_qrange(signed)
+    codes = torch.arange(qmin, qmax + 1, dtype=torch.float32)
+    values = codes * s  # one float32 rounding, as the requantize kernels' code * out_scale
+    expected = codes
+    for lo, hi in clamps:
+        if lo > 0 or hi <= 0:
+            return False
+        values = values.clamp(lo, hi)
+        if lo == 0:
+            expected = expected.clamp_min(0)
+    return bool(torch.equal(quantize_act(values, s, signed).float(), expected))
+
+
+class _Tracer(fx.Tracer):
+    """Keeps the quantized layers, and every module without one inside, as single calls."""
+
+    def __init__(self, leaves: set[int]):
+        super().__init__()
+        self.leaves = leaves
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return id(m) in self.leaves
+
+
+def _readers(node: fx.Node) -> list[fx.Node]:
+    """The nodes that read node's values (not only its shape)."""
+    def metadata(user):
+        return (user.op == "call_method" and user.target in _METADATA_METHODS) or \
+            (user.op == "call_function" and user.target is getattr and user.args[1:2] and
+             user.args[1] in _METADATA_ATTRS)
+    return [u for u in node.users if not metadata(u)]
+
+
+def _reads_only_first(node: fx.Node, value: fx.Node) -> bool:
+    """value is node's first argument and appears nowhere else in its arguments."""
+    if not node.args or node.args[0] is not value:
+        return False
+    seen: list = []
+    fx.node.map_arg((node.args[1:], node.kwargs), seen.append)
+    return value not in seen
+
+
+def _graph_consumers(model: nn.Module, is_layer) -> dict[str, tuple[str, Clamps]]:
+    modules = dict(model.named_modules())
+    holds_layer = {id(m) for m in modules.values() if any(is_layer(s) for s in m.modules())}
+    leaves = {id(m) for m in modules.values() if is_layer(m) or id(m) not in holds_layer}
+    graph = _Tracer(leaves).trace(model)
+    calls: dict[str, list[fx.Node]] = {}
+    for node in graph.nodes:
+        if node.op == "call_module" and is_layer(modules[node.target]):
+            calls.setdefault(node.target, []).append(node)
+    found = {}
+    for name, nodes in calls.items():
+        if len(nodes) != 1:  # one layer called at two places: no single consumer
+            continue
+        value, clamps = nodes[0], ()
+        while True:
+            readers = _readers(value)
+            if len(readers) != 1 or not _reads_only_first(readers[0], value):
+                break
+            step = readers[0]
+            if step.op == "call_module":
+                module = modules[step.target]
+                if is_layer(module):
+                    found[name] = (step.target, clamps)
+                    break
+                more = module_clamps(module)
+            elif step.op in ("call_function", "call_method"):
+                more = _function_clamps(step)
+            else:
+                more = None
+            if more is None:
+                break
+            value, clamps = step, clamps + more
+    return found
+
+
+def _stage_consumers(model: nn.Module, is_layer) -> dict[str, tuple[str, Clamps]]:
+    """The same walk over the steps the model's stages() lists in forward order (a straight chain)."""
+    name_of = {id(m): n for n, m in model.named_modules()}
+    steps = [step for _, step in model.stages()]
+    found = {}
+    for i, step in enumerate(steps):
+        if not is_layer(step):
+            continue
+        clamps: Clamps = ()
+        for nxt in steps[i + 1:]:
+            if is_layer(nxt):
+                found[name_of[id(step)]] = (name_of[id(nxt)], clamps)
+                break
+            more = module_clamps(nxt)
+            if more is None:
+                break
+            clamps += more
+    return found
+
+
+def find_consumers(model: nn.Module, is_layer) -> dict[str, tuple[str, Clamps]]:
+    """{layer name: (its consumer's name, the clamps on the way)} for the modules is_layer accepts. The forward
+    is traced symbolically (no data runs); a forward fx cannot trace (control flow on values, say) falls back
+    to the model's stages() if it has them, else links nothing, as requant=float hands every value on."""
+    try:
+        return _graph_consumers(model, is_layer)
+    except Exception:  # noqa: BLE001  (tracing a user's forward can fail in any way; no link is always correct)
+        pass
+    if hasattr(model, "stages"):
+        try:
+            return _stage_consumers(model, is_layer)
+        except Exception:  # noqa: BLE001
+            pass
+    return {}

@@ -107,7 +107,7 @@ _ERRORS: dict = {}
 def _error_moments(m) -> torch.Tensor:
     """float64 [3, 65536]: the product error, its square and its magnitude, flattened in the histogram's
     layout (column = weight code + 128); kept per table, as every layer and evaluation reuses them."""
-    from runner.ops import effective_products
+    from runner.lut_slopes import effective_products
 
     if (m.sha256, m.signed) not in _ERRORS:
         rows = torch.arange(_SIZE, dtype=torch.float64) - (128 if m.signed else 0)

@@ -11,7 +11,8 @@ approx::lut_algos says applies runs, with the prepared-table cache on (the defau
 import torch
 
 from runner.bench import LENET5_LAYERS
-from runner.ops import algo_table, lut_conv2d, lut_linear, reference_lut_conv2d, reference_lut_linear
+from runner.ops import algo_table, lut_conv2d, lut_linear
+from runner.reference import reference_lut_conv2d, reference_lut_linear
 
 CONVS = [((3, *a), w, 1, 0, 1) for _, kind, a, w in LENET5_LAYERS if kind == "conv"] + [
     ((2, 8, 11, 9), (12, 4, 3, 3), 2, 1, 2),

@@ -255,7 +255,8 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False, plan
     bs = int(cfg.eval.batch_size)
     threads = torch.get_num_threads()
     mcols = multiplier_columns(multipliers, approx_layers)
-    macs = layer_macs(model, tuple(x.shape[1:]))
+    # multiplies per layer depend on the architecture and the image shape only: one forward per command
+    macs = sess.memo(("macs", str(ckpt), tuple(x.shape[1:])), lambda: layer_macs(model, tuple(x.shape[1:])))
     spent = energy(multipliers, approx_layers, macs)
     # every fake-quant layer's histogram: the fake-quant model (its key) is shared by runs that approximate
     # different layers of it (sensitivity)

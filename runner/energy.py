@@ -47,12 +47,12 @@ def layer_macs(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, int]
 
 def power_mw(m) -> float | None:
     """The multiplier's power in mW: its own figure, else that of an identical shipped table, else None."""
-    from runner.multipliers.registry import _shipped_entries
+    from runner.multipliers.registry import shipped_entries
 
     fig = (m.published or {}).get("pwr")
     if fig not in (None, ""):
         return float(fig)
-    for entry in _shipped_entries().values():
+    for entry in shipped_entries().values():
         if entry["sha256"] == m.sha256:
             return float(entry["published"]["pwr"])
     return None

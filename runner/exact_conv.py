@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from runner import ops
+from runner.reference import conv_output_size
 
 
 def exact_dtype(k: int, signed: bool) -> torch.dtype:
@@ -39,7 +39,7 @@ def unfold_conv2d(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation, g
     stride, padding, dilation = (tuple(v) if isinstance(v, (tuple, list)) else (v, v)
                                  for v in (stride, padding, dilation))
     b, n, (kh, kw) = x.shape[0], w.shape[0], w.shape[2:]
-    ho, wo = ops.conv_output_size(x.shape[2], x.shape[3], kh, kw, stride, padding, dilation)
+    ho, wo = conv_output_size(x.shape[2], x.shape[3], kh, kw, stride, padding, dilation)
     taps = w[0].numel()
     wg = w.reshape(groups, n // groups, taps)
     step = max(1, max_elements // max(1, groups * taps * ho * wo))

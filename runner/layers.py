@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runner import ops, ops_autograd
+from runner import lut_slopes, ops, ops_autograd
 from runner.errors import UserError
 from runner.exact_conv import exact_conv2d, exact_dtype
 from runner.layer_checks import NonFiniteInputCheck, check_accumulator, check_finite, reduction_length
@@ -291,7 +291,7 @@ class _Approx(_Quantized):
             return empty, empty
         key = (self.lut.data_ptr(), self.lut._version, self.lut.device)
         if self._slope_cache is None or self._slope_cache[0] != key:
-            self._slope_cache = (key, ops.slope_tables(self.lut, self.signed, self.slope_window))
+            self._slope_cache = (key, lut_slopes.slope_tables(self.lut, self.signed, self.slope_window))
         return self._slope_cache[1]
 
     def _requantized(self) -> None:

@@ -1,5 +1,5 @@
 """Pure-PyTorch references of the `lut` gradient (the oracles of approx::lut_grad_a / lut_grad_w) and the
-multiplier's slope tables it uses; runner.ops re-exports them with the other references."""
+multiplier's slope tables it uses; runner.reference names them with the other references."""
 from __future__ import annotations
 
 import torch

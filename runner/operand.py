@@ -20,6 +20,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from runner.exact_conv import exact_conv2d
 from runner.quant import QuantConfig, quantize_weight, reference_quantize
 
 _SIZE = 256
@@ -38,30 +39,42 @@ def _calibration_batches(x: torch.Tensor, qcfg: QuantConfig, seed: int):
     return [x[idx[i:i + qcfg.calib_batch_size]] for i in range(0, n, qcfg.calib_batch_size)]
 
 
-def _taps(x: torch.Tensor, kernel, stride, padding, dilation) -> torch.Tensor:
-    """[N * output positions, C * kh * kw]: the input each kernel tap meets, in the weight's (C, kh, kw)
-    order. Strided slices rather than F.unfold, whose CPU kernel is much slower at these shapes."""
+def _tap_counts(rows: torch.Tensor, kernel, stride, padding, dilation, pad_row: int) -> torch.Tensor:
+    """int64 [C * kh * kw, 256]: how often each LUT row meets each kernel tap (the weight's (C, kh, kw) order) over
+    every output position. rows: uint8 LUT row indices [N, C, H, W]; padding meets the taps as pad_row (code 0).
+    Counted from strided slices of the 1-byte rows, never an unfolded [positions, taps] copy of wider integers:
+    the counts do not depend on which position a tap met a row at."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
-    x = F.pad(x, (pw, pw, ph, ph))
+    x = F.pad(rows, (pw, pw, ph, ph), value=pad_row)
     ho = (x.shape[2] - dh * (kh - 1) - 1) // sh + 1
     wo = (x.shape[3] - dw * (kw - 1) - 1) // sw + 1
     taps = [x[:, :, i * dh:i * dh + (ho - 1) * sh + 1:sh, j * dw:j * dw + (wo - 1) * sw + 1:sw]
             for i in range(kh) for j in range(kw)]
     t = torch.stack(taps, dim=2)                       # [N, C, kh*kw, ho, wo]
-    return t.permute(0, 3, 4, 1, 2).reshape(-1, x.shape[1] * kh * kw)
+    k = t.shape[1] * t.shape[2]
+    bins = (torch.arange(k, dtype=torch.int32, device=t.device) * _SIZE).reshape(1, t.shape[1], t.shape[2], 1, 1)
+    return torch.bincount((t.to(torch.int32) + bins).flatten(), minlength=k * _SIZE).view(k, _SIZE)
 
 
 def _pairs(layer, x: torch.Tensor):
-    """(activation rows [M, K] as LUT row indices, weight codes [N, K], the exact accumulators [M', N])."""
-    codes = reference_quantize(x, layer.input_scale(x), layer.signed).to(torch.int64)
-    w = quantize_weight(layer.weight, layer.weight_scale).to(torch.int64).reshape(layer.weight.shape[0], -1)
+    """(per-tap counts of the activations' LUT rows int64 [K, 256], weight codes [N, K], the exact accumulators
+    [M, N])."""
+    codes = reference_quantize(x, layer.input_scale(x), layer.signed)
+    offset = 128 if layer.signed else 0
+    wq = quantize_weight(layer.weight, layer.weight_scale)
+    w = wq.to(torch.int64).reshape(layer.weight.shape[0], -1)
     if hasattr(layer, "stride"):  # a convolution: the activation each kernel tap meets, per output position
-        a = _taps(codes.float(), layer.weight.shape[2:], layer.stride, layer.padding, layer.dilation)
-    else:
-        a = codes.reshape(-1, codes.shape[-1]).float()
+        rows = (codes.to(torch.int16) + offset).to(torch.uint8)
+        act = _tap_counts(rows, layer.weight.shape[2:], layer.stride, layer.padding, layer.dilation, offset)
+        acc = exact_conv2d(codes, wq, layer.stride, layer.padding, layer.dilation, 1)  # [B, N, ho, wo]
+        acc = acc.permute(0, 2, 3, 1).reshape(-1, acc.shape[1])  # one row per output position
+        return act, w, acc
+    a = codes.reshape(-1, codes.shape[-1]).float()
     acc = a @ w.float().t()  # codes and sums of their products stay below 2^24: exact in float32
-    a = a.to(torch.int64)
-    return a + (128 if layer.signed else 0), w, acc
+    k = a.shape[1]
+    taps = (torch.arange(k, device=a.device) * _SIZE).unsqueeze(0)
+    act = torch.bincount((a.to(torch.int64) + offset + taps).flatten(), minlength=k * _SIZE).view(k, _SIZE)
+    return act, w, acc
 
 
 @torch.no_grad()
@@ -76,11 +89,11 @@ def operand_histograms(fq_model, layers: list[str], x: torch.Tensor, qcfg: Quant
 
     def hook(name):
         def fn(module, args):
-            a, w, acc = _pairs(module, args[0])
-            k = a.shape[1]
+            act, w, acc = _pairs(module, args[0])
+            k = act.shape[0]
             taps = torch.arange(k).unsqueeze(0) * _SIZE
-            taps = taps.to(a.device)
-            act = torch.bincount((a + taps).flatten(), minlength=k * _SIZE).view(k, _SIZE).double().cpu()
+            taps = taps.to(w.device)
+            act = act.double().cpu()
             wts = torch.bincount((w + 128 + taps).flatten(), minlength=k * _SIZE).view(k, _SIZE).double().cpu()
             rec = out[name]
             rec["hist"] += act.t() @ wts
@@ -107,7 +120,7 @@ _ERRORS: dict = {}
 def _error_moments(m) -> torch.Tensor:
     """float64 [3, 65536]: the product error, its square and its magnitude, flattened in the histogram's
     layout (column = weight code + 128); kept per table, as every layer and evaluation reuses them."""
-    from runner.ops import effective_products
+    from runner.lut_slopes import effective_products
 
     if (m.sha256, m.signed) not in _ERRORS:
         rows = torch.arange(_SIZE, dtype=torch.float64) - (128 if m.signed else 0)

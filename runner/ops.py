@@ -1,33 +1,23 @@
-"""LUT multiply-accumulate ops on integer codes: public wrappers, the pure-PyTorch reference, fake kernels.
-The differentiable float-level layer ops (approx::qlinear, approx::qconv2d, their autograd) are in
-runner.ops_autograd.
+"""The LUT multiply-accumulate ops on integer codes and the quantize / dequantize / requantize steps around them:
+the public wrappers every caller goes through, and the fake (meta) kernels of the compiled ops. The arithmetic,
+and the pure-PyTorch reference that defines it, are in runner.reference; the differentiable float-level layer
+ops (approx::qlinear, approx::qconv2d, their autograd) in runner.ops_autograd; the `lut` gradient's slope
+tables in runner.lut_slopes.
 
-Arithmetic (identical for every backend; extensions/csrc/ops.cpp holds the schemas):
-  a    activation codes, int8 (signed multiplier) or uint8 (unsigned multiplier)
-  w    weight codes, int8
-  lut  int32 [256, 256], row = activation operand, column = weight operand
-         signed   (a int8):  product = lut[a + 128][w + 128]
-         unsigned (a uint8): product = sign(w) * lut[a][|w|]   (sign-magnitude weights: the
-                             magnitude goes through the multiplier, the sign is applied after;
-                             sign(0) = 0, so w = 0 contributes 0; w = -128 reads column 128)
-  out  int32: exact sum of the products, wrapped to int32 like a hardware accumulator.
-  Conv padding is activation code 0 fed through the multiplier (lut(0, w) may be non-zero).
-
-Backends: "python" runs the reference below (slow, simple: it is the oracle), "cpp" and "cuda"
-call torch.ops.approx.* from the compiled extension runner._C.
+Backends: "python" runs runner.reference (slow, simple: it is the oracle), "cpp" and "cuda" call
+torch.ops.approx.* from the compiled extension runner._C (extensions/csrc/ops.cpp holds the schemas).
 """
 from __future__ import annotations
 
 import functools
 
 import torch
-import torch.nn.functional as F
 
 from runner import _ext
 from runner.errors import UserError
-from runner.lut_slopes import (effective_products, reference_lut_grad_a, reference_lut_grad_w,  # noqa: F401
-                               slope_tables)
-from runner.quant import reference_dequantize, reference_quantize, reference_requantize  # noqa: F401 (oracles)
+from runner.reference import (as_pair, conv_output_size, reference_dequantize, reference_lut_conv2d,
+                              reference_lut_grad_a, reference_lut_grad_w, reference_lut_linear, reference_quantize,
+                              reference_requantize)
 
 BACKENDS = ("python", "cpp", "cuda")
 BACKEND_DEVICE = {"cpp": "cpu", "cuda": "cuda"}  # where the compiled backends' tensors live
@@ -59,8 +49,8 @@ def algo_table(a, w, lut, stride=1, padding=0, dilation=1, groups=1, *, backend=
         return [dict(algo=n, applies=True, workspace_bytes=0, note="", auto_pick=False, auto_pick_name="")
                 for n in PYTHON_ALGOS]
     op = _compiled("lut_algos", backend, a)
-    names, nbytes, notes, pick = op(a, w, lut, list(_pair(stride, "stride")), list(_pair(padding, "padding")),
-                                    list(_pair(dilation, "dilation")), groups)
+    names, nbytes, notes, pick = op(a, w, lut, list(as_pair(stride, "stride")), list(as_pair(padding, "padding")),
+                                    list(as_pair(dilation, "dilation")), groups)
     # a configuration of a variant (expanded_rows_r2_c1, expanded_window_c16) belongs to its variant's row
     base = next((v for v in ("expanded_rows", "expanded_window") if pick.startswith(v + "_")), pick)
     return [dict(algo=n, applies=b >= 0, workspace_bytes=b if b >= 0 else None, note=why, auto_pick=n == base,
@@ -85,137 +75,12 @@ def _known_algos() -> tuple[str, ...]:
             out += backend_algos(b)
     return tuple(dict.fromkeys(out))
 
-# The reference materialises int64 indices of shape [rows, K, N]; this bounds one chunk (bytes).
-_REF_CHUNK_BYTES = 64 << 20
 
-
-def _pair(v, name):
-    if isinstance(v, int):
-        return (v, v)
-    v = tuple(int(x) for x in v)
-    if len(v) == 1:
-        return (v[0], v[0])
-    if len(v) != 2:
-        raise RuntimeError(f"lut_conv2d: {name} must be an int or a pair, got {v}")
-    return v
-
-
-def _check_common(op, a, w, lut, algo):
-    if a.dtype not in (torch.int8, torch.uint8):
-        raise RuntimeError(f"{op}: activation codes `a` must be int8 (signed multiplier) or uint8 "
-                           f"(unsigned multiplier), got {a.dtype}")
-    if w.dtype != torch.int8:
-        raise RuntimeError(f"{op}: weight codes `w` must be int8, got {w.dtype}")
-    if lut.dtype != torch.int32 or tuple(lut.shape) != (256, 256):
-        raise RuntimeError(f"{op}: `lut` must be an int32 tensor of shape [256, 256], "
-                           f"got {lut.dtype} {list(lut.shape)}")
-    for name, t in (("a", a), ("w", w), ("lut", lut)):
-        if not t.is_contiguous():
-            raise RuntimeError(f"{op}: `{name}` must be contiguous (call .contiguous() first)")
-    if not (a.device == w.device == lut.device):
-        raise RuntimeError(f"{op}: a, w and lut must be on the same device, got "
-                           f"{a.device}, {w.device}, {lut.device}")
+def _check_algo_name(op, algo):
+    """backend=python accepts every name a kernel accepts (the reference computes the same sums for each), so a
+    misspelt algo fails there as it does on the compiled backends."""
     if algo not in _known_algos() and not algo.startswith(("expanded_rows_r", "expanded_window_c")):
         raise RuntimeError(f"{op}: unknown algo '{algo}'; valid: {', '.join(_known_algos())}")
-
-
-def _check_linear(a, w, lut, algo):
-    _check_common("lut_linear", a, w, lut, algo)
-    if a.dim() != 2 or w.dim() != 2:
-        raise RuntimeError(f"lut_linear: expected a [M, K] and w [N, K], got a {list(a.shape)}, "
-                           f"w {list(w.shape)}")
-    if a.shape[1] != w.shape[1]:
-        raise RuntimeError(f"lut_linear: a has K={a.shape[1]} columns but w has K={w.shape[1]}")
-
-
-def conv_output_size(h, w, kh, kw, stride, padding, dilation):
-    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    wo = (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-    return ho, wo
-
-
-def _check_conv(a, w, lut, stride, padding, dilation, groups, algo):
-    _check_common("lut_conv2d", a, w, lut, algo)
-    if a.dim() != 4 or w.dim() != 4:
-        raise RuntimeError(f"lut_conv2d: expected a [B, C, H, W] and w [N, C/groups, kh, kw], got "
-                           f"a {list(a.shape)}, w {list(w.shape)}")
-    stride, padding, dilation = (_pair(stride, "stride"), _pair(padding, "padding"),
-                                 _pair(dilation, "dilation"))
-    if min(stride) < 1 or min(dilation) < 1 or min(padding) < 0:
-        raise RuntimeError(f"lut_conv2d: need stride >= 1, dilation >= 1, padding >= 0, got "
-                           f"stride {stride}, padding {padding}, dilation {dilation}")
-    if groups < 1 or a.shape[1] % groups or w.shape[0] % groups:
-        raise RuntimeError(f"lut_conv2d: groups={groups} must divide input channels ({a.shape[1]}) "
-                           f"and output channels ({w.shape[0]})")
-    if w.shape[1] * groups != a.shape[1]:
-        raise RuntimeError(f"lut_conv2d: w expects {w.shape[1] * groups} input channels "
-                           f"({w.shape[1]} per group x {groups} groups), a has {a.shape[1]}")
-    ho, wo = conv_output_size(a.shape[2], a.shape[3], w.shape[2], w.shape[3], stride, padding, dilation)
-    if ho < 1 or wo < 1:
-        raise RuntimeError(f"lut_conv2d: output would be empty ({ho}x{wo}) for input "
-                           f"{list(a.shape[2:])}, kernel {list(w.shape[2:])}")
-    return stride, padding, dilation, ho, wo
-
-
-def _wrap_int32(s):
-    """int64 sums -> int32 with two's-complement wrap (what an int32 accumulator does)."""
-    return ((s + 2**31) % 2**32 - 2**31).to(torch.int32)
-
-
-def _weight_index(w, signed):
-    """Flat column index into the LUT row and the sign to apply, both [K, N] from w [N, K]."""
-    w64 = w.to(torch.int64).t()
-    if signed:
-        return w64 + 128, None
-    return w64.abs(), torch.sign(w64)
-
-
-def _ref_linear_codes(a, w, lut):
-    """a [M, K] int8/uint8, w [N, K] int8 -> int32 [M, N]; assumes validated inputs."""
-    signed = a.dtype == torch.int8
-    m, k = a.shape
-    n = w.shape[0]
-    col, sign = _weight_index(w, signed)
-    flat = lut.reshape(-1)
-    out = torch.empty((m, n), dtype=torch.int32, device=a.device)
-    rows = max(1, _REF_CHUNK_BYTES // (8 * max(1, k * n)))
-    for s in range(0, m, rows):
-        ai = a[s:s + rows].to(torch.int64)
-        if signed:
-            ai = ai + 128
-        prod = flat[(ai * 256).unsqueeze(2) + col.unsqueeze(0)]  # [m, K, N] int32
-        if sign is not None:
-            prod = prod.to(torch.int64) * sign
-        out[s:s + rows] = _wrap_int32(prod.sum(dim=1, dtype=torch.int64))
-    return out
-
-
-def reference_lut_linear(a, w, lut, algo="auto"):
-    _check_linear(a, w, lut, algo)
-    return _ref_linear_codes(a, w, lut)
-
-
-def reference_lut_conv2d(a, w, lut, stride=1, padding=0, dilation=1, groups=1, algo="auto"):
-    stride, padding, dilation, ho, wo = _check_conv(a, w, lut, stride, padding, dilation, groups, algo)
-    b, c, h, wd = a.shape
-    n, cg, kh, kw = w.shape
-    ng = n // groups
-    kg = cg * kh * kw
-    out = torch.empty((b, n, ho, wo), dtype=torch.int32, device=a.device)
-    # unfold needs floats; codes (-128..255) are exact in float32 and padding becomes code 0.
-    imgs = max(1, _REF_CHUNK_BYTES // (4 * c * kh * kw * ho * wo))
-    for s in range(0, b, imgs):
-        cols = F.unfold(a[s:s + imgs].to(torch.float32), (kh, kw), dilation=dilation,
-                        padding=padding, stride=stride)  # [bb, C*kh*kw, L], channel-major per group
-        bb = cols.shape[0]
-        cols = cols.to(a.dtype)
-        for g in range(groups):
-            rows = cols[:, g * kg:(g + 1) * kg, :].transpose(1, 2).reshape(-1, kg).contiguous()
-            wg = w[g * ng:(g + 1) * ng].reshape(ng, kg)
-            res = _ref_linear_codes(rows, wg, lut)  # [bb*L, ng]
-            out[s:s + bb, g * ng:(g + 1) * ng] = res.reshape(bb, ho * wo, ng).transpose(1, 2).reshape(
-                bb, ng, ho, wo)
-    return out
 
 
 def lut_grad_a(a, w, grad, slope, *, backend="cpp"):
@@ -253,7 +118,8 @@ def lut_linear(a, w, lut, *, backend="cpp", algo="auto"):
     """int32 [M, N] = sum_k product(a[m, k], w[n, k]) through the multiplier LUT."""
     _check_backend(backend)
     if backend == "python":
-        return reference_lut_linear(a, w, lut, algo)
+        _check_algo_name("lut_linear", algo)
+        return reference_lut_linear(a, w, lut)
     return _compiled("lut_linear", backend, a)(a, w, lut, algo)
 
 
@@ -261,10 +127,11 @@ def lut_conv2d(a, w, lut, stride=1, padding=0, dilation=1, groups=1, *, backend=
     """int32 [B, N, Ho, Wo] conv2d of codes through the multiplier LUT (PyTorch conv shape rules)."""
     _check_backend(backend)
     if backend == "python":
-        return reference_lut_conv2d(a, w, lut, stride, padding, dilation, groups, algo)
+        _check_algo_name("lut_conv2d", algo)
+        return reference_lut_conv2d(a, w, lut, stride, padding, dilation, groups)
     op = _compiled("lut_conv2d", backend, a)
-    return op(a, w, lut, list(_pair(stride, "stride")), list(_pair(padding, "padding")),
-              list(_pair(dilation, "dilation")), groups, algo)
+    return op(a, w, lut, list(as_pair(stride, "stride")), list(as_pair(padding, "padding")),
+              list(as_pair(dilation, "dilation")), groups, algo)
 
 
 def mark_non_finite(flag: torch.Tensor, x: torch.Tensor) -> None:
@@ -327,8 +194,8 @@ def _register_fakes():
     def _(a, w, lut, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, algo="auto"):
         torch._check(a.dim() == 4 and w.dim() == 4, lambda: "lut_conv2d: expected 4-d a and w")
         ho, wo = conv_output_size(a.shape[2], a.shape[3], w.shape[2], w.shape[3],
-                                  _pair(stride, "stride"), _pair(padding, "padding"),
-                                  _pair(dilation, "dilation"))
+                                  as_pair(stride, "stride"), as_pair(padding, "padding"),
+                                  as_pair(dilation, "dilation"))
         return a.new_empty((a.shape[0], w.shape[0], ho, wo), dtype=torch.int32)
 
     @torch.library.register_fake("approx::quantize")

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from runner.errors import UserError
-from runner.ops import conv_output_size, finish, lut_conv2d, lut_grad_a, lut_grad_w, lut_linear, quantize
+from runner.ops import finish, lut_conv2d, lut_grad_a, lut_grad_w, lut_linear, quantize
+from runner.reference import conv_output_size
 
 # Autograd lives here, on float-level ops, not on lut_linear / lut_conv2d: those take integer codes,
 # which have no gradient, and the gradient of a quantized layer needs what only the float level
@@ -22,7 +23,7 @@ from runner.ops import conv_output_size, finish, lut_conv2d, lut_grad_a, lut_gra
 #   grad="lut"  the multiplier's own slopes (slope_tables) in place of the exact operands:
 #               dL/dx[m,k] = mask_x * sum_n g[m,n] s_w[n] dP/da(a[m,k], w[n,k])
 #               dL/dW[n,k] = mask_w * s_a * sum_m g[m,n] dP/dw(a[m,k], w[n,k])
-#               through approx::lut_grad_a / lut_grad_w (the reference, runner.lut_slopes, on backend=python).
+#               through approx::lut_grad_a / lut_grad_w (their reference, runner.reference, on backend=python).
 # The weight scale is a constant of the step (it follows the weights: runner.layers refreshes it after
 # each step). The activation scale is too, unless it requires grad: then it gets the LSQ gradient
 # (_scale_grad), the same as torch's learnable fake-quant gives the QAT model.

@@ -96,3 +96,33 @@ def test_run_from_kept_activations_equals_forward():
     with torch.no_grad():
         for layer in ("conv1", "conv2", "fc1", "fc3"):
             assert torch.equal(run_from(model, run_until(model, x, layer), layer), model(x))
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
+@pytest.mark.parametrize("stride,padding,dilation", [(1, 0, 1), (2, 1, 1), (1, 2, 2)])
+def test_operand_histogram_of_a_conv_counts_every_tap(signed, stride, padding, dilation):
+    """Every (activation, weight) pair a convolution multiplies, padding (code 0) included, counted one by one
+    from the unfolded input; the accumulators' mean square from a float64 convolution."""
+    from runner.layers import FakeQuantConv2d
+
+    gen = torch.Generator().manual_seed(2)
+    w = torch.randint(-127, 128, (4, 3, 3, 2), generator=gen)
+    w[0, 0, 0, 0] = 127
+    lo = -128 if signed else 0
+    x = torch.randint(lo, lo + 256, (12, 3, 7, 6), generator=gen).float()
+    layer = nn.Conv2d(3, 4, (3, 2), stride=stride, padding=padding, dilation=dilation, bias=False)
+    layer.weight.data = w.float()
+    amax = 127.0 if signed else 255.0
+    fq = nn.Sequential(FakeQuantConv2d(layer, signed, QuantConfig(weight="per_tensor"), ActStats(0.0, amax, amax)))
+    rec = operand_histograms(fq, ["0"], x, QuantConfig(calib_batches=2, calib_batch_size=8), seed=0)["0"]
+    cols = torch.nn.functional.unfold(x, (3, 2), dilation=dilation, padding=padding, stride=stride)  # [B, K, L]
+    rows = cols.transpose(1, 2).reshape(-1, 18).long() + (128 if signed else 0)
+    brute = torch.zeros(256, 256, dtype=torch.float64)
+    wk = w.reshape(4, 18) + 128
+    for k in range(18):
+        counts = torch.bincount(rows[:, k], minlength=256).double()
+        for o in range(4):
+            brute[:, wk[o, k]] += counts
+    assert torch.equal(rec["hist"], brute) and rec["k"] == 18
+    acc = torch.nn.functional.conv2d(x.double(), w.double(), stride=stride, padding=padding, dilation=dilation)
+    assert rec["acc_ms"] == pytest.approx(float((acc ** 2).mean()))

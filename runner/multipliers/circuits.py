@@ -24,7 +24,7 @@ from ..errors import UserError
 from . import bitslice as bs
 from . import csource, netlist
 from .core import exact_table
-from .io import _signed_by_name, check_layout, check_range, raw_bytes_to_offset128
+from .io import check_layout, check_range, raw_bytes_to_offset128, signed_by_name
 from .metrics import compute_metrics, matches_published, published_convention, within_rounding
 
 CIRCUIT_SUFFIXES = (".c", ".v")
@@ -132,7 +132,7 @@ def decide_signed(pattern, flag: bool | None, declared: tuple, where: str, names
     """Signedness of a table of 16-bit product patterns (or {signed: patterns} where the circuit gives
     different ones per reading): flag, declaration, name, or the values; a choice the values contradict
     clearly (the other reading fits a*b at least twice as well) is refused."""
-    by_name = _signed_by_name(names)
+    by_name = signed_by_name(names)
     kind = {True: "signed", False: "unsigned"}
     patterns = pattern if isinstance(pattern, dict) else {True: pattern, False: pattern}
     fit = {s: _pattern_fit(patterns[s], s) for s in (True, False)}
@@ -215,7 +215,7 @@ def load_circuit(path: Path, signed: bool | None = None, *, activation: str | No
     text = read_source(path)
     run, wide, names, declared, notes = evaluate_circuit(path, text, activation)
     names = names + (name,)
-    known = signed if signed is not None else declared[0] if declared[0] is not None else _signed_by_name(names)
+    known = signed if signed is not None else declared[0] if declared[0] is not None else signed_by_name(names)
     if wide and known is None:
         # the operands' extension into the wide parameters is the signedness itself: evaluate both readings
         results = {True: run(True), False: run(False)}

@@ -1,6 +1,6 @@
 """The `Multiplier` record shared by every part of the library.
 
-Table layout (the contract with the kernels in runner/ops.py):
+Table layout (the contract with the kernels; their reference is runner/reference.py):
   lut is torch.int32 [256, 256], row = operand A (the activation), column = operand B (the
   weight). Approximate multipliers are often not commutative, so the two axes are not
   interchangeable.
@@ -84,7 +84,7 @@ class Multiplier:
 
     @property
     def activation_dtype(self) -> torch.dtype:
-        """dtype of activation codes this table is indexed with (see runner/ops.py)."""
+        """dtype of activation codes this table is indexed with (see runner/reference.py)."""
         return torch.int8 if self.signed else torch.uint8
 
     def product(self, a: int, b: int) -> int:

@@ -40,7 +40,8 @@ LAYOUTS = {
 }
 
 
-def _suffix(path: Path) -> str:
+def table_suffix(path: Path) -> str:
+    """The format suffix of a table or circuit file (.txt.gz counts as one), or a UserError naming the formats."""
     name = path.name.lower()
     for s in (".txt.gz",) + SUFFIXES:
         if name.endswith(s):
@@ -51,7 +52,7 @@ def _suffix(path: Path) -> str:
 
 
 def stem(path: Path) -> str:
-    return path.name[: -len(_suffix(path))]
+    return path.name[: -len(table_suffix(path))]
 
 
 # ---------------------------------------------------------------- reading
@@ -146,7 +147,7 @@ def _read_npy(path: Path) -> np.ndarray:
 def read_values(path) -> tuple[np.ndarray, callable]:
     """Raw int64 [256, 256] values of a table file, plus a function naming the place of (row, col)."""
     path = Path(path)
-    suffix = _suffix(path)
+    suffix = table_suffix(path)
     if not path.is_file():
         raise UserError(f"{path}: no such file")
     if suffix == ".npy":
@@ -212,7 +213,7 @@ class LayoutReport:
 _DECISIVE = 2.0
 
 
-def _signed_by_name(names) -> bool | None:
+def signed_by_name(names) -> bool | None:
     """EvoApproxLib's file-name convention: mul8u_* unsigned, mul8s_* signed."""
     for n in names:
         base = Path(str(n)).name.lower()
@@ -237,7 +238,7 @@ def infer_signed(values: np.ndarray, mae: dict, zero: dict, where: str, names=()
         return True, ""
     if fit_unsigned * _DECISIVE <= fit_signed:
         return False, ""
-    by_name = _signed_by_name(names)
+    by_name = signed_by_name(names)
     if by_name is not None:
         kind = "signed (mul8s_*)" if by_name else "unsigned (mul8u_*)"
         return by_name, f"the values fit a signed and an unsigned multiplier alike; read as {kind} from the file name"
@@ -304,7 +305,7 @@ def check_layout(values: np.ndarray, signed: bool | None, where: str, *, expect_
 def save_table(m: Multiplier, path) -> Path:
     """Write m.lut in the format named by the file's suffix (.txt, .txt.gz, .npy)."""
     path = Path(path)
-    suffix = _suffix(path)
+    suffix = table_suffix(path)
     if suffix not in TABLE_SUFFIXES:
         raise UserError(f"{path}: tables are saved as {', '.join(TABLE_SUFFIXES)}; `lut export` writes the other formats")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,8 @@ from ..errors import UserError
 from ..provenance import atomic_write_bytes
 from .circuits import CIRCUIT_SUFFIXES, Loaded, as_values, decide_signed, finish, load_circuit, read_source
 from .core import SIZE, Multiplier
-from .io import _signed_by_name, _suffix, check_layout, check_range, raw_bytes_to_offset128, read_values, save_table, stem
+from .io import (check_layout, check_range, raw_bytes_to_offset128, read_values, save_table, signed_by_name, stem,
+                 table_suffix)
 
 BIN_BYTES = SIZE * SIZE * 2
 EXPORT_FORMATS = ("txt", "npy", "bin", "h")
@@ -112,7 +113,7 @@ def load_file(path: Path, signed: bool | None = None, *, layout: str = "auto", t
               activation: str | None = None, name: str = "", expect_exact: bool = False) -> Loaded:
     """Any supported file as a validated table in our layout (io.SUFFIXES)."""
     path = Path(path)
-    suffix = _suffix(path)
+    suffix = table_suffix(path)
     if activation and suffix not in CIRCUIT_SUFFIXES:
         raise UserError(f"--activation-operand applies to circuits (.c, .v); for a table file, --transpose "
                         f"swaps the operands")
@@ -132,7 +133,7 @@ def load_file(path: Path, signed: bool | None = None, *, layout: str = "auto", t
     if suffix == ".h":
         values, unsigned16 = read_header(path)
         where = lambda r, c: f"{path}: element [{r}][{c}]"  # noqa: E731
-        wants_signed = signed if signed is not None else _signed_by_name((path.name, name))
+        wants_signed = signed if signed is not None else signed_by_name((path.name, name))
         if unsigned16 and wants_signed and values.max() > 32767:
             values = values.astype(np.uint16).view(np.int16).astype(np.int64)
             notes.append("uint16_t elements read as two's-complement int16 products")

@@ -48,17 +48,18 @@ def manifest() -> dict:
         return json.load(f)
 
 
-def _shipped_entries() -> dict:
+def shipped_entries() -> dict:
+    """Name -> manifest entry of every table shipped with the package."""
     return {e["name"]: e for e in manifest()["multipliers"]}
 
 
 def shipped_names() -> list[str]:
-    return list(_shipped_entries())
+    return list(shipped_entries())
 
 
 @lru_cache(maxsize=None)
 def _shipped(name: str) -> Multiplier:
-    e = _shipped_entries()[name]
+    e = shipped_entries()[name]
     values, _ = read_values(DATA / e["file"])
     m = Multiplier(name, e["signed"], values.astype(np.int32),
                    source=e["source"], published=dict(e["published"]),
@@ -131,7 +132,7 @@ def import_table(path, name: str | None = None, signed: bool | None = None, *, t
                        expect_exact=claims_exact)
     values = loaded.values
     sha = table_sha256(values)
-    shipped_sha = {e["sha256"]: n for n, e in _shipped_entries().items()}
+    shipped_sha = {e["sha256"]: n for n, e in shipped_entries().items()}
     if taken:
         if shipped_sha.get(sha) == name:
             m = _shipped(name)
@@ -199,7 +200,7 @@ def _unknown(name) -> UserError:
 
 def get(name: str) -> Multiplier:
     name = ALIASES.get(name, name)
-    if name in _shipped_entries():
+    if name in shipped_entries():
         return _shipped(name)
     parsed = families.parse_family_name(name)
     if parsed:

@@ -3,7 +3,7 @@ backend and gradient, and their gradients against torch.autograd.gradcheck-style
 import pytest
 import torch
 
-from runner import ops, ops_autograd
+from runner import lut_slopes, ops_autograd, reference
 from runner.multipliers.core import exact_lut
 from runner.quant import weight_scale, quantize_weight
 
@@ -26,7 +26,7 @@ def _operands(gen, x_shape, w_shape, signed, lut, device, learn_scale=False):
     # a scale that clips the largest inputs, so the clipping mask matters
     act = torch.tensor(float(x.abs().max()) * 0.8 / (127 if signed else 255))
     bias = torch.randn(w_shape[0], generator=gen)
-    slope_a, slope_w = ops.slope_tables(lut, signed, 2)
+    slope_a, slope_w = lut_slopes.slope_tables(lut, signed, 2)
     t = [v.to(device) for v in (x, w, bias, codes, ws, act, lut, slope_a, slope_w)]
     for i in (0, 1, 2) + ((5,) if learn_scale else ()):
         t[i].requires_grad_(True)
@@ -60,7 +60,7 @@ def test_lut_gradient_is_the_chain_rule_through_the_slopes(gen, signed):
     g = torch.randn(3, 2, generator=gen)
     out = ops_autograd.qlinear(x, w, b, codes, ws, act, lut_, sa, sw, signed, "python", "auto", "lut")
     out.backward(g)
-    a = ops.reference_quantize(x.detach(), act, signed).to(torch.int64)
+    a = reference.reference_quantize(x.detach(), act, signed).to(torch.int64)
     qmin, qmax = (-128, 127) if signed else (0, 255)
     row = a + 128 if signed else a
     inside = ((x.detach() / act).round() >= qmin) & ((x.detach() / act).round() <= qmax)
@@ -82,14 +82,14 @@ def test_slope_tables_of_an_analytic_table():
     i = torch.arange(256, dtype=torch.int64)
     a, w = (i - 128)[:, None], (i - 128)[None, :]
     lut = (a * w + 3 * a + w * w).to(torch.int32)
-    sa, sw = ops.slope_tables(lut, True)
+    sa, sw = lut_slopes.slope_tables(lut, True)
     assert torch.equal(sa, (w + 3).expand(256, 256).float())
     inner = (a + 2 * w).expand(256, 256).float()
     assert torch.equal(sw[:, 1:255], inner[:, 1:255])
     assert torch.equal(sw[:, 0], (a + 2 * w[:, 0] + 1).flatten().float())      # one-sided: w^2 step
-    sa4, _ = ops.slope_tables(lut, True, 4)
+    sa4, _ = lut_slopes.slope_tables(lut, True, 4)
     assert torch.equal(sa4, sa)                                                    # linear in a: any window
     exact_u = exact_lut(signed=False)
-    su_a, su_w = ops.slope_tables(exact_u, False)
+    su_a, su_w = lut_slopes.slope_tables(exact_u, False)
     assert torch.equal(su_a, (i - 128)[None, :].expand(256, 256).float())        # d(a*w)/da = w (sign folded)
     assert torch.equal(su_w, i[:, None].expand(256, 256).float())

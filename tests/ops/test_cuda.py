@@ -33,7 +33,8 @@ if _why:
 
 from runner import _ext  # noqa: E402
 from runner.bench import LENET5_LAYERS  # noqa: E402
-from runner.ops import algo_table, backend_algos, reference_lut_conv2d, reference_lut_linear  # noqa: E402
+from runner.ops import algo_table, backend_algos  # noqa: E402
+from runner.reference import reference_lut_conv2d, reference_lut_linear  # noqa: E402
 
 ops = torch.ops.approx
 DEV = torch.device("cuda")

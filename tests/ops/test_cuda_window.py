@@ -15,7 +15,8 @@ if not torch.cuda.is_available():
 from tests.ops.test_cuda import (  # noqa: E402  (skips itself without CUDA kernels)
     DEV, _has_cpu, check_equal, make_codes, make_lut, make_weights, poisoned_call)
 
-from runner.ops import algo_table, reference_lut_conv2d  # noqa: E402
+from runner.ops import algo_table  # noqa: E402
+from runner.reference import reference_lut_conv2d  # noqa: E402
 
 ops = torch.ops.approx
 

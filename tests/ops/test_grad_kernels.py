@@ -1,5 +1,5 @@
 """Compiled lut_grad_a / lut_grad_w kernels (cpp, and cuda where built) against the float64 python
-reference (runner.ops.reference_lut_grad_*), the exact-multiplier identities, opcheck and errors.
+reference (runner.reference.reference_lut_grad_*), the exact-multiplier identities, opcheck and errors.
 
 The CPU kernels pick an algorithm per call (direct or table/histogram, see
 extensions/csrc/cpu/lut_grad_cpu.cpp); APPROX_RUN_GRAD_ALGO forces one, so every shape runs
@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from runner import ops
+from runner import lut_slopes, ops, reference
 
 from .conftest import BACKENDS, backend_params, codes, exact_lut, random_lut, weights
 
@@ -52,7 +52,7 @@ def force_algo(monkeypatch):
 
 def slope_kinds(gen, signed):
     """(name, slope for grad_a, slope for grad_w): a multiplier's slope tables and random floats."""
-    sa, sw = ops.slope_tables(random_lut(gen), signed)
+    sa, sw = lut_slopes.slope_tables(random_lut(gen), signed)
     rnd = torch.randn((256, 256), generator=gen)
     return [("lut", sa, sw), ("randn", rnd, rnd)]
 
@@ -80,9 +80,9 @@ def run_both(a, w, g, sa, sw, device):
 
 def expect_both(a, w, g, sa, sw):
     """Reference results and the per-entry tolerance scales (the same sums over |terms|)."""
-    want_a, want_w = ops.reference_lut_grad_a(a, w, g, sa), ops.reference_lut_grad_w(a, w, g, sw)
-    scale_a = ops.reference_lut_grad_a(a, w, g.abs(), sa.abs())
-    scale_w = ops.reference_lut_grad_w(a, w, g.abs(), sw.abs())
+    want_a, want_w = reference.reference_lut_grad_a(a, w, g, sa), reference.reference_lut_grad_w(a, w, g, sw)
+    scale_a = reference.reference_lut_grad_a(a, w, g.abs(), sa.abs())
+    scale_w = reference.reference_lut_grad_w(a, w, g.abs(), sw.abs())
     return want_a, want_w, scale_a, scale_w
 
 
@@ -127,7 +127,7 @@ def test_exact_lut_is_matmul(gen, force_algo, backend, device, algo, shape, sign
     force_algo(algo)
     m, k, n = shape
     a, w, g = codes(gen, (m, k), signed), weights(gen, (n, k)), grad_of(gen, m, n)
-    sa, sw = ops.slope_tables(exact_lut(signed), signed)
+    sa, sw = lut_slopes.slope_tables(exact_lut(signed), signed)
     got_a, got_w = run_both(a, w, g, sa, sw, device)
     g64, w64, a64 = g.double(), w.double(), a.double()
     check_close(got_a, g64 @ w64, g64.abs() @ w64.abs(), "lut_grad_a vs grad @ w")
@@ -143,7 +143,7 @@ def test_deterministic(gen, force_algo, backend, device, algo):
     (every output is summed by one thread in a fixed order)."""
     force_algo(algo)
     a, w, g = codes(gen, (3000, 40), True), weights(gen, (12, 40)), grad_of(gen, 3000, 12)
-    sa, sw = ops.slope_tables(random_lut(gen), True)
+    sa, sw = lut_slopes.slope_tables(random_lut(gen), True)
     first = run_both(a, w, g, sa, sw, device)
     again = run_both(a, w, g, sa, sw, device)
     assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
@@ -163,7 +163,7 @@ def test_opcheck(gen, backend, device, signed):
     for m, k, n in [(9, 17, 5), (300, 25, 6), (0, 4, 3)]:
         a, w = codes(gen, (m, k), signed).to(device), weights(gen, (n, k)).to(device)
         g = grad_of(gen, m, n).to(device)
-        sa, sw = (s.to(device) for s in ops.slope_tables(random_lut(gen), signed))
+        sa, sw = (s.to(device) for s in lut_slopes.slope_tables(random_lut(gen), signed))
         torch.library.opcheck(torch.ops.approx.lut_grad_a.default, (a, w, g, sa))
         torch.library.opcheck(torch.ops.approx.lut_grad_w.default, (a, w, g, sw))
 
@@ -229,9 +229,9 @@ def test_bad_forced_algo(monkeypatch):
 def test_python_wrappers(gen):
     """runner.ops.lut_grad_* with backend=python is the reference; cpp runs the CPU kernel."""
     a, w, g = codes(gen, (20, 9), True), weights(gen, (5, 9)), grad_of(gen, 20, 5)
-    sa, sw = ops.slope_tables(random_lut(gen), True)
-    assert torch.equal(ops.lut_grad_a(a, w, g, sa, backend="python"), ops.reference_lut_grad_a(a, w, g, sa))
-    assert torch.equal(ops.lut_grad_w(a, w, g, sw, backend="python"), ops.reference_lut_grad_w(a, w, g, sw))
+    sa, sw = lut_slopes.slope_tables(random_lut(gen), True)
+    assert torch.equal(ops.lut_grad_a(a, w, g, sa, backend="python"), reference.reference_lut_grad_a(a, w, g, sa))
+    assert torch.equal(ops.lut_grad_w(a, w, g, sw, backend="python"), reference.reference_lut_grad_w(a, w, g, sw))
     if any(b == "cpp" for b, _ in BACKENDS):
         want_a, want_w, scale_a, scale_w = expect_both(a, w, g, sa, sw)
         check_close(ops.lut_grad_a(a, w, g, sa, backend="cpp"), want_a, scale_a, "cpp lut_grad_a")
@@ -244,7 +244,7 @@ def test_cpu_isa_variants(isa):
     """The baseline (non-AVX2) variant computes the same sums, with both algorithms."""
     code = (
         "import os, torch\n"
-        "from runner import ops\n"
+        "from runner import lut_slopes\n"
         "from tests.ops.conftest import codes, random_lut, weights\n"
         "from tests.ops.test_grad_kernels import check_close, expect_both\n"
         "gen = torch.Generator().manual_seed(5)\n"
@@ -254,7 +254,7 @@ def test_cpu_isa_variants(isa):
         "        for m, k, n in ((70, 9, 17), (600, 25, 6), (200, 150, 16), (64, 120, 84), (37, 13, 1)):\n"
         "            a, w = codes(gen, (m, k), signed), weights(gen, (n, k))\n"
         "            g = torch.randn((m, n), generator=gen)\n"
-        "            sa, sw = ops.slope_tables(random_lut(gen), signed)\n"
+        "            sa, sw = lut_slopes.slope_tables(random_lut(gen), signed)\n"
         "            want_a, want_w, scale_a, scale_w = expect_both(a, w, g, sa, sw)\n"
         "            check_close(torch.ops.approx.lut_grad_a(a, w, g, sa), want_a, scale_a, (algo, m, k, n))\n"
         "            check_close(torch.ops.approx.lut_grad_w(a, w, g, sw), want_w, scale_w, (algo, m, k, n))\n"

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from runner import ops
+from runner import ops, reference
 from runner.errors import UserError
 
 from .conftest import BACKENDS, backend_params, codes, exact_lut, random_lut, weights
@@ -41,7 +41,7 @@ def test_linear_random(gen, backend, device, algo, signed, lut_kind):
     lut = LUTS[lut_kind](gen)
     for m, k, n in [(1, 1, 1), (1, 84, 10), (37, 50, 21), (300, 256, 120), (5, 3, 130)]:
         a, w = codes(gen, (m, k), signed), weights(gen, (n, k))
-        want = ops.reference_lut_linear(a, w, lut)
+        want = reference.reference_lut_linear(a, w, lut)
         got = ops.lut_linear(*to(device, a, w, lut), backend=backend, algo=algo).cpu()
         assert torch.equal(got, want), (m, k, n)
 
@@ -65,7 +65,7 @@ def test_conv_random(gen, backend, device, algo, signed, case):
     lut = random_lut(gen)
     a = codes(gen, ashape, signed)
     w = weights(gen, (n, ashape[1] // groups, kh, kw))
-    want = ops.reference_lut_conv2d(a, w, lut, stride, padding, dilation, groups)
+    want = reference.reference_lut_conv2d(a, w, lut, stride, padding, dilation, groups)
     got = ops.lut_conv2d(*to(device, a, w, lut), stride, padding, dilation, groups,
                          backend=backend, algo=algo).cpu()
     assert torch.equal(got, want)
@@ -86,7 +86,7 @@ def test_random_shapes(backend, device, signed):
         lut = random_lut(g)
         a = codes(g, (r(1, 3), c, h, wd), signed)
         w = weights(g, (n, c // groups, kh, kw))
-        want = ops.reference_lut_conv2d(a, w, lut, stride, padding, dilation, groups)
+        want = reference.reference_lut_conv2d(a, w, lut, stride, padding, dilation, groups)
         for algo in ("direct", "expanded"):
             got = ops.lut_conv2d(*to(device, a, w, lut), stride, padding, dilation, groups,
                                  backend=backend, algo=algo).cpu()
@@ -116,7 +116,7 @@ def test_weights_changed_in_place(gen, backend, device):
     w[3, 5] = -w[3, 5] if w[3, 5] != 0 else 1
     lut[7, 9] += 1
     got = ops.lut_linear(a, w, lut, backend=backend, algo="expanded").cpu()
-    assert torch.equal(got, ops.reference_lut_linear(a.cpu(), w.cpu(), lut.cpu()))
+    assert torch.equal(got, reference.reference_lut_linear(a.cpu(), w.cpu(), lut.cpu()))
 
 
 @pytest.mark.parametrize("backend,device", [("python", "cpu"), *backend_params()])
@@ -135,14 +135,14 @@ def test_cpu_isa_variants(isa):
     """The narrower instruction-set variants (chosen on older CPUs) compute the same sums."""
     code = (
         "import torch\n"
-        "from runner import ops\n"
+        "from runner import ops, reference\n"
         "from tests.ops.conftest import codes, random_lut, weights\n"
         "g = torch.Generator().manual_seed(3)\n"
         "for signed in (True, False):\n"
         "    for lk in ((-2**15 + 1, 2**15), (-2**30, 2**30)):\n"
         "        lut = random_lut(g, *lk)\n"
         "        a, w = codes(g, (3, 6, 12, 12), signed), weights(g, (20, 3, 5, 5))\n"
-        "        want = ops.reference_lut_conv2d(a, w, lut, 1, 2, 1, 2)\n"
+        "        want = reference.reference_lut_conv2d(a, w, lut, 1, 2, 1, 2)\n"
         "        for algo in ('direct', 'expanded'):\n"
         "            got = ops.lut_conv2d(a, w, lut, 1, 2, 1, 2, algo=algo)\n"
         "            assert torch.equal(got, want), (signed, lk, algo)\n"
@@ -154,7 +154,7 @@ def test_cpu_isa_variants(isa):
 def test_python_backend_and_errors(gen):
     lut = random_lut(gen)
     a, w = codes(gen, (4, 8), True), weights(gen, (3, 8))
-    assert torch.equal(ops.lut_linear(a, w, lut, backend="python"), ops.reference_lut_linear(a, w, lut))
+    assert torch.equal(ops.lut_linear(a, w, lut, backend="python"), reference.reference_lut_linear(a, w, lut))
     with pytest.raises(UserError, match="unknown backend"):
         ops.lut_linear(a, w, lut, backend="fortran")
     if any(b == "cpp" for b, _ in BACKENDS):

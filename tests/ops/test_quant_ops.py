@@ -4,7 +4,7 @@ backend."""
 import pytest
 import torch
 
-from runner import ops
+from runner import ops, reference
 from runner.errors import UserError
 from runner.quant import requant_multiplier
 
@@ -26,7 +26,7 @@ def test_quantize_equals_fake_quant_integers(gen, backend, device, signed):
     for scale in (0.0123, 1 / 255, 0.3, 3.7e-5):
         s = torch.tensor(scale, dtype=torch.float32)
         x = _tricky_inputs(gen, float(s))
-        expected = ops.reference_quantize(x, s, signed)
+        expected = reference.reference_quantize(x, s, signed)
         got = ops.quantize(x.to(device), s.to(device), signed, backend=backend).cpu()
         assert got.dtype == expected.dtype and torch.equal(got, expected), scale
 
@@ -37,7 +37,7 @@ def test_dequantize_equals_eager_expression(gen, backend, device, shape):
     acc = torch.randint(-(2**31), 2**31 - 1, shape, generator=gen, dtype=torch.int32)
     sa = torch.rand((), generator=gen) * 0.01
     sw, bias = torch.rand(shape[1], generator=gen), torch.randn(shape[1], generator=gen)
-    expected = ops.reference_dequantize(acc, sa, sw, bias)
+    expected = reference.reference_dequantize(acc, sa, sw, bias)
     got = ops.dequantize(*(t.to(device) for t in (acc, sa, sw, bias)), backend=backend).cpu()
     assert torch.equal(got, expected)
 
@@ -57,7 +57,7 @@ def test_quantize_flags_non_finite_input(gen, backend, device, bad):
     got = ops.quantize(x.to(device), s.to(device), True, backend=backend, nonfinite=flag).cpu()
     assert bool(flag) == (bad is not None)
     keep = torch.arange(x.numel()) != where
-    assert torch.equal(got[keep], ops.reference_quantize(x, s, True)[keep])
+    assert torch.equal(got[keep], reference.reference_quantize(x, s, True)[keep])
     ops.quantize(torch.zeros(5, device=device), s.to(device), True, backend=backend, nonfinite=flag)
     assert bool(flag) == (bad is not None)  # a clean input leaves a raised flag raised
 
@@ -137,7 +137,7 @@ def test_requantize_kernels_equal_reference(gen, backend, device, shape):
     m0, shift = requant_multiplier(torch.rand(shape[1], generator=gen, dtype=torch.float64) * 1e-4)
     for qrange in ((-128, 127), (0, 255)):
         args = (acc, bias, m0, shift, torch.tensor(0.0123))
-        expected = ops.reference_requantize(*args, *qrange)
+        expected = reference.reference_requantize(*args, *qrange)
         got = ops.requantize(*(t.to(device) for t in args), *qrange, backend=backend).cpu()
         assert torch.equal(got, expected)
         if acc.numel() > 300:
@@ -211,7 +211,7 @@ def test_quantize_vectorised_and_tail_lengths(gen, backend, device, signed):
     x = _tricky_inputs(gen, float(s))
     for n in (x.numel() // 4 * 4, x.numel() // 4 * 4 - 1, 4, 8 * 1024 * 1024):
         xi = x[:n] if n <= x.numel() else torch.randn(n, generator=gen)
-        expected = ops.reference_quantize(xi, s, signed)
+        expected = reference.reference_quantize(xi, s, signed)
         flag = torch.zeros(1, dtype=torch.bool, device=device)
         got = ops.quantize(xi.to(device), s.to(device), signed, backend=backend, nonfinite=flag).cpu()
         assert torch.equal(got, expected) and not bool(flag), n
@@ -231,11 +231,11 @@ def test_dequantize_and_requantize_per_channel_on_conv_shapes(gen, backend, devi
     sw, fbias = torch.rand(shape[1], generator=gen) + 0.01, torch.randn(shape[1], generator=gen) * 50
     args = (acc, sa, sw, fbias)
     assert torch.equal(ops.dequantize(*(t.to(device) for t in args), backend=backend).cpu(),
-                       ops.reference_dequantize(*args))
+                       reference.reference_dequantize(*args))
     bias, _, _ = _requant_args(gen, shape[1])
     bias //= 4096
     m0, shift = requant_multiplier(torch.rand(shape[1], generator=gen, dtype=torch.float64) * 1e-4)
     rargs = (acc, bias, m0, shift, torch.tensor(0.0123))
     for qrange in ((-128, 127), (0, 255)):
         got = ops.requantize(*(t.to(device) for t in rargs), *qrange, backend=backend).cpu()
-        assert torch.equal(got, ops.reference_requantize(*rargs, *qrange))
+        assert torch.equal(got, reference.reference_requantize(*rargs, *qrange))

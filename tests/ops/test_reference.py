@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runner import ops
+from runner import reference
 
 from .conftest import codes, exact_lut, random_lut, weights
 
@@ -55,7 +55,7 @@ def test_reference_linear_matches_naive(gen, signed, m, k, n):
     lut = random_lut(gen)
     a, w = codes(gen, (m, k), signed), weights(gen, (n, k))
     w.view(-1)[0] = 0  # signed: lut[a + 128][128] as is; unsigned: sign(0) = 0 despite lut[a][0]
-    assert torch.equal(ops.reference_lut_linear(a, w, lut), naive_linear(a, w, lut))
+    assert torch.equal(reference.reference_lut_linear(a, w, lut), naive_linear(a, w, lut))
 
 
 CONV_CASES = [  # (B, C, H, W), (N, kh, kw), stride, padding, dilation, groups
@@ -73,29 +73,29 @@ def test_reference_conv_matches_naive(gen, signed, case):
     lut = random_lut(gen)
     a = codes(gen, ashape, signed)
     w = weights(gen, (n, ashape[1] // groups, kh, kw))
-    ref = ops.reference_lut_conv2d(a, w, lut, stride, padding, dilation, groups)
+    ref = reference.reference_lut_conv2d(a, w, lut, stride, padding, dilation, groups)
     assert torch.equal(ref, naive_conv(a, w, lut, stride, padding, dilation, groups))
 
 
 def test_reference_wraps_like_int32(gen):
     lut = torch.full((256, 256), 2**31 - 1, dtype=torch.int32)
     a, w = codes(gen, (2, 5), True), weights(gen, (3, 5))
-    assert torch.equal(ops.reference_lut_linear(a, w, lut), naive_linear(a, w, lut))
+    assert torch.equal(reference.reference_lut_linear(a, w, lut), naive_linear(a, w, lut))
 
 
 def test_reference_chunks_agree(gen, monkeypatch):
     """Chunking (which bounds memory at batch 10,000) must not change any sum."""
     lut = random_lut(gen)
     a, w = codes(gen, (37, 3, 9, 9), False), weights(gen, (4, 3, 3, 3))
-    whole = ops.reference_lut_conv2d(a, w, lut, 1, 1)
-    monkeypatch.setattr(ops, "_REF_CHUNK_BYTES", 1000)
-    assert torch.equal(ops.reference_lut_conv2d(a, w, lut, 1, 1), whole)
+    whole = reference.reference_lut_conv2d(a, w, lut, 1, 1)
+    monkeypatch.setattr(reference, "_REF_CHUNK_BYTES", 1000)
+    assert torch.equal(reference.reference_lut_conv2d(a, w, lut, 1, 1), whole)
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
 def test_reference_exact_lut_is_integer_matmul(gen, signed):
     a, w = codes(gen, (50, 40), signed), weights(gen, (7, 40))
-    out = ops.reference_lut_linear(a, w, exact_lut(signed))
+    out = reference.reference_lut_linear(a, w, exact_lut(signed))
     assert torch.equal(out.to(torch.int64), a.to(torch.int64) @ w.to(torch.int64).t())
 
 
@@ -105,7 +105,7 @@ def test_reference_exact_lut_is_conv(gen, signed, case):
     ashape, (n, kh, kw), stride, padding, dilation, groups = case
     a = codes(gen, ashape, signed)
     w = weights(gen, (n, ashape[1] // groups, kh, kw))
-    out = ops.reference_lut_conv2d(a, w, exact_lut(signed), stride, padding, dilation, groups)
+    out = reference.reference_lut_conv2d(a, w, exact_lut(signed), stride, padding, dilation, groups)
     # float64 holds these sums (< 2^53) exactly; zero padding is code 0 in both encodings.
     want = F.conv2d(a.double(), w.double(), None, stride, padding, dilation, groups)
     assert torch.equal(out.double(), want)

@@ -153,6 +153,11 @@ CONV_CASES = [
     ((40, 2, 4, 6), (12, 3, 3), 1, 0, 1, 2),         # 2x4 outputs: a tile spans 33 images
     ((2, 1, 40, 70), (8, 5, 5), 1, 2, 1, 1),         # 70 outputs a row: tiles inside one image
     ((3, 4, 6, 6), (4, 3, 3), 1, 1, 1, 4),           # depthwise, padding, Wo 6 (unaligned rows)
+    # depthwise variant shapes: 5x5 at stride 2 and dilation 2; uneven stride and padding over many
+    # blocks a channel; 7x7 (49 taps: the most it takes, over 48 KiB of shared memory)
+    ((2, 6, 11, 9), (6, 5, 5), 2, 2, 2, 6),
+    ((5, 3, 40, 37), (3, 3, 3), (2, 1), (1, 0), 1, 3),
+    ((1, 2, 9, 9), (2, 7, 7), 1, 3, 1, 2),
 ]
 
 

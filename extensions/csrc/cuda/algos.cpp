@@ -23,6 +23,13 @@ const std::vector<Algo>& algos() {
          launch_direct(p, s);
        },
        one},
+      // second: a graph capture's pick (auto_pick takes the second candidate of a large call) for the
+      // depthwise shapes it alone is built for, ahead of the weight-expanded variants
+      {"depthwise", false, false, depthwise_why_not,
+       [](const Params& p, const ConvGeo& cg, int, const Config&, cudaStream_t s) {
+         launch_depthwise(p, cg, s);
+       },
+       one},
       {"expanded_window", true, true,
        [](const Params& p, const ConvGeo& cg) {
          return window_smem(p, cg, 0) ? std::string()

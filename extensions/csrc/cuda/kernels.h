@@ -81,5 +81,7 @@ void launch_rows(const Params& p, int fmt, Config c, cudaStream_t stream);
 std::string parse_rows_config(const std::string& name, Config& c);  // "" or what is wrong
 std::string rows_config_name(const Config& c);
 void launch_pairs(const Params& p, int fmt, cudaStream_t stream);           // pairs.cu
+std::string depthwise_why_not(const Params& p, const ConvGeo& cg);         // depthwise.cu ("" : runs)
+void launch_depthwise(const Params& p, const ConvGeo& cg, cudaStream_t stream);
 
 }  // namespace approx_cuda

@@ -21,16 +21,20 @@ constexpr int kDwThreads = 256;
 constexpr int kDwMaxTaps = 49;
 // Blocks aimed at per SM: enough to hide the global loads; more blocks per channel would only
 // gather the same table columns again.
-constexpr int kDwBlocksPerSM = 4;
+constexpr int kDwBlocksPerSM = 8;
 
 struct DwGeo {
   int kh, kw, dh, dw;
   int bpc;  // blocks per channel (grid.x); block j takes outputs j, j + bpc * 256 threads, ...
 };
 
+// KH, KW > 0: the kernel size at compile time (3x3: every tap's load issued at once, unrolled);
+// 0: read from g (any size up to kDwMaxTaps).
+template <int KH, int KW>
 __global__ void __launch_bounds__(kDwThreads) depthwise_kernel(Params p, DwGeo g) {
   extern __shared__ __align__(16) int32_t Ts[];  // [tap][LUT row of the code]
-  const int ch = blockIdx.y, taps = g.kh * g.kw, tid = threadIdx.x;
+  const int kh = KH ? KH : g.kh, kw = KW ? KW : g.kw;
+  const int ch = blockIdx.y, taps = kh * kw, tid = threadIdx.x;
   const int8_t* wch = p.w + (long long)ch * p.K;
   for (int e = tid; e < taps * 256; e += kDwThreads) {
     const int k = e >> 8, row = e & 255;
@@ -46,16 +50,34 @@ __global__ void __launch_bounds__(kDwThreads) depthwise_kernel(Params p, DwGeo g
     const int oy = static_cast<int>(fdiv(pix, p.fWo)), ox = static_cast<int>(pix) - oy * p.Wo;
     const uint8_t* src = plane + b * img;
     const int y0 = oy * p.sh - p.ph, x0 = ox * p.sw - p.pw;
+    unsigned rows[KH && KW ? KH * KW : 1];
     uint32_t acc = 0;  // wraps like every kernel's accumulator (the checks bound the real sums)
-    for (int ky = 0; ky < g.kh; ++ky) {
-      const int iy = y0 + ky * g.dh;
-      const bool rowok = iy >= 0 && iy < p.H;
-      const int32_t* trow = Ts + ky * g.kw * 256;
-      for (int kx = 0; kx < g.kw; ++kx) {
-        const int ix = x0 + kx * g.dw;
-        const unsigned row =
-            rowok && ix >= 0 && ix < p.W ? (__ldg(src + iy * p.W + ix) ^ p.xmask) : pad_row;
-        acc += static_cast<uint32_t>(trow[kx * 256 + row]);
+    if constexpr (KH > 0 && KW > 0) {
+      // all loads first, then all lookups: the loads overlap instead of waiting one by one
+#pragma unroll
+      for (int ky = 0; ky < KH; ++ky) {
+        const int iy = y0 + ky * g.dh;
+        const bool rowok = iy >= 0 && iy < p.H;
+#pragma unroll
+        for (int kx = 0; kx < KW; ++kx) {
+          const int ix = x0 + kx * g.dw;
+          rows[ky * KW + kx] =
+              rowok && ix >= 0 && ix < p.W ? (__ldg(src + iy * p.W + ix) ^ p.xmask) : pad_row;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < KH * KW; ++k) acc += static_cast<uint32_t>(Ts[k * 256 + rows[k]]);
+    } else {
+      for (int ky = 0; ky < kh; ++ky) {
+        const int iy = y0 + ky * g.dh;
+        const bool rowok = iy >= 0 && iy < p.H;
+        const int32_t* trow = Ts + ky * kw * 256;
+        for (int kx = 0; kx < kw; ++kx) {
+          const int ix = x0 + kx * g.dw;
+          const unsigned row =
+              rowok && ix >= 0 && ix < p.W ? (__ldg(src + iy * p.W + ix) ^ p.xmask) : pad_row;
+          acc += static_cast<uint32_t>(trow[kx * 256 + row]);
+        }
       }
     }
     p.out[b * oimg + (long long)ch * p.HoWo + pix] = static_cast<int32_t>(acc);
@@ -78,8 +100,14 @@ void launch_depthwise(const Params& p, const ConvGeo& cg, cudaStream_t stream) {
   const long long most = (p.M + per_block - 1) / per_block;
   DwGeo g{cg.kh, cg.kw, cg.dh, cg.dw, static_cast<int>(std::max(1ll, std::min(want, most)))};
   const size_t smem = (size_t)cg.kh * cg.kw * 256 * sizeof(int32_t);
-  set_smem(depthwise_kernel, smem);
-  depthwise_kernel<<<dim3(g.bpc, p.G), kDwThreads, smem, stream>>>(p, g);
+  const dim3 grid(g.bpc, p.G);
+  if (cg.kh == 3 && cg.kw == 3) {
+    set_smem(depthwise_kernel<3, 3>, smem);
+    depthwise_kernel<3, 3><<<grid, kDwThreads, smem, stream>>>(p, g);
+  } else {
+    set_smem(depthwise_kernel<0, 0>, smem);
+    depthwise_kernel<0, 0><<<grid, kDwThreads, smem, stream>>>(p, g);
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -228,7 +228,8 @@ def test_train_epochs_step_is_the_plain_step(alpha):
 
     data, q, teacher, approx = _tiny()
     fcfg = FinetuneConfig(epochs=1, lr=0.01, optimizer="sgd", batch_size=len(data.train_y), schedule="constant",
-                          learn_scales=False, distill_alpha=alpha, distill_temperature=3.0, act_scale_factor=1.0)
+                          learn_scales=False, distill_alpha=alpha, distill_temperature=3.0, act_scale_factor=1.0,
+                          weight_scale_factor=1.0)
     by_hand = copy.deepcopy(approx).train()
     opt = torch.optim.SGD(by_hand.parameters(), lr=0.01, momentum=0.9)
     logits = by_hand(data.train_x)

@@ -9,9 +9,8 @@
 #     FMNIST=DIR bash benchmarks/finetune_recover.sh all       # both
 #     (tune-t83 / tune-1l2n: one table's grid; mul8u_T83: 3 weight_scale_factor values (WSF=1,0.85,0.7) x
 #     distill_alpha 0/0.5 x (3 and 8 epochs at batch 64, 3 epochs at batch 16) = 18 retrainings; mul8s_1L2N: 3 x
-#     batch 16/64, 3 epochs = 6; estimated from the graph step's epoch times (not run yet): ~2.3 minutes of
-#     retraining, ~3.5 with start-up and scoring on one H100/H200, plus the baseline's training on the first run,
-#     which later runs reuse from $OUT)
+#     batch 16/64, 3 epochs = 6; measured on an H200: 105 + 62 + 43 s for the three grids, plus the baseline's
+#     training on the first run, which later runs reuse from $OUT; results in benchmarks/finetune_tuning_fashion_gpu.csv)
 #     CONFIRM_ARGS="finetune.batch_size=64 ..." adds overrides to confirm's runs (default: none, the defaults)
 #
 # tune prints one CSV row per setting (val_after = validation accuracy after retraining, finetune_s = seconds of

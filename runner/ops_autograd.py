@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from runner.errors import UserError
+from runner.exact_conv import unfold
 from runner.ops import finish, lut_conv2d, lut_grad_a, lut_grad_w, lut_linear, quantize
 from runner.reference import conv_output_size
 
@@ -191,8 +192,7 @@ def _lut_conv_grads(ctx, codes, weight_codes, g, weight_scale, act_scale, slope_
     b, c, h, wd = codes.shape
     n, cg, kh, kw = weight_codes.shape
     groups, ng, kg = ctx.groups, n // ctx.groups, cg * kh * kw
-    cols = F.unfold(codes.to(torch.float32), (kh, kw), dilation=ctx.dilation, padding=ctx.padding,
-                    stride=ctx.stride)                                   # [B, C*kh*kw, L]
+    cols = unfold(codes.to(torch.float32), (kh, kw), ctx.dilation, ctx.padding, ctx.stride)  # [B, C*kh*kw, L]
     length = cols.shape[2]
     gcols, gws = [], []
     for gi in range(groups):

@@ -372,6 +372,12 @@ def test_unfold_conv2d_is_conv2d(shape, wshape, stride, padding, dilation, group
     want = F.conv2d(x, w, None, stride, padding, dilation, groups)
     for max_elements in (1 << 27, 50):
         assert torch.equal(unfold_conv2d(x, w, stride, padding, dilation, groups, max_elements=max_elements), want)
+    # the strided-copy unfold the lut gradient and this convolution use is F.unfold exactly
+    from runner.exact_conv import unfold
+
+    kernel = wshape[2:]
+    assert torch.equal(unfold(x, kernel, dilation, padding, stride),
+                       F.unfold(x, kernel, dilation=dilation, padding=padding, stride=stride))
 
 
 @pytest.mark.cuda

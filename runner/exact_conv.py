@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from runner.reference import conv_output_size
+from runner.reference import as_pair, conv_output_size
 
 
 def exact_dtype(k: int, signed: bool) -> torch.dtype:
@@ -34,11 +34,12 @@ def exact_conv2d(codes: torch.Tensor, weight_codes: torch.Tensor, stride, paddin
 def unfold(x: torch.Tensor, kernel, dilation, padding, stride) -> torch.Tensor:
     """F.unfold(x, ...) ([B, C*kh*kw, Ho*Wo], padding zeros) as one strided copy of the padded input. On a GPU
     F.unfold launches an im2col kernel per image: 512 launches per training step of LeNet-5 at batch 256."""
-    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = (tuple(v) if isinstance(v, (tuple, list)) else (v, v)
-                                              for v in (kernel, dilation, padding, stride))
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = (as_pair(v, name) for v, name in
+                                              ((kernel, "kernel"), (dilation, "dilation"), (padding, "padding"),
+                                               (stride, "stride")))
+    ho, wo = conv_output_size(x.shape[2], x.shape[3], kh, kw, (sh, sw), (ph, pw), (dh, dw))
     xp = F.pad(x, (pw, pw, ph, ph)).contiguous()
-    b, c, hp, wp = xp.shape
-    ho, wo = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
+    b, c = xp.shape[:2]
     sb, sc, sy, sx = xp.stride()
     view = xp.as_strided((b, c, kh, kw, ho, wo), (sb, sc, sy * dh, sx * dw, sy * sh, sx * sw))
     return view.reshape(b, c * kh * kw, ho * wo)
@@ -49,8 +50,8 @@ def unfold_conv2d(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation, g
     """conv2d (no bias) as im2col for a slice of the batch at once and one batched matmul per slice; the slices
     keep the unfolded input below max_elements. Only multiplies and adds, so integer-valued operands whose sums
     stay exact in the dtype give the exact integers."""
-    stride, padding, dilation = (tuple(v) if isinstance(v, (tuple, list)) else (v, v)
-                                 for v in (stride, padding, dilation))
+    stride, padding, dilation = (as_pair(v, name) for v, name in
+                                 ((stride, "stride"), (padding, "padding"), (dilation, "dilation")))
     b, n, (kh, kw) = x.shape[0], w.shape[0], w.shape[2:]
     ho, wo = conv_output_size(x.shape[2], x.shape[3], kh, kw, stride, padding, dilation)
     taps = w[0].numel()

@@ -11,6 +11,8 @@
 #     distill_alpha 0/0.5 x (3 and 8 epochs at batch 64, 3 epochs at batch 16) = 18 retrainings; mul8s_1L2N: 3 x
 #     batch 16/64, 3 epochs = 6; measured on an H200: 105 + 62 + 43 s for the three grids, plus the baseline's
 #     training on the first run, which later runs reuse from $OUT; results in benchmarks/finetune_tuning_fashion_gpu.csv)
+#     FMNIST=DIR bash benchmarks/finetune_recover.sh tune-epochs  # epochs 3-6 x warm-up 0 / 0.5 at the default
+#     scale factors (mul8u_T83 3 seeds, mul8s_1L2N 2), then the pick by the rule in docs/finetune.md (about 3 min on an H100)
 #     CONFIRM_ARGS="finetune.batch_size=64 ..." adds overrides to confirm's runs (default: none, the defaults)
 #
 # tune prints one CSV row per setting (val_after = validation accuracy after retraining, finetune_s = seconds of
@@ -47,6 +49,21 @@ esac
 case $mode in tune|tune-1l2n|all)
   # mul8s_1L2N met its bar: the weight scale factor must not cost it
   tune 1l2n --multipliers mul8s_1L2N --grid weight_scale_factor=$WSF --grid epochs=3 --grid batch_size=16,64
+esac
+
+case $mode in tune-epochs)
+  tune epochs-t83 --seeds 0,1,2 --multipliers mul8u_T83 --grid batch_size=64 --grid epochs=3,4,5,6 --grid warmup_epochs=0,0.5
+  tune epochs-1l2n --seeds 0,1 --multipliers mul8s_1L2N --grid batch_size=64 --grid epochs=3,4,5,6 --grid warmup_epochs=0,0.5
+  $PY - "$out/tune_epochs-t83.csv" "$out/tune_epochs-1l2n.csv" <<'PY'
+import sys, pandas as pd
+t = pd.read_csv(sys.argv[1]).groupby(["epochs", "warmup_epochs"]).val_after.mean()
+n = pd.read_csv(sys.argv[2]).groupby(["epochs", "warmup_epochs"]).val_after.mean()
+print(pd.DataFrame({"mul8u_T83": t, "mul8s_1L2N": n}).round(4).to_string())
+# the pick: best mean mul8u_T83 validation accuracy where mul8s_1L2N stays within 0.3 points of 3 epochs, no warm-up
+ok = n[n >= n[(3, 0.0)] - 0.003].index
+e, w = t[t.index.isin(ok)].idxmax()
+print(f"pick: finetune.epochs={e} finetune.warmup_epochs={w}")
+PY
 esac
 
 case $mode in confirm|all)

@@ -56,6 +56,18 @@ def test_config_validation():
     assert (nested.distill_alpha, nested.distill_temperature) == (0.5, 2) and nested.distills
 
 
+def test_recipe_comes_from_the_data_config(tmp_path):
+    """Epochs, warm-up and batch were chosen per data set on its validation split (docs/finetune.md)."""
+    def recipe(*overrides):
+        ft = FinetuneConfig.from_cfg(compose("finetune", list(overrides), tmp_path).finetune)
+        return ft.epochs, ft.warmup_epochs, ft.batch_size
+
+    assert recipe() == (3, 0.0, 16)
+    assert recipe("data=fashion_mnist") == (5, 0.5, 64)
+    assert recipe("data=fashion_mnist", "finetune.epochs=2") == (2, 0.5, 64)
+    assert compose("compare", ["data=fashion_mnist"], tmp_path).finetune.epochs == 0  # compare retrains only when asked
+
+
 def test_row_key_includes_the_finetune_settings(tmp_path):
     from runner.compare import plan_run
 

@@ -44,6 +44,7 @@ def test_checkpoint_name_depends_only_on_weight_config(tmp_path):
     assert checkpoint_path(compose("train", ["train.force=true", "device=cpu"], tmp_path)) == base
     # the retraining batch lives in the data config but does not touch the baseline's weights
     assert checkpoint_path(compose("train", ["data.finetune_batch_size=64"], tmp_path)) == base
+    assert checkpoint_path(compose("train", ["data.finetune_epochs=7", "data.finetune_warmup_epochs=1"], tmp_path)) == base
     assert checkpoint_path(compose("train", ["train.epochs=3"], tmp_path)) != base
     assert checkpoint_path(compose("train", ["seed=1"], tmp_path)) != base
     assert checkpoint_path(compose("compare", [], tmp_path)) == base  # compare finds train's checkpoint

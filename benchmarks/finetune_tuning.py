@@ -12,6 +12,8 @@ the converted model on the same images, and the score is validation accuracy: th
 --data fashion_mnist holds out a stratified 10,000 of the 60,000 training images for validation (the 10,000
 test images are never read). --train-images N retrains (and trains the baseline) on a seeded subset of the
 rest, to fit a small CPU. --baseline FILE keeps the baseline's weights between runs (written if missing).
+--model M (default lenet5) takes any model of the zoo, whose baseline trains with its own recipe
+(configs/train/*.yaml, as `approx-run train model=M`).
 
 --grid NAME=V1,V2 (repeatable) replaces the default grid; other settings keep FinetuneConfig's defaults
 (distillation: --grid distill_alpha=0,0.5 --grid distill_temperature=4; the teacher is the fp32 baseline).
@@ -38,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from runner.data import load_mnist5k  # noqa: E402
 from runner.finetune import FinetuneConfig, train_epochs  # noqa: E402
 from runner.layers import quantized_models  # noqa: E402
-from runner.models import LeNet5  # noqa: E402
+from runner.models import LeNet5, build_model  # noqa: E402
 from runner.multipliers import resolve  # noqa: E402
 from runner.quant import QuantConfig  # noqa: E402
 from runner.train import evaluate_accuracy  # noqa: E402
@@ -46,18 +48,30 @@ from runner.train import evaluate_accuracy  # noqa: E402
 GRID = {"lr": [1e-3, 3e-3, 5e-3], "batch_size": [32, 64], "learn_scales": [True, False]}
 
 
-def baseline(data, epochs=20, seed=0, device="cpu"):
-    """LeNet-5 trained like `approx-run train` (Adam 1e-3, cosine, batch 64) on data's training images."""
+def model_config(model: str, data_name: str):
+    """The model's config and training recipe as `approx-run train model=M data=D` composes them."""
+    from runner.config import compose
+
+    return compose("train", [f"model={model}", f"data={data_name}"])
+
+
+def baseline(data, epochs=20, seed=0, device="cpu", model="lenet5"):
+    """LeNet-5 trained like `approx-run train` (Adam 1e-3, cosine, batch 64) on data's training images; another
+    model with its own recipe (configs/train/*.yaml), as `approx-run train model=M` trains it."""
     from omegaconf import OmegaConf
 
     from runner.train import train_model
 
-    cfg = OmegaConf.create({"seed": seed, "model": {"name": "lenet5"},
-                            "train": {"epochs": epochs, "batch_size": 64, "lr": 1e-3, "schedule": "cosine",
-                                      "weight_decay": 0.0, "eval_batch_size": 1000}})
+    if model == "lenet5":
+        cfg = OmegaConf.create({"seed": seed, "model": {"name": "lenet5"},
+                                "train": {"epochs": epochs, "batch_size": 64, "lr": 1e-3, "schedule": "cosine",
+                                          "weight_decay": 0.0, "eval_batch_size": 1000}})
+    else:
+        cfg = model_config(model, data.name)
+        cfg.seed = seed
     with contextlib.redirect_stdout(io.StringIO()):
-        model, _ = train_model(cfg, data, torch.device(device))
-    return model
+        trained, _ = train_model(cfg, data, torch.device(device))
+    return trained
 
 
 def load(args):
@@ -76,6 +90,7 @@ def load(args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="lenet5", help="any model= of the zoo (its own training recipe)")
     ap.add_argument("--multipliers", default="mul8s_1L2N,mul8u_T83")
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--epochs", type=int, default=3, help="finetune.epochs (unless the grid sets epochs)")
@@ -95,15 +110,16 @@ def main(argv=None):
                 for k, vs in (g.split("=", 1) for g in args.grid)}
     data, baseline_epochs = load(args)
     if args.baseline and Path(args.baseline).exists():
-        model = LeNet5(mean=data.mean, std=data.std)
+        model = (LeNet5(mean=data.mean, std=data.std) if args.model == "lenet5"
+                 else build_model(model_config(args.model, data.name).model, data.mean, data.std))
         model.load_state_dict(torch.load(args.baseline, weights_only=True))
     else:
-        model = baseline(data, epochs=baseline_epochs, device=args.device).cpu()
+        model = baseline(data, epochs=baseline_epochs, device=args.device, model=args.model).cpu()
         if args.baseline:
             torch.save(model.state_dict(), args.baseline)
     dev = torch.device(args.device)
     model = model.to(dev)
-    print(f"{args.data}: {len(data.train_y)} training images, {len(data.test_y)} validation images, baseline "
+    print(f"{args.model}, {args.data}: {len(data.train_y)} training images, {len(data.test_y)} validation images, baseline "
           f"{evaluate_accuracy(model, data.test_x, data.test_y, 1000, dev):.4f}, threads {torch.get_num_threads()}, "
           f"device {args.device}, backend {args.backend}",
           file=sys.stderr, flush=True)

@@ -55,7 +55,7 @@ def model_config(model: str, data_name: str):
     return compose("train", [f"model={model}", f"data={data_name}"])
 
 
-def baseline(data, epochs=20, seed=0, device="cpu", model="lenet5"):
+def baseline(data, epochs=20, seed=0, device="cpu", model="lenet5", data_name="mnist5k"):
     """LeNet-5 trained like `approx-run train` (Adam 1e-3, cosine, batch 64) on data's training images; another
     model with its own recipe (configs/train/*.yaml), as `approx-run train model=M` trains it."""
     from omegaconf import OmegaConf
@@ -67,7 +67,7 @@ def baseline(data, epochs=20, seed=0, device="cpu", model="lenet5"):
                                 "train": {"epochs": epochs, "batch_size": 64, "lr": 1e-3, "schedule": "cosine",
                                           "weight_decay": 0.0, "eval_batch_size": 1000}})
     else:
-        cfg = model_config(model, data.name)
+        cfg = model_config(model, data_name)
         cfg.seed = seed
     with contextlib.redirect_stdout(io.StringIO()):
         trained, _ = train_model(cfg, data, torch.device(device))
@@ -111,10 +111,10 @@ def main(argv=None):
     data, baseline_epochs = load(args)
     if args.baseline and Path(args.baseline).exists():
         model = (LeNet5(mean=data.mean, std=data.std) if args.model == "lenet5"
-                 else build_model(model_config(args.model, data.name).model, data.mean, data.std))
+                 else build_model(model_config(args.model, args.data).model, data.mean, data.std))
         model.load_state_dict(torch.load(args.baseline, weights_only=True))
     else:
-        model = baseline(data, epochs=baseline_epochs, device=args.device, model=args.model).cpu()
+        model = baseline(data, epochs=baseline_epochs, device=args.device, model=args.model, data_name=args.data).cpu()
         if args.baseline:
             torch.save(model.state_dict(), args.baseline)
     dev = torch.device(args.device)

@@ -25,7 +25,7 @@ from runner.layers import auto_picks, convert_model, quantized_layers, select_la
 from runner.models import build_model
 from runner.multipliers import metrics_of, resolve_per_layer
 from runner.ops import BACKEND_DEVICE, check_algo
-from runner.provenance import atomic_write_json, environment, resolve_device
+from runner.provenance import atomic_write_json, environment, host_device, resolve_device
 from runner.quant import QuantConfig, quant_layers
 from runner.session import cache_key
 from runner.store import append_rows, done_keys, write_csv
@@ -127,7 +127,7 @@ def _row(path, timed, y, ref_preds, batch_size, device, threads) -> dict:
         "latency_ms_median": round(timed.latency_ms_median, 3),
         "testset_ms_median": round(timed.total_ms_median, 3),
         "throughput_img_s": round(n / (timed.total_ms_median / 1e3), 1) if timed.pass_ms else None,
-        "batch_size": batch_size, "threads": threads, "device": str(device),
+        "batch_size": batch_size, "threads": threads, "device": host_device(device),
     }
     return row
 

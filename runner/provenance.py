@@ -41,6 +41,17 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def host_device(device: torch.device) -> str:
+    """The device as the host numbers it: a worker that sees one GPU through CUDA_VISIBLE_DEVICES calls it
+    cuda:0, and rows from several workers must still say which card ran them."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if device.type != "cuda" or not visible:
+        return str(device)
+    ids = [v.strip() for v in visible.split(",")]
+    index = device.index or 0
+    return f"cuda:{ids[index]}" if index < len(ids) and ids[index].isdigit() else str(device)
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -56,7 +67,7 @@ def environment(device: torch.device) -> dict:
         "python": platform.python_version(),
         "torch": str(torch.__version__),
         "cuda": torch.version.cuda,
-        "device": str(device),
+        "device": host_device(device),
         "device_name": device_name(device),
         "threads": torch.get_num_threads(),
         "hostname": platform.node(),

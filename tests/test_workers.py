@@ -237,6 +237,22 @@ def test_submitit_local_chunks(tmp_path, checkpoints):
     assert _summary(tmp_path)["status"].tolist() == ["skipped"] * 4
 
 
+def test_rows_name_the_hosts_gpu(monkeypatch):
+    """A worker sees its GPU as cuda:0; its rows and run.json must name the card the host knows."""
+    import torch
+
+    from runner.provenance import host_device
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert host_device(torch.device("cuda:1")) == "cuda:5"
+    assert host_device(torch.device("cuda")) == "cuda:3"
+    assert host_device(torch.device("cpu")) == "cpu"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f2a")  # UUIDs: keep torch's name
+    assert host_device(torch.device("cuda:0")) == "cuda:0"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert host_device(torch.device("cuda:1")) == "cuda:1"
+
+
 @pytest.mark.cuda
 @needs_cpp
 def test_two_gpus_rows_as_one(tmp_path, checkpoints):
@@ -255,6 +271,7 @@ def test_two_gpus_rows_as_one(tmp_path, checkpoints):
     assert rc == 0, out
     cols = ["multiplier", "status", "row_key", "correct", "accuracy"]
     pd.testing.assert_frame_equal(_approx_rows(tmp_path / "one")[cols], _approx_rows(tmp_path / "two")[cols])
+    assert set(_approx_rows(tmp_path / "two")["device"]) == {"cuda:0", "cuda:1"}  # each worker's own card
 
 
 @needs_cpp

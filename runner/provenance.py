@@ -41,9 +41,10 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def host_device(device: torch.device) -> str:
+def host_device(device: torch.device | str) -> str:
     """The device as the host numbers it: a worker that sees one GPU through CUDA_VISIBLE_DEVICES calls it
     cuda:0, and rows from several workers must still say which card ran them."""
+    device = torch.device(device)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if device.type != "cuda" or not visible:
         return str(device)

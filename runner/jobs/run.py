@@ -73,7 +73,7 @@ def run_job(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None, 
             overrides = list(HydraConfig.get().overrides.task)
         except ValueError:
             overrides = []
-    cfg = with_multiplier(cfg)
+        cfg = with_multiplier(cfg)  # Hydra composed it; in-process jobs come with their multiplier set
     result = compare.run(cfg, out_dir, quiet=quiet, plan=plan)
     atomic_write_json(Path(out_dir) / "job.json", {
         "status": result.get("status"), "error": result.get("error", ""), "overrides": overrides,

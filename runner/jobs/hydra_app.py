@@ -95,7 +95,7 @@ def run_hydra_command(command: str, args: list[str], task_fn: Callable[[DictConf
 def compose_jobs(command: str, jobs: list[list[str]], overrides: list[str]) -> list[DictConfig]:
     """Each job's config (jobs: each job's overrides; overrides: the command line's, for its hydra.* ones).
     Jobs that differ only in sweep.multiplier (a plain key) share one composition, and every job's config
-    comes resolved (see resolved_once)."""
+    comes resolved (resolve_in_place, resolved_once)."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import open_dict
@@ -120,7 +120,9 @@ def compose_jobs(command: str, jobs: list[list[str]], overrides: list[str]) -> l
                 with open_dict(cfg):
                     cfg.sweep.multiplier = parser.parse_override(picked[0]).value()
             cfg = with_multiplier(cfg)
-            cfgs.append(cfg if is_resolved else resolved(cfg))
+            if not is_resolved:
+                resolve_in_place(cfg)
+            cfgs.append(cfg)
     return cfgs
 
 
@@ -135,33 +137,31 @@ def _strings(node):
             yield from _strings(value)
 
 
-def resolved(cfg: DictConfig) -> DictConfig:
-    """cfg with every interpolation replaced by its value. OmegaConf parses an interpolation again on every
-    read (with its ANTLR grammar), and a job reads its config many times (planning, row keys, checkpoint
-    name, config.yaml, run.json), each read the same value, since a job's config does not change once
-    composed. A config with an interpolation that cannot be resolved is returned as composed: the job that
-    reads it reports it, as before."""
+def resolve_in_place(cfg: DictConfig) -> None:
+    """Replace cfg's interpolations by their values. OmegaConf parses an interpolation again on every read
+    (with its ANTLR grammar), and a job reads its config many times (planning, row keys, checkpoint name,
+    config.yaml, run.json), each time the same value once the job's config is final. An interpolation that
+    cannot be resolved stays as it is (the others are resolved): the job that reads it reports it, as it
+    would have."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    out = copy.deepcopy(cfg)
     try:
-        OmegaConf.resolve(out)
+        OmegaConf.resolve(cfg)
     except OmegaConfBaseException:
-        return cfg
-    return out
+        pass
 
 
 def resolved_once(cfg: DictConfig) -> tuple[DictConfig, bool]:
-    """(the composition the jobs copy, whether it is resolved already). Resolved once here unless an
+    """(the composition the jobs copy, whether it is final). Resolved once here (resolve_in_place) unless an
     interpolation may read the multiplier (or sweep.multiplier), which each job sets: then each job's
     config is resolved after its multiplier is set (compose_jobs)."""
     from omegaconf import OmegaConf
 
     if any("${" in s and "multiplier" in s for s in _strings(OmegaConf.to_container(cfg, resolve=False))):
         return cfg, False
-    out = resolved(cfg)
-    return out, out is not cfg
+    resolve_in_place(cfg)
+    return cfg, True
 
 
 def compose_command(command: str, argv: list[str] | None, key: str, doc: str, keys_help: str):

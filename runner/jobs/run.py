@@ -11,6 +11,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from runner.errors import UserError
+from runner.jobs.hydra_app import resolve_in_place
 from runner.jobs.plan import Job, Plan, with_multiplier
 
 
@@ -27,8 +28,10 @@ def plan_or_reason(cfg: DictConfig) -> tuple[Plan | None, str]:
 
 
 def plan_all(jobs: list[Job]) -> list[Job]:
-    """Each job with its plan, or the reason it has none."""
+    """Each job with its plan, or the reason it has none. A job's config is final once planned, so it is
+    resolved here (resolve_in_place: each later read is a plain value), if its composer has not done so."""
     for job in jobs:
+        resolve_in_place(job.cfg)
         job.plan, job.plan_error = plan_or_reason(job.cfg)
     return jobs
 

@@ -16,7 +16,6 @@ from omegaconf import DictConfig, OmegaConf
 from runner import finetune, gpus, session
 from runner._ext import backend_status
 from runner.console import console, print_table, progress_bar
-from runner.data import data_digest
 from runner.errors import UserError, config_number
 from runner import operand
 from runner.energy import energy, layer_macs
@@ -278,7 +277,7 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False, plan
     extra["approx"].update({"mult_energy_rel": spent["mult_energy_rel"], **op_cols})
     extra["approx_finetuned"]["mult_energy_rel"] = spent["mult_energy_rel"]
     env = sess.memo(("environment", str(device)), lambda: environment(device))  # git runs once per command
-    data_sha = data_digest(cfg.data)  # the sha256 in the weight config (row keys, checkpoint name)
+    data_sha = weight_config(cfg)["data"]["sha256"]
     rows, preds = [], {}
     # fakequant predictions are needed for agreement even when its row is already recorded
     order = ["pytorch", "fakequant"] + [p for p in ("approx", "approx_finetuned") if p in models and p in wanted]

@@ -6,6 +6,9 @@
 
 The first form prints the time to import torch, all imports, the command, and the summed wall time (and
 call count) of each step below; steps nest (a job contains its evaluations), so the rows do not add up.
+The evaluation passes (run_timed) inside prepare and inside the jobs are also summed apart, and each of
+those two steps printed without them: the fixed costs a change to set-up or per-job work moves. Steps a
+version of the code lacks are left out, so the same script times an older tree (PYTHONPATH=OLD_TREE).
 The second times one forward of the fp32, fake-quant and approx (backend=cpp) LeNet-5 over the 1,000
 mnist5k test images (median of 9 after one warm-up), the unit the sweep repeats 4 times per path."""
 from __future__ import annotations

@@ -6,6 +6,9 @@
 
 The first form prints the time to import torch, all imports, the command, and the summed wall time (and
 call count) of each step below; steps nest (a job contains its evaluations), so the rows do not add up.
+The evaluation passes (run_timed) inside prepare and inside the jobs are also summed apart, and each of
+those two steps printed without them: the fixed costs a change to set-up or per-job work moves. Steps a
+version of the code lacks are left out, so the same script times an older tree (PYTHONPATH=OLD_TREE).
 The second times one forward of the fp32, fake-quant and approx (backend=cpp) LeNet-5 over the 1,000
 mnist5k test images (median of 9 after one warm-up), the unit the sweep repeats 4 times per path."""
 from __future__ import annotations
@@ -20,35 +23,48 @@ import torch  # noqa: E402
 
 T_TORCH = time.perf_counter() - T0
 
-from runner import cli, compare, data, evaluate, operand, session, sweep, train  # noqa: E402
+from runner import cli, compare, data, evaluate, operand, provenance, session, sweep, train  # noqa: E402
 from runner.jobs import hydra_app, run as jobs_run  # noqa: E402
 
 T_IMPORTS = time.perf_counter() - T0
-STEPS = {  # module -> the functions timed (looked up where the sweep calls them)
+STEPS = {  # module -> the functions timed (looked up where the sweep calls them; names a version lacks are skipped)
     sweep: ["sweep_jobs", "compose_jobs", "plan_all", "prepare", "run_jobs", "summarize"],
     jobs_run: ["run_job"],
-    compare: ["build_models", "run_timed", "layer_macs", "auto_picks", "plan_run"],
+    compare: ["build_models", "run_timed", "layer_macs", "auto_picks", "plan_run", "model_layers", "append_rows",
+              "write_csv", "atomic_write_json"],
+    provenance: ["write_config_yaml"],
     operand: ["operand_histograms", "metrics"],
     data: ["load_dataset"],
     train: ["load_or_train"],
     session.Session: ["calibration", "baseline"],
 }
+PHASES = ("runner.sweep.prepare", "runner.sweep.run_jobs")  # the evaluation passes inside each are summed apart
 
 
 def timed_steps() -> tuple[dict, collections.Counter]:
     spent, calls = collections.defaultdict(float), collections.Counter()
+    active = []
     for owner, names in STEPS.items():
         for name in names:
+            if not hasattr(owner, name):
+                continue
             fn, label = getattr(owner, name), f"{getattr(owner, '__name__', owner)}.{name}"
 
             @functools.wraps(fn)
             def wrapper(*args, _fn=fn, _label=label, **kw):
                 t = time.perf_counter()
+                active.append(_label)
                 try:
                     return _fn(*args, **kw)
                 finally:
-                    spent[_label] += time.perf_counter() - t
+                    active.pop()
+                    took = time.perf_counter() - t
+                    spent[_label] += took
                     calls[_label] += 1
+                    if _label == "runner.compare.run_timed":
+                        for phase in PHASES:
+                            if phase in active:
+                                spent[f"{phase}: its evaluation passes (run_timed)"] += took
             setattr(owner, name, wrapper)
     return spent, calls
 
@@ -88,7 +104,10 @@ def main() -> int:
     print(f"\nimport torch {T_TORCH:.2f} s, all imports {T_IMPORTS:.2f} s, command {took:.2f} s, "
           f"total {time.perf_counter() - T0:.2f} s", file=sys.stderr)
     for label, s in sorted(spent.items(), key=lambda kv: -kv[1]):
-        print(f"  {s:8.2f} s {calls[label]:4d}x  {label}", file=sys.stderr)
+        print(f"  {s:8.2f} s {calls[label] or '':>4}{'x' if calls[label] else ' '}  {label}", file=sys.stderr)
+    for phase in PHASES:
+        passes = spent[f"{phase}: its evaluation passes (run_timed)"]
+        print(f"  {spent[phase] - passes:8.2f} s        {phase} without its evaluation passes", file=sys.stderr)
     return rc
 
 

@@ -167,12 +167,22 @@ def plan_run(cfg: DictConfig) -> Plan:
     pytorch/fakequant rows and to find each job's rows afterwards."""
     check_eval_config(cfg.eval)
     device = eval_device(cfg)
-    with torch.device("meta"):  # only the layers' names and shapes: no weights to initialise
-        model = build_model(cfg.model, 0.0, 1.0)
-    layer_names = list(quant_layers(model))
-    approx_layers = select_layers(model, cfg.model.get("approx_layers"))
+    layer_names, approx_layers = model_layers(cfg.model)
     multipliers = resolve_per_layer(cfg.multiplier, layer_names)
     return Plan(device, approx_layers, multipliers, row_keys(cfg, multipliers, approx_layers, device))
+
+
+def model_layers(model_cfg: DictConfig) -> tuple[list[str], list[str]]:
+    """(every quantized layer, the approximated ones) of a model config, from a build without weights; once
+    per distinct model config in this process (a sweep plans many jobs of one model)."""
+    def build():
+        with torch.device("meta"):  # only the layers' names and shapes: no weights to initialise
+            model = build_model(model_cfg, 0.0, 1.0)
+        return tuple(quant_layers(model)), tuple(select_layers(model, model_cfg.get("approx_layers")))
+
+    key = ("model_layers", cache_key(OmegaConf.to_container(model_cfg, resolve=True)))
+    names, approx = session.get().memo(key, build)
+    return list(names), list(approx)
 
 
 def build_models(cfg: DictConfig, model, ckpt, calib_x, multipliers: dict, approx_layers: list[str], keys: dict,

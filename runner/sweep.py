@@ -55,7 +55,7 @@ def prepare(jobs: list[Job], sweep_dir: Path) -> None:
     from runner.store import done_keys
     from runner.train import checkpoint_path, load_or_train
 
-    seen_ckpt, seen_ref = set(), set()
+    seen_ckpt, seen_ref, seen_weights = set(), set(), set()
     for job in jobs:
         if job.plan is None:
             continue
@@ -72,7 +72,13 @@ def prepare(jobs: list[Job], sweep_dir: Path) -> None:
                 out = sweep_dir / "reference" / str(len(seen_ref) - 1)
                 out.mkdir(parents=True, exist_ok=True)
                 console.print(f"[bold]sweep:[/] reference rows ({', '.join(wanted)}) for job {job.num}")
-                compare.run(ref_cfg, out, quiet=True)
+                # the job's plan holds for its reference run: eval.paths is in no row key, nothing it plans
+                compare.run(ref_cfg, out, quiet=True, plan=job.plan)
+        # the pytorch row key holds the weight config: jobs that share it and the checkpoint dir share a baseline
+        weights = (keys["pytorch"], str(cfg.paths.checkpoints))
+        if weights in seen_weights:
+            continue
+        seen_weights.add(weights)
         ckpt = str(checkpoint_path(cfg))
         if ckpt not in seen_ckpt:
             seen_ckpt.add(ckpt)

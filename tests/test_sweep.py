@@ -123,6 +123,38 @@ def test_jobs_sharing_a_converted_model_equal_separate_compare_runs(tmp_path, ch
     session.reset()
 
 
+# what differs between two runs of the same evaluation: when and where it ran, and its timings
+RUN_COLUMNS = {"timestamp", "run_dir", "latency_ms_median", "testset_ms_median", "throughput_img_s", "elapsed_s"}
+
+
+def test_sweep_rows_equal_rows_of_jobs_composed_alone(tmp_path, checkpoints):
+    """The in-process sweep (one composition for the jobs, resolved configs, plans made before the jobs,
+    reference rows in prepare) records the rows each job records when composed and run by itself, as a
+    launcher's process runs it: the same row keys, every column equal but the run's time and place."""
+    from runner import session
+    from runner.cli import _main
+    from runner.jobs.run import run_job
+
+    names = "mul8s_1L2N,mul8u_2V0,mul8s_1KV9"  # both signednesses: two fake-quant references
+    session.reset()
+    assert _main(_args(tmp_path, checkpoints, names)) == 0
+    swept = pd.read_csv(tmp_path / "results" / "results.csv", dtype=str, keep_default_na=False)
+    alone_dir = tmp_path / "alone"
+    for num, job in enumerate(expand_jobs([f"sweep.multiplier={names}", *FAST])):
+        session.reset()
+        cfg = compose("sweep", [*job, f"paths.results={alone_dir}", f"paths.checkpoints={checkpoints}"])
+        assert run_job(cfg, alone_dir / str(num))["status"] == "ok"
+    session.reset()
+    alone = pd.read_csv(alone_dir / "results.csv", dtype=str, keep_default_na=False)
+    assert len(swept) == len(alone) == 6 and (swept["status"] == "ok").all()
+    assert sorted(swept["row_key"]) == sorted(alone["row_key"])
+    assert sorted(swept.columns) == sorted(alone.columns)
+    columns = sorted(set(swept.columns) - RUN_COLUMNS)
+    a = swept.set_index("row_key").loc[sorted(swept["row_key"]), [c for c in columns if c != "row_key"]]
+    b = alone.set_index("row_key").loc[sorted(alone["row_key"]), [c for c in columns if c != "row_key"]]
+    assert a.to_dict("index") == b.to_dict("index")
+
+
 def test_resume_after_kill(tmp_path, checkpoints):
     names = ["exact", "mul8s_1KV8", "mul8s_1KV9", "mul8s_1KVA"]
     args = _args(tmp_path, checkpoints, ",".join(names))

@@ -94,14 +94,15 @@ def run_hydra_command(command: str, args: list[str], task_fn: Callable[[DictConf
 
 def compose_jobs(command: str, jobs: list[list[str]], overrides: list[str]) -> list[DictConfig]:
     """Each job's config (jobs: each job's overrides; overrides: the command line's, for its hydra.* ones).
-    Jobs that differ only in sweep.multiplier (a plain key) share one composition."""
+    Jobs that differ only in sweep.multiplier (a plain key) share one composition, and every job's config
+    comes resolved (resolve_in_place, resolved_once)."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import open_dict
 
     parser = OverridesParser.create()
     hydra_overrides = [o for o in overrides if is_hydra_override(o)]
-    composed: dict[tuple, DictConfig] = {}
+    composed: dict[tuple, tuple[DictConfig, bool]] = {}  # overrides but the multiplier -> (config, resolved)
     cfgs = []
     with HeldSignals(), initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=command):
         if hydra_overrides:  # a bad launcher or hydra.* override: say so first, before the jobs' errors
@@ -111,14 +112,56 @@ def compose_jobs(command: str, jobs: list[list[str]], overrides: list[str]) -> l
             rest = tuple(o for o in job if not o.startswith("sweep.multiplier="))
             if rest not in composed:
                 with compose_errors(command, job=job):
-                    composed[rest] = hydra_compose(config_name=command, overrides=list(rest))
-            cfg = copy.deepcopy(composed[rest])
+                    composed[rest] = resolved_once(hydra_compose(config_name=command, overrides=list(rest)))
+            shared, is_resolved = composed[rest]
+            cfg = copy.deepcopy(shared)
             picked = [o for o in job if o.startswith("sweep.multiplier=")]
             if picked:
                 with open_dict(cfg):
                     cfg.sweep.multiplier = parser.parse_override(picked[0]).value()
-            cfgs.append(with_multiplier(cfg))
+            cfg = with_multiplier(cfg)
+            if not is_resolved:
+                resolve_in_place(cfg)
+            cfgs.append(cfg)
     return cfgs
+
+
+def _strings(node):
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for value in node.values():
+            yield from _strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings(value)
+
+
+def resolve_in_place(cfg: DictConfig) -> None:
+    """Replace cfg's interpolations by their values. OmegaConf parses an interpolation again on every read
+    (with its ANTLR grammar), and a job reads its config many times (planning, row keys, checkpoint name,
+    config.yaml, run.json), each time the same value once the job's config is final. An interpolation that
+    cannot be resolved stays as it is (the others are resolved): the job that reads it reports it, as it
+    would have."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException:
+        pass
+
+
+def resolved_once(cfg: DictConfig) -> tuple[DictConfig, bool]:
+    """(the composition the jobs copy, whether it is final). Resolved once here (resolve_in_place) unless an
+    interpolation may read the multiplier (or sweep.multiplier), which each job sets: then each job's
+    config is resolved after its multiplier is set (compose_jobs)."""
+    from omegaconf import OmegaConf
+
+    if any("${" in s and "multiplier" in s for s in _strings(OmegaConf.to_container(cfg, resolve=False))):
+        return cfg, False
+    resolve_in_place(cfg)
+    return cfg, True
 
 
 def compose_command(command: str, argv: list[str] | None, key: str, doc: str, keys_help: str):

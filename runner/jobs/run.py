@@ -11,6 +11,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from runner.errors import UserError
+from runner.jobs.hydra_app import resolve_in_place
 from runner.jobs.plan import Job, Plan, with_multiplier
 
 
@@ -27,8 +28,10 @@ def plan_or_reason(cfg: DictConfig) -> tuple[Plan | None, str]:
 
 
 def plan_all(jobs: list[Job]) -> list[Job]:
-    """Each job with its plan, or the reason it has none."""
+    """Each job with its plan, or the reason it has none. A job's config is final once planned, so it is
+    resolved here (resolve_in_place: each later read is a plain value), if its composer has not done so."""
     for job in jobs:
+        resolve_in_place(job.cfg)
         job.plan, job.plan_error = plan_or_reason(job.cfg)
     return jobs
 
@@ -73,7 +76,7 @@ def run_job(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None, 
             overrides = list(HydraConfig.get().overrides.task)
         except ValueError:
             overrides = []
-    cfg = with_multiplier(cfg)
+        cfg = with_multiplier(cfg)  # Hydra composed it; in-process jobs come with their multiplier set
     result = compare.run(cfg, out_dir, quiet=quiet, plan=plan)
     atomic_write_json(Path(out_dir) / "job.json", {
         "status": result.get("status"), "error": result.get("error", ""), "overrides": overrides,

@@ -61,3 +61,20 @@ def test_a_job_that_cannot_be_planned_keeps_the_reason(tmp_path):
     cfg = compose("compare", ["backend=python", "model.approx_layers=[conv9]"], tmp_path)
     (job,) = plan_all([Job(0, ["model.approx_layers=[conv9]"], cfg, Path(tmp_path / "0"))])
     assert job.plan is None and "conv9" in job.plan_error
+
+
+def test_planning_resolves_the_job_config_and_plans_as_before(tmp_path):
+    """A job config given to plan_all as composed (sensitivity's) leaves it resolved, with the same values and
+    the plan its unresolved twin gets."""
+    import copy
+
+    from omegaconf import OmegaConf
+
+    cfg = compose("compare", ["backend=python", "multiplier=mul8u_2V0"], tmp_path)
+    twin = copy.deepcopy(cfg)
+    assert "${" in OmegaConf.to_yaml(twin)
+    (job,) = plan_all([Job(0, [], cfg, Path(tmp_path / "0"))])
+    assert "${" not in OmegaConf.to_yaml(job.cfg)
+    assert OmegaConf.to_container(job.cfg) == OmegaConf.to_container(twin, resolve=True)
+    plan, _ = plan_or_reason(twin)
+    assert (job.plan.approx_layers, job.plan.row_keys) == (plan.approx_layers, plan.row_keys)

@@ -24,4 +24,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$inputs" ] || ! "$PY" -c "import torch, r
   MAX_JOBS=${MAX_JOBS:-2} pip_install -c constraints.txt --no-build-isolation -e ".[test,sweep]"
   echo "$inputs" > "$stamp"
 fi
+# byte-compiled once here: where PYTHONDONTWRITEBYTECODE is set, every command would compile the sources again
+"$PY" -m compileall -q runner > /dev/null
 "$VENV/bin/approx-run" info

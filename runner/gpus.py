@@ -2,11 +2,18 @@
 GPU a process of the worker pool serves (runner.workers)."""
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from filelock import FileLock, Timeout
+
+def visible_gpu_ids() -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES as its entries (host indices or UUIDs); None where it is unset or empty."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return [v.strip() for v in visible.split(",")] if visible else None
+
 
 # The GPU this process serves for a worker pool, while `pinned` holds it; None: lease one per job.
 _pinned: int | None = None

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from runner.gpus import visible_gpu_ids
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -45,10 +47,9 @@ def host_device(device: torch.device | str) -> str:
     """The device as the host numbers it: a worker that sees one GPU through CUDA_VISIBLE_DEVICES calls it
     cuda:0, and rows from several workers must still say which card ran them."""
     device = torch.device(device)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if device.type != "cuda" or not visible:
+    ids = visible_gpu_ids()
+    if device.type != "cuda" or ids is None:
         return str(device)
-    ids = [v.strip() for v in visible.split(",")]
     index = device.index or 0
     return f"cuda:{ids[index]}" if index < len(ids) and ids[index].isdigit() else str(device)
 

@@ -99,8 +99,9 @@ def _see_only(device: str) -> None:
     if index is None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         return
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [v.strip() for v in visible.split(",")] if visible else None
+    from runner.gpus import visible_gpu_ids
+
+    ids = visible_gpu_ids()
     os.environ["CUDA_VISIBLE_DEVICES"] = ids[index] if ids else str(index)
 
 

@@ -168,16 +168,26 @@ class _Quantized(nn.Module):
                    None if consumer is None else consumer._scale_source())
         key = tuple(None if t is None else (t.data_ptr(), t._version, t.device) for t in sources)
         if self._requant_cache is None or self._requant_cache[0] != key:
-            self._requant_cache = (key, self._integer_finish(scale, consumer))
+            self._requant_cache = (key, self._integer_finish(scale))
         return self._requant_cache[1]
 
-    def _integer_finish(self, scale: torch.Tensor, consumer):
+    def _code_consumer(self):
+        """The layer this one hands codes to at that layer's present scale: its linked consumer, unless there is
+        none or a clamp on the way (ReLU6) would clip codes at that scale."""
+        consumer = self.__dict__["_consumer"]
+        if consumer is None or not clamps_keep_codes(self._link_clamps, consumer.input_scale(None).detach(),
+                                                     consumer.signed):
+            return None
+        return consumer
+
+    def _integer_finish(self, scale: torch.Tensor):
         dev = self.weight_scale.device
         sa, sw = scale.detach().float().cpu().reshape(()), self.weight_scale.detach().cpu()
         bias_q = quantize_bias(self.bias.detach().cpu(), sa, sw)
-        out_scale = None if consumer is None else consumer.input_scale(None).detach()
-        if consumer is None or not clamps_keep_codes(self._link_clamps, out_scale, consumer.signed):
+        consumer = self._code_consumer()
+        if consumer is None:
             return dequantized_bias(bias_q, sa, sw).to(dev), None
+        out_scale = consumer.input_scale(None).detach()
         m0, shift = requant_multiplier(sa.double() * sw.double() / out_scale.double().cpu())
         return None, (bias_q.to(dev), m0.to(dev), shift.to(dev), out_scale, *act_qrange(consumer.signed))
 
@@ -442,10 +452,10 @@ def link_consumers(model: nn.Module) -> None:
 
 def integer_links(model: nn.Module) -> dict[str, str]:
     """{layer: the layer it hands codes to} at the consumers' present scales (requant=integer)."""
-    names = {id(m): n for n, m in quantized_layers(model).items()}
-    return {name: names[id(c)] for name, m in quantized_layers(model).items()
-            if (c := m.__dict__["_consumer"]) is not None and m.requant == "integer" and not m.dynamic
-            and clamps_keep_codes(m._link_clamps, c.input_scale(None), c.signed)}
+    layers = quantized_layers(model)
+    names = {id(m): n for n, m in layers.items()}
+    return {name: names[id(c)] for name, m in layers.items()
+            if m.requant == "integer" and not m.dynamic and (c := m._code_consumer()) is not None}
 
 
 def quantized_models(model: nn.Module, multipliers, qcfg: QuantConfig, calib_x: torch.Tensor,

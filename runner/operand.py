@@ -71,10 +71,14 @@ def _pairs(layer, x: torch.Tensor):
         return act, w, acc
     a = codes.reshape(-1, codes.shape[-1]).float()
     acc = a @ w.float().t()  # codes and sums of their products stay below 2^24: exact in float32
-    k = a.shape[1]
-    taps = (torch.arange(k, device=a.device) * _SIZE).unsqueeze(0)
-    act = torch.bincount((a.to(torch.int64) + offset + taps).flatten(), minlength=k * _SIZE).view(k, _SIZE)
-    return act, w, acc
+    return _column_counts(a.to(torch.int64) + offset), w, acc
+
+
+def _column_counts(rows: torch.Tensor) -> torch.Tensor:
+    """int64 [K, 256]: how often each value 0..255 occurs in each column of rows [M, K]."""
+    k = rows.shape[1]
+    taps = (torch.arange(k, device=rows.device) * _SIZE).unsqueeze(0)
+    return torch.bincount((rows + taps).flatten(), minlength=k * _SIZE).view(k, _SIZE)
 
 
 @torch.no_grad()
@@ -90,14 +94,11 @@ def operand_histograms(fq_model, layers: list[str], x: torch.Tensor, qcfg: Quant
     def hook(name):
         def fn(module, args):
             act, w, acc = _pairs(module, args[0])
-            k = act.shape[0]
-            taps = torch.arange(k).unsqueeze(0) * _SIZE
-            taps = taps.to(w.device)
             act = act.double().cpu()
-            wts = torch.bincount((w + 128 + taps).flatten(), minlength=k * _SIZE).view(k, _SIZE).double().cpu()
+            wts = _column_counts(w + 128).double().cpu()
             rec = out[name]
             rec["hist"] += act.t() @ wts
-            rec["k"] = k
+            rec["k"] = act.shape[0]
             rec["acc_ss"] += float((acc.double() ** 2).sum())
             rec["acc_n"] += acc.numel()
         return fn

@@ -79,13 +79,14 @@ class FinetuneConfig:
     bias_correction: str = "none"  # none | before | after | both (BIAS_CORRECTION)
     act_scale_factor: float = 0.25  # static activation scales times this before training (< 1: codes pushed up)
     weight_scale_factor: float = 0.85  # weight scales factor * max|w| / 127 while training (< 1: codes pushed up)
-    soup: int = 1                  # runs from the same start (seeds seed, seed+1, ...) whose weights are averaged
+    ema_decay: float = 0.0         # the kept weights: an exponential moving average of the trained ones (0: the last)
 
     def __post_init__(self):
-        for key, low, kind in (("epochs", 0, int), ("slope_window", 1, int), ("batch_size", 1, int), ("soup", 1, int),
+        for key, low, kind in (("epochs", 0, int), ("slope_window", 1, int), ("batch_size", 1, int),
                                ("lr", 0, float), ("weight_decay", 0, float), ("warmup_epochs", 0, float),
                                ("distill_alpha", 0, float), ("distill_temperature", 0, float),
-                               ("act_scale_factor", 0, float), ("weight_scale_factor", 0, float)):
+                               ("act_scale_factor", 0, float), ("weight_scale_factor", 0, float),
+                               ("ema_decay", 0, float)):
             config_number(getattr(self, key), f"finetune.{_key_name(key)}", minimum=low, kind=kind)
         if self.optimizer not in OPTIMIZERS:
             raise UserError(f"finetune.optimizer={self.optimizer!r}: choose {' or '.join(OPTIMIZERS)}.")
@@ -104,9 +105,8 @@ class FinetuneConfig:
         if self.bias_correction not in BIAS_CORRECTION:
             raise UserError(f"finetune.bias_correction={self.bias_correction!r}: choose one of "
                             f"{', '.join(BIAS_CORRECTION)}.")
-        if int(self.soup) > 1 and self.recalibrate != "none":
-            raise UserError(f"finetune.soup={self.soup} averages the runs' learned scales; recalibrate "
-                            "(finetune.recalibrate) is for finetune.soup=1.")
+        if not 0 <= float(self.ema_decay) < 1:
+            raise UserError(f"finetune.ema_decay={self.ema_decay}: must be in [0, 1) (0 keeps the last weights).")
         if self.schedule not in SCHEDULES:
             raise UserError(f"finetune.schedule={self.schedule!r}: choose {' or '.join(SCHEDULES)}.")
         if not float(self.lr) > 0 or int(self.batch_size) < 1 or float(self.weight_decay) < 0:
@@ -278,6 +278,30 @@ def set_weight_scale_factor(model: nn.Module, factor: float) -> None:
         layer.set_weight_scale_factor(factor)
 
 
+class WeightAverage:
+    """An exponential moving average of the trained tensors (weights, biases, learned activation scales),
+    updated after every optimizer step: avg <- d avg + (1 - d) w with d = min(decay, (1 + t) / (10 + t)) at
+    step t, so the first steps, still near the converted weights, fade fast (the usual warm-up of EMA).
+    Through a coarse table single steps move the loss noisily; the average sits between those steps. One
+    foreach kernel per step on a GPU, queued after the step (no host wait), outside its CUDA graph."""
+
+    def __init__(self, params: list[torch.Tensor], decay: float):
+        self.params, self.decay, self.steps = params, float(decay), 0
+        with torch.no_grad():
+            self.avg = [p.detach().clone() for p in params]
+
+    @torch.no_grad()
+    def update(self) -> None:
+        self.steps += 1
+        d = min(self.decay, (1 + self.steps) / (10 + self.steps))
+        torch._foreach_lerp_(self.avg, [p.detach() for p in self.params], 1.0 - d)
+
+    @torch.no_grad()
+    def copy_to_params(self) -> None:
+        for p, a in zip(self.params, self.avg):
+            p.copy_(a)
+
+
 def _bias_correction_images(x: torch.Tensor, seed: int) -> torch.Tensor:
     keep = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[:BIAS_CORRECTION_IMAGES]
     return x[keep]
@@ -285,42 +309,6 @@ def _bias_correction_images(x: torch.Tensor, seed: int) -> torch.Tensor:
 
 def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig, device: torch.device, seed: int,
                  label: str, teacher: nn.Module | None = None, cuda_graph: bool = True) -> list[dict]:
-    """Retrain `model` in place (train_run); with fcfg.soup = k > 1, k runs from the same converted weights with
-    seeds seed .. seed + k - 1, and the model gets their averaged weights, biases and activation scales (a
-    "uniform soup", Wortsman et al. 2022): runs that start from one point and differ only in their batch
-    order stay in one basin, so the average computes like each of them, with less of each run's noise.
-    One log row per epoch and run (column `run`)."""
-    runs = int(fcfg.soup)
-    if runs == 1:
-        return train_run(model, data, fcfg, qcfg, device, seed, label, teacher, cuda_graph)
-    start, trained, history = copy.deepcopy(model), [], []
-    for run in range(runs):
-        member = copy.deepcopy(start)
-        history += [{"run": run, **row} for row in
-                    train_run(member, data, fcfg, qcfg, device, seed + run, f"{label} run {run + 1}/{runs}", teacher,
-                              cuda_graph)]
-        trained.append(member)
-    average_into(model, trained)
-    return history
-
-
-@torch.no_grad()
-def average_into(model: nn.Module, members: list[nn.Module]) -> None:
-    """model's floating-point parameters and activation scales := the members' means (the scales geometric:
-    they were learned as logarithms); its other buffers (weight codes and scales) are then recomputed from the
-    averaged weights by the plain max|w| / 127 rule, as after any weight change."""
-    params = dict(model.named_parameters())
-    for name, p in params.items():
-        p.copy_(torch.stack([dict(m.named_parameters())[name].to(p.device) for m in members]).mean(0))
-    for name, layer in quantized_layers(model).items():
-        scales = torch.stack([quantized_layers(m)[name].act_scale.to(layer.act_scale.device) for m in members])
-        if not layer.dynamic:
-            layer.act_scale.copy_(scales.log().mean(0).exp())
-        layer.refresh_weight_quant()
-
-
-def train_run(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig, device: torch.device, seed: int,
-              label: str, teacher: nn.Module | None = None, cuda_graph: bool = True) -> list[dict]:
     """Train `model` in place through its (LUT) layers, recalibrating as fcfg.recalibrate says; one log row
     per epoch. teacher: the fp32 model to distil from (needed when fcfg.distill_alpha > 0).
 
@@ -347,6 +335,7 @@ def train_run(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig, d
         return distill_loss(logits, yb, None if soft is None else soft[idx], fcfg), logits, yb
 
     step = TrainStep(model, loss_of, fcfg.optimizer, fcfg.lr, fcfg.weight_decay, device, cuda_graph=cuda_graph)
+    average = WeightAverage(step.params, fcfg.ema_decay) if float(fcfg.ema_decay) > 0 else None
     n, bs, epochs = len(xs), int(fcfg.batch_size), int(fcfg.epochs)
     per_epoch = (n + bs - 1) // bs
     total, warmup = epochs * per_epoch, round(float(fcfg.warmup_epochs) * per_epoch)
@@ -365,6 +354,8 @@ def train_run(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig, d
                 done = (epoch - 1) * per_epoch + i
                 lr = float(fcfg.lr) * lr_factor(done, total, warmup, fcfg.schedule)
                 loss = step(order[i * bs:(i + 1) * bs], lr=lr)
+                if average is not None:
+                    average.update()
                 if (i + 1) % read_every == 0 or i + 1 == per_epoch:
                     _check_loss(step.bad, epoch, fcfg)
                     advance(min(read_every, i % read_every + 1), epoch=f"{epoch}/{epochs}", loss=f"{float(loss):.3f}")
@@ -375,6 +366,8 @@ def train_run(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig, d
                             "train_accuracy": int(step.correct) / n, "epoch_s": time.perf_counter() - t0,
                             "lr_end": float(fcfg.lr) * lr_factor(epoch * per_epoch, total, warmup, fcfg.schedule)})
     step.close()
+    if average is not None:  # the next forward requantizes: copy_ moved the weights' version counters
+        average.copy_to_params()
     learn_act_scales(model, False)  # the trained scales become the static ones
     set_weight_scale_factor(model, 1.0)  # the clipped weights clamped: the plain rule now gives the trained codes
     if fcfg.recalibrate == "end":

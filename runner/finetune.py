@@ -79,14 +79,12 @@ class FinetuneConfig:
     bias_correction: str = "none"  # none | before | after | both (BIAS_CORRECTION)
     act_scale_factor: float = 0.25  # static activation scales times this before training (< 1: codes pushed up)
     weight_scale_factor: float = 0.85  # weight scales factor * max|w| / 127 while training (< 1: codes pushed up)
-    ema_decay: float = 0.0         # the kept weights: an exponential moving average of the trained ones (0: the last)
 
     def __post_init__(self):
         for key, low, kind in (("epochs", 0, int), ("slope_window", 1, int), ("batch_size", 1, int),
                                ("lr", 0, float), ("weight_decay", 0, float), ("warmup_epochs", 0, float),
                                ("distill_alpha", 0, float), ("distill_temperature", 0, float),
-                               ("act_scale_factor", 0, float), ("weight_scale_factor", 0, float),
-                               ("ema_decay", 0, float)):
+                               ("act_scale_factor", 0, float), ("weight_scale_factor", 0, float)):
             config_number(getattr(self, key), f"finetune.{_key_name(key)}", minimum=low, kind=kind)
         if self.optimizer not in OPTIMIZERS:
             raise UserError(f"finetune.optimizer={self.optimizer!r}: choose {' or '.join(OPTIMIZERS)}.")
@@ -105,8 +103,6 @@ class FinetuneConfig:
         if self.bias_correction not in BIAS_CORRECTION:
             raise UserError(f"finetune.bias_correction={self.bias_correction!r}: choose one of "
                             f"{', '.join(BIAS_CORRECTION)}.")
-        if not 0 <= float(self.ema_decay) < 1:
-            raise UserError(f"finetune.ema_decay={self.ema_decay}: must be in [0, 1) (0 keeps the last weights).")
         if self.schedule not in SCHEDULES:
             raise UserError(f"finetune.schedule={self.schedule!r}: choose {' or '.join(SCHEDULES)}.")
         if not float(self.lr) > 0 or int(self.batch_size) < 1 or float(self.weight_decay) < 0:
@@ -278,30 +274,6 @@ def set_weight_scale_factor(model: nn.Module, factor: float) -> None:
         layer.set_weight_scale_factor(factor)
 
 
-class WeightAverage:
-    """An exponential moving average of the trained tensors (weights, biases, learned activation scales),
-    updated after every optimizer step: avg <- d avg + (1 - d) w with d = min(decay, (1 + t) / (10 + t)) at
-    step t, so the first steps, still near the converted weights, fade fast (the usual warm-up of EMA).
-    Through a coarse table single steps move the loss noisily; the average sits between those steps. One
-    foreach kernel per step on a GPU, queued after the step (no host wait), outside its CUDA graph."""
-
-    def __init__(self, params: list[torch.Tensor], decay: float):
-        self.params, self.decay, self.steps = params, float(decay), 0
-        with torch.no_grad():
-            self.avg = [p.detach().clone() for p in params]
-
-    @torch.no_grad()
-    def update(self) -> None:
-        self.steps += 1
-        d = min(self.decay, (1 + self.steps) / (10 + self.steps))
-        torch._foreach_lerp_(self.avg, [p.detach() for p in self.params], 1.0 - d)
-
-    @torch.no_grad()
-    def copy_to_params(self) -> None:
-        for p, a in zip(self.params, self.avg):
-            p.copy_(a)
-
-
 def _bias_correction_images(x: torch.Tensor, seed: int) -> torch.Tensor:
     keep = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[:BIAS_CORRECTION_IMAGES]
     return x[keep]
@@ -335,7 +307,6 @@ def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig
         return distill_loss(logits, yb, None if soft is None else soft[idx], fcfg), logits, yb
 
     step = TrainStep(model, loss_of, fcfg.optimizer, fcfg.lr, fcfg.weight_decay, device, cuda_graph=cuda_graph)
-    average = WeightAverage(step.params, fcfg.ema_decay) if float(fcfg.ema_decay) > 0 else None
     n, bs, epochs = len(xs), int(fcfg.batch_size), int(fcfg.epochs)
     per_epoch = (n + bs - 1) // bs
     total, warmup = epochs * per_epoch, round(float(fcfg.warmup_epochs) * per_epoch)
@@ -354,8 +325,6 @@ def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig
                 done = (epoch - 1) * per_epoch + i
                 lr = float(fcfg.lr) * lr_factor(done, total, warmup, fcfg.schedule)
                 loss = step(order[i * bs:(i + 1) * bs], lr=lr)
-                if average is not None:
-                    average.update()
                 if (i + 1) % read_every == 0 or i + 1 == per_epoch:
                     _check_loss(step.bad, epoch, fcfg)
                     advance(min(read_every, i % read_every + 1), epoch=f"{epoch}/{epochs}", loss=f"{float(loss):.3f}")
@@ -366,8 +335,6 @@ def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig
                             "train_accuracy": int(step.correct) / n, "epoch_s": time.perf_counter() - t0,
                             "lr_end": float(fcfg.lr) * lr_factor(epoch * per_epoch, total, warmup, fcfg.schedule)})
     step.close()
-    if average is not None:  # the next forward requantizes: copy_ moved the weights' version counters
-        average.copy_to_params()
     learn_act_scales(model, False)  # the trained scales become the static ones
     set_weight_scale_factor(model, 1.0)  # the clipped weights clamped: the plain rule now gives the trained codes
     if fcfg.recalibrate == "end":

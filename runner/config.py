@@ -66,10 +66,13 @@ def nearest_names(command: str, exc: Exception) -> str:
         re.search(r"Key '([^']+)' is not in struct", text)
     if key:
         wanted = key[1]
+        groups = [p.name for p in CONFIG_DIR.iterdir() if p.is_dir()]
+        if wanted in groups:  # a group another command composes (train has no backend): nothing to suggest
+            return f"`approx-run {command}` does not use the {wanted} config group ({wanted}=...); leave it out"
         try:
             from runner.config import config_keys
 
-            pool = config_keys(command) + [p.name for p in CONFIG_DIR.iterdir() if p.is_dir()]
+            pool = config_keys(command) + groups
         except Exception:  # noqa: BLE001  (the suggestion is a courtesy; the message stands without it)
             pool = []
         close = _close(wanted, pool)

@@ -214,3 +214,12 @@ def test_a_mistyped_option_is_one_line_with_the_nearest_names(tmp_path):
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "did you mean" in lines[0] and "mul8s_1L2J" in lines[0], out.stderr
     assert "Available options" not in out.stderr
+
+
+def test_a_group_the_command_does_not_compose_is_named_as_such(tmp_path):
+    """train composes no backend group: the message says so instead of suggesting 'backend' for 'backend'."""
+    out = run_cli("train", "backend=cuda", f"paths.checkpoints={tmp_path}/c", f"paths.results={tmp_path}/r")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "does not use the backend config group" in lines[0], out.stderr
+    assert "did you mean" not in lines[0]

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 import torch.nn.functional as F
 from torch import nn
 
+from runner.code_map import fit_code_maps
 from runner.console import console, progress_bar
 from runner.errors import UserError, config_number
 from runner.layer_checks import check_non_finite_inputs
@@ -79,6 +80,7 @@ class FinetuneConfig:
     bias_correction: str = "none"  # none | before | after | both (BIAS_CORRECTION)
     act_scale_factor: float = 0.25  # static activation scales times this before training (< 1: codes pushed up)
     weight_scale_factor: float = 0.85  # weight scales factor * max|w| / 127 while training (< 1: codes pushed up)
+    code_map: bool = True          # each layer stores the codes nearest its table's exact products (runner.code_map)
 
     def __post_init__(self):
         for key, low, kind in (("epochs", 0, int), ("slope_window", 1, int), ("batch_size", 1, int),
@@ -103,6 +105,8 @@ class FinetuneConfig:
         if self.bias_correction not in BIAS_CORRECTION:
             raise UserError(f"finetune.bias_correction={self.bias_correction!r}: choose one of "
                             f"{', '.join(BIAS_CORRECTION)}.")
+        if not isinstance(self.code_map, bool):
+            raise UserError(f"finetune.code_map={self.code_map!r}: choose true or false.")
         if self.schedule not in SCHEDULES:
             raise UserError(f"finetune.schedule={self.schedule!r}: choose {' or '.join(SCHEDULES)}.")
         if not float(self.lr) > 0 or int(self.batch_size) < 1 or float(self.weight_decay) < 0:
@@ -295,7 +299,10 @@ def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig
     set_weight_scale_factor(model, float(fcfg.weight_scale_factor))
     if fcfg.bias_correction in ("before", "both"):
         correct_bias(model, _bias_correction_images(data.train_x, seed), device)
-    model.to(device).train()
+    model.to(device)
+    if fcfg.code_map:  # at the scales training starts from, before its first step
+        fit_code_maps(model, data.train_x, qcfg, seed)
+    model.train()
     set_grad_mode(model, fcfg.grad, fcfg.slope_window)
     learn_act_scales(model, fcfg.learn_scales)
     xs, ys = data.train_x.to(device), data.train_y.to(device)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runner import lut_slopes, ops, ops_autograd
+from runner.code_map import identity_code_map
 from runner.errors import UserError
 from runner.exact_conv import exact_conv2d, exact_dtype
 from runner.layer_checks import NonFiniteInputCheck, check_accumulator, check_finite, reduction_length
@@ -271,6 +272,9 @@ class _Approx(_Quantized):
         self.multiplier_name, self.backend, self.algo = multiplier.name, backend, algo
         self.reduction_k = k
         self.register_buffer("lut", multiplier.lut.to(torch.int32).contiguous())
+        # the code stored for each code m (index m + 128): the identity unless retraining fitted the table's own
+        # (runner.code_map); part of the state, so a saved retrained model reloads to the same codes
+        self.register_buffer("weight_code_map", identity_code_map())
         self.register_buffer("weight_codes", quantize_weight(self.weight, self.weight_scale).contiguous())
         self.grad = "ste"
         self.set_grad(grad)
@@ -305,7 +309,15 @@ class _Approx(_Quantized):
         return self._slope_cache[1]
 
     def _requantized(self) -> None:
-        self.weight_codes.copy_(quantize_weight(self.weight, self.weight_scale))
+        codes = quantize_weight(self.weight, self.weight_scale)
+        self.weight_codes.copy_(self.weight_code_map[codes.to(torch.int64) + 128])
+
+    @torch.no_grad()
+    def set_weight_code_map(self, code_map: torch.Tensor) -> None:
+        """Store code_map[m + 128] for every weight code m from now on (runner.code_map), and requantize."""
+        self.weight_code_map.copy_(code_map.to(self.weight_code_map.device, torch.int8))
+        self._weight_seen = None
+        self.refresh_weight_quant()
 
     def forward(self, x):
         self.refresh_weight_quant()

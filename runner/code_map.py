@@ -39,10 +39,15 @@ def table_code_map(lut: torch.Tensor, signed: bool, act_rows: torch.Tensor) -> t
     a = torch.arange(256, dtype=torch.float64) - offset                 # each row's activation code
     targets = torch.arange(-WEIGHT_QMAX if signed else 0, WEIGHT_QMAX + 1)  # the codes m to map
     products = lut[:, targets + offset]                                 # [rows, candidate codes c]
-    # sum_a p (LUT[a][c] - a m)^2 without its c-independent term: sum_a p LUT^2 - 2 m sum_a p a LUT
-    cost = (p[:, None] * products ** 2).sum(0)[None, :] \
-        - 2 * targets.to(torch.float64)[:, None] * (p * a)[None, :] @ products
-    best = targets[cost.argmin(1)]
+    m = targets.to(torch.float64)[:, None]
+    # sum_a p (LUT[a][c] - a m)^2 = sum_a p LUT^2 - 2 m sum_a p a LUT + m^2 sum_a p a^2, for every (m, c)
+    cost = (p[:, None] * products ** 2).sum(0)[None, :] - 2 * m * (p * a)[None, :] @ products \
+        + m ** 2 * (p * a * a).sum()
+    plain = cost.diagonal()  # c = m (targets and candidates are the same codes)
+    # another code only where it is strictly nearer: where columns tie on the layer's activations (a table whose
+    # products do not depend on the weight code there), the plain code stays
+    better = cost.min(1).values < plain - 1e-9 * plain.abs() - 1e-12
+    best = torch.where(better, targets[cost.argmin(1)], targets)
     cmap = identity_code_map().to(torch.int64)
     if signed:
         cmap[targets + 128] = best

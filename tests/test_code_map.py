@@ -54,6 +54,22 @@ def test_the_map_is_the_brute_force_argmin_and_an_exact_table_maps_to_itself(nam
     assert cmap.abs().max() <= 127
 
 
+def test_codes_whose_products_tie_keep_their_plain_code():
+    """A table whose products do not depend on the weight code over the layer's activations (here: activations
+    all 0, and a row 0 with an offset) gives no code a reason to move: the map is the identity, not every code
+    sent to the first of the tied ones (which would leave the layer one weight value)."""
+    lut = resolve("mul8s_1L2N").lut.clone()
+    lut[128, :] = 37                      # activation 0: the same product for every weight code
+    p = torch.zeros(256, dtype=torch.float64)
+    p[128] = 1.0
+    assert torch.equal(table_code_map(lut, True, p), identity_code_map())
+    unsigned = resolve("mul8u_T83")
+    p = torch.zeros(256, dtype=torch.float64)
+    p[3] = 1.0                            # only activation 3: T83's products with operands below 8 are all 0
+    cmap = table_code_map(unsigned.lut, False, p)
+    assert torch.equal(cmap[128:136], torch.arange(8, dtype=torch.int8))
+
+
 def test_a_coarse_table_gets_codes_that_cut_its_product_error():
     """mul8u_T83 over post-ReLU-like activations: the map moves a third of the codes or more, and cuts the
     weighted mean square product error of the plain codes by a fifth or more (26 % with these counts)."""

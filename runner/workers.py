@@ -154,9 +154,10 @@ def claim_estimates(parent: Pace, worker: Pace, worker_start_s: float) -> tuple[
     - This process's time per job: the mean of its jobs after the first; until one has ended, how long its
       current job has run (a lower bound: its first job's time includes the one-off warm-up and says
       nothing of the next), with nothing left of it.
-    - The worker's first job: this process's first job (the same one-off warm-up) plus the worker's start
-      (worker_start_s: from the pool's start to its being ready), standing in for the set-up its first job
-      also does (data, baseline, calibration, references), which this process did before the pool began.
+    - The worker's first job: this process's first job (the same one-off warm-up; its time per job where
+      that is longer: the first may have failed at once) plus the worker's start (worker_start_s: from the
+      pool's start to its being ready), standing in for the set-up its first job also does (data,
+      baseline, calibration, references), which this process did before the pool began.
     - A worker's later jobs: the mean of its own after its first, until then this process's time per job."""
     if parent.first_s is None:
         return None
@@ -167,7 +168,7 @@ def claim_estimates(parent: Pace, worker: Pace, worker_start_s: float) -> tuple[
     else:
         parent_job, parent_left = (busy or 0.0), 0.0
     if worker.first_s is None:
-        worker_job = parent.first_s + worker_start_s
+        worker_job = max(parent.first_s, parent_job) + worker_start_s
     else:
         worker_job = worker.steady_s if worker.steady_s is not None else parent_job
     return parent_left, parent_job, worker_job

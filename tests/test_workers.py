@@ -190,6 +190,9 @@ def test_claim_estimates():
     assert claim_estimates(Pace(6.0, 2.0, 0.5), Pace(), 4.0) == (1.5, 2.0, 10.0)
     assert claim_estimates(Pace(6.0, 2.0, None), Pace(), 4.0) == (0.0, 2.0, 10.0)  # between two jobs
     assert claim_estimates(Pace(6.0, 2.0, 3.0), Pace(), 4.0) == (0.0, 2.0, 10.0)   # overdue: nothing left
+    # a first job that failed at once carried no warm-up: the longer time per job stands in for it
+    assert claim_estimates(Pace(0.1, 2.0, 0.5), Pace(), 4.0) == (1.5, 2.0, 6.0)
+    assert claim_estimates(Pace(0.1, None, 3.0), Pace(), 4.0) == (0.0, 3.0, 7.0)
     # a worker past its first job: as fast as this process until its own later jobs are measured
     assert claim_estimates(Pace(6.0, 2.0, 0.5), Pace(9.0, None, None), 4.0) == (1.5, 2.0, 2.0)
     assert claim_estimates(Pace(6.0, 2.0, 0.5), Pace(9.0, 3.0, None), 4.0) == (1.5, 2.0, 3.0)

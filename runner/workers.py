@@ -9,11 +9,17 @@ through one shared counter, so each runs exactly once; rows go through the store
 every writer's do. A worker sees only its GPU (CUDA_VISIBLE_DEVICES, set before CUDA starts in it), so its
 jobs lease nothing.
 
+Pre-warm: a started worker first builds its session for the next job's configuration (run_tasks'
+`prepare` on that job's args: data, baseline, calibration, models, references, the first calls of a
+retraining and an evaluation), so its first job costs what a later one does. One whose pre-warm fails
+goes on cold (the old estimate below), and this process does the jobs meanwhile.
+
 The claim rule (worker_claims, fed by claim_estimates): this process takes the next job whenever it is
 free; a worker takes one only when it is expected to finish it before this process, working through the
-rest of the queue alone, would have finished them all. A worker's first job carries its warm-up (its
-session, CUDA graph capture, first kernel calls) while this process's session is warm, so with short jobs
-a worker takes none and the sweep takes what it takes on one device.
+rest of the queue alone, would have finished them all. A pre-warmed worker is costed as this process's
+time per job, so it takes a job as soon as it is warm; a cold one's first job carries its warm-up while
+this process's session is warm, so with short jobs it takes none and the sweep takes what it takes on one
+device.
 
 Ending: a worker exits when no job is left; one that died (killed, out of memory, a crash in a kernel) has
 its job reported failed with the reason; the parent never waits on a worker without bound. Ctrl-C or
@@ -147,19 +153,24 @@ def worker_claims(remaining: int, parent_left_s: float, parent_job_s: float, wor
 
 def claim_estimates(parent: Pace, worker: Pace, worker_start_s: float) -> tuple[float, float, float] | None:
     """(parent_left_s, parent_job_s, worker_job_s) for worker_claims, from what is measured so far, or None
-    (the worker waits) while this process's first job runs: its length is the one figure that tells short
-    jobs behind a long one-off warm-up (retraining for one epoch) from long jobs, and a guess before it
-    would have the worker take jobs in exactly the sweeps where that makes them slower.
+    (the worker waits) while this process's first job runs and the worker is cold: that job's length is the
+    one figure that tells short jobs behind a long one-off warm-up (retraining for one epoch) from long jobs,
+    and a guess before it would have a cold worker take jobs in exactly the sweeps where that makes them
+    slower. worker.first_s: its first job, or its pre-warm, which stands for it (the one-off costs, paid
+    without a job): a pre-warmed worker's first job is then a later one.
 
     - This process's time per job: the mean of its jobs after the first; until one has ended, how long its
       current job has run (a lower bound: its first job's time includes the one-off warm-up and says
       nothing of the next), with nothing left of it.
-    - The worker's first job: this process's first job (the same one-off warm-up; its time per job where
+    - A cold worker's first job: this process's first job (the same one-off warm-up; its time per job where
       that is longer: the first may have failed at once) plus the worker's start (worker_start_s: from the
       pool's start to its being ready), standing in for the set-up its first job also does (data,
       baseline, calibration, references), which this process did before the pool began.
-    - A worker's later jobs: the mean of its own after its first, until then this process's time per job."""
-    if parent.first_s is None:
+    - A worker's later jobs, and every job of a pre-warmed one: the mean of its own after its first (or its
+      pre-warm), until then this process's time per job. With that, worker_claims holds whenever a job is
+      left (t_p <= t_left + r * t_p): a warm worker takes the next job as soon as it is ready, also while
+      this process's first job runs (t_p: that job's time so far)."""
+    if parent.first_s is None and worker.first_s is None:
         return None
     busy = parent.busy_s
     if parent.steady_s is not None:
@@ -231,18 +242,21 @@ def _failure(exc: BaseException) -> str:
 
 
 def _serve(wid: int, device: str, fn: Callable, tasks: list[Task], counter, owner, conn, threads: int,
-           parent_times, ready, pool_start: float) -> None:
-    """A worker process: jobs while the claim rule gives it one and until none is left, each reported as it
-    ends through its own pipe (a worker that dies mid-message breaks only its own). pool_start: the
-    parent's time.monotonic() when it started the workers (the clock is the host's, shared by processes)."""
+           parent_times, ready, pool_start: float, prepare: Callable | None = None) -> None:
+    """A worker process: its pre-warm (prepare), then jobs while the claim rule gives it one and until none
+    is left, each reported as it ends through its own pipe (a worker that dies mid-message breaks only its
+    own). pool_start: the parent's time.monotonic() when it started the workers (the clock is the host's,
+    shared by processes)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the pool on Ctrl-C (the whole group gets it)
     _see_only(device)
     import torch
 
     torch.set_num_threads(threads)
     start_s = time.monotonic() - pool_start  # spawn, interpreter, imports, the tasks unpickled
-    ready[wid] = 1
     own = list(_NO_TIMES)
+    if prepare is not None:
+        own[_FIRST] = _prewarm(prepare, tasks, counter, device)
+    ready[wid] = 1  # after the pre-warm: one still in it when the jobs are all done is stopped at once
 
     def may(remaining: int) -> bool:
         now = time.monotonic()
@@ -265,6 +279,26 @@ def _serve(wid: int, device: str, fn: Callable, tasks: list[Task], counter, owne
     # Everything is reported and every row written atomically: skip the interpreter's teardown (a CUDA
     # context's takes about a second, a stall at the end of the sweep).
     os._exit(0)
+
+
+def _prewarm(prepare: Callable, tasks: list[Task], counter, device: str) -> float:
+    """prepare(*args) of the next unclaimed task (the one this worker would take first; every job of a
+    command shares most of its set-up). Returns its seconds, which stand for the first job's one-off costs
+    (claim_estimates), or -1 (cold) when no job is left or it failed: the worker then goes on as if it had
+    none, its session holding whatever was built, and the failure is left to its jobs to report."""
+    import sys
+
+    i = counter.value
+    if i >= len(tasks):
+        return _NO_TIMES[_FIRST]
+    t0 = time.monotonic()
+    try:
+        prepare(*tasks[i].args)
+    except Exception as exc:  # noqa: BLE001  (a failed pre-warm must not lose the worker, nor the pool)
+        print(f"worker on {device}: pre-warm failed, claiming as a cold worker ({type(exc).__name__}: {exc})",
+              file=sys.stderr, flush=True)
+        return _NO_TIMES[_FIRST]
+    return time.monotonic() - t0
 
 
 class _Board:
@@ -303,11 +337,13 @@ class _Board:
 
 def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Callable,
               on_failure: Callable | None = None, join_timeout_s: float = JOIN_TIMEOUT_S,
-              poll_s: float = 0.1) -> list[Outcome]:
+              poll_s: float = 0.1, prepare: Callable | None = None) -> list[Outcome]:
     """fn(*task.args) for every task, over `devices` (this process serves the first). fn is a module-level
     function (the workers import it by name); it returns a dict with "status" (and "error"), or raises:
     the task is then failed. advance(1, **info) after each task, in this process; on_failure(task, error)
-    for a task that did not return (it raised, or its worker died). Returns the outcomes in task order."""
+    for a task that did not return (it raised, or its worker died). prepare: a module-level function a
+    worker calls on a task's args before it takes any (its pre-warm: fn's set-up for them, kept for its
+    jobs; its result is ignored, its failure leaves the worker cold). Returns the outcomes in task order."""
     import torch
     import torch.multiprocessing as mp
 
@@ -326,7 +362,7 @@ def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Call
         for wid, device in enumerate(devices[1:], start=1):
             receive, send = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_serve, args=(wid, device, fn, tasks, counter, owner, send, threads,
-                                                    times, ready, pool_start),
+                                                    times, ready, pool_start, prepare),
                                name=f"approx-run-worker-{wid}-{device}", daemon=True)
             proc.start()
             send.close()  # the worker's end only: its death is then the end of this pipe
@@ -357,8 +393,9 @@ def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Call
             counter.value = len(tasks)
         torch.set_num_threads(own_threads)
         # Every job reported (or an interrupt): a worker still alive has no job left. One that started (the
-        # claim rule gave it none) sees that within CLAIM_POLL_S and exits by itself; one still starting
-        # (torch's import, the CUDA context: seconds, longer than a short sweep's jobs) is not waited for.
+        # claim rule gave it none) sees that within CLAIM_POLL_S and exits by itself; one still starting or
+        # pre-warming (torch's import, the CUDA context, its session: seconds, longer than a short sweep's
+        # jobs; it writes nothing) is not waited for.
         # Otherwise the workers all ended already.
         if interrupted or len(board.outcomes) == len(tasks):
             if not interrupted:

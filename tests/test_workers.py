@@ -198,11 +198,27 @@ def test_claim_estimates():
     assert claim_estimates(Pace(6.0, 2.0, 0.5), Pace(9.0, 3.0, None), 4.0) == (1.5, 2.0, 3.0)
 
 
+def test_claim_estimates_pre_warmed():
+    """A pre-warmed worker (its pre-warm, 7 s, stands for its first job) is costed as this process's time per
+    job: it need not wait for this process's first job, and the rule then holds whenever a job is left."""
+    warm = Pace(7.0, None, None)
+    assert claim_estimates(Pace(busy_s=3.0), warm, 4.0) == (0.0, 3.0, 3.0)  # first job running: its time so far
+    assert claim_estimates(Pace(6.0, 2.0, 0.5), warm, 4.0) == (1.5, 2.0, 2.0)
+    assert claim_estimates(Pace(6.0, None, 1.0), warm, 4.0) == (0.0, 1.0, 1.0)
+    for parent in (Pace(busy_s=0.0), Pace(busy_s=3.0), Pace(6.0, 2.0, 0.5), Pace(6.0, 2.0, 3.0)):
+        assert worker_claims(1, *claim_estimates(parent, warm, 4.0))
+        assert not worker_claims(0, *claim_estimates(parent, warm, 4.0))
+    # its own jobs measured slower (4 s): back to the rule's threshold, also during this process's first job
+    assert claim_estimates(Pace(busy_s=3.0), Pace(7.0, 4.0, None), 4.0) == (0.0, 3.0, 4.0)
+    assert not worker_claims(1, 0.0, 3.0, 4.0) and worker_claims(2, 0.0, 3.0, 4.0)
+
+
 def _simulate(n: int, parent_first: float, parent_job: float, worker_start: float, worker_first: float,
-              worker_job: float, dt: float = 0.01) -> tuple[list[int], float]:
+              worker_job: float, dt: float = 0.01, prewarm: float | None = None) -> tuple[list[int], float]:
     """This process and one worker over n jobs on a clock of dt steps, the worker asking the rule each step
-    it is idle (as it polls): (the jobs the worker took, when the last job ended)."""
-    taken, done = [], {"parent": [], "worker": []}
+    it is idle (as it polls): (the jobs the worker took, when the last job ended). prewarm: the seconds of a
+    worker's pre-warm, ended at worker_start (its time then stands for its first job, as in _serve)."""
+    taken, done = [], {"parent": [], "worker": [] if prewarm is None else [prewarm]}
     busy = {"parent": (0, 0.0, parent_first)}  # who -> (job, start, end)
     nxt, t, ends = 1, 0.0, []
 
@@ -224,7 +240,7 @@ def _simulate(n: int, parent_first: float, parent_job: float, worker_start: floa
         if "worker" not in busy and t >= worker_start and nxt < n:
             estimates = claim_estimates(pace("parent", t), pace("worker", t), worker_start)
             if estimates is not None and worker_claims(n - nxt, *estimates):
-                busy["worker"] = (nxt, t, t + (worker_job if done["worker"] else worker_first))
+                busy["worker"] = (nxt, t, t + (worker_job if taken else worker_first))
                 taken.append(nxt)
                 nxt += 1
         t += dt
@@ -269,6 +285,92 @@ def test_rule_never_slower_than_this_process_alone(n, first, job, worker_start):
     for set_up in (0.0, worker_start):  # what the worker's first job adds to this process's first
         _, end = _simulate(n, first, job, worker_start, first + set_up, job)
         assert end <= alone + 0.02
+
+
+@pytest.mark.parametrize("n, first, job, ready, took, end", [
+    (4, 6.8, 1.3, 11.5, [], 10.7),              # 1 epoch: warm after this process is done, it takes none
+    (4, 6.8, 1.3, 9.0, [3], 10.3),               # warm with the last job left: ends it first (same cost)
+    (4, 10.5, 5.5, 11.0, [2], 21.5),             # 5 epochs: 27.0 s alone
+    (4, 10.5, 5.5, 15.0, [2], 21.5),
+    (8, 10.5, 5.5, 6.0, [1, 3, 5, 7], 28.1)])    # warm in this process's first job: takes one at once (49 s alone)
+def test_rule_pre_warmed_worker(n, first, job, ready, took, end):
+    """A pre-warmed worker whose jobs all cost this process's later ones (the pre-warm's aim), up `ready` s
+    into the jobs (its start and 7 s of pre-warm), with the timings of the benchmarks."""
+    taken, last = _simulate(n, first, job, ready, job, job, prewarm=7.0)
+    assert taken == took and last == pytest.approx(end, abs=0.05)
+    assert last <= first + (n - 1) * job + 0.02
+
+
+@pytest.mark.parametrize("n", [2, 4, 19])
+@pytest.mark.parametrize("ready", [0.5, 5.0, 12.0])
+def test_rule_pre_warmed_never_slower(n, ready):
+    for first, job in ((6.8, 1.3), (10.5, 5.5), (0.3, 0.1)):
+        _, last = _simulate(n, first, job, ready, job, job, prewarm=3.0)
+        assert last <= first + (n - 1) * job + 0.02
+
+
+def _marked_job(i: int, marks: str, parent: int, how: str = ""):
+    """A short job; this process's first waits (up to 30 s) for a worker to mark a job (how: "") or to have
+    tried its pre-warm (how: the pre-warm's failure)."""
+    Path(marks, f"{i}-{os.getpid()}").touch()
+    deadline = time.monotonic() + 30
+
+    def waits() -> bool:
+        if how:
+            return not Path(marks).with_name("prewarm").exists()
+        return all(p.name.endswith(f"-{parent}") for p in Path(marks).iterdir())
+
+    while i == 0 and os.getpid() == parent and time.monotonic() < deadline and waits():
+        time.sleep(0.02)
+    time.sleep(0.05)
+    return {"status": "ok"}
+
+
+def _prewarm(i: int, marks: str, parent: int, how: str = ""):
+    """A pre-warm on task i's args: marks it beside the jobs' marks; how: raise, or die (the process)."""
+    Path(marks).with_name("prewarm").mkdir(exist_ok=True)
+    Path(marks).with_name("prewarm").joinpath(f"{i}-{os.getpid()}").touch()
+    if how == "raise":
+        raise RuntimeError("no data here")
+    if how == "die":
+        os._exit(5)
+
+
+def test_pre_warmed_worker_claims_during_the_first_job(tmp_path):
+    """A pre-warmed worker takes a job while this process's first job still runs (a cold one waits for it
+    to end: the first job here would run into its 30 s limit)."""
+    tasks, marks = _tasks_of(tmp_path, 6, "")
+    t0 = time.monotonic()
+    outcomes = _within(120, run_tasks, _marked_job, tasks, ["cpu", "cpu"], lambda n=1, **info: None,
+                       prepare=_prewarm)
+    assert [o.status for o in outcomes] == ["ok"] * 6 and outcomes[0].worker == 0, outcomes
+    assert 1 in {o.worker for o in outcomes} and time.monotonic() - t0 < 25  # job 0 did not wait out its limit
+    prewarmed = _runs(tmp_path / "prewarm")  # once, in the worker, on the args of a job left then
+    assert len(prewarmed) == 1 and list(prewarmed.values())[0] != [os.getpid()]
+    runs = _runs(marks)
+    assert sorted(runs) == list(range(6)) and all(len(p) == 1 for p in runs.values())
+
+
+def _tasks_of(tmp_path: Path, n: int, how: str):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    return [Task(i, (i, str(marks), os.getpid(), how)) for i in range(n)], marks
+
+
+@pytest.mark.parametrize("how", ["raise", "die"])
+def test_failed_pre_warm_leaves_every_job_done(tmp_path, how):
+    """A pre-warm that raises leaves the worker cold (it may still take jobs by the old estimate); one that
+    takes the worker down loses no job: this process does them all."""
+    tasks, marks = _tasks_of(tmp_path, 8, how)
+    t0 = time.monotonic()
+    outcomes = _within(120, run_tasks, _marked_job, tasks, ["cpu", "cpu"], lambda n=1, **info: None,
+                       prepare=_prewarm)
+    assert [o.status for o in outcomes] == ["ok"] * 8, outcomes
+    runs = _runs(marks)
+    assert sorted(runs) == list(range(8)) and all(len(p) == 1 for p in runs.values())
+    assert time.monotonic() - t0 < 25  # the pre-warm ran (and failed) while job 0 waited for it
+    if how == "die":
+        assert {o.worker for o in outcomes} == {0}
 
 
 def test_resolve_devices(monkeypatch):
@@ -340,6 +442,48 @@ def test_sweep_on_two_cpu_workers_gives_in_process_rows(tmp_path, checkpoints):
     summary = _summary(tmp_path / "two")
     assert summary["status"].tolist() == ["ok"] * 4 + ["failed"]
     assert summary["error"].iloc[4] and "broken.txt" in summary["multiplier"].iloc[4]
+
+
+@needs_cpp
+def test_prepare_fills_the_session_writes_nothing_changes_no_row(tmp_path, checkpoints, monkeypatch):
+    """compare.prepare (a worker's pre-warm) with retraining on: a few throwaway training steps, nothing
+    written (no row, no retrained checkpoint), the references' predictions kept; the run after it gives
+    the rows of a run without it."""
+    from runner import compare, finetune, session
+    from runner.train_step import GRAPH_WARMUP
+    from tests.conftest import compose
+
+    trained = []
+    train_epochs = finetune.train_epochs
+    monkeypatch.setattr(finetune, "train_epochs", lambda model, data, *a, **kw: (
+        trained.append(len(data.train_x)), train_epochs(model, data, *a, **kw))[1])
+
+    def cfg(name):
+        return compose("compare", [*FAST, "backend=cpp", "multiplier=mul8s_1KV8", "finetune.epochs=1",
+                                   "finetune.batch_size=64", "finetune.force=true",
+                                   f"paths.results={tmp_path / name}", f"paths.checkpoints={checkpoints}"])
+
+    def run(name):
+        (tmp_path / name / "run").mkdir(parents=True)
+        compare.run(cfg(name), tmp_path / name / "run", quiet=True)
+        rows = pd.read_csv(tmp_path / name / "results.csv").sort_values("path").reset_index(drop=True)
+        return rows[["path", "correct", "accuracy", "agreement_fakequant", "row_key"]]
+
+    session.reset()
+    cold = run("cold")
+    session.reset()
+    before = sorted(checkpoints.rglob("*.pt"))
+    trained.clear()
+    assert compare.prepare(cfg("warm"))["status"] == "prepared"
+    assert trained == [64 * (GRAPH_WARMUP + 2)]
+    assert not (tmp_path / "warm").exists() and sorted(checkpoints.rglob("*.pt")) == before
+    keys = compare.plan_run(cfg("warm")).row_keys
+    assert session.get().predictions(keys["pytorch"]) is not None
+    assert session.get().predictions(keys["fakequant"]) is not None
+    warm = run("warm")
+    assert set(warm["path"]) == {"pytorch", "fakequant", "approx", "approx_finetuned"}
+    pd.testing.assert_frame_equal(cold, warm)
+    session.reset()
 
 
 @needs_cpp

@@ -66,7 +66,8 @@ if [ "${FINETUNE:-1}" = 1 ]; then
   fm=(data=fashion_mnist "data.root=$FMNIST" finetune.epochs=$ep finetune.force=true)  # force: every run retrains (finetuned checkpoints are cached)
   timed fmnist${nt}_ft${ep}_1gpu sweep "sweep.multipliers=$TABLES4" backend=cuda "${fm[@]}" 'sweep.devices=[cuda:0]'
   timed fmnist${nt}_ft${ep}_2gpu sweep "sweep.multipliers=$TABLES4" backend=cuda "${fm[@]}" sweep.devices=auto
-  # which process ran each job (the worker's rows name cuda:1) and each job's seconds (its job.json)
+  # which process ran each job (the worker's rows name cuda:1) and each job's seconds (its job.json): a
+  # pre-warmed worker's first job should cost about what cuda:0's jobs after its first cost
   for r in $(seq 1 "$REPEATS"); do
     "$PY" - "$OUT/fmnist${nt}_ft${ep}_2gpu.$r" <<'EOF'
 import json, sys
@@ -76,8 +77,9 @@ root = Path(sys.argv[1])
 rows = pd.read_csv(root / "results.csv")
 rows = rows[rows["path"] == "approx"]
 jobs = sorted(root.glob("sweep/*/[0-9]*/job.json"), key=lambda p: int(p.parent.name))
-print(f"  {root.name}: jobs per device {rows['device'].value_counts().sort_index().to_dict()}, "
-      f"job seconds {[json.loads(p.read_text()).get('elapsed_s') for p in jobs]}")
+device = {Path(d).parts[-2:]: dev for d, dev in zip(rows["run_dir"], rows["device"])}
+print(f"  {root.name}: jobs per device {rows['device'].value_counts().sort_index().to_dict()}, job seconds "
+      f"{[(device.get(p.parent.parts[-2:], '?'), json.loads(p.read_text()).get('elapsed_s')) for p in jobs]}")
 EOF
   done
 fi

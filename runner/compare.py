@@ -140,10 +140,7 @@ def run(cfg: DictConfig, out_dir: Path, quiet: bool = False, plan: Plan | None =
               "data": cfg.data.name, "model": cfg.model.name, "quant": cfg.quant.get("name", ""),
               "backend": cfg.backend.name, "algo": cfg.backend.algo, "seed": int(cfg.seed)}
     try:
-        n_gpus = torch.cuda.device_count() if cfg.backend.name == "cuda" else 0
-        with gpus.gpu_lease(Path(cfg.paths.results) / ".gpu-locks", n_gpus) as gpu:
-            if n_gpus:
-                torch.cuda.set_device(gpu)
+        with _leased_gpu(cfg):
             return _run(cfg, out_dir, common, quiet, plan)
     except Exception as exc:  # noqa: BLE001  (a crash in one sweep job must not end the sweep)
         if cfg.get("on_error", "raise") != "record":
@@ -160,6 +157,27 @@ def run(cfg: DictConfig, out_dir: Path, quiet: bool = False, plan: Plan | None =
         append_rows(Path(cfg.results_file), [row])
         console.print(f"[red]failed[/] {row['multiplier']}: {exc}")
         return {"status": "failed", "error": reason}
+
+
+def prepare(cfg: DictConfig, plan: Plan | None = None) -> dict:
+    """What a run of cfg sets up, left in this process's session (runner.session) for the runs that follow,
+    without the run's own work and without writing anything: data, baseline, calibration, the fake-quant and
+    approx models, operand histograms, the reference predictions, and the first calls its retraining and its
+    approx evaluation make (a few throwaway training steps on a copy, one approx batch: _warm_first_calls).
+    A pool worker calls it before it takes a job (runner.workers), so its first job costs what a later one
+    does. Raises what the run would raise; {"status": "skipped"} when every row of cfg is recorded."""
+    with _leased_gpu(cfg):
+        return _run(cfg, None, {}, quiet=True, plan=plan, prepare_only=True)
+
+
+@contextmanager
+def _leased_gpu(cfg: DictConfig):
+    """This process's GPU for a run (runner.gpus.gpu_lease: one of several on a multi-GPU machine)."""
+    n_gpus = torch.cuda.device_count() if cfg.backend.name == "cuda" else 0
+    with gpus.gpu_lease(Path(cfg.paths.results) / ".gpu-locks", n_gpus) as gpu:
+        if n_gpus:
+            torch.cuda.set_device(gpu)
+        yield
 
 
 def plan_run(cfg: DictConfig) -> Plan:
@@ -222,8 +240,10 @@ def prefix_of(cfg: DictConfig, multipliers: dict, approx_layers: list[str], keys
                              "before": [(n, kind, multipliers[n].signed if kind != "fp32" else None) for n in before]})
 
 
-def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False, plan: Plan | None = None) -> dict:
-    """quiet: no progress bar, table or skip message (a command that runs many evaluations reports them)."""
+def _run(cfg: DictConfig, out_dir: Path | None, common: dict, quiet: bool = False, plan: Plan | None = None,
+         prepare_only: bool = False) -> dict:
+    """quiet: no progress bar, table or skip message (a command that runs many evaluations reports them).
+    prepare_only: the set-up alone (prepare), stopping before the retraining, the evaluations and the rows."""
     qcfg = QuantConfig.from_cfg(cfg.quant)
     # a plan made earlier keeps all but the device: this run may hold a different leased GPU
     plan = plan_run(cfg) if plan is None else plan.on(eval_device(cfg))
@@ -254,7 +274,10 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False, plan
     models = {"pytorch": model, "fakequant": fq, "approx": approx}
     extra = {p: {} for p in PATHS}
     ft_info = None
-    if "approx_finetuned" in wanted and keys["approx_finetuned"] not in skip:
+    if prepare_only:
+        _warm_first_calls(cfg, approx, model, data, x, qcfg, device, "approx_finetuned" in wanted and
+                          keys["approx_finetuned"] not in skip)
+    elif "approx_finetuned" in wanted and keys["approx_finetuned"] not in skip:
         fcfg = finetune.FinetuneConfig.from_cfg(cfg.finetune)
         ident = finetune.identity(weight_config(cfg), multipliers, approx_layers, qcfg, fcfg)
         models["approx_finetuned"], ft_meta, ft_ckpt = finetune.obtain(
@@ -280,13 +303,14 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False, plan
     data_sha = weight_config(cfg)["data"]["sha256"]
     rows, preds = [], {}
     # fakequant predictions are needed for agreement even when its row is already recorded
-    order = ["pytorch", "fakequant"] + [p for p in ("approx", "approx_finetuned") if p in models and p in wanted]
+    order = ["pytorch", "fakequant"] + [p for p in ("approx", "approx_finetuned")
+                                        if p in models and p in wanted and not prepare_only]
     n_batches = (len(x) + bs - 1) // bs
     start, prefix_key = prefix_of(cfg, multipliers, approx_layers, keys)
     bar = _no_progress() if quiet else progress_bar(f"compare {mcols['multiplier']} on {device}", total=len(order))
     with bar as advance:
         for path in order:
-            record = path in wanted and keys[path] not in skip
+            record = path in wanted and keys[path] not in skip and not prepare_only
             preds[path] = sess.predictions(keys[path])
             if preds[path] is not None and not record:  # a reference whose predictions this command has seen
                 advance(1, path=path)
@@ -314,6 +338,8 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False, plan
                              "git_sha": env["git_sha"], "git_dirty": env["git_dirty"],
                              "torch_version": env["torch"], "n_batches": n_batches})
             advance(1, path=path)
+    if prepare_only:
+        return {"status": "prepared"}
     write_csv(out_dir / "metrics.csv", rows)
     # with skip_done, a row another process recorded meanwhile (concurrent sweeps) is not added twice
     append_rows(results_file, rows, skip_recorded=bool(cfg.skip_done))
@@ -331,6 +357,32 @@ def _run(cfg: DictConfig, out_dir: Path, common: dict, quiet: bool = False, plan
     if not quiet:
         _print_table(rows)
     return {"status": "ok", "rows": rows}
+
+
+def _warm_first_calls(cfg: DictConfig, approx, teacher, data, x, qcfg: QuantConfig, device: torch.device,
+                      retrains: bool) -> None:
+    """The one-off costs of a process's first retraining and first approx evaluation, paid on throwaway work:
+    the kernels' timed picks per shape (`auto`), their first launches, backward kernels, the optimizer and
+    CUDA graph capture. On a GPU a command's first 1-epoch retraining job took 6.8 s, its later ones 1.3 s
+    (benchmarks/README.md, several GPUs). Training: a copy of the approx model, one epoch over just enough
+    batches of the job's batch size to be captured and replayed once; evaluation: one batch."""
+    import copy
+    import dataclasses
+    from types import SimpleNamespace
+
+    from runner.train_step import GRAPH_WARMUP
+
+    if approx is None:
+        return
+    if retrains:
+        fcfg = finetune.FinetuneConfig.from_cfg(cfg.finetune)
+        n = int(fcfg.batch_size) * (GRAPH_WARMUP + 2)
+        few = SimpleNamespace(train_x=data.train_x[:n], train_y=data.train_y[:n])
+        finetune.train_epochs(copy.deepcopy(approx), few, dataclasses.replace(fcfg, epochs=1), qcfg, device,
+                              int(cfg.seed), "first calls", teacher=teacher,
+                              cuda_graph=finetune.cuda_graph_setting(cfg))
+    bs = int(cfg.eval.batch_size)
+    run_timed(approx, x[:bs], bs, device, warmup=0, repeats=0)
 
 
 def run_finetune(cfg: DictConfig, out_dir: Path) -> dict:

@@ -5,9 +5,21 @@ A pool of devices [d0, d1, ...]: this process serves d0 itself (its session alre
 baseline and the reference predictions the command made before its jobs, so with one device nothing
 changes) and one long-lived worker process per other device, started with the spawn method (CUDA cannot
 fork), pulls jobs too. A worker keeps its own session (runner.session) for all its jobs. Jobs are claimed
-through one shared counter, so each runs exactly once and a fast device takes more of them; rows go
-through the store's lock (runner.store), as every writer's do. A worker sees only its GPU
-(CUDA_VISIBLE_DEVICES, set before CUDA starts in it), so its jobs lease nothing.
+through one shared counter, so each runs exactly once; rows go through the store's lock (runner.store), as
+every writer's do. A worker sees only its GPU (CUDA_VISIBLE_DEVICES, set before CUDA starts in it), so its
+jobs lease nothing.
+
+Pre-warm: a started worker first builds its session for the next job's configuration (run_tasks'
+`prepare` on that job's args: data, baseline, calibration, models, references, the first calls of a
+retraining and an evaluation), so its first job costs what a later one does. One whose pre-warm fails
+goes on cold (the old estimate below), and this process does the jobs meanwhile.
+
+The claim rule (worker_claims, fed by claim_estimates): this process takes the next job whenever it is
+free; a worker takes one only when it is expected to finish it before this process, working through the
+rest of the queue alone, would have finished them all. A pre-warmed worker is costed as this process's
+time per job, so it takes a job as soon as it is warm; a cold one's first job carries its warm-up while
+this process's session is warm, so with short jobs it takes none and the sweep takes what it takes on one
+device.
 
 Ending: a worker exits when no job is left; one that died (killed, out of memory, a crash in a kernel) has
 its job reported failed with the reason; the parent never waits on a worker without bound. Ctrl-C or
@@ -27,6 +39,10 @@ from runner.errors import UserError
 
 # How long the end of the pool waits for a worker's process and for the reader of their reports.
 JOIN_TIMEOUT_S = 10.0
+# How often a worker that the claim rule holds back looks again (the estimates change as jobs end).
+CLAIM_POLL_S = 0.05
+# How long the end of the pool gives a started worker that took no job left to leave by itself.
+IDLE_EXIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -111,15 +127,107 @@ def _threads_each(devices: list[str]) -> int:
     return max(1, (os.cpu_count() or 1) // len(devices))
 
 
-def _claim(counter, owner, n: int, wid: int) -> int | None:
+# ---------------------------------------------------------------- the claim rule
+
+@dataclass(frozen=True)
+class Pace:
+    """What is measured of one process's jobs so far, in seconds: its first job (which carries the
+    one-off warm-up), the mean of its jobs after the first, and how long its current job has run (None:
+    no job running)."""
+    first_s: float | None = None
+    steady_s: float | None = None
+    busy_s: float | None = None
+
+
+def worker_claims(remaining: int, parent_left_s: float, parent_job_s: float, worker_job_s: float) -> bool:
+    """Whether a worker takes the next of `remaining` unclaimed jobs: iff
+        worker_job_s <= parent_left_s + remaining * parent_job_s,
+    i.e. remaining >= (worker_job_s - parent_left_s) / parent_job_s, where parent_left_s is what is left
+    of this process's current job and parent_job_s its time per job. The right side is when this process
+    alone would have finished the whole queue; the worker's job ends before that, and this process then
+    has one job less (parent_left_s + (remaining - 1) * parent_job_s), so a claim never makes the sweep
+    end later, by the estimates. A tie claims: a worker as fast as this process takes the last job while
+    this process is still busy."""
+    return remaining >= 1 and worker_job_s <= parent_left_s + remaining * parent_job_s
+
+
+def claim_estimates(parent: Pace, worker: Pace, worker_start_s: float) -> tuple[float, float, float] | None:
+    """(parent_left_s, parent_job_s, worker_job_s) for worker_claims, from what is measured so far, or None
+    (the worker waits) while this process's first job runs and the worker is cold: that job's length is the
+    one figure that tells short jobs behind a long one-off warm-up (retraining for one epoch) from long jobs,
+    and a guess before it would have a cold worker take jobs in exactly the sweeps where that makes them
+    slower. worker.first_s: its first job, or its pre-warm, which stands for it (the one-off costs, paid
+    without a job): a pre-warmed worker's first job is then a later one.
+
+    - This process's time per job: the mean of its jobs after the first; until one has ended, how long its
+      current job has run (a lower bound: its first job's time includes the one-off warm-up and says
+      nothing of the next), with nothing left of it.
+    - A cold worker's first job: this process's first job (the same one-off warm-up; its time per job where
+      that is longer: the first may have failed at once) plus the worker's start (worker_start_s: from the
+      pool's start to its being ready), standing in for the set-up its first job also does (data,
+      baseline, calibration, references), which this process did before the pool began.
+    - A worker's later jobs, and every job of a pre-warmed one: the mean of its own after its first (or its
+      pre-warm), until then this process's time per job. With that, worker_claims holds whenever a job is
+      left (t_p <= t_left + r * t_p): a warm worker takes the next job as soon as it is ready, also while
+      this process's first job runs (t_p: that job's time so far)."""
+    if parent.first_s is None and worker.first_s is None:
+        return None
+    busy = parent.busy_s
+    if parent.steady_s is not None:
+        parent_job = parent.steady_s
+        parent_left = 0.0 if busy is None else max(0.0, parent_job - busy)
+    else:
+        parent_job, parent_left = (busy or 0.0), 0.0
+    if worker.first_s is None:
+        worker_job = max(parent.first_s, parent_job) + worker_start_s
+    else:
+        worker_job = worker.steady_s if worker.steady_s is not None else parent_job
+    return parent_left, parent_job, worker_job
+
+
+# One process's job times in an array of doubles (shared for this process, so every worker reads them):
+# first job (-1: none ended), sum and count of the later ones, monotonic start of the current job (0: none).
+_FIRST, _REST_SUM, _REST_N, _SINCE = range(4)
+_NO_TIMES = (-1.0, 0.0, 0.0, 0.0)
+
+
+def _started(times, now: float) -> None:
+    times[_SINCE] = now
+
+
+def _ended(times, seconds: float) -> None:
+    if times[_FIRST] < 0:
+        times[_FIRST] = seconds
+    else:
+        times[_REST_SUM] += seconds
+        times[_REST_N] += 1
+    times[_SINCE] = 0.0
+
+
+def _pace(times, now: float) -> Pace:
+    first, total, count, since = times[_FIRST], times[_REST_SUM], times[_REST_N], times[_SINCE]
+    return Pace(first if first >= 0 else None, total / count if count else None, now - since if since else None)
+
+
+NOT_NOW = -1  # _claim: the rule holds this worker back for now
+
+
+def _claim(counter, owner, n: int, wid: int, may: Callable[[int], bool] | None = None,
+           times=None) -> int | None:
     """The next job, marked as this process's (owner) in the same step, so a worker's death with it is
-    known even if it could not say so."""
+    known even if it could not say so. None: no job left; NOT_NOW: may(remaining unclaimed) said no,
+    decided under the same lock as the claim. times: this process's shared job times, its current job's
+    start set in the same step (a worker reads them under this lock)."""
     with counter.get_lock():
         i = counter.value
         if i >= n:
             return None
+        if may is not None and not may(n - i):
+            return NOT_NOW
         counter.value = i + 1
         owner[i] = wid
+        if times is not None:
+            _started(times, time.monotonic())
         return i
 
 
@@ -133,25 +241,64 @@ def _failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
 
 
-def _serve(wid: int, device: str, fn: Callable, tasks: list[Task], counter, owner, conn, threads: int) -> None:
-    """A worker process: jobs until none is left, each reported as it ends through its own pipe (a worker
-    that dies mid-message breaks only its own)."""
+def _serve(wid: int, device: str, fn: Callable, tasks: list[Task], counter, owner, conn, threads: int,
+           parent_times, ready, pool_start: float, prepare: Callable | None = None) -> None:
+    """A worker process: its pre-warm (prepare), then jobs while the claim rule gives it one and until none
+    is left, each reported as it ends through its own pipe (a worker that dies mid-message breaks only its
+    own). pool_start: the parent's time.monotonic() when it started the workers (the clock is the host's,
+    shared by processes)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the pool on Ctrl-C (the whole group gets it)
     _see_only(device)
     import torch
 
     torch.set_num_threads(threads)
-    while (i := _claim(counter, owner, len(tasks), wid)) is not None:
+    start_s = time.monotonic() - pool_start  # spawn, interpreter, imports, the tasks unpickled
+    own = list(_NO_TIMES)
+    if prepare is not None:
+        own[_FIRST] = _prewarm(prepare, tasks, counter, device)
+    ready[wid] = 1  # after the pre-warm: one still in it when the jobs are all done is stopped at once
+
+    def may(remaining: int) -> bool:
+        now = time.monotonic()
+        estimates = claim_estimates(_pace(parent_times, now), _pace(own, now), start_s)
+        return estimates is not None and worker_claims(remaining, *estimates)
+
+    while (i := _claim(counter, owner, len(tasks), wid, may)) is not None:
+        if i == NOT_NOW:
+            time.sleep(CLAIM_POLL_S)
+            continue
+        t0 = time.monotonic()
         try:
             status, error = _status(fn(*tasks[i].args))
             raised = False
         except Exception as exc:  # noqa: BLE001  (one job's crash must not take the others' worker)
             status, error, raised = "failed", _failure(exc), True
+        _ended(own, time.monotonic() - t0)
         conn.send((i, status, error, raised))
     conn.close()
     # Everything is reported and every row written atomically: skip the interpreter's teardown (a CUDA
     # context's takes about a second, a stall at the end of the sweep).
     os._exit(0)
+
+
+def _prewarm(prepare: Callable, tasks: list[Task], counter, device: str) -> float:
+    """prepare(*args) of the next unclaimed task (the one this worker would take first; every job of a
+    command shares most of its set-up). Returns its seconds, which stand for the first job's one-off costs
+    (claim_estimates), or -1 (cold) when no job is left or it failed: the worker then goes on as if it had
+    none, its session holding whatever was built, and the failure is left to its jobs to report."""
+    import sys
+
+    i = counter.value
+    if i >= len(tasks):
+        return _NO_TIMES[_FIRST]
+    t0 = time.monotonic()
+    try:
+        prepare(*tasks[i].args)
+    except Exception as exc:  # noqa: BLE001  (a failed pre-warm must not lose the worker, nor the pool)
+        print(f"worker on {device}: pre-warm failed, claiming as a cold worker ({type(exc).__name__}: {exc})",
+              file=sys.stderr, flush=True)
+        return _NO_TIMES[_FIRST]
+    return time.monotonic() - t0
 
 
 class _Board:
@@ -190,11 +337,13 @@ class _Board:
 
 def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Callable,
               on_failure: Callable | None = None, join_timeout_s: float = JOIN_TIMEOUT_S,
-              poll_s: float = 0.1) -> list[Outcome]:
+              poll_s: float = 0.1, prepare: Callable | None = None) -> list[Outcome]:
     """fn(*task.args) for every task, over `devices` (this process serves the first). fn is a module-level
     function (the workers import it by name); it returns a dict with "status" (and "error"), or raises:
     the task is then failed. advance(1, **info) after each task, in this process; on_failure(task, error)
-    for a task that did not return (it raised, or its worker died). Returns the outcomes in task order."""
+    for a task that did not return (it raised, or its worker died). prepare: a module-level function a
+    worker calls on a task's args before it takes any (its pre-warm: fn's set-up for them, kept for its
+    jobs; its result is ignored, its failure leaves the worker cold). Returns the outcomes in task order."""
     import torch
     import torch.multiprocessing as mp
 
@@ -203,12 +352,17 @@ def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Call
     board = _Board(tasks, devices, advance, on_failure)
     ctx = mp.get_context("spawn")
     counter, owner = ctx.Value("i", 0), ctx.Array("i", [-1] * len(tasks), lock=False)
+    # this process's job times (read by the workers' claim rule, under the counter's lock); which workers
+    # have started (one that took no job then leaves by itself at the end)
+    times, ready = ctx.Array("d", _NO_TIMES, lock=False), ctx.Array("b", len(devices), lock=False)
     threads = _threads_each(devices)
     procs, conns = {}, {}
+    pool_start = time.monotonic()
     with _sigint_ignored():  # inherited through exec: a Ctrl-C while a worker starts is the parent's alone
         for wid, device in enumerate(devices[1:], start=1):
             receive, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_serve, args=(wid, device, fn, tasks, counter, owner, send, threads),
+            proc = ctx.Process(target=_serve, args=(wid, device, fn, tasks, counter, owner, send, threads,
+                                                    times, ready, pool_start, prepare),
                                name=f"approx-run-worker-{wid}-{device}", daemon=True)
             proc.start()
             send.close()  # the worker's end only: its death is then the end of this pipe
@@ -223,12 +377,14 @@ def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Call
         with gpus.pinned(index) if index is not None else nullcontext():
             if index is not None:
                 torch.cuda.set_device(index)
-            while (i := _claim(counter, owner, len(tasks), 0)) is not None:
+            while (i := _claim(counter, owner, len(tasks), 0, times=times)) is not None:
                 try:
                     status, error = _status(fn(*tasks[i].args))
                     raised = False
                 except Exception as exc:  # noqa: BLE001
                     status, error, raised = "failed", _failure(exc), True
+                with counter.get_lock():
+                    _ended(times, time.monotonic() - times[_SINCE])
                 board.finish(i, status, error, raised, 0)
         _wait_for_workers(board, procs, reader, poll_s)
         interrupted = False
@@ -236,10 +392,17 @@ def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Call
         with counter.get_lock():
             counter.value = len(tasks)
         torch.set_num_threads(own_threads)
-        # Every job reported (or an interrupt): a worker still alive has no job left, maybe still starting
-        # (torch's import, the CUDA context: seconds, longer than a short sweep's jobs), so it is not
-        # waited for. Otherwise the workers all ended already.
-        _stop(procs, 0.0 if interrupted or len(board.outcomes) == len(tasks) else join_timeout_s)
+        # Every job reported (or an interrupt): a worker still alive has no job left. One that started (the
+        # claim rule gave it none) sees that within CLAIM_POLL_S and exits by itself; one still starting or
+        # pre-warming (torch's import, the CUDA context, its session: seconds, longer than a short sweep's
+        # jobs; it writes nothing) is not waited for.
+        # Otherwise the workers all ended already.
+        if interrupted or len(board.outcomes) == len(tasks):
+            if not interrupted:
+                _stop({w: p for w, p in procs.items() if ready[w]}, IDLE_EXIT_S)
+            _stop(procs, 0.0)
+        else:
+            _stop(procs, join_timeout_s)
         reader.join(join_timeout_s)  # reads what the workers sent before they ended
         board.stop.set()
         reader.join(join_timeout_s)

@@ -1,7 +1,7 @@
 """The worker pool (runner.workers): every job exactly once over several processes, a failing or dying
-job reported while the others finish, no hang; a sweep over two CPU workers gives the in-process rows;
-chunks of jobs per launcher task. Workers on the CPU stand in for GPUs here; the 2-GPU tests are marked
-cuda and skip with fewer GPUs."""
+job reported while the others finish, no hang; the claim rule (a worker takes a job only where that ends
+the queue sooner); a sweep over two CPU workers gives the in-process rows; chunks of jobs per launcher
+task. Workers on the CPU stand in for GPUs here; the 2-GPU tests are marked cuda and skip with fewer GPUs."""
 import os
 import threading
 import time
@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from runner.errors import UserError
-from runner.workers import Task, read_chunk, resolve_devices, run_tasks, write_chunks
+from runner.workers import (Pace, Task, claim_estimates, read_chunk, resolve_devices, run_tasks, worker_claims,
+                            write_chunks)
 from tests.conftest import has_cpp
 from tests.test_sweep import FAST, _run, _summary
 
@@ -20,10 +21,12 @@ _ran_here: list[int] = []
 
 
 def _job(i: int, marks: str, parent: int, fail: int | None = None, die_in_worker: bool = False):
-    """Leaves a mark (job, pid); in the parent, waits until a worker has marked a job, so both serve."""
+    """Leaves a mark (job, pid); in the parent, each job after its first waits until a worker has marked a
+    job, so both serve (a long parent job is what the claim rule gives a worker a job for; the first is
+    short: the rule waits for it to end)."""
     pid = os.getpid()
     Path(marks, f"{i}-{pid}").touch()
-    if pid == parent:
+    if pid == parent and sum(p.name.endswith(f"-{pid}") for p in Path(marks).iterdir()) > 1:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not any(p.name.split("-")[1] != str(pid) for p in Path(marks).iterdir()):
             time.sleep(0.02)
@@ -106,6 +109,270 @@ def test_dead_worker_job_failed_no_hang(tmp_path):
     assert all(o.worker == 0 for o in outcomes if o.status == "ok")
 
 
+def _start_slowly(marks: str, until: int, ready: str) -> None:
+    """Runs in the worker as it unpickles its tasks (part of its start): up once this process has marked
+    `until` jobs."""
+    import torch  # noqa: F401  (what the worker imports next: loaded here, so it is up at once)
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(list(Path(marks).iterdir())) < until:
+        time.sleep(0.01)
+    Path(ready).touch()
+
+
+class _SlowStart:
+    """A worker whose start (torch, the CUDA context, its session) outlasts most of a sweep of short jobs."""
+
+    def __init__(self, marks: str, until: int, ready: str):
+        self.args = (marks, until, ready)
+
+    def __reduce__(self):
+        return _start_slowly, self.args
+
+
+def _short_job(i: int, marks: str, until: int, ready: str, slow_start=None):
+    """A short job; job `until` (in whichever process) waits for the worker to be up, so jobs are left
+    when it is."""
+    Path(marks, f"{i}-{os.getpid()}").touch()
+    deadline = time.monotonic() + 60
+    while i == until and time.monotonic() < deadline and not Path(ready).exists():
+        time.sleep(0.01)
+    time.sleep(0.05)
+    return {"status": "ok"}
+
+
+def test_slow_worker_start_leaves_every_short_job_here(tmp_path, monkeypatch):
+    """The worker is up with 10 jobs of 0.05 s left; its first job would cost this process's first plus
+    its start, far more than the 0.5 s left, so it takes none (taking jobs as soon as it was up, it took
+    some) and leaves by itself once the queue is empty."""
+    import runner.workers as workers
+
+    marks, ready, n, until = tmp_path / "marks", tmp_path / "worker-up", 30, 20
+    marks.mkdir()
+    gate = _SlowStart(str(marks), until, str(ready))
+    tasks = [Task(i, (i, str(marks), until, str(ready), gate if i == 0 else None)) for i in range(n)]
+    exits = []
+    stop = workers._stop
+
+    def recording_stop(procs, timeout_s):
+        stop(procs, timeout_s)
+        exits.extend((w, p.exitcode) for w, p in procs.items())
+
+    monkeypatch.setattr(workers, "_stop", recording_stop)
+    outcomes = _within(120, run_tasks, _short_job, tasks, ["cpu", "cpu"], lambda n=1, **info: None)
+    assert ready.exists()  # the worker was up while jobs were left
+    assert [o.status for o in outcomes] == ["ok"] * n and {o.worker for o in outcomes} == {0}, outcomes
+    assert {pid for pids in _runs(marks).values() for pid in pids} == {os.getpid()}
+    assert exits and all(code == 0 for _, code in exits), exits  # left by itself, not terminated
+
+
+# ---------------------------------------------------------------- the claim rule
+
+
+def test_claim_rule_threshold():
+    # 4 jobs left, this process's jobs take 2 s and 1 s is left of its current one: alone it ends in 9 s
+    assert worker_claims(4, 1.0, 2.0, 8.9) and worker_claims(4, 1.0, 2.0, 9.0)
+    assert not worker_claims(4, 1.0, 2.0, 9.1)
+    assert not worker_claims(0, 5.0, 2.0, 0.1)  # nothing left to take
+    # the last job: a worker as fast as this process takes it while this process is still busy, a slower
+    # one only if this process has more than the difference left of its job
+    assert worker_claims(1, 0.5, 2.0, 2.0)
+    assert worker_claims(1, 1.5, 2.0, 3.0) and not worker_claims(1, 0.5, 2.0, 3.0)
+
+
+def test_claim_estimates():
+    # this process's first job still running: nothing known, the worker waits
+    assert claim_estimates(Pace(busy_s=30.0), Pace(), 4.0) is None
+    # its first job took 6 s, its second has run 1 s: per job at least 1 s; the worker's first job is
+    # this process's first plus the worker's own start
+    assert claim_estimates(Pace(6.0, None, 1.0), Pace(), 4.0) == (0.0, 1.0, 10.0)
+    # later jobs measured: 2 s each, 0.5 s of the current one done
+    assert claim_estimates(Pace(6.0, 2.0, 0.5), Pace(), 4.0) == (1.5, 2.0, 10.0)
+    assert claim_estimates(Pace(6.0, 2.0, None), Pace(), 4.0) == (0.0, 2.0, 10.0)  # between two jobs
+    assert claim_estimates(Pace(6.0, 2.0, 3.0), Pace(), 4.0) == (0.0, 2.0, 10.0)   # overdue: nothing left
+    # a first job that failed at once carried no warm-up: the longer time per job stands in for it
+    assert claim_estimates(Pace(0.1, 2.0, 0.5), Pace(), 4.0) == (1.5, 2.0, 6.0)
+    assert claim_estimates(Pace(0.1, None, 3.0), Pace(), 4.0) == (0.0, 3.0, 7.0)
+    # a worker past its first job: as fast as this process until its own later jobs are measured
+    assert claim_estimates(Pace(6.0, 2.0, 0.5), Pace(9.0, None, None), 4.0) == (1.5, 2.0, 2.0)
+    assert claim_estimates(Pace(6.0, 2.0, 0.5), Pace(9.0, 3.0, None), 4.0) == (1.5, 2.0, 3.0)
+
+
+def test_claim_estimates_pre_warmed():
+    """A pre-warmed worker (its pre-warm, 7 s, stands for its first job) is costed as this process's time per
+    job: it need not wait for this process's first job, and the rule then holds whenever a job is left."""
+    warm = Pace(7.0, None, None)
+    assert claim_estimates(Pace(busy_s=3.0), warm, 4.0) == (0.0, 3.0, 3.0)  # first job running: its time so far
+    assert claim_estimates(Pace(6.0, 2.0, 0.5), warm, 4.0) == (1.5, 2.0, 2.0)
+    assert claim_estimates(Pace(6.0, None, 1.0), warm, 4.0) == (0.0, 1.0, 1.0)
+    for parent in (Pace(busy_s=0.0), Pace(busy_s=3.0), Pace(6.0, 2.0, 0.5), Pace(6.0, 2.0, 3.0)):
+        assert worker_claims(1, *claim_estimates(parent, warm, 4.0))
+        assert not worker_claims(0, *claim_estimates(parent, warm, 4.0))
+    # its own jobs measured slower (4 s): back to the rule's threshold, also during this process's first job
+    assert claim_estimates(Pace(busy_s=3.0), Pace(7.0, 4.0, None), 4.0) == (0.0, 3.0, 4.0)
+    assert not worker_claims(1, 0.0, 3.0, 4.0) and worker_claims(2, 0.0, 3.0, 4.0)
+
+
+def _simulate(n: int, parent_first: float, parent_job: float, worker_start: float, worker_first: float,
+              worker_job: float, dt: float = 0.01, prewarm: float | None = None) -> tuple[list[int], float]:
+    """This process and one worker over n jobs on a clock of dt steps, the worker asking the rule each step
+    it is idle (as it polls): (the jobs the worker took, when the last job ended). prewarm: the seconds of a
+    worker's pre-warm, ended at worker_start (its time then stands for its first job, as in _serve)."""
+    taken, done = [], {"parent": [], "worker": [] if prewarm is None else [prewarm]}
+    busy = {"parent": (0, 0.0, parent_first)}  # who -> (job, start, end)
+    nxt, t, ends = 1, 0.0, []
+
+    def pace(who: str, now: float) -> Pace:
+        times = done[who]
+        job = busy.get(who)
+        return Pace(times[0] if times else None, sum(times[1:]) / (len(times) - 1) if len(times) > 1 else None,
+                    now - job[1] if job else None)
+
+    while busy or nxt < n:
+        for who, (job, start, end) in list(busy.items()):
+            if end <= t + 1e-9:
+                done[who].append(end - start)
+                ends.append(end)
+                del busy[who]
+                if who == "parent" and nxt < n:  # this process takes the next job at once
+                    busy["parent"] = (nxt, end, end + parent_job)
+                    nxt += 1
+        if "worker" not in busy and t >= worker_start and nxt < n:
+            estimates = claim_estimates(pace("parent", t), pace("worker", t), worker_start)
+            if estimates is not None and worker_claims(n - nxt, *estimates):
+                busy["worker"] = (nxt, t, t + (worker_job if taken else worker_first))
+                taken.append(nxt)
+                nxt += 1
+        t += dt
+    return taken, max(ends)
+
+
+@pytest.mark.parametrize("worker_start", [3.5, 7.5])
+def test_rule_short_jobs_behind_a_warm_up_stay_in_this_process(worker_start):
+    """Four 1-epoch retrainings: 6.8 s first job (its warm-up), 1.3 s after; a worker's first job 8.5 s.
+    Taking any of them would end the sweep later than this process alone does (10.7 s)."""
+    taken, end = _simulate(4, 6.8, 1.3, worker_start, 8.5, 1.3)
+    assert taken == [] and end == pytest.approx(6.8 + 3 * 1.3)
+    taken, end = _simulate(19, 0.3, 0.1, worker_start, 2.0, 0.1)  # 19 short evaluations
+    assert taken == []
+
+
+def test_rule_long_jobs_shared_about_half():
+    alone = 12.0 + 19 * 10.0
+    taken, end = _simulate(20, 12.0, 10.0, 4.0, 14.0, 10.0)
+    assert 8 <= len(taken) <= 10 and end < 0.6 * alone
+
+
+def test_rule_tail():
+    """Five 5 s jobs, a worker up at 2 s whose first job takes 7 s. It waits for this process's first job
+    (5 s), then takes job 2 once this process's second job has run 7/3 s (3 jobs left at least that long:
+    7.3 s -> 14.3 s); warm, it takes the last job (4) while this process still has 0.7 s of job 3: done at
+    19.3 s, where this process would have ended it at 20 s. With three jobs it takes none: job 1 is this
+    process's at once and one job left after it cannot be shown to last the 7 s."""
+    taken, end = _simulate(5, 5.0, 5.0, 2.0, 7.0, 5.0)
+    assert taken == [2, 4] and end == pytest.approx(5 + 7 / 3 + 7 + 5, abs=0.05)
+    taken, end = _simulate(3, 5.0, 5.0, 2.0, 7.0, 5.0)
+    assert taken == [] and end == pytest.approx(15.0)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 6, 10, 19])
+@pytest.mark.parametrize("first, job", [(6.8, 1.3), (11.0, 5.4), (2.0, 2.0), (0.3, 0.1), (30.0, 25.0)])
+@pytest.mark.parametrize("worker_start", [1.0, 4.0, 9.0])
+def test_rule_never_slower_than_this_process_alone(n, first, job, worker_start):
+    """Where the estimates hold (the worker's first job costs at most this process's first plus its own
+    start, its later jobs as this process's), no claim ends the sweep later."""
+    alone = first + (n - 1) * job
+    for set_up in (0.0, worker_start):  # what the worker's first job adds to this process's first
+        _, end = _simulate(n, first, job, worker_start, first + set_up, job)
+        assert end <= alone + 0.02
+
+
+@pytest.mark.parametrize("n, first, job, ready, took, end", [
+    (4, 6.8, 1.3, 11.5, [], 10.7),              # 1 epoch: warm after this process is done, it takes none
+    (4, 6.8, 1.3, 9.0, [3], 10.3),               # warm with the last job left: ends it first (same cost)
+    (4, 10.5, 5.5, 11.0, [2], 21.5),             # 5 epochs: 27.0 s alone
+    (4, 10.5, 5.5, 15.0, [2], 21.5),
+    (8, 10.5, 5.5, 6.0, [1, 3, 5, 7], 28.1)])    # warm in this process's first job: takes one at once (49 s alone)
+def test_rule_pre_warmed_worker(n, first, job, ready, took, end):
+    """A pre-warmed worker whose jobs all cost this process's later ones (the pre-warm's aim), up `ready` s
+    into the jobs (its start and 7 s of pre-warm), with the timings of the benchmarks."""
+    taken, last = _simulate(n, first, job, ready, job, job, prewarm=7.0)
+    assert taken == took and last == pytest.approx(end, abs=0.05)
+    assert last <= first + (n - 1) * job + 0.02
+
+
+@pytest.mark.parametrize("n", [2, 4, 19])
+@pytest.mark.parametrize("ready", [0.5, 5.0, 12.0])
+def test_rule_pre_warmed_never_slower(n, ready):
+    for first, job in ((6.8, 1.3), (10.5, 5.5), (0.3, 0.1)):
+        _, last = _simulate(n, first, job, ready, job, job, prewarm=3.0)
+        assert last <= first + (n - 1) * job + 0.02
+
+
+def _marked_job(i: int, marks: str, parent: int, how: str = ""):
+    """A short job; this process's first waits (up to 30 s) for a worker to mark a job (how: "") or to have
+    tried its pre-warm (how: the pre-warm's failure)."""
+    Path(marks, f"{i}-{os.getpid()}").touch()
+    deadline = time.monotonic() + 30
+
+    def waits() -> bool:
+        if how:
+            return not Path(marks).with_name("prewarm").exists()
+        return all(p.name.endswith(f"-{parent}") for p in Path(marks).iterdir())
+
+    while i == 0 and os.getpid() == parent and time.monotonic() < deadline and waits():
+        time.sleep(0.02)
+    time.sleep(0.05)
+    return {"status": "ok"}
+
+
+def _prewarm(i: int, marks: str, parent: int, how: str = ""):
+    """A pre-warm on task i's args: marks it beside the jobs' marks; how: raise, or die (the process)."""
+    Path(marks).with_name("prewarm").mkdir(exist_ok=True)
+    Path(marks).with_name("prewarm").joinpath(f"{i}-{os.getpid()}").touch()
+    if how == "raise":
+        raise RuntimeError("no data here")
+    if how == "die":
+        os._exit(5)
+
+
+def test_pre_warmed_worker_claims_during_the_first_job(tmp_path):
+    """A pre-warmed worker takes a job while this process's first job still runs (a cold one waits for it
+    to end: the first job here would run into its 30 s limit)."""
+    tasks, marks = _tasks_of(tmp_path, 6, "")
+    t0 = time.monotonic()
+    outcomes = _within(120, run_tasks, _marked_job, tasks, ["cpu", "cpu"], lambda n=1, **info: None,
+                       prepare=_prewarm)
+    assert [o.status for o in outcomes] == ["ok"] * 6 and outcomes[0].worker == 0, outcomes
+    assert 1 in {o.worker for o in outcomes} and time.monotonic() - t0 < 25  # job 0 did not wait out its limit
+    prewarmed = _runs(tmp_path / "prewarm")  # once, in the worker, on the args of a job left then
+    assert len(prewarmed) == 1 and list(prewarmed.values())[0] != [os.getpid()]
+    runs = _runs(marks)
+    assert sorted(runs) == list(range(6)) and all(len(p) == 1 for p in runs.values())
+
+
+def _tasks_of(tmp_path: Path, n: int, how: str):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    return [Task(i, (i, str(marks), os.getpid(), how)) for i in range(n)], marks
+
+
+@pytest.mark.parametrize("how", ["raise", "die"])
+def test_failed_pre_warm_leaves_every_job_done(tmp_path, how):
+    """A pre-warm that raises leaves the worker cold (it may still take jobs by the old estimate); one that
+    takes the worker down loses no job: this process does them all."""
+    tasks, marks = _tasks_of(tmp_path, 8, how)
+    t0 = time.monotonic()
+    outcomes = _within(120, run_tasks, _marked_job, tasks, ["cpu", "cpu"], lambda n=1, **info: None,
+                       prepare=_prewarm)
+    assert [o.status for o in outcomes] == ["ok"] * 8, outcomes
+    runs = _runs(marks)
+    assert sorted(runs) == list(range(8)) and all(len(p) == 1 for p in runs.values())
+    assert time.monotonic() - t0 < 25  # the pre-warm ran (and failed) while job 0 waited for it
+    if how == "die":
+        assert {o.worker for o in outcomes} == {0}
+
+
 def test_resolve_devices(monkeypatch):
     import runner.workers as workers
 
@@ -175,6 +442,48 @@ def test_sweep_on_two_cpu_workers_gives_in_process_rows(tmp_path, checkpoints):
     summary = _summary(tmp_path / "two")
     assert summary["status"].tolist() == ["ok"] * 4 + ["failed"]
     assert summary["error"].iloc[4] and "broken.txt" in summary["multiplier"].iloc[4]
+
+
+@needs_cpp
+def test_prepare_fills_the_session_writes_nothing_changes_no_row(tmp_path, checkpoints, monkeypatch):
+    """compare.prepare (a worker's pre-warm) with retraining on: a few throwaway training steps, nothing
+    written (no row, no retrained checkpoint), the references' predictions kept; the run after it gives
+    the rows of a run without it."""
+    from runner import compare, finetune, session
+    from runner.train_step import GRAPH_WARMUP
+    from tests.conftest import compose
+
+    trained = []
+    train_epochs = finetune.train_epochs
+    monkeypatch.setattr(finetune, "train_epochs", lambda model, data, *a, **kw: (
+        trained.append(len(data.train_x)), train_epochs(model, data, *a, **kw))[1])
+
+    def cfg(name):
+        return compose("compare", [*FAST, "backend=cpp", "multiplier=mul8s_1KV8", "finetune.epochs=1",
+                                   "finetune.batch_size=64", "finetune.force=true",
+                                   f"paths.results={tmp_path / name}", f"paths.checkpoints={checkpoints}"])
+
+    def run(name):
+        (tmp_path / name / "run").mkdir(parents=True)
+        compare.run(cfg(name), tmp_path / name / "run", quiet=True)
+        rows = pd.read_csv(tmp_path / name / "results.csv").sort_values("path").reset_index(drop=True)
+        return rows[["path", "correct", "accuracy", "agreement_fakequant", "row_key"]]
+
+    session.reset()
+    cold = run("cold")
+    session.reset()
+    before = sorted(checkpoints.rglob("*.pt"))
+    trained.clear()
+    assert compare.prepare(cfg("warm"))["status"] == "prepared"
+    assert trained == [64 * (GRAPH_WARMUP + 2)]
+    assert not (tmp_path / "warm").exists() and sorted(checkpoints.rglob("*.pt")) == before
+    keys = compare.plan_run(cfg("warm")).row_keys
+    assert session.get().predictions(keys["pytorch"]) is not None
+    assert session.get().predictions(keys["fakequant"]) is not None
+    warm = run("warm")
+    assert set(warm["path"]) == {"pytorch", "fakequant", "approx", "approx_finetuned"}
+    pd.testing.assert_frame_equal(cold, warm)
+    session.reset()
 
 
 @needs_cpp
@@ -271,8 +580,8 @@ def test_two_gpus_rows_as_one(tmp_path, checkpoints):
     assert rc == 0, out
     cols = ["multiplier", "status", "row_key", "correct", "accuracy"]
     pd.testing.assert_frame_equal(_approx_rows(tmp_path / "one")[cols], _approx_rows(tmp_path / "two")[cols])
-    # each process names its own card (jobs this short may all go to the first: a worker's first job
-    # carries its warm-up, and the command's process is free sooner)
+    # each process names its own card (a worker takes jobs only once pre-warmed, often after these short
+    # ones are all done: which card ran them is the claim rule's call)
     assert set(_approx_rows(tmp_path / "two")["device"]) <= {"cuda:0", "cuda:1"}
 
 

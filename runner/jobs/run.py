@@ -103,7 +103,16 @@ def run_jobs(jobs: list[Job], title: str, devices: list[str] | None = None) -> N
             result = run_job(job.cfg, job.out_dir, overrides=job.overrides, quiet=True, plan=job.plan)
             advance(1, **(job.label or {"job": job.num, "status": result.get("status")}))
         if tasks:
-            workers.run_tasks(run_job, tasks, devices, advance, on_failure=record_failure)
+            workers.run_tasks(run_job, tasks, devices, advance, on_failure=record_failure, prepare=prepare_job)
+
+
+def prepare_job(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None, quiet: bool = True,
+                plan: Plan | None = None) -> dict:
+    """A pool worker's pre-warm, on a job's arguments (run_job's): what the job would set up, left in this
+    process's session for the jobs it takes (runner.compare.prepare); nothing is written."""
+    from runner import compare
+
+    return compare.prepare(cfg, plan=plan)
 
 
 def record_failure(task, error: str) -> None:

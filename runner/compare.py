@@ -363,8 +363,8 @@ def _warm_first_calls(cfg: DictConfig, approx, teacher, data, x, qcfg: QuantConf
                       retrains: bool) -> None:
     """The one-off costs of a process's first retraining and first approx evaluation, paid on throwaway work:
     the kernels' timed picks per shape (`auto`), their first launches, backward kernels, the optimizer and
-    CUDA graph capture. On a GPU a command's first 1-epoch retraining job took 6.8 s, its later ones 1.3 s
-    (benchmarks/README.md, several GPUs). Training: a copy of the approx model, one epoch over just enough
+    CUDA graph capture: on a GPU most of what a first retraining job costs beyond a later one (measured in
+    benchmarks/README.md, several GPUs). Training: a copy of the approx model, one epoch over just enough
     batches of the job's batch size to be captured and replayed once; evaluation: one batch."""
     import copy
     import dataclasses

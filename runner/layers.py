@@ -243,7 +243,7 @@ class _ConvOps:
         return out
 
     def _exact_acc(self, codes, weight_codes):
-        return exact_conv2d(codes, weight_codes, self.stride, self.padding, self.dilation, self.groups)
+        return exact_conv2d(codes, weight_codes, self.stride, self.padding, self.dilation, self.groups, integer=False)
 
 
 class _LinearOps:
@@ -264,7 +264,7 @@ class _LinearOps:
     def _exact_acc(self, codes, weight_codes):
         """[M, N] (finish's channel dim 1); forward restores the leading dims."""
         dtype = exact_dtype(codes.shape[-1], codes.dtype == torch.int8)
-        return (codes.reshape(-1, codes.shape[-1]).to(dtype) @ weight_codes.to(dtype).t()).to(torch.int64)
+        return codes.reshape(-1, codes.shape[-1]).to(dtype) @ weight_codes.to(dtype).t()
 
 
 class _FakeQuant(_Quantized):
@@ -276,10 +276,20 @@ class _FakeQuant(_Quantized):
             return self._float_op(self._fake_quant_input(x), fake_quant_weight_ste(self.weight, self.weight_scale),
                                   self.bias)
         # inference: the same codes' products summed exactly, then the LUT layers' own last step, so the
-        # result does not depend on the device's float sums (cuDNN, TF32) and equals the exact table's
-        acc = self._exact_acc(quantize_act(x, scale, self.signed), quantize_weight(self.weight, self.weight_scale))
+        # result does not depend on the device's float sums (cuDNN, TF32) and equals the exact table's. The sums
+        # stay in the float dtype they are exact in (_exact_acc): finish converts exact integers as it would int64.
+        acc = self._exact_acc(quantize_act(x, scale, self.signed), self._weight_codes())
         out = ops.finish(acc, scale, self.weight_scale, *self._finish_args(scale), backend="python")
         return out if acc.dim() == x.dim() else out.reshape(*x.shape[:-1], out.shape[-1])
+
+    def _weight_codes(self) -> torch.Tensor:
+        """quantize_weight's codes of the present weights at the present scales, computed once per change of either
+        (tensor and version, as the kernels' table caches key them), not once per inference forward."""
+        key = tuple((t.data_ptr(), t._version, t.device) for t in (self.weight, self.weight_scale))
+        cached = self.__dict__.get("_weight_codes_cache")
+        if cached is None or cached[0] != key:
+            cached = self._weight_codes_cache = (key, quantize_weight(self.weight, self.weight_scale))
+        return cached[1]
 
 
 class _Approx(_Quantized):

@@ -434,3 +434,25 @@ def test_converted_models_pool_in_pairs(exact_s):
     for fake in (True, False):
         converted = convert_model(model, exact_s, QuantConfig(), stats, fake=fake)
         assert type(converted.pool) is PairMaxPool2d and type(model.pool) is nn.MaxPool2d
+
+
+def test_fake_quant_weight_codes_follow_every_weight_change(exact_s):
+    """Inference reuses the weight codes while weights and scales stand still, and a changed weight (an optimizer
+    step, load_state_dict) gives the codes and outputs a fresh conversion gives."""
+    gen = torch.Generator().manual_seed(5)
+    layer = nn.Linear(16, 4)
+    x = torch.rand(8, 16, generator=gen)
+    stats = calibrate(nn.Sequential(layer), x, QuantConfig())
+    fq = convert_model(nn.Sequential(layer), exact_s, QuantConfig(), stats, fake=True)[0]
+    with torch.no_grad():
+        fq(x)
+        codes = fq._weight_codes()
+        fq(x)
+        assert fq._weight_codes() is codes
+        fq.weight.mul_(-0.5)
+        changed = fq(x)
+        assert not torch.equal(fq._weight_codes(), codes)
+        layer.weight.mul_(-0.5)
+        fresh = convert_model(nn.Sequential(layer), exact_s, QuantConfig(), stats, fake=True)[0]
+        assert torch.equal(fq._weight_codes(), quantize_weight(fresh.weight, fresh.weight_scale))
+        assert torch.equal(changed, fresh(x))

@@ -109,6 +109,16 @@ class _Quantized(nn.Module):
     def _requantized(self) -> None:
         pass
 
+    def _weight_codes(self) -> torch.Tensor:
+        """quantize_weight's codes of the present weights at the present scales, computed once per change of either
+        (tensor and version, as the kernels' table caches key them), not once per inference forward: fake-quant's
+        inference forward reads them (runner.finetune also runs that forward on LUT layers)."""
+        key = tuple((t.data_ptr(), t._version, t.device) for t in (self.weight, self.weight_scale))
+        cached = self.__dict__.get("_weight_codes_cache")
+        if cached is None or cached[0] != key:
+            cached = self._weight_codes_cache = (key, quantize_weight(self.weight, self.weight_scale))
+        return cached[1]
+
     def _check_input(self, x: torch.Tensor, defer: bool | None = None) -> None:
         """Check x here (CPU), or note on the device whether it holds NaN/Inf (GPU, or defer=True)."""
         flag = self._input_flag(x, defer)
@@ -282,14 +292,6 @@ class _FakeQuant(_Quantized):
         out = ops.finish(acc, scale, self.weight_scale, *self._finish_args(scale), backend="python")
         return out if acc.dim() == x.dim() else out.reshape(*x.shape[:-1], out.shape[-1])
 
-    def _weight_codes(self) -> torch.Tensor:
-        """quantize_weight's codes of the present weights at the present scales, computed once per change of either
-        (tensor and version, as the kernels' table caches key them), not once per inference forward."""
-        key = tuple((t.data_ptr(), t._version, t.device) for t in (self.weight, self.weight_scale))
-        cached = self.__dict__.get("_weight_codes_cache")
-        if cached is None or cached[0] != key:
-            cached = self._weight_codes_cache = (key, quantize_weight(self.weight, self.weight_scale))
-        return cached[1]
 
 
 class _Approx(_Quantized):

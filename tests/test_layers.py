@@ -414,7 +414,8 @@ def test_pair_max_pool_equals_max_pool2d(shape):
             want = F.max_pool2d(x, 2)
             assert got.shape == want.shape and torch.equal(got.isnan(), want.isnan())
             assert torch.equal(got.nan_to_num(), want.nan_to_num())
-    for other in (nn.MaxPool2d(3), nn.MaxPool2d(2, stride=1), nn.MaxPool2d(2, padding=1), nn.MaxPool2d(2, ceil_mode=True)):
+    others = (nn.MaxPool2d(3), nn.MaxPool2d(2, stride=1), nn.MaxPool2d(2, padding=1), nn.MaxPool2d(2, ceil_mode=True))
+    for other in others:
         if min(shape[-2:]) < 3 or not x.numel():
             continue
         other.__class__ = PairMaxPool2d

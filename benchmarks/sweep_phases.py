@@ -106,8 +106,8 @@ def main() -> int:
     for label, s in sorted(spent.items(), key=lambda kv: -kv[1]):
         print(f"  {s:8.2f} s {calls[label] or '':>4}{'x' if calls[label] else ' '}  {label}", file=sys.stderr)
     for phase in PHASES:
-        passes = spent[f"{phase}: its evaluation passes (run_timed)"]
-        print(f"  {spent[phase] - passes:8.2f} s        {phase} without its evaluation passes", file=sys.stderr)
+        in_passes = spent[f"{phase}: its evaluation passes (run_timed)"]
+        print(f"  {spent[phase] - in_passes:8.2f} s        {phase} without its evaluation passes", file=sys.stderr)
     return rc
 
 

@@ -14,9 +14,11 @@ def exact_dtype(k: int, signed: bool) -> torch.dtype:
     return torch.float32 if k * (128 if signed else 255) * 127 < 1 << 24 else torch.float64
 
 
-def exact_conv2d(codes: torch.Tensor, weight_codes: torch.Tensor, stride, padding, dilation, groups) -> torch.Tensor:
+def exact_conv2d(codes: torch.Tensor, weight_codes: torch.Tensor, stride, padding, dilation, groups,
+                 integer: bool = True) -> torch.Tensor:
     """int64 conv2d of integer codes, summed exactly (exact_dtype): any summation order on any device gives
-    the same integers. cuDNN is never used: its FFT and Winograd algorithms transform the operands with
+    the same integers (integer=False: the same integers in the float dtype they were summed in, without the
+    int64 copy). cuDNN is never used: its FFT and Winograd algorithms transform the operands with
     inexact constants. The CPU's direct / im2col convolutions only add products; on the GPU, whose convolution
     without cuDNN runs one GEMM per image (a fake-quant ResNet-8 took 45x the LUT model's time), it is one
     unfold and a batched matmul (unfold_conv2d)."""
@@ -28,7 +30,7 @@ def exact_conv2d(codes: torch.Tensor, weight_codes: torch.Tensor, stride, paddin
     else:
         with torch.backends.cudnn.flags(enabled=False):
             acc = F.conv2d(codes.to(dtype), weight_codes.to(dtype), None, stride, padding, dilation, groups)
-    return acc.to(torch.int64)
+    return acc.to(torch.int64) if integer else acc
 
 
 def unfold(x: torch.Tensor, kernel, dilation, padding, stride) -> torch.Tensor:

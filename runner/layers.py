@@ -110,6 +110,16 @@ class _Quantized(nn.Module):
     def _requantized(self) -> None:
         pass
 
+    def _weight_codes(self) -> torch.Tensor:
+        """quantize_weight's codes of the present weights at the present scales, computed once per change of either
+        (tensor and version, as the kernels' table caches key them), not once per inference forward: fake-quant's
+        inference forward reads them (runner.finetune also runs that forward on LUT layers)."""
+        key = tuple((t.data_ptr(), t._version, t.device) for t in (self.weight, self.weight_scale))
+        cached = self.__dict__.get("_weight_codes_cache")
+        if cached is None or cached[0] != key:
+            cached = self._weight_codes_cache = (key, quantize_weight(self.weight, self.weight_scale))
+        return cached[1]
+
     def _check_input(self, x: torch.Tensor, defer: bool | None = None) -> None:
         """Check x here (CPU), or note on the device whether it holds NaN/Inf (GPU, or defer=True)."""
         flag = self._input_flag(x, defer)
@@ -123,6 +133,22 @@ class _Quantized(nn.Module):
             return None
         self._input_flagged = True
         return self.nonfinite_input
+
+    def _kernel_flag(self, x: torch.Tensor) -> torch.Tensor:
+        """The flag the quantize kernel sets as it reads x, in place of a pass of our own over x: read right after
+        the layer's kernels on the CPU (_read_kernel_flag), after the forward on a GPU (NonFiniteInputCheck)."""
+        self._input_flagged = True
+        return self.nonfinite_input
+
+    def _read_kernel_flag(self, x: torch.Tensor) -> None:
+        """On the CPU the kernel's flag is read without a wait: a non-finite input stops the forward in this layer,
+        with check_finite's message (which counts the bad values only then)."""
+        if self.nonfinite_input.is_cuda:
+            return
+        self._input_flagged = False
+        if bool(self.nonfinite_input):
+            self.nonfinite_input.zero_()
+            check_finite(self.layer_name, "the input", x)
 
     def input_scale(self, x: torch.Tensor) -> torch.Tensor:
         if self.dynamic:
@@ -222,12 +248,13 @@ class _ConvOps:
                                         self.lut, *self._slopes(), *geometry, self.signed, self.backend, self.algo,
                                         self.grad)
         bias, requant = self._finish_args(scale)
-        return ops_autograd.qforward_conv2d(x, self.weight_codes, self.weight_scale, scale, bias, self.lut,
-                                            *geometry, self.signed, self.backend, self.algo, self._input_flag(x),
-                                            requant)
+        out = ops_autograd.qforward_conv2d(x, self.weight_codes, self.weight_scale, scale, bias, self.lut, *geometry,
+                                           self.signed, self.backend, self.algo, self._kernel_flag(x), requant)
+        self._read_kernel_flag(x)
+        return out
 
     def _exact_acc(self, codes, weight_codes):
-        return exact_conv2d(codes, weight_codes, self.stride, self.padding, self.dilation, self.groups)
+        return exact_conv2d(codes, weight_codes, self.stride, self.padding, self.dilation, self.groups, integer=False)
 
 
 class _LinearOps:
@@ -240,13 +267,15 @@ class _LinearOps:
             return ops_autograd.qlinear(x, self.weight, self.bias, self.weight_codes, self.weight_scale, scale,
                                         self.lut, *self._slopes(), self.signed, self.backend, self.algo, self.grad)
         bias, requant = self._finish_args(scale)
-        return ops_autograd.qforward_linear(x, self.weight_codes, self.weight_scale, scale, bias, self.lut,
-                                            self.signed, self.backend, self.algo, self._input_flag(x), requant)
+        out = ops_autograd.qforward_linear(x, self.weight_codes, self.weight_scale, scale, bias, self.lut,
+                                           self.signed, self.backend, self.algo, self._kernel_flag(x), requant)
+        self._read_kernel_flag(x)
+        return out
 
     def _exact_acc(self, codes, weight_codes):
         """[M, N] (finish's channel dim 1); forward restores the leading dims."""
         dtype = exact_dtype(codes.shape[-1], codes.dtype == torch.int8)
-        return (codes.reshape(-1, codes.shape[-1]).to(dtype) @ weight_codes.to(dtype).t()).to(torch.int64)
+        return codes.reshape(-1, codes.shape[-1]).to(dtype) @ weight_codes.to(dtype).t()
 
 
 class _FakeQuant(_Quantized):
@@ -258,10 +287,12 @@ class _FakeQuant(_Quantized):
             return self._float_op(self._fake_quant_input(x), fake_quant_weight_ste(self.weight, self.weight_scale),
                                   self.bias)
         # inference: the same codes' products summed exactly, then the LUT layers' own last step, so the
-        # result does not depend on the device's float sums (cuDNN, TF32) and equals the exact table's
-        acc = self._exact_acc(quantize_act(x, scale, self.signed), quantize_weight(self.weight, self.weight_scale))
+        # result does not depend on the device's float sums (cuDNN, TF32) and equals the exact table's. The sums
+        # stay in the float dtype they are exact in (_exact_acc): finish converts exact integers as it would int64.
+        acc = self._exact_acc(quantize_act(x, scale, self.signed), self._weight_codes())
         out = ops.finish(acc, scale, self.weight_scale, *self._finish_args(scale), backend="python")
         return out if acc.dim() == x.dim() else out.reshape(*x.shape[:-1], out.shape[-1])
+
 
 
 class _Approx(_Quantized):
@@ -365,6 +396,37 @@ class ApproxLinear(_LinearOps, _Approx):
     pass
 
 
+class PairMaxPool2d(nn.MaxPool2d):
+    """nn.MaxPool2d that, for inference over 2x2 windows at stride 2 (LeNet-5's pools), takes two elementwise maxima
+    of strided views: the same values (NaN included; a zero's sign may differ, which no quantize or sum reads)
+    without max_pool2d's argmax indices, which its CPU kernel computes even when nothing asks for them (it was
+    a fifth of an approx LeNet-5 pass: benchmarks/README.md). A forward that records gradients, and any other
+    geometry, runs max_pool2d: its gradient goes to one maximum per window. convert_model gives converted
+    models this class."""
+
+    def forward(self, x):
+        h, w = x.shape[-2:] if x.dim() in (3, 4) else (0, 0)
+        if (torch.is_grad_enabled() and x.requires_grad) or h < 2 or w < 2 or not self._pairs():
+            return super().forward(x)
+        x = x[..., :h // 2 * 2, :w // 2 * 2]  # floor mode: an odd last row or column is in no window
+        rows = torch.maximum(x[..., 0::2, :], x[..., 1::2, :])
+        return torch.maximum(rows[..., 0::2], rows[..., 1::2])
+
+    def _pairs(self) -> bool:
+        def pair(v, value):
+            return v in (value, (value, value), [value, value])
+        return (pair(self.kernel_size, 2) and pair(self.stride, 2) and pair(self.padding, 0)
+                and pair(self.dilation, 1) and not self.ceil_mode and not self.return_indices)
+
+
+def _pair_pools(model: nn.Module) -> None:
+    """Every plain nn.MaxPool2d of the (copied) model becomes a PairMaxPool2d, in place: the same module object
+    and its settings and hooks, so fx tracing (runner.linking) and the model's forward see the same steps."""
+    for m in model.modules():
+        if type(m) is nn.MaxPool2d:
+            m.__class__ = PairMaxPool2d
+
+
 def auto_picks(model: nn.Module) -> dict[str, str]:
     """{layer: the kernel variant auto chose for its last input} for the model's LUT layers."""
     return {name: m.auto_pick() for name, m in model.named_modules() if isinstance(m, _Approx)}
@@ -439,6 +501,7 @@ def convert_model(model: nn.Module, multipliers, qcfg: QuantConfig, stats: dict[
         else:
             new = (ApproxConv2d if conv else ApproxLinear)(layer, per_layer[name], qcfg, st, backend, algo, name=name)
         _set_module(out, name, new)
+    _pair_pools(out)
     link_consumers(out)
     out.register_forward_hook(NonFiniteInputCheck())
     return out.eval()

@@ -198,8 +198,8 @@ def quantize_weight(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def reference_dequantize(acc, act_scale, weight_scale, bias):
     """fp32 float(acc) * (act_scale * weight_scale[n]) + bias[n], channel dim 1: three IEEE roundings (the int to
-    float conversion, the products; the multiply and the add rounded separately, never fused). acc may be int64
-    (fake-quant's exact sums): its conversion rounds the same integer the same way."""
+    float conversion, the products; the multiply and the add rounded separately, never fused). acc may be int64,
+    or float holding exact integers (fake-quant's exact sums): its conversion rounds the same integer the same way."""
     shape = (1, -1) + (1,) * (acc.dim() - 2)
     return acc.to(torch.float32) * (act_scale * weight_scale).view(shape) + bias.view(shape)
 

@@ -393,3 +393,67 @@ def test_exact_conv2d_on_the_gpu_equals_the_cpu():
         w = torch.randint(-127, 128, (16, k, 3, 3), generator=gen, dtype=torch.int8)
         want = exact_conv2d(codes, w, (1, 1), (1, 1), (1, 1), 1)
         assert torch.equal(exact_conv2d(codes.cuda(), w.cuda(), (1, 1), (1, 1), (1, 1), 1).cpu(), want)
+
+
+@pytest.mark.parametrize("shape", [(7, 6, 24, 24), (3, 16, 8, 8), (2, 3, 9, 7), (4, 5, 5), (2, 3, 1, 6), (0, 2, 4, 4)])
+def test_pair_max_pool_equals_max_pool2d(shape):
+    """Converted models pool 2x2 windows by two elementwise maxima: the values of max_pool2d on any shape (odd
+    sides drop their last row or column), NaN and Inf where they fall; grad mode and other geometries run
+    max_pool2d itself."""
+    from runner.layers import PairMaxPool2d
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(shape, generator=gen)
+    if x.numel():
+        flat = x.view(-1)
+        flat[torch.randint(0, flat.numel(), (3,), generator=gen)] = torch.tensor([float("nan"), float("inf"), -1e30])
+    pool = nn.MaxPool2d(2)
+    pool.__class__ = PairMaxPool2d
+    with torch.no_grad():
+        got = pool(x) if min(shape[-2:]) >= 2 else None
+        if got is not None:
+            want = F.max_pool2d(x, 2)
+            assert got.shape == want.shape and torch.equal(got.isnan(), want.isnan())
+            assert torch.equal(got.nan_to_num(), want.nan_to_num())
+    others = (nn.MaxPool2d(3), nn.MaxPool2d(2, stride=1), nn.MaxPool2d(2, padding=1), nn.MaxPool2d(2, ceil_mode=True))
+    for other in others:
+        if min(shape[-2:]) < 3 or not x.numel():
+            continue
+        other.__class__ = PairMaxPool2d
+        with torch.no_grad():
+            assert torch.equal(other(x).nan_to_num(), F.max_pool2d(x, other.kernel_size, other.stride, other.padding,
+                                                                   ceil_mode=other.ceil_mode).nan_to_num())
+    ties = torch.ones(1, 1, 2, 2, requires_grad=True)
+    pool(ties).sum().backward()  # max_pool2d's gradient: all of it to one maximum of the window
+    assert ties.grad.flatten().tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_converted_models_pool_in_pairs(exact_s):
+    from runner.layers import PairMaxPool2d
+    from runner.models.lenet import LeNet5
+    model = LeNet5().eval()
+    stats = calibrate(model, torch.rand(64, 1, 28, 28), QuantConfig())
+    for fake in (True, False):
+        converted = convert_model(model, exact_s, QuantConfig(), stats, fake=fake)
+        assert type(converted.pool) is PairMaxPool2d and type(model.pool) is nn.MaxPool2d
+
+
+def test_fake_quant_weight_codes_follow_every_weight_change(exact_s):
+    """Inference reuses the weight codes while weights and scales stand still, and a changed weight (an optimizer
+    step, load_state_dict) gives the codes and outputs a fresh conversion gives."""
+    gen = torch.Generator().manual_seed(5)
+    layer = nn.Linear(16, 4)
+    x = torch.rand(8, 16, generator=gen)
+    stats = calibrate(nn.Sequential(layer), x, QuantConfig())
+    fq = convert_model(nn.Sequential(layer), exact_s, QuantConfig(), stats, fake=True)[0]
+    with torch.no_grad():
+        fq(x)
+        codes = fq._weight_codes()
+        fq(x)
+        assert fq._weight_codes() is codes
+        fq.weight.mul_(-0.5)
+        changed = fq(x)
+        assert not torch.equal(fq._weight_codes(), codes)
+        layer.weight.mul_(-0.5)
+        fresh = convert_model(nn.Sequential(layer), exact_s, QuantConfig(), stats, fake=True)[0]
+        assert torch.equal(fq._weight_codes(), quantize_weight(fresh.weight, fresh.weight_scale))
+        assert torch.equal(changed, fresh(x))

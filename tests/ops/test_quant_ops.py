@@ -239,3 +239,78 @@ def test_dequantize_and_requantize_per_channel_on_conv_shapes(gen, backend, devi
     for qrange in ((-128, 127), (0, 255)):
         got = ops.requantize(*(t.to(device) for t in rargs), *qrange, backend=backend).cpu()
         assert torch.equal(got, reference.reference_requantize(*rargs, *qrange))
+
+
+@pytest.mark.parametrize("backend,device", [("python", "cpu"), *backend_params()])
+@pytest.mark.parametrize("qrange", [(-128, 127), (0, 255)], ids=["signed", "unsigned"])
+def test_requantize_at_every_code_boundary_for_every_shift(gen, backend, device, qrange):
+    """For each shift 1..63 and random M0, the accumulators on both sides of every rounding tie (k + 1/2 for each
+    code k of the range and one beyond each end) and on the tie itself where it is an integer: the kernels equal
+    the int64 reference and the definition in exact integers. The CPU kernel computes shifts up to 43 in double
+    (the proof is beside it) and larger ones in int64; this covers the switch and both sides of it."""
+    qmin, qmax = qrange
+    shifts = torch.arange(1, 64, dtype=torch.int32)
+    n = shifts.numel()
+    m0 = torch.randint(2**30, 2**31 - 1, (n,), generator=gen, dtype=torch.int32)
+    bias = torch.randint(-(2**20), 2**20, (n,), generator=gen, dtype=torch.int32)
+    ks = torch.arange(qmin - 1, qmax + 2, dtype=torch.float64)
+    cols = []
+    for c in range(n):
+        # t = acc + bias where (t * M0) / 2^shift crosses k + 1/2; Python integers, so the ties are exact
+        ties = [((2 * int(k) + 1) << (int(shifts[c]) - 1)) // int(m0[c]) for k in ks]
+        t = torch.tensor([v + d for v in ties for d in (-1, 0, 1, 2)], dtype=torch.int64)
+        cols.append((t - int(bias[c])).clamp(-(2**31), 2**31 - 1))
+    rows = max(len(col) for col in cols)
+    acc = torch.stack([torch.cat([col, col[:rows - len(col)]]) if len(col) < rows else col for col in cols], 1)
+    acc = acc.to(torch.int32).contiguous()
+    out_scale = torch.tensor(0.0371)
+    args = (acc, bias, m0, shifts, out_scale)
+    got = ops.requantize(*(t.to(device) for t in args), qmin, qmax, backend=backend).cpu()
+    assert torch.equal(got, reference.reference_requantize(*args, qmin, qmax))
+    want = torch.tensor([[_exact_requant(int(acc[i, c]) + int(bias[c]), int(m0[c]), int(shifts[c]), qmin, qmax)
+                          for c in range(n)] for i in range(0, rows, max(1, rows // 256))], dtype=torch.float32)
+    assert torch.equal(got[::max(1, rows // 256)], want * out_scale)
+    # where M0 / 2^shift < 1 (one accumulator step per code or finer) and the ties fit int32, every code is reached
+    reach = (shifts >= 32) & (shifts <= 50)
+    assert set((got[:, reach] / out_scale).round().unique().tolist()) >= set(range(qmin, qmax + 1))
+
+
+# (shift, code k, M0, acc) with acc * M0 = (2k + 1) * 2^(shift - 1) - 1: one below a tie, so the code is k, while
+# the product needs more than 53 bits and a double would round it onto the tie (code k + 1). Found by factoring
+# (2k + 1) * 2^(shift - 1) - 1 (sympy.factorint) for an M0 in [2^30, 2^31) with acc below 2^31.
+NEAR_TIES = [(46, 126, 1436219855, 6197969), (46, 252, 1705451461, 10418419), (47, 123, 1673679843, 10384949),
+             (47, 249, 1076765265, 32610639), (50, 124, 1097736941, 127694107), (50, 251, 1593667385, 177680631),
+             (53, 117, 1117329133, 947210523), (53, 250, 1150840061, 1960570795)]
+
+
+@pytest.mark.parametrize("backend,device", [("python", "cpu"), *backend_params()])
+def test_requantize_one_below_a_tie_that_a_double_would_round_onto(backend, device):
+    shift, k, m0, acc = (torch.tensor(col, dtype=torch.int32) for col in zip(*NEAR_TIES))
+    assert all(int(a) * int(m) == (2 * int(c) + 1) * 2 ** (int(s) - 1) - 1 for s, c, m, a in zip(shift, k, m0, acc))
+    n = len(NEAR_TIES)
+    acc = acc.view(1, n, 1).repeat(2, 1, 6).contiguous()  # planes of 6: a vector of 4 and a scalar tail
+    args = (acc, torch.zeros(n, dtype=torch.int32), m0, shift, torch.tensor(1.0))
+    got = ops.requantize(*(t.to(device) for t in args), 0, 255, backend=backend).cpu()
+    assert torch.equal(got, k.float().view(1, n, 1).expand(2, n, 6))
+
+
+@pytest.mark.parametrize("backend,device", backend_params())
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
+def test_quantize_vector_lanes_equal_the_scalar_tail(backend, device, signed):
+    """Each special value (NaN, +-Inf, the largest floats, ties, signed zeros) at every lane of a vector block
+    gives the code a lone element (the scalar loop) gives it, and raises the flag exactly for NaN and Inf."""
+    s = torch.tensor(0.5)
+    specials = [float("nan"), float("inf"), -float("inf"), 3.4e38, -3.4e38, 63.75, -64.25, 127.75, -0.0, 0.0, 0.25,
+                0.75, -0.25, 1e-45]
+    for value in specials:
+        lone_flag = torch.zeros(1, dtype=torch.bool, device=device)
+        lone = ops.quantize(torch.tensor([value], device=device), s.to(device), signed, backend=backend,
+                            nonfinite=lone_flag).cpu()
+        for lane in range(33):
+            x = torch.full((33,), 1.0)
+            x[lane] = value
+            flag = torch.zeros(1, dtype=torch.bool, device=device)
+            got = ops.quantize(x.to(device), s.to(device), signed, backend=backend, nonfinite=flag).cpu()
+            assert int(got[lane]) == int(lone[0]) and bool(flag) == bool(lone_flag), (value, lane)
+            assert bool(flag) == (value != value or abs(value) == float("inf")), (value, lane)
+            assert torch.equal(torch.cat([got[:lane], got[lane + 1:]]), torch.full((32,), 2, dtype=got.dtype))

@@ -1,5 +1,10 @@
 // CPU kernels for approx::quantize, approx::dequantize and approx::requantize (arithmetic: see ../ops.cpp).
 // setup.py compiles with -ffp-contract=off, so `a * b + c` below is two roundings, as in eager PyTorch.
+//
+// The loops are written so that a build without -march runs them in vector registers: quantize in SSE2
+// (part of every x86-64), requantize in AVX2 where the CPU has it (picked at run time, as lut_cpu.cpp
+// does). Each vector loop computes the same bits as the scalar loop beside it, which defines the op;
+// tests/test_quant_kernels.py checks the two against runner.quant's reference over the whole code range.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -9,6 +14,12 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <type_traits>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define AR_X86 1
+#endif
 
 #include "../checks.h"
 
@@ -17,12 +28,39 @@ namespace {
 using approx_checks::check_nonfinite_flag;
 using approx_checks::check_scale;
 
+// x + 1.5 * 2^23 - 1.5 * 2^23 rounds |x| <= 2^22 to the nearest integer, ties to even, in the default rounding
+// mode (the sum lies in [2^23, 2^24), whose spacing is 1; the subtraction is exact): std::nearbyint's answer
+// for the clamped value, without SSE4.1's round instruction or a libm call per element.
+constexpr float kRoundMagic = 12582912.0f;
+
 template <typename T>
 bool quantize_loop(const float* x, T* out, int64_t n, float inv, float qmin, float qmax) {
   std::atomic<bool> nonfinite{false};
   at::parallel_for(0, n, 1 << 15, [&](int64_t b, int64_t e) {
     bool bad = false;
-    for (int64_t i = b; i < e; ++i) {
+    int64_t i = b;
+#ifdef AR_X86
+    // clamp, then round: the same code as round, then clamp, since the bounds are integers and rounding is
+    // monotone. max_ps(NaN, lo) is lo, as fmax(NaN, lo) in the scalar loop.
+    const __m128 vinv = _mm_set1_ps(inv), vlo = _mm_set1_ps(qmin), vhi = _mm_set1_ps(qmax);
+    const __m128 magic = _mm_set1_ps(kRoundMagic);
+    const __m128i exponent = _mm_set1_epi32(0x7f800000);  // all ones: Inf or NaN
+    __m128i seen = _mm_setzero_si128();
+    for (; i + 16 <= e; i += 16) {
+      __m128i c[4];
+      for (int j = 0; j < 4; ++j) {
+        const __m128 v = _mm_loadu_ps(x + i + 4 * j);
+        seen = _mm_or_si128(seen, _mm_cmpeq_epi32(_mm_and_si128(_mm_castps_si128(v), exponent), exponent));
+        const __m128 q = _mm_min_ps(_mm_max_ps(_mm_mul_ps(v, vinv), vlo), vhi);
+        c[j] = _mm_cvtps_epi32(_mm_sub_ps(_mm_add_ps(q, magic), magic));  // integral: converts exactly
+      }
+      const __m128i lo16 = _mm_packs_epi32(c[0], c[1]), hi16 = _mm_packs_epi32(c[2], c[3]);
+      const __m128i bytes = std::is_signed_v<T> ? _mm_packs_epi16(lo16, hi16) : _mm_packus_epi16(lo16, hi16);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), bytes);
+    }
+    bad = _mm_movemask_epi8(seen) != 0;
+#endif
+    for (; i < e; ++i) {
       bad |= !std::isfinite(x[i]);
       const float q = std::nearbyint(x[i] * inv);
       out[i] = static_cast<T>(std::fmin(std::fmax(q, qmin), qmax));
@@ -70,6 +108,49 @@ at::Tensor dequantize_cpu(const at::Tensor& acc, const at::Tensor& act_scale, co
   return out;
 }
 
+// requantize's code, floor((acc + bias) * M0 / 2^shift + 1/2) clamped to [qmin, qmax], in double instead of
+// int64 where that gives the same integer: for shift <= kExactShift. Proof: t = acc + bias (|t| < 2^33) and
+// r = M0 * 2^-shift are exact doubles, so y = t * r is v = t * M0 * 2^-shift rounded once. Where |v| < 512,
+// t * M0 < 2^(9 + shift) <= 2^52 is an integer and v is exact (y = v), and so are y + 1/2 (a multiple of
+// 2^-shift below 2^10) and its floor. Where |v| >= 512, rounding is monotone, so |y| >= 512 and the code
+// clamps to qmax or qmin (within [-128, 255]) as the exact one does. Larger shifts keep the int64 formula.
+constexpr int kExactShift = 43;
+
+inline float requantize_one(int32_t a, double bias, double r, double qmin, double qmax, float os) {
+  const double y = std::min(std::max((static_cast<double>(a) + bias) * r, -512.0), 512.0);
+  return static_cast<float>(std::min(std::max(std::floor(y + 0.5), qmin), qmax)) * os;
+}
+
+#ifdef AR_X86
+#pragma GCC push_options
+#pragma GCC target("avx2")
+// requantize_one on four values at a time; returns the index after the last one done
+int64_t requantize_row_avx2(const int32_t* src, float* dst, int64_t n, double bias, double r, double qmin,
+                            double qmax, float os) {
+  const __m256d vb = _mm256_set1_pd(bias), vr = _mm256_set1_pd(r), half = _mm256_set1_pd(0.5);
+  const __m256d lo = _mm256_set1_pd(-512.0), hi = _mm256_set1_pd(512.0);
+  const __m256d clo = _mm256_set1_pd(qmin), chi = _mm256_set1_pd(qmax);
+  const __m128 vos = _mm_set1_ps(os);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const __m256d t = _mm256_add_pd(_mm256_cvtepi32_pd(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))), vb);
+    const __m256d y = _mm256_min_pd(_mm256_max_pd(_mm256_mul_pd(t, vr), lo), hi);
+    const __m256d code = _mm256_min_pd(_mm256_max_pd(_mm256_floor_pd(_mm256_add_pd(y, half)), clo), chi);
+    _mm_storeu_ps(dst + i, _mm_mul_ps(_mm256_cvtpd_ps(code), vos));  // integral: converts exactly
+  }
+  return i;
+}
+#pragma GCC pop_options
+
+bool has_avx2() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2");
+  }();
+  return yes;
+}
+#endif
+
 at::Tensor requantize_cpu(const at::Tensor& acc, const at::Tensor& bias, const at::Tensor& multiplier,
                           const at::Tensor& shift, const at::Tensor& out_scale, int64_t qmin, int64_t qmax) {
   const int64_t n = approx_checks::check_requantize(acc, bias, multiplier, shift, out_scale, qmin, qmax);
@@ -82,13 +163,24 @@ at::Tensor requantize_cpu(const at::Tensor& acc, const at::Tensor& bias, const a
   auto out = at::empty(acc.sizes(), acc.options().dtype(at::kFloat));
   float* o = out.data_ptr<float>();
   const int64_t rows = acc.size(0) * n;
+#ifdef AR_X86
+  const bool avx2 = has_avx2();
+#endif
   at::parallel_for(0, rows, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(inner, 1)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t c = r % n, bc = b[c], mc = m0[c];
       const int s = std::min(std::max<int>(sh[c], 1), 63);  // the documented range; a shift outside it is UB
       const int32_t* src = in + r * inner;
       float* dst = o + r * inner;
-      for (int64_t i = 0; i < inner; ++i) {
+      int64_t i = 0;
+      if (s <= kExactShift) {
+        const double rc = std::ldexp(static_cast<double>(mc), -s), bd = static_cast<double>(bc);
+#ifdef AR_X86
+        if (avx2) i = requantize_row_avx2(src, dst, inner, bd, rc, double(qmin), double(qmax), os);
+#endif
+        for (; i < inner; ++i) dst[i] = requantize_one(src[i], bd, rc, double(qmin), double(qmax), os);
+      }
+      for (; i < inner; ++i) {
         const int64_t p = (static_cast<int64_t>(src[i]) + bc) * mc;
         const int64_t code = ((p >> (s - 1)) + 1) >> 1;
         dst[i] = static_cast<float>(std::min(std::max(code, qmin), qmax)) * os;

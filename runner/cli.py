@@ -66,16 +66,15 @@ EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143  # Ctrl-C, SIGTERM: 128 + the signa
 
 def _exit_now_when_needed(rc: int) -> None:
     """Exit now, with Python's exit handlers and the logs run but not the interpreter's teardown, when
-    - this process holds a CUDA context: the driver's teardown of it at interpreter exit can last as long as
-      a whole small sweep's evaluations on a GPU;
+    - this process imported torch: tearing down its modules and libraries (and a CUDA context, whose driver
+      teardown can last as long as a whole small sweep's evaluations on a GPU) costs seconds of a short
+      command's wall time on a small CPU too (benchmarks/README.md);
     - the run was interrupted: a KeyboardInterrupt raised inside exec() of a string (dataclasses build their
       methods so, as torch's import does) marks it unhandled in CPython even once caught, and a `python -m`
       run then ends killed by SIGINT (-2) instead of with our 130.
     Everything we write is closed by then (atomic renames, context managers)."""
-    if rc not in (EXIT_INTERRUPTED, EXIT_TERMINATED):
-        torch = sys.modules.get("torch")
-        if torch is None or not torch.cuda.is_initialized():
-            return
+    if rc not in (EXIT_INTERRUPTED, EXIT_TERMINATED) and "torch" not in sys.modules:
+        return
     import atexit
     import logging
 

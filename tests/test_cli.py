@@ -89,28 +89,23 @@ def test_lut_commands_end_to_end(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr and "bad.txt" in out.stderr
 
 
-class _FakeCuda:
-    def __init__(self, initialized):
-        self.initialized = initialized
-
-    def is_initialized(self):
-        return self.initialized
-
-
-@pytest.mark.parametrize("initialized", [False, True])
+@pytest.mark.parametrize("torch_imported", [False, True])
 @pytest.mark.parametrize("rc", [3, 130, 143])
-def test_fast_exit_only_with_a_cuda_context_or_interrupted_and_after_exit_handlers(monkeypatch, initialized, rc):
+def test_fast_exit_once_torch_is_imported_or_interrupted_and_after_exit_handlers(monkeypatch, torch_imported, rc):
     import atexit
     import types
 
     from runner import cli
 
     ran, exited = [], []
-    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=_FakeCuda(initialized)))
+    if torch_imported:
+        monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace())
+    else:
+        monkeypatch.delitem(sys.modules, "torch", raising=False)
     monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: ran.append("atexit"))
     monkeypatch.setattr(os, "_exit", lambda code: exited.append(code))
     cli._exit_now_when_needed(rc)
-    fast = initialized or rc != 3
+    fast = torch_imported or rc != 3
     assert exited == ([rc] if fast else [])
     assert ran == (["atexit"] if fast else [])
 

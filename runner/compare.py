@@ -5,6 +5,8 @@ every multiply through the multiplier LUT on the chosen backend). One tidy row p
 <run dir>/metrics.csv and is appended to the cumulative results file; run.json records provenance."""
 from __future__ import annotations
 
+import copy
+import dataclasses
 import time
 import traceback
 from contextlib import contextmanager
@@ -366,10 +368,6 @@ def _warm_first_calls(cfg: DictConfig, approx, teacher, data, x, qcfg: QuantConf
     CUDA graph capture: on a GPU most of what a first retraining job costs beyond a later one (measured in
     benchmarks/README.md, several GPUs). Training: a copy of the approx model, one epoch over just enough
     batches of the job's batch size to be captured and replayed once; evaluation: one batch."""
-    import copy
-    import dataclasses
-    from types import SimpleNamespace
-
     from runner.train_step import GRAPH_WARMUP
 
     if approx is None:
@@ -377,7 +375,7 @@ def _warm_first_calls(cfg: DictConfig, approx, teacher, data, x, qcfg: QuantConf
     if retrains:
         fcfg = finetune.FinetuneConfig.from_cfg(cfg.finetune)
         n = int(fcfg.batch_size) * (GRAPH_WARMUP + 2)
-        few = SimpleNamespace(train_x=data.train_x[:n], train_y=data.train_y[:n])
+        few = dataclasses.replace(data, train_x=data.train_x[:n], train_y=data.train_y[:n])
         finetune.train_epochs(copy.deepcopy(approx), few, dataclasses.replace(fcfg, epochs=1), qcfg, device,
                               int(cfg.seed), "first calls", teacher=teacher,
                               cuda_graph=finetune.cuda_graph_setting(cfg))

@@ -135,14 +135,10 @@ class _Quantized(nn.Module):
         self._input_flagged = True
         return self.nonfinite_input
 
-    def _kernel_flag(self, x: torch.Tensor) -> torch.Tensor:
-        """The flag the quantize kernel sets as it reads x, in place of a pass of our own over x: read right after
-        the layer's kernels on the CPU (_read_kernel_flag), after the forward on a GPU (NonFiniteInputCheck)."""
-        self._input_flagged = True
-        return self.nonfinite_input
-
     def _read_kernel_flag(self, x: torch.Tensor) -> None:
-        """On the CPU the kernel's flag is read without a wait: a non-finite input stops the forward in this layer,
+        """The flag the quantize kernel set as it read x (_input_flag(x, defer=True), in place of a pass of our
+        own over x), read right after the layer's kernels on the CPU; on a GPU after the forward
+        (NonFiniteInputCheck). On the CPU the kernel's flag is read without a wait: a non-finite input stops the forward in this layer,
         with check_finite's message (which counts the bad values only then)."""
         if self.nonfinite_input.is_cuda:
             return
@@ -250,7 +246,7 @@ class _ConvOps:
                                         self.grad)
         bias, requant = self._finish_args(scale)
         out = ops_autograd.qforward_conv2d(x, self.weight_codes, self.weight_scale, scale, bias, self.lut, *geometry,
-                                           self.signed, self.backend, self.algo, self._kernel_flag(x), requant)
+                                           self.signed, self.backend, self.algo, self._input_flag(x, defer=True), requant)
         self._read_kernel_flag(x)
         return out
 
@@ -269,7 +265,7 @@ class _LinearOps:
                                         self.lut, *self._slopes(), self.signed, self.backend, self.algo, self.grad)
         bias, requant = self._finish_args(scale)
         out = ops_autograd.qforward_linear(x, self.weight_codes, self.weight_scale, scale, bias, self.lut,
-                                           self.signed, self.backend, self.algo, self._kernel_flag(x), requant)
+                                           self.signed, self.backend, self.algo, self._input_flag(x, defer=True), requant)
         self._read_kernel_flag(x)
         return out
 
@@ -293,7 +289,6 @@ class _FakeQuant(_Quantized):
         acc = self._exact_acc(quantize_act(x, scale, self.signed), self._weight_codes())
         out = ops.finish(acc, scale, self.weight_scale, *self._finish_args(scale), backend="python")
         return out if acc.dim() == x.dim() else out.reshape(*x.shape[:-1], out.shape[-1])
-
 
 
 class _Approx(_Quantized):

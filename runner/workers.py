@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -286,8 +287,6 @@ def _prewarm(prepare: Callable, tasks: list[Task], counter, device: str) -> floa
     command shares most of its set-up). Returns its seconds, which stand for the first job's one-off costs
     (claim_estimates), or -1 (cold) when no job is left or it failed: the worker then goes on as if it had
     none, its session holding whatever was built, and the failure is left to its jobs to report."""
-    import sys
-
     i = counter.value
     if i >= len(tasks):
         return _NO_TIMES[_FIRST]
@@ -459,9 +458,7 @@ def _stop(procs: dict, timeout_s: float) -> None:
 def close_launcher_pools() -> None:
     """Stop the worker processes a joblib launcher leaves behind (loky keeps them for reuse, idle for up to
     300 s). They end when the interpreter runs threading's exit hooks; a command that exits with
-    os._exit (runner.cli, after CUDA work) would otherwise wait for them in multiprocessing's exit hook."""
-    import sys
-
+    os._exit (runner.cli, once torch is imported) would otherwise wait for them in multiprocessing's exit hook."""
     reusable = sys.modules.get("joblib.externals.loky.reusable_executor")
     executor = getattr(reusable, "_executor", None)
     if executor is not None:

@@ -4,7 +4,7 @@
 // The loops are written so that a build without -march runs them in vector registers: quantize in SSE2
 // (part of every x86-64), requantize in AVX2 where the CPU has it (picked at run time, as lut_cpu.cpp
 // does). Each vector loop computes the same bits as the scalar loop beside it, which defines the op;
-// tests/test_quant_kernels.py checks the two against runner.quant's reference over the whole code range.
+// tests/ops/test_quant_ops.py checks the two against runner.quant's reference over the whole code range.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>

@@ -11,8 +11,11 @@ jobs lease nothing.
 
 Pre-warm: a started worker first builds its session for the next job's configuration (run_tasks'
 `prepare` on that job's args: data, baseline, calibration, models, references, the first calls of a
-retraining and an evaluation), so its first job costs what a later one does. One whose pre-warm fails
-goes on cold (the old estimate below), and this process does the jobs meanwhile.
+retraining and an evaluation), then for one job of each other setup left (Task.setup: another
+signedness's calibration and references), so its first job of any setup costs what a later one does.
+One whose pre-warm fails goes on cold (the old estimate below), and this process does the jobs meanwhile.
+Its tasks reach it through a pipe fed from a thread, not with its start: this process would otherwise
+wait, at the start, until the worker had read them.
 
 The claim rule (worker_claims, fed by claim_estimates): this process takes the next job whenever it is
 free; a worker takes one only when it is expected to finish it before this process, working through the
@@ -44,13 +47,18 @@ JOIN_TIMEOUT_S = 10.0
 CLAIM_POLL_S = 0.05
 # How long the end of the pool gives a started worker that took no job left to leave by itself.
 IDLE_EXIT_S = 1.0
+# The most set-ups a worker pre-warms: the signedness and quant-scheme groups of a table sweep are a few; a
+# sweep of many (models x data) would keep it building set-ups that its jobs build anyway.
+PREWARM_SETUPS = 4
 
 
 @dataclass(frozen=True)
 class Task:
-    """One job: fn(*args) in whichever process claims it (args are pickled for the workers)."""
+    """One job: fn(*args) in whichever process claims it (args are pickled for the workers). Tasks of one
+    setup share their set-up (data, baseline, calibration, references): a worker pre-warms one of each."""
     num: int
     args: tuple
+    setup: str = ""
 
 
 @dataclass(frozen=True)
@@ -242,17 +250,22 @@ def _failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
 
 
-def _serve(wid: int, device: str, fn: Callable, tasks: list[Task], counter, owner, conn, threads: int,
+def _serve(wid: int, device: str, fn: Callable, tasks_conn, counter, owner, conn, threads: int,
            parent_times, ready, pool_start: float, prepare: Callable | None = None) -> None:
-    """A worker process: its pre-warm (prepare), then jobs while the claim rule gives it one and until none
-    is left, each reported as it ends through its own pipe (a worker that dies mid-message breaks only its
-    own). pool_start: the parent's time.monotonic() when it started the workers (the clock is the host's,
-    shared by processes)."""
+    """A worker process: its tasks (from tasks_conn), its pre-warm (prepare), then jobs while the claim rule
+    gives it one and until none is left, each reported as it ends through its own pipe (a worker that dies
+    mid-message breaks only its own). pool_start: the parent's time.monotonic() when it started the workers
+    (the clock is the host's, shared by processes)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the pool on Ctrl-C (the whole group gets it)
     _see_only(device)
     import torch
 
     torch.set_num_threads(threads)
+    try:
+        tasks = tasks_conn.recv()
+    except EOFError:  # none came (runner.workers._send_later): nothing to do here
+        os._exit(0)
+    tasks_conn.close()
     start_s = time.monotonic() - pool_start  # spawn, interpreter, imports, the tasks unpickled
     own = list(_NO_TIMES)
     if prepare is not None:
@@ -283,21 +296,44 @@ def _serve(wid: int, device: str, fn: Callable, tasks: list[Task], counter, owne
 
 
 def _prewarm(prepare: Callable, tasks: list[Task], counter, device: str) -> float:
-    """prepare(*args) of the next unclaimed task (the one this worker would take first; every job of a
-    command shares most of its set-up). Returns its seconds, which stand for the first job's one-off costs
-    (claim_estimates), or -1 (cold) when no job is left or it failed: the worker then goes on as if it had
-    none, its session holding whatever was built, and the failure is left to its jobs to report."""
-    i = counter.value
-    if i >= len(tasks):
-        return _NO_TIMES[_FIRST]
-    t0 = time.monotonic()
-    try:
-        prepare(*tasks[i].args)
-    except Exception as exc:  # noqa: BLE001  (a failed pre-warm must not lose the worker, nor the pool)
-        print(f"worker on {device}: pre-warm failed, claiming as a cold worker ({type(exc).__name__}: {exc})",
-              file=sys.stderr, flush=True)
-        return _NO_TIMES[_FIRST]
-    return time.monotonic() - t0
+    """prepare(*args) of the next unclaimed task (the one this worker would take first), then of the next
+    task of each other setup left in the queue (up to PREWARM_SETUPS in all): a warm worker is costed as
+    this process's time per job, which a job of a setup it has not built (another signedness: its own
+    calibration and references) would overrun. Returns the seconds, which stand for the first job's
+    one-off costs (claim_estimates), or -1 (cold) when no job is left or the first failed: the worker then
+    goes on as if it had none, its session holding whatever was built, and the failure is left to its
+    jobs to report."""
+    t0, built = time.monotonic(), set()
+    while len(built) < PREWARM_SETUPS:
+        i = counter.value
+        task = next((t for t in tasks[i:] if t.setup not in built), None)
+        if task is None:
+            break
+        try:
+            prepare(*task.args)
+        except Exception as exc:  # noqa: BLE001  (a failed pre-warm must not lose the worker, nor the pool)
+            print(f"worker on {device}: pre-warm failed, claiming as a cold worker ({type(exc).__name__}: "
+                  f"{exc})", file=sys.stderr, flush=True)
+            if not built:
+                return _NO_TIMES[_FIRST]
+            break
+        built.add(task.setup)
+    return time.monotonic() - t0 if built else _NO_TIMES[_FIRST]
+
+
+def _send_later(conn, payload) -> None:
+    """payload down conn from a thread. The spawned process reads what it is started with only as it
+    unpickles it, importing torch on the way: a start payload over the pipe's buffer (a sweep's tasks, with
+    their configs) held this process there for seconds before its own first job."""
+    def send():
+        try:
+            conn.send(payload)
+        except Exception:  # noqa: BLE001  (the worker died before it read them, or they do not pickle: it
+            pass           # then gets none and leaves, and this process does the jobs)
+        finally:
+            conn.close()
+
+    threading.Thread(target=send, name="approx-run-pool-tasks", daemon=True).start()
 
 
 class _Board:
@@ -360,11 +396,14 @@ def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Call
     with _sigint_ignored():  # inherited through exec: a Ctrl-C while a worker starts is the parent's alone
         for wid, device in enumerate(devices[1:], start=1):
             receive, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_serve, args=(wid, device, fn, tasks, counter, owner, send, threads,
+            tasks_in, tasks_out = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_serve, args=(wid, device, fn, tasks_in, counter, owner, send, threads,
                                                     times, ready, pool_start, prepare),
                                name=f"approx-run-worker-{wid}-{device}", daemon=True)
             proc.start()
             send.close()  # the worker's end only: its death is then the end of this pipe
+            tasks_in.close()
+            _send_later(tasks_out, tasks)
             procs[wid], conns[receive] = proc, wid
     reader = threading.Thread(target=board.read, args=(conns, poll_s), name="approx-run-pool-reader", daemon=True)
     reader.start()

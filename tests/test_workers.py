@@ -373,6 +373,43 @@ def test_failed_pre_warm_leaves_every_job_done(tmp_path, how):
         assert {o.worker for o in outcomes} == {0}
 
 
+class _SlowToRead:
+    """Unpickles slowly, as a spawned worker reads its tasks while it imports torch on the way."""
+
+    def __reduce__(self):
+        return time.sleep, (3.0,)
+
+
+def _started_at(i: int, marks: str, *payload):
+    Path(marks, f"{i}-{os.getpid()}-{time.monotonic()}").touch()
+    return {"status": "ok"}
+
+
+def test_a_slow_worker_start_does_not_hold_this_process(tmp_path):
+    """Tasks over the pipe's buffer that a worker reads slowly: this process starts its first job at once,
+    not after the worker has read them (its start used to wait on that write)."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    payload = (_SlowToRead(), b"x" * 1_000_000)
+    tasks = [Task(i, (i, str(marks), *payload)) for i in range(3)]
+    t0 = time.monotonic()
+    outcomes = _within(120, run_tasks, _started_at, tasks, ["cpu", "cpu"], lambda n=1, **info: None)
+    assert [o.status for o in outcomes] == ["ok"] * 3 and {o.worker for o in outcomes} == {0}, outcomes
+    first = min(float(p.name.split("-", 2)[2]) for p in marks.iterdir() if p.name.startswith("0-"))
+    assert first - t0 < 2.0, f"job 0 started {first - t0:.1f} s after the pool"
+
+
+def test_pre_warm_builds_each_setup_once(tmp_path):
+    """A worker pre-warms the next job's setup and then one job of each other setup left, once each."""
+    tasks, marks = _tasks_of(tmp_path, 6, "")
+    tasks = [Task(t.num, t.args, setup="ab"[t.num >= 3]) for t in tasks]
+    outcomes = _within(120, run_tasks, _marked_job, tasks, ["cpu", "cpu"], lambda n=1, **info: None,
+                       prepare=_prewarm)
+    assert [o.status for o in outcomes] == ["ok"] * 6, outcomes
+    prewarmed = sorted(_runs(tmp_path / "prewarm"))
+    assert len(prewarmed) == 2 and sum(i >= 3 for i in prewarmed) == 1, prewarmed
+
+
 def test_resolve_devices(monkeypatch):
     import runner.workers as workers
 

@@ -98,7 +98,9 @@ def run_jobs(jobs: list[Job], title: str, devices: list[str] | None = None) -> N
             job.out_dir.mkdir(parents=True, exist_ok=True)
             write_config_yaml(job.out_dir / "config.yaml", job.cfg)
             if pooled:
-                tasks.append(workers.Task(job.num, (job.cfg, job.out_dir, job.overrides, True, job.plan)))
+                # jobs sharing fake-quant rows share calibration and references: one set-up to pre-warm
+                setup = job.plan.row_keys["fakequant"] if job.plan else ""
+                tasks.append(workers.Task(job.num, (job.cfg, job.out_dir, job.overrides, True, job.plan), setup))
                 continue
             result = run_job(job.cfg, job.out_dir, overrides=job.overrides, quiet=True, plan=job.plan)
             advance(1, **(job.label or {"job": job.num, "status": result.get("status")}))

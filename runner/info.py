@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import platform
+import sys
 from pathlib import Path
 
 import torch
@@ -30,12 +31,27 @@ def data_sources() -> dict[str, str]:
     return out
 
 
+def bytecode_state(module_file: str, dont_write: bool) -> str:
+    """Whether Python finds torch's compiled bytecode. Some container images set PYTHONDONTWRITEBYTECODE and
+    ship none: every command then compiles torch's ~2,000 sources again (benchmarks/README.md: 5.6 against
+    3.4 s for a 19-table sweep on an H100)."""
+    import importlib.util
+
+    if Path(importlib.util.cache_from_source(module_file)).exists():
+        return "cached"
+    if dont_write:
+        return ("[yellow]not cached, not written (PYTHONDONTWRITEBYTECODE): each command compiles torch's sources "
+                "again; unset it, or set PYTHONPYCACHEPREFIX to a writable folder and unset it[/]")
+    return "not cached yet: written by the next command"
+
+
 def main(argv: list[str]) -> int:
     ArgumentParser(prog="approx-run info", description="versions, device, backends, data sources").parse_args(argv)
     table = Table(title=f"approx-run {__version__}", show_header=False)
     table.add_row("python", platform.python_version())
     table.add_row("torch", f"{torch.__version__} (CUDA {torch.version.cuda or 'none'})")
     table.add_row("threads", str(torch.get_num_threads()))
+    table.add_row("torch bytecode", bytecode_state(torch.__file__, sys.dont_write_bytecode))
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none visible"
     table.add_row("cpu / gpu", f"{platform.machine()} / {gpu}")
     for name, state in backend_status().items():

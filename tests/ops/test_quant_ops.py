@@ -8,7 +8,7 @@ from runner import ops, reference
 from runner.errors import UserError
 from runner.quant import requant_multiplier
 
-from .conftest import backend_params
+from .conftest import backend_params, needs_compiled
 
 
 def _tricky_inputs(gen, scale, n=20000):
@@ -314,3 +314,19 @@ def test_quantize_vector_lanes_equal_the_scalar_tail(backend, device, signed):
             assert int(got[lane]) == int(lone[0]) and bool(flag) == bool(lone_flag), (value, lane)
             assert bool(flag) == (value != value or abs(value) == float("inf")), (value, lane)
             assert torch.equal(torch.cat([got[:lane], got[lane + 1:]]), torch.full((32,), 2, dtype=got.dtype))
+
+
+@needs_compiled
+def test_requantize_scalar_variant_equals_reference():
+    """APPROX_RUN_CPU_ISA=base: requantize's scalar loop, which a CPU without AVX2 runs, through the same
+    checks (every code boundary and shift, the ties, the unbounded-integer definition)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                          "cpp and requantize and not scalar_variant"], cwd=Path(__file__).parents[2],
+                         capture_output=True, text=True, env={**os.environ, "APPROX_RUN_CPU_ISA": "base"},
+                         timeout=600)
+    assert res.returncode == 0 and " passed" in res.stdout, res.stdout[-3000:] + res.stderr[-2000:]

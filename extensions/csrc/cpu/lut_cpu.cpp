@@ -24,6 +24,7 @@
 #include <torch/library.h>
 
 #include "../checks.h"
+#include "cpu_isa.h"
 
 #include <immintrin.h>
 
@@ -91,24 +92,8 @@ struct Problem {
 #undef AR_ISA
 #pragma GCC pop_options
 
-enum class Isa { Base, Avx2, Avx512 };
-
-Isa detect_isa() {
-  static const Isa isa = [] {
-    __builtin_cpu_init();
-    const bool a512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    const bool a2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("bmi2");
-    // APPROX_RUN_CPU_ISA=avx2|base forces a narrower variant (to measure or test them).
-    const char* force = std::getenv("APPROX_RUN_CPU_ISA");
-    const std::string f = force ? force : "";
-    if (f == "base") return Isa::Base;
-    if (f == "avx2" && a2) return Isa::Avx2;
-    return a512 ? Isa::Avx512 : a2 ? Isa::Avx2 : Isa::Base;
-  }();
-  return isa;
-}
+using approx_cpu::detect_isa;
+using approx_cpu::Isa;
 
 #define AR_DISPATCH(FN, ...)                                      \
   switch (detect_isa()) {                                         \

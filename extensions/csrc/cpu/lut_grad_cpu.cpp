@@ -58,6 +58,8 @@
 #include <string>
 #include <vector>
 
+#include "cpu_isa.h"
+
 #pragma GCC diagnostic ignored "-Wpsabi"  // vector types never cross a non-inlined call
 
 #define AR_INLINE inline __attribute__((always_inline))
@@ -99,19 +101,8 @@ namespace {
 
 namespace {
 
-bool use_avx2() {
-  static const bool on = [] {
-    __builtin_cpu_init();
-    const bool a2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("bmi2");
-    const char* force = std::getenv("APPROX_RUN_CPU_ISA");
-    return a2 && !(force && std::string(force) == "base");
-  }();
-  return on;
-}
-
 #define AR_DISPATCH(FN, ...)          \
-  if (use_avx2()) {                   \
+  if (approx_cpu::has_avx2()) {       \
     isa256::FN(__VA_ARGS__);          \
   } else {                            \
     isabase::FN(__VA_ARGS__);         \

@@ -2,9 +2,10 @@
 // setup.py compiles with -ffp-contract=off, so `a * b + c` below is two roundings, as in eager PyTorch.
 //
 // The loops are written so that a build without -march runs them in vector registers: quantize in SSE2
-// (part of every x86-64), requantize in AVX2 where the CPU has it (picked at run time, as lut_cpu.cpp
-// does). Each vector loop computes the same bits as the scalar loop beside it, which defines the op;
-// tests/ops/test_quant_ops.py checks the two against runner.quant's reference over the whole code range.
+// (part of every x86-64), requantize in AVX2 where the CPU has it (picked at run time in cpu_isa.h, as
+// for the LUT kernels). Each vector loop computes the same bits as the scalar loop beside it, which
+// defines the op; tests/ops/test_quant_ops.py checks the two against runner.quant's reference over the
+// whole code range.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -19,6 +20,7 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #define AR_X86 1
+#include "cpu_isa.h"
 #endif
 
 #include "../checks.h"
@@ -141,14 +143,6 @@ int64_t requantize_row_avx2(const int32_t* src, float* dst, int64_t n, double bi
   return i;
 }
 #pragma GCC pop_options
-
-bool has_avx2() {
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2");
-  }();
-  return yes;
-}
 #endif
 
 at::Tensor requantize_cpu(const at::Tensor& acc, const at::Tensor& bias, const at::Tensor& multiplier,
@@ -164,7 +158,7 @@ at::Tensor requantize_cpu(const at::Tensor& acc, const at::Tensor& bias, const a
   float* o = out.data_ptr<float>();
   const int64_t rows = acc.size(0) * n;
 #ifdef AR_X86
-  const bool avx2 = has_avx2();
+  const bool avx2 = approx_cpu::has_avx2();
 #endif
   at::parallel_for(0, rows, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(inner, 1)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {

@@ -33,8 +33,8 @@ def data_sources() -> dict[str, str]:
 
 def bytecode_state(module_file: str, dont_write: bool) -> str:
     """Whether Python finds torch's compiled bytecode. Some container images set PYTHONDONTWRITEBYTECODE and
-    ship none: every command then compiles torch's ~2,000 sources again (benchmarks/README.md: 5.6 against
-    3.4 s for a 19-table sweep on an H100)."""
+    ship none: every command then compiles torch's ~2,000 sources again, seconds of a short command's start
+    (benchmarks/README.md)."""
     import importlib.util
 
     if Path(importlib.util.cache_from_source(module_file)).exists():

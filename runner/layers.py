@@ -138,8 +138,8 @@ class _Quantized(nn.Module):
     def _read_kernel_flag(self, x: torch.Tensor) -> None:
         """The flag the quantize kernel set as it read x (_input_flag(x, defer=True), in place of a pass of our
         own over x), read right after the layer's kernels on the CPU; on a GPU after the forward
-        (NonFiniteInputCheck). On the CPU the kernel's flag is read without a wait: a non-finite input stops the forward in this layer,
-        with check_finite's message (which counts the bad values only then)."""
+        (NonFiniteInputCheck). On the CPU the kernel's flag is read without a wait: a non-finite input stops
+        the forward in this layer, with check_finite's message (which counts the bad values only then)."""
         if self.nonfinite_input.is_cuda:
             return
         self._input_flagged = False
@@ -246,7 +246,8 @@ class _ConvOps:
                                         self.grad)
         bias, requant = self._finish_args(scale)
         out = ops_autograd.qforward_conv2d(x, self.weight_codes, self.weight_scale, scale, bias, self.lut, *geometry,
-                                           self.signed, self.backend, self.algo, self._input_flag(x, defer=True), requant)
+                                           self.signed, self.backend, self.algo, self._input_flag(x, defer=True),
+                                           requant)
         self._read_kernel_flag(x)
         return out
 
@@ -265,7 +266,8 @@ class _LinearOps:
                                         self.lut, *self._slopes(), self.signed, self.backend, self.algo, self.grad)
         bias, requant = self._finish_args(scale)
         out = ops_autograd.qforward_linear(x, self.weight_codes, self.weight_scale, scale, bias, self.lut,
-                                           self.signed, self.backend, self.algo, self._input_flag(x, defer=True), requant)
+                                           self.signed, self.backend, self.algo, self._input_flag(x, defer=True),
+                                           requant)
         self._read_kernel_flag(x)
         return out
 

@@ -312,10 +312,10 @@ def _prewarm(prepare: Callable, tasks: list[Task], counter, device: str) -> floa
         try:
             prepare(*task.args)
         except Exception as exc:  # noqa: BLE001  (a failed pre-warm must not lose the worker, nor the pool)
-            print(f"worker on {device}: pre-warm failed, claiming as a cold worker ({type(exc).__name__}: "
-                  f"{exc})", file=sys.stderr, flush=True)
-            if not built:
-                return _NO_TIMES[_FIRST]
+            # warm for the set-ups built before this one; cold when it was the first
+            then = "claiming as a cold worker" if not built else "its jobs of that set-up build it themselves"
+            print(f"worker on {device}: pre-warm failed, {then} ({type(exc).__name__}: {exc})",
+                  file=sys.stderr, flush=True)
             break
         built.add(task.setup)
     return time.monotonic() - t0 if built else _NO_TIMES[_FIRST]

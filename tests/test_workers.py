@@ -1,7 +1,8 @@
 """The worker pool (runner.workers): every job exactly once over several processes, a failing or dying
 job reported while the others finish, no hang; the claim rule in the pool (its arithmetic:
 tests/test_workers_claim.py) and the pre-warm; a sweep over two CPU workers gives the in-process rows;
-chunks of jobs per launcher task. Workers on the CPU stand in for GPUs here; the 2-GPU tests are marked cuda and skip with fewer GPUs."""
+chunks of jobs per launcher task. Workers on the CPU stand in for GPUs here; the 2-GPU tests are marked
+cuda and skip with fewer GPUs."""
 import os
 import threading
 import time

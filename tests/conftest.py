@@ -9,6 +9,13 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Several workers share the cores: OpenMP threads that busy-wait for a core held by another worker
+    # more than doubled the CPU time of the suite on 2 cores. One thread a worker, in the processes the
+    # tests start too.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _sigint_is_delivered():

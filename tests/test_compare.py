@@ -85,7 +85,7 @@ def test_two_data_roots_under_one_name_train_and_record_twice(tmp_path, capsys):
 
     from runner import session
     from runner.cli import main
-    from tests.test_data import _write_set
+    from tests.data.test_mnist import _write_set
 
     for name, seed in (("A", 0), ("B", 1)):
         (tmp_path / name).mkdir()

@@ -152,7 +152,7 @@ class Images:
             order = np.argsort(rows, kind="stable")  # reads in file order, then back to the asked order
             block = np.empty((len(rows), *self.array.shape[1:]), dtype=np.uint8)
             block[order] = self.array[rows[order]]
-        return torch.from_numpy(np.ascontiguousarray(block))
+        return torch.from_numpy(np.array(block))  # a copy: the memmap is read-only
 
     def _float(self, raw: torch.Tensor) -> torch.Tensor:
         s, c = raw.shape[-1], self.crop_size

@@ -327,8 +327,10 @@ def run(cfg, out_dir):
                                       repeats=int(b.repeats), warmup=int(b.warmup))
     if b.model:
         model, _, _, data = load_or_train(cfg)
-        reps = -(-int(b.model_images) // len(data.test_x))
-        x = data.test_x.repeat(reps, 1, 1, 1)[: int(b.model_images)]
+        # a lazily read set (data=imagefolder) gives its first images as a tensor: the timed batches stay in memory
+        test_x = data.test_x[: int(b.model_images)].to() if not isinstance(data.test_x, torch.Tensor) else data.test_x
+        reps = -(-int(b.model_images) // len(test_x))
+        x = test_x.repeat(reps, 1, 1, 1)[: int(b.model_images)]
         mult = resolve(cfg.multiplier)
         tables["model"] = bench_models(model, mult, QuantConfig.from_cfg(cfg.quant), data.train_x, x,
                                        [x for x in backends if x != "python" or b.python_model],

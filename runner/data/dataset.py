@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from runner.errors import UserError
+
 # torchvision's MNIST / Fashion-MNIST normalisation constants
 NORMALIZATION = {
     "mnist": (0.1307, 0.3081),
@@ -66,6 +68,9 @@ class Dataset:
         split is the rest of `split`: tuning and selection look at the carved part, never at the real test
         set (split="train"); or a calibration part held apart from the images measured (split="test")."""
         x, y = (self.train_x, self.train_y) if split == "train" else (self.test_x, self.test_y)
+        if not len(y):
+            raise UserError(f"data={self.name} has no {split} images to hold a part of apart (an ImageFolder tree "
+                            "without its train/ folder: carve from the test split instead).")
         gen = torch.Generator().manual_seed(seed)
         val = []
         for c in torch.unique(y):

@@ -226,3 +226,20 @@ def test_run_timed_streams_a_lazy_set():
     lazy = run_timed(model, Images(raw.numpy()), 6, torch.device("cpu"), warmup=1, repeats=1)
     eager = run_timed(model, raw.float() / 255, 6, torch.device("cpu"), warmup=1, repeats=1)
     assert torch.equal(lazy.logits, eager.logits) and len(lazy.batch_ms) == 4
+
+
+def test_config_composes_and_the_cache_place_is_not_the_data(tree, tmp_path):
+    from runner.train import weight_config
+    from tests.conftest import compose
+
+    root, _ = tree
+    cfg = compose("compare", ["data=imagefolder", f"data.root={root}", "data.skip_bad=true", *(
+        f"data.{k}={v}" for k, v in SMALL.items())], tmp_path)
+    assert cfg.data.cache_dir == f"{tmp_path / 'checkpoints'}/data-cache" and cfg.data.image_size == 32
+    moved = compose("compare", ["data=imagefolder", f"data.root={root}", "data.skip_bad=true", "data.workers=2",
+                                f"data.cache_dir={tmp_path / 'elsewhere'}",
+                                *(f"data.{k}={v}" for k, v in SMALL.items())], tmp_path)
+    assert weight_config(cfg) == weight_config(moved)  # where the cache lies does not name another baseline
+    limited = compose("compare", ["data=imagefolder", f"data.root={root}", "data.limit=10", *(
+        f"data.{k}={v}" for k, v in SMALL.items())], tmp_path)
+    assert weight_config(limited)["data"]["sha256"] != weight_config(cfg)["data"]["sha256"]

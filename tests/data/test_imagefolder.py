@@ -154,13 +154,21 @@ def test_a_build_that_dies_leaves_nothing_trusted(tmp_path, monkeypatch):
             raise KeyboardInterrupt  # Ctrl-C (or a crash) in the middle of the build
         return real(path, *a)
     monkeypatch.setattr(imagefolder, "decode", dies)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C: the build cleans up after itself
         load_dataset(cfg)
-    assert [p.name for p in cache.iterdir() if p.is_dir()] == []  # no half-written cache under any name
-    # a process killed outright leaves its temporary and no meta.json: neither is ever read
-    digest_dir = None
+    assert [p.name for p in cache.iterdir() if p.is_dir()] == []
+    calls.clear()
+    from runner.data import cache as cache_module
+
+    with monkeypatch.context() as killed:  # SIGKILL: no clean-up runs at all
+        killed.setattr(cache_module.shutil, "rmtree", lambda *a, **k: None)
+        with pytest.raises(KeyboardInterrupt):
+            load_dataset(cfg)
+    assert [p.name for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".tmp-")] == []
     monkeypatch.setattr(imagefolder, "decode", real)
     good = load_dataset(cfg)
+    assert not list(cache.glob(".tmp-*"))  # the dead build's leftovers, removed under the lock
+    # a cache directory without its meta.json (written last) is never read
     digest_dir = Path(good.info["val"]["cache"])
     (digest_dir / "meta.json").unlink()
     (cache / f".tmp-{digest_dir.name}-99999").mkdir()

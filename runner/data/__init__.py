@@ -6,7 +6,8 @@ runner.data.imagefolder). One module per reader; what they return: runner.data.d
 Images come out as float32 [N, C, H, W] in [0, 1] (pixel / 255): [N, 1, 28, 28], CIFAR-10
 [N, 3, 32, 32], ImageFolder [N, 3, data.crop, data.crop]. The torchvision normalisation (mean, std) is
 applied by the model's first layer, not here: the raw pixels are what an unsigned 8-bit multiplier sees
-(pixel byte = uint8 code with scale 1/255), and the normalisation folds exactly into the first conv (runner.models.fold_input_normalization)."""
+(pixel byte = uint8 code with scale 1/255), and the normalisation folds exactly into the first conv
+(runner.models.fold_input_normalization)."""
 from __future__ import annotations
 
 import dataclasses

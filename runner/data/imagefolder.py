@@ -276,7 +276,20 @@ def load_imagefolder(cfg) -> Dataset:
 
 def digest(cfg) -> str:
     """What the data is, without decoding: the sha256 of each split's file list (paths, sizes, mtimes, labels),
-    its data.limit subset and transform. Hashing the bytes of ImageNet's 150 GB would take longer than a study."""
+    its data.limit subset and transform. Hashing the bytes of ImageNet's 150 GB would take longer than a study.
+    Listed once per process and setting (a sweep plans every job's keys: 1.3 million stats each time otherwise);
+    a command started after a file changed sees the change."""
+    from omegaconf import OmegaConf
+
+    plain = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
+    return _digest(json.dumps(plain, sort_keys=True, default=str))
+
+
+@functools.lru_cache(maxsize=16)
+def _digest(settings: str) -> str:
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create(json.loads(settings))
     root = root_of(cfg)
     limit = config_number(cfg.get("limit"), "data.limit", minimum=1, optional=True)
     seed = config_number(cfg.get("limit_seed", 0), "data.limit_seed")

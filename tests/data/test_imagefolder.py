@@ -93,6 +93,7 @@ def test_digest_follows_the_file_list(tmp_path, decodes):
     decodes.clear()
     target = root / "val" / CLASSES[5] / "img_0.JPEG"
     Image.new("RGB", (50, 41), (200, 10, 10)).save(target)  # another image under the same name
+    imagefolder._digest.cache_clear()  # as a new command would start
     assert imagefolder.digest(cfg) != before
     data = load_dataset(cfg)
     assert len(decodes) == 10 and data.test_x[5][0].mean() > 0.7  # rebuilt: the new red image

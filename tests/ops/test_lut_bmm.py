@@ -11,7 +11,8 @@ from runner.multipliers.core import exact_lut
 from .conftest import backend_params, codes, random_lut, weights
 
 # a shape per kind of edge: one row / column / tap, tiles not filled, long K, many small batches
-SHAPES = [(1, 1, 1, 1), (3, 5, 4, 7), (2, 17, 9, 33), (1, 3, 2, 300), (40, 3, 5, 8), (2, 197, 13, 64)]
+SHAPES = [(1, 1, 1, 1), (3, 5, 4, 7), (2, 17, 9, 33), (1, 3, 2, 300), (40, 3, 5, 8), (2, 5, 72, 16),
+          (2, 197, 13, 64)]
 
 
 def bmm_backends():
@@ -197,8 +198,8 @@ def qmatmul_backends():
 
 
 @pytest.mark.parametrize("backend,device", qmatmul_backends())
-@pytest.mark.parametrize("grad", ["ste", "lut"])
-@pytest.mark.parametrize("lut_signed,x_signed,y_signed", KINDS[1:3], ids=KIND_IDS[1:3])
+@pytest.mark.parametrize("grad,lut_signed,x_signed,y_signed", [("ste", *KINDS[1]), ("lut", *KINDS[2])],
+                         ids=["ste-" + KIND_IDS[1], "lut-" + KIND_IDS[2]])
 def test_opcheck_qmatmul(gen, backend, device, grad, lut_signed, x_signed, y_signed):
     lut = random_lut(gen, -(2**12), 2**12)
     x, y, sx, sy = _floats(gen, (2, 5, 6), (2, 3, 6), x_signed, y_signed, lut_signed)

@@ -139,7 +139,10 @@ at::Tensor lut_bmm_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tenso
   const int64_t blocks = (s.M + rows - 1) / rows;
   const bool avx2 = approx_cpu::has_avx2();
   const int64_t Np = (s.N + kPad - 1) / kPad * kPad;
-  at::parallel_for(0, s.B * blocks, 1, [&](int64_t t0, int64_t t1) {
+  // a thread's share at least ~1M MACs: a small call (a small ViT's head) is cheaper on one thread than
+  // the wake-up and join of the others
+  const int64_t grain = std::max<int64_t>(1, (1 << 20) / std::max<int64_t>(1, rows * s.N * s.K));
+  at::parallel_for(0, s.B * blocks, grain, [&](int64_t t0, int64_t t1) {
     std::vector<int32_t> C(avx2 ? s.K * Np : 0);
     int64_t have = -1;  // the batch whose columns C holds
     for (int64_t t = t0; t < t1; ++t) {

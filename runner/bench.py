@@ -28,7 +28,7 @@ LENET5_LAYERS = (
     ("fc3", "linear", (84,), (10, 84)),
 )
 
-DEFAULT_ALGOS = {"python": ("auto",), "cpp": ("direct", "expanded"), "cuda": ("auto",)}
+DEFAULT_ALGOS = {"python": ("auto",), "cpp": ("direct", "expanded", "tiled"), "cuda": ("auto",)}
 DISTRIBUTIONS = ("uniform", "relu")
 
 
@@ -274,7 +274,7 @@ _SHOWN = {
     "algos": ("backend", "algo", "layer", "batch", "supported", "median_us", "gmacs", "workspace_mib", "auto_pick", "note"),
     "model": ("path", "backend", "device", "images", "threads", "median_ms", "images_per_s", "x_pytorch_time"),
     "layers": ("backend", "layer", "kind", "kernel", "stride", "input_shape", "median_us", "gmacs", "fp32_gmacs",
-               "x_fp32_time", "auto_pick"),
+               "x_fp32_time", "limit_fraction", "auto_pick"),
     "train": ("path", "backend", "grad", "device", "cuda_graph", "step_mode", "batch_size", "threads",
               "step_ms_median", "epoch_s_median", "x_fakequant_epoch"),
 }

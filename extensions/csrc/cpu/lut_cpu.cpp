@@ -487,45 +487,38 @@ std::vector<int64_t> lut_runs_cpu(const at::Tensor&) {
   return {g_runs[0].load(), g_runs[1].load(), g_runs[2].load()};
 }
 
-// See ops.cpp: reads per second of a pure gather loop on every thread at once (wall clock: the loop's
-// threads run side by side, as the kernels' do).
+// See ops.cpp: reads per second of a pure gather loop, every thread at once, each timed by its own CPU
+// time (on a shared machine, time a thread spends descheduled is not the hardware's), summed.
 double lookup_rate_cpu(const at::Tensor&, double seconds) {
   std::vector<int32_t> row(256);
   for (int i = 0; i < 256; ++i) row[i] = i * 2654435761u >> 8;
   const int threads = at::get_num_threads();
-  const int lanes = detect_isa() == Isa::Avx512 ? isa512::kLanes : detect_isa() == Isa::Avx2 ? isa256::kLanes
-                                                                                              : isabase::kLanes;
-  std::atomic<int64_t> sink{0};
-  auto loop = [&](int64_t n) {
-    at::parallel_for(0, threads, 1, [&](int64_t s, int64_t t) {
-      for (int64_t i = s; i < t; ++i) {
-        int64_t r = 0;
-        switch (detect_isa()) {
-          case Isa::Avx512: r = isa512::gather_loop(row.data(), n); break;
-          case Isa::Avx2: r = isa256::gather_loop(row.data(), n); break;
-          default: r = isabase::gather_loop(row.data(), n);
-        }
-        sink += r;
-      }
-    });
+  const Isa isa = detect_isa();
+  const int lanes = isa == Isa::Avx512 ? isa512::kLanes : isa == Isa::Avx2 ? isa256::kLanes : isabase::kLanes;
+  auto gathers = [&](int64_t n) {
+    return isa == Isa::Avx512 ? isa512::gather_loop(row.data(), n)
+           : isa == Isa::Avx2 ? isa256::gather_loop(row.data(), n)
+                              : isabase::gather_loop(row.data(), n);
   };
-  int64_t n = 1 << 12;
-  double dt = 0;
-  for (;;) {  // grow the loop until one run takes a tenth of the requested time, then time that size
-    const auto t0 = std::chrono::steady_clock::now();
-    loop(n);
-    dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (dt >= seconds / 10 || n > (int64_t(1) << 40)) break;
-    n *= 4;
-  }
-  double best = 0;
-  for (int rep = 0; rep < 10; ++rep) {  // the best of 10: load on a shared machine only slows a run
-    const auto t0 = std::chrono::steady_clock::now();
-    loop(n);
-    dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, (double)n * lanes * threads / dt);
-  }
-  return sink.load() == 42 ? best + 1e-9 : best;
+  std::vector<double> rate(threads, 0.0);
+  std::atomic<int64_t> sink{0};
+  at::parallel_for(0, threads, 1, [&](int64_t s, int64_t t) {
+    for (int64_t i = s; i < t; ++i) {
+      int64_t n = 1 << 12;
+      double spent = 0;
+      for (int rep = 0; spent < seconds; ++rep) {
+        const double t0 = thread_ns();
+        sink += gathers(n);
+        const double dt = (thread_ns() - t0) * 1e-9;
+        spent += dt;
+        if (dt < 2e-3) n *= 2;  // long enough for the clock, short enough to be rarely interrupted
+        else rate[i] = std::max(rate[i], (double)n * lanes / dt);
+      }
+    }
+  });
+  double total = 0;
+  for (double r : rate) total += r;
+  return sink.load() == 42 ? total + 1e-9 : total;
 }
 
 }  // namespace

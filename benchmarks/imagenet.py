@@ -35,8 +35,13 @@ def main() -> None:
     ap.add_argument("--multiplier", default="exact")
     ap.add_argument("--layers", action="store_true")
     ap.add_argument("--csv", default="", help="per-layer table to this CSV (with --layers)")
+    ap.add_argument("--variants", action="store_true",
+                    help="instead: every variant of the backend on each distinct conv shape of the model (op level)")
+    ap.add_argument("--algos", default="", help="with --variants: comma-separated variants (default: all, and auto)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.variants:
+        return variants(args)
 
     import torchvision
 
@@ -88,8 +93,12 @@ def main() -> None:
     macs = sum(m.weight[0].numel() * o for m, o in _out_numels(model, xd))
     lut_med = statistics.median(ms["LUT"])
     print(f"ratio LUT / {ref}: median {statistics.median(ratio):.2f}x (min {min(ratio):.2f}, max {max(ratio):.2f}), "
-          f"{args.repeats} alternated repeats; {macs / 1e9:.2f} G MACs converted, {macs / lut_med / 1e9:.1f} T MAC/s"
+          f"{args.repeats} alternated repeats; {macs / 1e9:.2f} G MACs converted, {macs / lut_med / 1e6:.2f} G MAC/s"
           f" over the LUT model's time = {macs / (lut_med / 1e3) / limit:.2f} of the lookup limit")
+    if dev.type == "cpu":  # a loaded machine stretches wall time; per CPU-second of the threads it is fairer
+        per_thread = limit / args.threads
+        print(f"per CPU second: {macs / statistics.median(cpu['LUT']) / 1e6:.2f} G MAC/s = "
+              f"{macs / (statistics.median(cpu['LUT']) / 1e3) / per_thread:.2f} of one thread's lookup limit")
     print("auto picks:", dict(sorted(collections.Counter(auto_picks(approx).values()).items())))
     if args.layers:
         from runner.bench_layers import bench_model_layers
@@ -103,6 +112,58 @@ def main() -> None:
         print(df[[c for c in cols if c in df.columns]].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
         if args.csv:
             df.to_csv(args.csv, index=False)
+
+
+def variants(args) -> None:
+    """Each variant of the backend (and auto, after its first call) on every distinct Conv2d shape of the
+    model at --batch: random codes (uint8, the `exact` unsigned table), op alone; wall and CPU time (CPU:
+    the process's, both threads) of the median of --repeats calls after one warm-up call, and the fraction
+    of the lookup limit per CPU-second (CPU) or per second (GPU)."""
+    import torchvision
+
+    from runner import ops
+    from runner.bench_layers import lookup_limit
+    from runner.evaluate import device_timer
+    from runner.multipliers.core import exact_lut
+
+    dev = torch.device("cuda" if args.backend == "cuda" else "cpu")
+    model = getattr(torchvision.models, args.model)(weights=None).eval()
+    shapes = {}
+    hooks = [m.register_forward_hook(lambda mod, inp, _o: shapes.setdefault(
+        (tuple(inp[0].shape), tuple(mod.weight.shape), mod.stride, mod.padding, mod.groups), 0))
+        for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    with torch.no_grad():
+        model(torch.zeros(args.batch, 3, 224, 224))
+    for h in hooks:
+        h.remove()
+    limit, timer = lookup_limit(dev), device_timer(dev)
+    per = limit / args.threads if dev.type == "cpu" else limit
+    lut = exact_lut(signed=False).to(dev)
+    gen = torch.Generator().manual_seed(0)
+    print(f"{args.model} batch {args.batch}, backend {args.backend}, {args.threads} threads, ISA "
+          f"{os.environ.get('APPROX_RUN_CPU_ISA') or 'widest'}, load {os.getloadavg()[0]:.1f}, "
+          f"limit {limit / 1e9:.1f} G reads/s")
+    print(f"{'input':>16s} {'weight':>16s} s  {'algo':9s} {'wall ms':>9s} {'cpu ms':>9s} {'GMAC/cpu-s':>10s} {'frac':>5s}")
+    for (ashape, wshape, stride, padding, groups) in shapes:
+        a = torch.randint(0, 256, ashape, generator=gen, dtype=torch.uint8).to(dev)
+        w = torch.randint(-127, 128, wshape, generator=gen, dtype=torch.int8).to(dev)
+        for algo in (args.algos.split(",") if args.algos else (*ops.backend_algos(args.backend), "auto")):
+            call = lambda: ops.lut_conv2d(a, w, lut, stride, padding, 1, groups, backend=args.backend, algo=algo)  # noqa: E731
+            try:
+                out = call()
+            except Exception as exc:  # noqa: BLE001  (a variant that cannot run the shape says why)
+                print(f"{str(ashape):>16s} {str(wshape):>16s} {stride[0]}  {algo:9s} n/a: {str(exc)[:60]}")
+                continue
+            macs = out.numel() * w[0].numel()
+            wall, cpu = [], []
+            for _ in range(args.repeats):
+                c0 = time.process_time()
+                wall.append(timer(call) / 1e3)
+                cpu.append((time.process_time() - c0) * 1e3)
+            c = statistics.median(cpu) if dev.type == "cpu" else statistics.median(wall)
+            rate = macs / (c / 1e3)
+            print(f"{str(ashape):>16s} {str(wshape):>16s} {stride[0]}  {algo:9s} {statistics.median(wall):9.1f} "
+                  f"{statistics.median(cpu):9.1f} {rate / 1e9:10.2f} {rate / per:5.2f}")
 
 
 def _out_numels(model, x):

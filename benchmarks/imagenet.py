@@ -129,9 +129,11 @@ def variants(args) -> None:
     dev = torch.device("cuda" if args.backend == "cuda" else "cpu")
     model = getattr(torchvision.models, args.model)(weights=None).eval()
     shapes = {}
-    hooks = [m.register_forward_hook(lambda mod, inp, _o: shapes.setdefault(
-        (tuple(inp[0].shape), tuple(mod.weight.shape), mod.stride, mod.padding, mod.groups), 0))
-        for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+
+    def seen(mod, inp, _out):
+        shapes.setdefault((tuple(inp[0].shape), tuple(mod.weight.shape), mod.stride, mod.padding, mod.groups), 0)
+
+    hooks = [m.register_forward_hook(seen) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
     with torch.no_grad():
         model(torch.zeros(args.batch, 3, 224, 224))
     for h in hooks:

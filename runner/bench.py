@@ -29,7 +29,7 @@ LENET5_LAYERS = (
     ("fc3", "linear", (84,), (10, 84)),
 )
 
-DEFAULT_ALGOS = {"python": ("auto",), "cpp": ("direct", "expanded"), "cuda": ("auto",)}
+DEFAULT_ALGOS = {"python": ("auto",), "cpp": ("direct", "expanded", "tiled"), "cuda": ("auto",)}
 DISTRIBUTIONS = ("uniform", "relu")
 
 
@@ -276,7 +276,7 @@ _SHOWN = {
     "matmuls": ("backend", "model", "op", "batch", "B", "M", "N", "K", "threads", "median_us", "tmacs"),
     "model": ("path", "backend", "device", "images", "threads", "median_ms", "images_per_s", "x_pytorch_time"),
     "layers": ("backend", "layer", "kind", "kernel", "stride", "input_shape", "median_us", "gmacs", "fp32_gmacs",
-               "x_fp32_time", "auto_pick"),
+               "x_fp32_time", "limit_fraction", "auto_pick"),
     "train": ("path", "backend", "grad", "device", "cuda_graph", "step_mode", "batch_size", "threads",
               "step_ms_median", "epoch_s_median", "x_fakequant_epoch"),
 }

@@ -67,8 +67,8 @@ def test_bench_algos_reports_the_kernels_workspace_and_auto_pick():
     if not has_cpp():
         return
     df = bench_algos(["cpp"], batches=(1, 300), repeats=1, warmup=0)
-    assert set(df.batch) == {1, 300} and len(df) == 5 * 2 * 3
+    assert set(df.batch) == {1, 300} and len(df) == 5 * 2 * 4
     assert (df.loc[df.algo == "direct", "workspace_mib"] == 0).all()
-    assert (df.loc[df.algo == "expanded", "workspace_mib"] > 0).all()
+    assert (df.loc[df.algo.isin(["expanded", "tiled"]), "workspace_mib"] > 0).all()
     auto = df[df.algo == "auto"]
-    assert set(auto.auto_pick) <= {"direct", "expanded"} and (auto.auto_pick != "").all()
+    assert set(auto.auto_pick) <= {"direct", "expanded", "tiled"} and (auto.auto_pick != "").all()

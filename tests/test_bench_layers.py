@@ -21,7 +21,8 @@ def test_every_layer_of_mobilenetv2_is_timed():
     first = df.iloc[0]
     assert first.layer == "stem.0" and first.input_shape == "2x1x30x30"  # the stem's padding moved to PadWith
     assert df.set_index("layer").loc["blocks.1.depthwise.0", "stride"] == 2
-    assert (df.device == "cpu").all() and df.auto_pick.isin(["direct", "expanded"]).all()
+    assert (df.device == "cpu").all() and df.auto_pick.isin(["direct", "expanded", "tiled"]).all()
+    assert (df.limit_fraction > 0).all() and (df.limit_fraction < 50).all()  # a measured limit, per layer
 
 
 @pytest.mark.cuda

@@ -45,6 +45,11 @@ TORCH_LIBRARY(approx, m) {
   // both, so both count). A test and debugging aid: what auto ran, beside what lut_algos reports.
   // CPU only; `a` only selects the backend.
   m.def("lut_runs(Tensor a) -> int[]");
+  // The lookup limit of the backend of `a`'s device: table reads per second of a pure gather loop
+  // (random codes into an L1-resident 1 KiB int32 table row, nothing else per read; vector gathers of
+  // the ISA the CPU kernels run, on every thread for about `seconds` of CPU time each, each thread timed by its own CPU time, summed). The yardstick of benchmarks' "fraction
+  // of the lookup limit". CPU only; `a` only selects the backend.
+  m.def("lookup_rate(Tensor a, float seconds=0.2) -> float");
   // The layer's two elementwise ends, fused (see runner/quant.py for the arithmetic):
   //   quantize:   codes = clamp(nearbyint(x * (1.0f / scale)), qmin, qmax), int8 [-128, 127] when
   //               signed else uint8 [0, 255]: the integers torch.fake_quantize_per_tensor_affine

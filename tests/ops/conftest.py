@@ -27,6 +27,11 @@ def backend_params():
             for b, d in BACKENDS] or [pytest.param("cpp", "cpu", id="cpp", marks=needs_compiled)]
 
 
+def cpp_only(backend, *algos):
+    """The CPU-only variants among algos where the backend is cpp, else none."""
+    return algos if backend == "cpp" else ()
+
+
 def random_lut(gen, lo=-(2**15), hi=2**15):
     """A random (non-exact) multiplier table; lut[0][0], lut[128][128] and lut[a][0] are non-zero,
     so padding and zero weights are checked too."""

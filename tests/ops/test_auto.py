@@ -12,6 +12,7 @@ pytestmark = pytest.mark.skipif(not any(b == "cpp" for b, _ in BACKENDS), reason
 
 # LeNet-5's layers as the ops see them (runner.bench.LENET5_LAYERS), with a conv and a linear
 # shape no other test uses, so that their first call here is auto's timed trial.
+ALL = {"direct", "expanded", "tiled"}  # what auto's first call of a key times (tables within budget)
 LAYERS = {
     "conv1": ((1, 28, 28), (6, 1, 5, 5)),
     "conv2": ((6, 12, 12), (16, 6, 5, 5)),
@@ -60,7 +61,7 @@ def test_auto_runs_what_lut_algos_reports(layer, batch):
     for w in (w1, w1, w1, w2, w2, w2):
         said = pick(a, w, lut)
         out, variants = ran(a, w, lut)
-        assert variants == ({said} if said else {"direct", "expanded"}), (said, variants)
+        assert variants == ({said} if said else ALL), (said, variants)
         assert pick(a, w, lut) != ""
         assert torch.equal(out, call(a, w, lut, "direct"))
 
@@ -76,9 +77,25 @@ def test_trial_splits_rows_between_variants_bit_identically(signed, lut_range):
     a, w = codes(gen, (280, 1, 28, 28), signed), weights(gen, (n + (lut_range > 2**15), 1, 5, 5))
     assert pick(a, w, lut) == ""
     out, variants = ran(a, w, lut)
-    assert variants == {"direct", "expanded"}
+    assert variants == ALL
     assert torch.equal(out, reference.reference_lut_conv2d(a, w, lut))
-    assert pick(a, w, lut) in {"direct", "expanded"}
+    assert pick(a, w, lut) in ALL
+
+
+def test_auto_times_tiled_not_expanded_over_the_table_budget():
+    """A layer whose expanded table is over the CPU budget (64 MiB; here 1024 taps x 256 codes x 304
+    channels of int16: 152 MiB) is never built or run expanded: auto's first call times direct and
+    tiled only, and the pick is one of them; the output is the reference's."""
+    gen = torch.Generator().manual_seed(11)
+    lut = random_lut(gen, -1000, 1000)
+    a, w = codes(gen, (64, 1024), False), weights(gen, (300, 1024))
+    assert pick(a, w, lut) == ""
+    out, variants = ran(a, w, lut)
+    assert variants == {"direct", "tiled"}
+    assert torch.equal(out, reference.reference_lut_linear(a, w, lut))
+    assert pick(a, w, lut) in {"direct", "tiled"}
+    _, variants = ran(a, w, lut)
+    assert variants == {pick(a, w, lut)}
 
 
 def test_costs_are_kept_per_batch_bucket_table_format_and_threads():

@@ -9,15 +9,20 @@ import torch
 from runner import ops, reference
 from runner.errors import UserError
 
-from .conftest import BACKENDS, backend_params, codes, exact_lut, random_lut, weights
+from .conftest import BACKENDS, backend_params, codes, cpp_only, exact_lut, random_lut, weights
 
-ALGOS = ["direct", "expanded", "auto"]
+ALGOS = ["direct", "expanded", "tiled", "auto"]  # tiled: cpp only (skip_other)
 SIGNS = [pytest.param(True, id="signed"), pytest.param(False, id="unsigned")]
 LUTS = {  # int16 tables, int32 tables, and sums that wrap around int32
     "lut16": lambda g: random_lut(g, -(2**15) + 1, 2**15),
     "lut32": lambda g: random_lut(g, -(2**24), 2**24),
     "wrap": lambda g: random_lut(g, -(2**31), 2**31 - 1),
 }
+
+
+def skip_other(backend, algo):
+    if algo not in ("auto", "direct", "expanded") and algo not in cpp_only(backend, algo):
+        pytest.skip(f"{algo} is a cpp variant")
 
 
 def to(dev, *ts):
@@ -38,6 +43,7 @@ def assert_prints_ok(code, **env):
 @pytest.mark.parametrize("signed", SIGNS)
 @pytest.mark.parametrize("lut_kind", list(LUTS))
 def test_linear_random(gen, backend, device, algo, signed, lut_kind):
+    skip_other(backend, algo)
     lut = LUTS[lut_kind](gen)
     for m, k, n in [(1, 1, 1), (1, 84, 10), (37, 50, 21), (300, 256, 120), (5, 3, 130)]:
         a, w = codes(gen, (m, k), signed), weights(gen, (n, k))
@@ -61,6 +67,7 @@ CONV_CASES = [  # (B, C, H, W), (N, kh, kw), stride, padding, dilation, groups
 @pytest.mark.parametrize("signed", SIGNS)
 @pytest.mark.parametrize("case", CONV_CASES, ids=[f"case{i}" for i in range(len(CONV_CASES))])
 def test_conv_random(gen, backend, device, algo, signed, case):
+    skip_other(backend, algo)
     ashape, (n, kh, kw), stride, padding, dilation, groups = case
     lut = random_lut(gen)
     a = codes(gen, ashape, signed)
@@ -87,7 +94,7 @@ def test_random_shapes(backend, device, signed):
         a = codes(g, (r(1, 3), c, h, wd), signed)
         w = weights(g, (n, c // groups, kh, kw))
         want = reference.reference_lut_conv2d(a, w, lut, stride, padding, dilation, groups)
-        for algo in ("direct", "expanded"):
+        for algo in ("direct", "expanded", *cpp_only(backend, "tiled")):
             got = ops.lut_conv2d(*to(device, a, w, lut), stride, padding, dilation, groups,
                                  backend=backend, algo=algo).cpu()
             assert torch.equal(got, want), (trial, algo)
@@ -130,6 +137,23 @@ def test_empty_batch(backend, device):
 
 
 @pytest.mark.skipif(not any(b == "cpp" for b, _ in BACKENDS), reason="runner._C not built")
+@pytest.mark.parametrize("lut_kind", list(LUTS))
+def test_tiled_edges(gen, lut_kind):
+    """cpp tiled's edges, bit-exact: channel tiles of 32 ending in a 24-, 8- or 16-wide one, taps in
+    several chunks (a chunk holds 16 taps of int16 products, 8 of int32), groups, depthwise, linear."""
+    lut = LUTS[lut_kind](gen)
+    for signed in (True, False):
+        for ashape, n, k, stride, padding, groups in [((2, 4, 9, 9), 88, 3, 1, 1, 1), ((1, 6, 7, 5), 80, 3, 2, 1, 2),
+                                                      ((2, 6, 5, 5), 48, 1, 1, 0, 3), ((2, 5, 6, 6), 5, 3, 1, 1, 5)]:
+            a, w = codes(gen, ashape, signed), weights(gen, (n, ashape[1] // groups, k, k))
+            want = reference.reference_lut_conv2d(a, w, lut, stride, padding, 1, groups)
+            got = ops.lut_conv2d(a, w, lut, stride, padding, 1, groups, algo="tiled")
+            assert torch.equal(got, want), (signed, ashape, n, groups)
+        a, w = codes(gen, (9, 40), signed), weights(gen, (56, 40))
+        assert torch.equal(ops.lut_linear(a, w, lut, algo="tiled"), reference.reference_lut_linear(a, w, lut))
+
+
+@pytest.mark.skipif(not any(b == "cpp" for b, _ in BACKENDS), reason="runner._C not built")
 @pytest.mark.parametrize("isa", ["avx2", "base"])
 def test_cpu_isa_variants(isa):
     """The narrower instruction-set variants (chosen on older CPUs) compute the same sums."""
@@ -141,11 +165,12 @@ def test_cpu_isa_variants(isa):
         "for signed in (True, False):\n"
         "    for lk in ((-2**15 + 1, 2**15), (-2**30, 2**30)):\n"
         "        lut = random_lut(g, *lk)\n"
-        "        a, w = codes(g, (3, 6, 12, 12), signed), weights(g, (20, 3, 5, 5))\n"
-        "        want = reference.reference_lut_conv2d(a, w, lut, 1, 2, 1, 2)\n"
-        "        for algo in ('direct', 'expanded'):\n"
-        "            got = ops.lut_conv2d(a, w, lut, 1, 2, 1, 2, algo=algo)\n"
-        "            assert torch.equal(got, want), (signed, lk, algo)\n"
+        "        for ashape, wshape, groups in (((3, 6, 12, 12), (20, 3, 5, 5), 2), ((2, 4, 6, 6), (88, 4, 3, 3), 1)):\n"
+        "            a, w = codes(g, ashape, signed), weights(g, wshape)\n"
+        "            want = reference.reference_lut_conv2d(a, w, lut, 1, 2, 1, groups)\n"
+        "            for algo in ('direct', 'expanded', 'tiled'):\n"
+        "                got = ops.lut_conv2d(a, w, lut, 1, 2, 1, groups, algo=algo)\n"
+        "                assert torch.equal(got, want), (signed, lk, algo)\n"
         "print('ok')\n"
     )
     assert_prints_ok(code, APPROX_RUN_CPU_ISA=isa)

@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <compare>
 #include <cstdint>
 #include <cstdlib>
@@ -104,15 +105,16 @@ using approx_cpu::Isa;
 
 // ------------------------------------------------------------------------------------------------
 // The CPU variants (the order approx::lut_algos lists them in).
-enum class Algo { Auto, Direct, Expanded };
-constexpr const char* kAlgoNames[] = {"direct", "expanded"};
+enum class Algo { Auto, Direct, Expanded, Tiled };
+constexpr const char* kAlgoNames[] = {"direct", "expanded", "tiled"};
 
 Algo parse_algo(c10::string_view s, const char* op) {
   if (s == "auto") return Algo::Auto;
   if (s == kAlgoNames[0]) return Algo::Direct;
   if (s == kAlgoNames[1]) return Algo::Expanded;
+  if (s == kAlgoNames[2]) return Algo::Tiled;
   TORCH_CHECK(false, op, ": unknown algo '", std::string(s.data(), s.size()),
-              "'; valid: auto, direct, expanded");
+              "'; valid: auto, direct, expanded, tiled");
 }
 
 // Weight column in the LUT and sign handling for weight tap k of output channel n of group g.
@@ -307,6 +309,44 @@ void expanded_range(const Problem& p, const TableEntry& e, int64_t r0, int64_t r
   else if (r0 < r1) body(r0, r1);
 }
 
+// tiled: one task per (group, 32-channel tile), each over every row of its group.
+constexpr int64_t kTileChannels = 32;
+int64_t tiles_of(const Problem& p) { return p.G * ((p.Np + kTileChannels - 1) / kTileChannels); }
+
+// Row base and output pointers of every row, group-major, each group padded to whole kRowPad.
+struct RowPointers {
+  std::vector<const uint8_t*> base;
+  std::vector<int32_t*> outp;
+};
+RowPointers row_pointers(const Problem& p) {
+  const int64_t rpg = p.B * p.Ho * p.Wo, rpad = (rpg + isabase::kRowPad - 1) / isabase::kRowPad * isabase::kRowPad;
+  RowPointers rp;
+  rp.base.resize(p.G * rpad + isabase::kRowPad);
+  rp.outp.resize(p.G * rpad + isabase::kRowPad);
+  for (int64_t g = 0; g < p.G; ++g)
+    isabase::next_block(p, g * rpg, (g + 1) * rpg, rpg, rp.base.data() + g * rpad, rp.outp.data() + g * rpad);
+  return rp;
+}
+
+void tiled_range(const Problem& p, const int32_t* lut, const WeightCols& wc, bool fit16, const RowPointers& rp,
+                 int64_t t0, int64_t t1, bool parallel = true) {
+  const int32_t* col = wc.col.data();
+  const uint32_t* neg = wc.neg.data();
+  const uint32_t* keep = wc.keep.data();
+  const uint8_t* const* base = rp.base.data();
+  int32_t* const* outp = rp.outp.data();
+  auto body = [&](int64_t s, int64_t t) {
+    if (fit16) { AR_DISPATCH(tiled16, lut, col, neg, keep, p, base, outp, s, t) }
+    else { AR_DISPATCH(tiled32, lut, col, neg, keep, p, base, outp, s, t) }
+  };
+  if (parallel) at::parallel_for(t0, t1, 1, body);
+  else if (t0 < t1) body(t0, t1);
+}
+
+void tiled_all(const Problem& p, const int32_t* lut, const at::Tensor& w) {
+  tiled_range(p, lut, weight_cols(w, p), products_fit_int16(lut, w, p), row_pointers(p), 0, tiles_of(p));
+}
+
 #include "lut_cpu_auto.inc"
 
 void run(Problem& p, const at::Tensor& w, const at::Tensor& lut_t, Algo algo) {
@@ -324,6 +364,11 @@ void run(Problem& p, const at::Tensor& w, const at::Tensor& lut_t, Algo algo) {
   if (algo == Algo::Direct) {
     direct_range(p, lut, weight_cols(w, p), 0, rows_of(p));
     g_runs[0]++;
+    return;
+  }
+  if (algo == Algo::Tiled) {
+    tiled_all(p, lut, w);
+    g_runs[2]++;
     return;
   }
   if (!entry) entry = built_entry(p, w, lut, weight_cols(w, p));
@@ -426,20 +471,60 @@ lut_algos_cpu(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
   std::string pick;
   if (rows_of(p) > 0 && p.Ng > 0 && p.K > 0) {
     const Algo d = decide(p, w, lut_d, key_fits_int16(lut, w, p), /*note=*/false).algo;
-    pick = d == Algo::Auto ? "" : kAlgoNames[d == Algo::Expanded ? 1 : 0];
+    pick = d == Algo::Auto ? "" : kAlgoNames[(int)d - 1];
   }
-  return {{kAlgoNames[0], kAlgoNames[1]},
-          {0, fits ? tbytes : -1},
-          {"", fits ? "" : "would need an expanded table of " + std::to_string(tbytes >> 20) + " MiB"},
+  // tiled: per thread, one tile's table and its rows' accumulators
+  const int64_t rpg = p.B * p.Ho * p.Wo, tile_entries = 256 * kTileChannels * ((256 << 10) / (256 * kTileChannels * 2));
+  const int64_t tiled_ws = at::get_num_threads() * (tile_entries * 2 + (rpg + 8) * kTileChannels * 4);
+  return {{kAlgoNames[0], kAlgoNames[1], kAlgoNames[2]},
+          {0, fits ? tbytes : -1, tiled_ws},
+          {"", fits ? "" : "would need an expanded table of " + std::to_string(tbytes >> 20) + " MiB", ""},
           pick};
 }
 
 // See ops.cpp: calls in which each variant computed output rows, in lut_algos' order.
-std::vector<int64_t> lut_runs_cpu(const at::Tensor&) { return {g_runs[0].load(), g_runs[1].load()}; }
+std::vector<int64_t> lut_runs_cpu(const at::Tensor&) {
+  return {g_runs[0].load(), g_runs[1].load(), g_runs[2].load()};
+}
+
+// See ops.cpp: reads per second of a pure gather loop, every thread at once, each timed by its own CPU
+// time (on a shared machine, time a thread spends descheduled is not the hardware's), summed.
+double lookup_rate_cpu(const at::Tensor&, double seconds) {
+  std::vector<int32_t> row(256);
+  for (int i = 0; i < 256; ++i) row[i] = i * 2654435761u >> 8;
+  const int threads = at::get_num_threads();
+  const Isa isa = detect_isa();
+  const int lanes = isa == Isa::Avx512 ? isa512::kLanes : isa == Isa::Avx2 ? isa256::kLanes : isabase::kLanes;
+  auto gathers = [&](int64_t n) {
+    return isa == Isa::Avx512 ? isa512::gather_loop(row.data(), n)
+           : isa == Isa::Avx2 ? isa256::gather_loop(row.data(), n)
+                              : isabase::gather_loop(row.data(), n);
+  };
+  std::vector<double> rate(threads, 0.0);
+  std::atomic<int64_t> sink{0};
+  at::parallel_for(0, threads, 1, [&](int64_t s, int64_t t) {
+    for (int64_t i = s; i < t; ++i) {
+      int64_t n = 1 << 12;
+      double spent = 0;
+      for (int rep = 0; spent < seconds; ++rep) {
+        const double t0 = thread_ns();
+        sink += gathers(n);
+        const double dt = (thread_ns() - t0) * 1e-9;
+        spent += dt;
+        if (dt < 2e-3) n *= 2;  // long enough for the clock, short enough to be rarely interrupted
+        else rate[i] = std::max(rate[i], (double)n * lanes / dt);
+      }
+    }
+  });
+  double total = 0;
+  for (double r : rate) total += r;
+  return sink.load() == 42 ? total + 1e-9 : total;
+}
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(approx, CPU, m) {
+  m.impl("lookup_rate", &lookup_rate_cpu);
   m.impl("lut_linear", &lut_linear_cpu);
   m.impl("lut_conv2d", &lut_conv2d_cpu);
   m.impl("lut_algos", &lut_algos_cpu);

@@ -3,9 +3,15 @@ default, or run/sweep dirs), as a table, CSV or Markdown."""
 from __future__ import annotations
 
 import argparse
+import ast
+import io
+import operator
+import re
 import sys
+import tokenize
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from runner.console import fmt_number, print_table
@@ -16,6 +22,37 @@ from runner.store import read_csv
 DEFAULT_COLUMNS = ["data", "quant", "multiplier", "path", "scope", "backend", "status", "accuracy", "agreement_fakequant",
                    "latency_ms_median", "throughput_img_s", "mult_mae_pct", "op_acc_nrmse", "mult_energy_rel",
                    "error"]
+
+
+# What tells rows apart beyond DEFAULT_COLUMNS, so that two rows never look alike: the model whenever the
+# shown rows have several (a LeNet-5 and a ResNet-8 row of one multiplier), the others whenever they tell
+# apart rows that agree on every identity column shown (two assignments, two image counts, two seeds).
+IDENTITY_COLUMNS = ["model", "multiplier_per_layer", "finetune_grad", "algo", "n_images", "seed", "device"]
+
+
+def _text(col: pd.Series) -> pd.Series:
+    return col.astype(str).where(col.notna(), "")
+
+
+def default_columns(df: pd.DataFrame) -> list[str]:
+    """DEFAULT_COLUMNS that df has (error only when some row has one), with the identity columns that tell
+    its rows apart inserted before status."""
+    cols = [c for c in DEFAULT_COLUMNS if c in df.columns and (c != "error" or (df[c].notna() & df[c].astype(str).ne("")).any())]
+    shown = [c for c in ("data", "quant", "multiplier", "path", "scope", "backend") if c in cols]
+    extra = []
+    for c in IDENTITY_COLUMNS:
+        if c not in df or c in cols:
+            continue
+        values = _text(df[c])
+        if c == "model":
+            tells = values.nunique() > 1
+        else:
+            keys = [_text(df[k]) for k in shown + extra]
+            tells = (values.groupby(keys).nunique() > 1).any() if keys else values.nunique() > 1
+        if tells:
+            extra.append(c)
+    at = cols.index("status") if "status" in cols else len(cols)
+    return cols[:at] + extra + cols[at:]
 
 
 def load_results(sources: list[str] | None = None) -> pd.DataFrame:
@@ -110,16 +147,128 @@ def _split(text: str | None) -> list[str]:
     return [c.strip() for c in (text or "").split(",") if c.strip()]
 
 
+_WHERE_HELP = ("--where takes column names (`backquoted` when not plain names), string/number/True/False literals "
+               "and lists of them, comparisons (== != < <= > >=, in, not in), and/or/not (or & | ~) and arithmetic "
+               "(+ - * / // % **); no calls, attributes, subscripts or @names. "
+               "Example: --where \"backend=='cpp' and accuracy > 0.9\"")
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_CMPOPS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+           ast.Gt: operator.gt, ast.GtE: operator.ge}
+_MAX_WHERE = 2000  # characters: a query is a line typed by a person; this bounds the parser's recursion too
+
+
+def _backquoted(where: str) -> tuple[str, dict[str, str]]:
+    """where with each `column name` replaced by a plain placeholder name, and placeholder -> column."""
+    names: dict[str, str] = {}
+
+    def sub(m: re.Match) -> str:
+        key = f"__bq{len(names)}__"
+        names[key] = m.group(1)
+        return key
+    return re.sub(r"`([^`]*)`", sub, where), names
+
+
+def _booleans(text: str) -> str:
+    """text with & and | read as `and` and `or`, as pandas' query reads them: `a == 1 & b == 2` is
+    (a == 1) and (b == 2), not a == (1 & b) == 2."""
+    out = []
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        kind, string = tok.type, tok.string
+        if kind == tokenize.OP and string in ("&", "|"):
+            kind, string = tokenize.NAME, "and" if string == "&" else "or"
+        out.append((kind, string))
+    return tokenize.untokenize(out)
+
+
+def _where_eval(node: ast.AST, df: pd.DataFrame, names: dict[str, str]):
+    """The value of one node of a checked --where expression over df's columns (the only names in reach)."""
+    ev = lambda n: _where_eval(n, df, names)  # noqa: E731
+    if isinstance(node, ast.Expression):
+        return ev(node.body)
+    if isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, (str, int, float, bool))):
+        return node.value
+    if isinstance(node, (ast.List, ast.Tuple)):
+        items = [ev(e) for e in node.elts]
+        if any(isinstance(i, (pd.Series, list)) for i in items):
+            raise _WhereError("a list holds literals only")
+        return items
+    if isinstance(node, ast.Name):
+        col = names.get(node.id, node.id)
+        if col in df.columns:
+            return df[col]
+        if node.id.startswith("__bq"):
+            raise _WhereError(f"unknown column `{col[:80]}`")
+        raise _WhereError(f"unknown column {col[:80]!r}")
+    if isinstance(node, ast.BoolOp):
+        vals = [ev(v) for v in node.values]
+        op = operator.and_ if isinstance(node.op, ast.And) else operator.or_
+        out = vals[0]
+        for v in vals[1:]:
+            out = op(out, v)
+        return out
+    if isinstance(node, ast.UnaryOp):
+        v = ev(node.operand)
+        if isinstance(node.op, (ast.Not, ast.Invert)):
+            return ~v if isinstance(v, pd.Series) else not v
+        return -v if isinstance(node.op, ast.USub) else +v
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
+    if isinstance(node, ast.Compare):
+        out, left = True, ev(node.left)
+        for op, right_node in zip(node.ops, node.comparators):
+            right = ev(right_node)
+            if isinstance(op, (ast.In, ast.NotIn)) or (isinstance(op, (ast.Eq, ast.NotEq)) and isinstance(right, list)):
+                # pandas' query reads `col == [a, b]` as `col in [a, b]`
+                if not isinstance(right, list):
+                    raise _WhereError("`in` takes a list, e.g. multiplier in ['exact_s', 'mul8s_1L2N']")
+                hit = left.isin(right) if isinstance(left, pd.Series) else left in right
+                res = hit if isinstance(op, (ast.In, ast.Eq)) else ~hit if isinstance(hit, pd.Series) else not hit
+            else:
+                res = _CMPOPS[type(op)](left, right)
+            out = res if out is True else out & res
+            left = right
+        return out
+    what = {ast.Call: "calls", ast.Attribute: "attribute access", ast.Subscript: "subscripts",
+            ast.Lambda: "lambdas", ast.IfExp: "if-expressions", ast.NamedExpr: "assignments"}
+    kind = next((w for t, w in what.items() if isinstance(node, t)),
+                f"operator {type(node.op).__name__}" if isinstance(node, ast.BinOp) else type(node).__name__)
+    raise _WhereError(f"{kind}: not allowed")
+
+
+class _WhereError(Exception):
+    pass
+
+
 def query(df: pd.DataFrame, where: str) -> pd.DataFrame:
+    """The rows of df where the --where condition holds, evaluated on the columns alone: the expression is
+    parsed and walked here, never handed to pandas' or Python's eval, so it can reach nothing but the
+    columns and literals."""
+    shown = where if len(where) <= 120 else where[:120] + "..."
+    if len(where) > _MAX_WHERE:
+        raise UserError(f"--where {shown!r}: longer than {_MAX_WHERE} characters. {_WHERE_HELP}")
+    text, names = _backquoted(where)
     try:
-        out = df.query(where)
-    except Exception as exc:  # noqa: BLE001  (pandas raises many kinds for a bad expression)
-        raise UserError(f"--where {where!r} is not a valid pandas query ({type(exc).__name__}: {exc}). "
-                        f"Example: --where \"backend=='cpp' and accuracy > 0.9\". "
-                        f"Columns: {', '.join(df.columns)}") from None
-    if not isinstance(out, pd.DataFrame):
-        raise UserError(f"--where {where!r} must be a boolean condition on the rows.")
-    return out
+        tree = ast.parse(_booleans(text.strip()).strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError, tokenize.TokenError) as exc:
+        if re.search(r"@\s*[A-Za-z_]", text):
+            raise UserError(f"--where {shown!r}: @names (Python variables) are not allowed. {_WHERE_HELP}") from None
+        raise UserError(f"--where {shown!r} is not a valid query ({type(exc).__name__}: "
+                        f"{getattr(exc, 'msg', exc)}). {_WHERE_HELP}. Columns: {', '.join(df.columns)}") from None
+    try:
+        mask = _where_eval(tree, df, names)
+    except _WhereError as exc:
+        raise UserError(f"--where {shown!r}: {exc}. {_WHERE_HELP}. Columns: {', '.join(df.columns)}") from None
+    except RecursionError:
+        raise UserError(f"--where {shown!r}: nested too deeply. {_WHERE_HELP}") from None
+    except Exception as exc:  # noqa: BLE001  (pandas raises many kinds for an ill-typed comparison)
+        raise UserError(f"--where {shown!r} could not be evaluated ({type(exc).__name__}: {exc}). "
+                        f"{_WHERE_HELP}") from None
+    if isinstance(mask, (bool, np.bool_)):
+        mask = pd.Series(bool(mask), index=df.index)
+    if not isinstance(mask, pd.Series) or not pd.api.types.is_bool_dtype(mask.dtype):
+        raise UserError(f"--where {shown!r} must be a boolean condition on the rows. {_WHERE_HELP}")
+    return df[mask.fillna(False).astype(bool)]
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
@@ -148,8 +297,13 @@ def pivot(df: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
     if approx.empty:
         raise UserError("--pivot: no successful approx rows to pivot (check --where and --scope).")
     if "scope" in approx:  # layer and assignment rows: one line per set of approximated layers, not per table
+        # a retrained row names fewer layers than its own model's network rows when it retrained some only;
+        # the count of another model (ResNet-8 has more layers than LeNet-5) says nothing about it
+        most = _layer_counts(df).groupby([df["data"].astype(str), df["model"].astype(str)]).max()
+        own = pd.Series([most.get((str(d), str(m)), 0) for d, m in zip(approx["data"], approx["model"])],
+                        index=approx.index)
         partial = approx["scope"].isin(["layer", "assignment"]) | (
-            (approx["scope"] == "finetuned") & (_layer_counts(approx) < _layer_counts(df).max()))
+            (approx["scope"] == "finetuned") & (_layer_counts(approx) < own))
         per = approx["multiplier_per_layer"].fillna("").astype(str) if "multiplier_per_layer" in approx else ""
         approx = approx.assign(layers=per.where(partial, "all") if partial.any() else "all")
     keys = [c for c in ("data", "model", "quant") if approx[c].nunique() > 1]
@@ -201,6 +355,49 @@ def pareto_front(x, y) -> list[int]:
     return front
 
 
+MAX_PLOT_GROUPS = 12
+
+
+def _plot_references(ok: pd.DataFrame, rows: pd.DataFrame) -> list[tuple[str, float, tuple]]:
+    """(label, accuracy, style) of the fp32 and fake-quant rows of the same data set and model as rows (and
+    quant scheme, for fake-quant)."""
+    out = []
+    for path, by, style in (("pytorch", ("data", "model"), ("k", "--")),
+                            ("fakequant", ("data", "model", "quant"), ("tab:blue", ":"))):
+        r = ok[ok["path"] == path]
+        for c in by:
+            if c in r and c in rows:
+                r = r[r[c].astype(str).isin(set(rows[c].astype(str)))]
+        if not r.empty:
+            acc = float(r["accuracy"].iloc[-1])
+            out.append((f"{'fp32' if path == 'pytorch' else 'fake-quant int8'} ({acc:.4f})", acc, style))
+    return out
+
+
+def _plot_panel(ax, per: pd.DataFrame, col: str, label: str, refs) -> None:
+    d = per[per[col].notna()]
+    x, y = d[col].astype(float).tolist(), d["accuracy"].astype(float).tolist()
+    ax.scatter(x, y, s=22, color="tab:gray", label="multiplier")
+    front = pareto_front(x, y)
+    fx, fy = zip(*sorted((x[i], y[i]) for i in front)) if front else ((), ())
+    ax.plot(fx, fy, "o-", color="tab:red", ms=6, label="Pareto front")
+    # names of every point only while they stay legible; the front's always
+    for i, name in enumerate(d.index):
+        if len(x) <= 8 or i in front:
+            ax.annotate(str(name), (x[i], y[i]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    for ref_label, acc, (color, ls) in refs:
+        ax.axhline(acc, color=color, ls=ls, label=ref_label)
+    if col == "mult_mae_pct" and x and min(x) >= 0:
+        ax.set_xscale("symlog", linthresh=max(1e-4, min([v for v in x if v > 0], default=1e-3)))
+        ax.set_xlim(left=0)
+    if not x:
+        ax.text(0.5, 0.5, "no multiplier has this figure", ha="center", transform=ax.transAxes)
+    ax.set_xlabel(label)
+    ax.set_ylabel("test accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+
+
 def plot(df: pd.DataFrame, out: Path) -> Path:
     """Accuracy of each multiplier against its MAE% and against its published power, Pareto front marked,
     fp32 and fakequant accuracy as reference lines."""
@@ -219,50 +416,37 @@ def plot(df: pd.DataFrame, out: Path) -> Path:
         raise UserError(f"--plot draws one point per table: one scope at a time, network (the default) or "
                         f"finetuned; these rows are {', '.join(scopes)}. Per-layer results have the sensitivity "
                         "heat map, assignments search's pareto.png.")
-    groups = [c for c in ("data", "model", "backend") if c in approx and approx[c].nunique() > 1]
-    if groups:
-        raise UserError(f"--plot: rows mix several {', '.join(groups)}; pick one with --where "
-                        f"(e.g. --where \"{groups[0]}=='{approx[groups[0]].iloc[0]}'\").")
-    per = approx.groupby("multiplier", sort=False).last(numeric_only=False)
-    # energy where the rows have it (rows recorded before it existed have the published power only)
-    cost = ("mult_energy_rel", "multiplier energy per inference (1 = exact 8-bit)") \
-        if "mult_energy_rel" in per and per["mult_energy_rel"].notna().any() else \
-        ("published_power_mw", "published power (mW)")
-    panels = [(c, label) for c, label in (("mult_mae_pct", "mean absolute error (% of max product)"), cost)
-              if c in per]
-    if not panels:
-        raise UserError("--plot needs the mult_mae_pct, mult_energy_rel or published_power_mw columns "
-                        "(written by compare).")
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 5), squeeze=False)
-    refs = [(p, style) for p, style in (("pytorch", ("k", "--")), ("fakequant", ("tab:blue", ":")))]
-    for ax, (col, label) in zip(axes[0], panels):
-        d = per[per[col].notna()]
-        x, y = d[col].astype(float).tolist(), d["accuracy"].astype(float).tolist()
-        ax.scatter(x, y, s=22, color="tab:gray", label="multiplier")
-        front = pareto_front(x, y)
-        fx, fy = zip(*sorted((x[i], y[i]) for i in front)) if front else ((), ())
-        ax.plot(fx, fy, "o-", color="tab:red", ms=6, label="Pareto front")
-        # names of every point only while they stay legible; the front's always
-        for i, name in enumerate(d.index):
-            if len(x) <= 8 or i in front:
-                ax.annotate(str(name), (x[i], y[i]), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        for path, (color, ls) in refs:
-            r = ok[ok["path"] == path]
-            if not r.empty:
-                ax.axhline(float(r["accuracy"].iloc[-1]), color=color, ls=ls,
-                           label=f"{'fp32' if path == 'pytorch' else 'fake-quant int8'} "
-                                 f"({float(r['accuracy'].iloc[-1]):.4f})")
-        if col == "mult_mae_pct" and x and min(x) >= 0:
-            ax.set_xscale("symlog", linthresh=max(1e-4, min([v for v in x if v > 0], default=1e-3)))
-            ax.set_xlim(left=0)
-        if not x:
-            ax.text(0.5, 0.5, "no multiplier has this figure", ha="center", transform=ax.transAxes)
-        ax.set_xlabel(label)
-        ax.set_ylabel("test accuracy")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="best")
-    title = " / ".join(str(approx[c].iloc[0]) for c in ("data", "model", "quant", "backend") if c in approx)
-    fig.suptitle(f"accuracy vs multiplier error and {'energy' if cost[0] == 'mult_energy_rel' else 'power'} ({title})")
+    # one row of panels per data set / model / quant / backend the rows hold, each with its own references
+    split = [c for c in ("data", "model", "quant", "backend") if c in approx and approx[c].nunique() > 1]
+    groups = list(approx.groupby(split, sort=True, dropna=False)) if split else [((), approx)]
+    if len(groups) > MAX_PLOT_GROUPS:
+        raise UserError(f"--plot: the rows hold {len(groups)} combinations of {', '.join(split)}, more than the "
+                        f"{MAX_PLOT_GROUPS} rows of panels one figure shows; pick some with --where "
+                        f"(e.g. --where \"{split[0]}=='{approx[split[0]].iloc[0]}'\").")
+    fig = None
+    for g, (_, rows) in enumerate(groups):
+        per = rows.groupby("multiplier", sort=False).last(numeric_only=False)
+        # energy where the rows have it (rows recorded before it existed have the published power only)
+        cost = ("mult_energy_rel", "multiplier energy per inference (1 = exact 8-bit)") \
+            if "mult_energy_rel" in per and per["mult_energy_rel"].notna().any() else \
+            ("published_power_mw", "published power (mW)")
+        panels = [(c, label) for c, label in (("mult_mae_pct", "mean absolute error (% of max product)"), cost)
+                  if c in per]
+        if not panels:
+            raise UserError("--plot needs the mult_mae_pct, mult_energy_rel or published_power_mw columns "
+                            "(written by compare).")
+        if fig is None:
+            fig, axes = plt.subplots(len(groups), len(panels), figsize=(6.5 * len(panels), 5 * len(groups)),
+                                     squeeze=False)
+        refs = _plot_references(ok, rows)
+        for ax, (col, label) in zip(axes[g], panels):
+            _plot_panel(ax, per, col, label, refs)
+            if split:
+                ax.set_title(" / ".join(f"{c}={rows[c].iloc[0]}" for c in split), fontsize=9)
+    title = " / ".join(str(approx[c].iloc[0]) for c in ("data", "model", "quant", "backend")
+                       if c in approx and c not in split)
+    fig.suptitle(f"accuracy vs multiplier error and {'energy' if cost[0] == 'mult_energy_rel' else 'power'}"
+                 + (f" ({title})" if title else ""))
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -292,7 +476,7 @@ def _parser():
                "  approx-run results results/sweep/2026-01-01_12-00-00 --plot sweep.png\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sources", nargs="*", help="CSV files or run/sweep dirs (default results/results.csv)")
-    p.add_argument("--where", help="pandas query on the rows, e.g. \"backend=='cpp' and accuracy > 0.9\"")
+    p.add_argument("--where", help="condition on the columns (comparisons, in, and/or/not, arithmetic), e.g. \"backend=='cpp' and accuracy > 0.9\"")
     p.add_argument("--sort", help="comma-separated columns to sort by")
     p.add_argument("--desc", action="store_true", help="sort descending")
     p.add_argument("--columns", help="comma-separated columns to show (default: a summary set)")
@@ -314,12 +498,13 @@ def _parser():
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     wanted = parse_scopes(args.scope)
-    df, left = select_scopes(with_scope(load_results(args.sources)), wanted)
+    df = with_scope(load_results(args.sources))
+    if args.where:  # before the scopes: the rows left out are counted among those --where keeps
+        df = query(df, args.where)
+    df, left = select_scopes(df, wanted)
     note = left_out_note(left, wanted)
     if note:  # on stderr: --csv and --markdown to stdout stay clean
         print(note, file=sys.stderr)
-    if args.where:
-        df = query(df, args.where)
     if args.plot:
         out = plot(df, Path(args.plot))
         print(f"wrote {out}")
@@ -334,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         _check_columns(df, cols, "--columns")
         df = df[cols]
     elif not args.pivot and not args.all_columns and (args.csv is None):
-        df = df[[c for c in DEFAULT_COLUMNS if c in df.columns and (c != "error" or (df[c].notna() & df[c].astype(str).ne("")).any())]]
+        df = df[default_columns(df)]
     if args.limit:
         df = df.head(args.limit)
     if args.csv is not None:

@@ -110,3 +110,61 @@ def test_two_data_roots_under_one_name_train_and_record_twice(tmp_path, capsys):
     assert set(approx["scope"]) == {"network"} and set(rows.loc[rows["path"] != "approx", "scope"]) == {"reference"}
     assert "reusing checkpoint" in compare(tmp_path / "A")      # the same files again: A's checkpoint
     session.reset()
+
+
+def _leaves(node, prefix=""):
+    from omegaconf import DictConfig
+
+    for k, v in node.items():
+        if isinstance(v, DictConfig):
+            yield from _leaves(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def _changed(value):
+    """Another valid value of a numeric or boolean setting, or None."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value * 0.99 if value else 0.25
+    return None
+
+
+# Settings that do not change a row's numbers (timing passes, where files lie, what to record, forcing a
+# retrain that gives the same weights) or that this configuration does not use (the zoo's recipe, the
+# retraining recipe of a data set when finetune is off, the shape keys the model takes from the data).
+NOT_IN_KEY = {"eval.warmup", "eval.repeats", "train.force", "train.eval_batch_size", "data.zoo_train_epochs",
+              "data.finetune_batch_size", "data.finetune_epochs", "data.finetune_warmup_epochs", "data.in_channels",
+              "data.image_size", "data.num_classes", "finetune.force", "finetune.cuda_graph"}
+
+
+def test_every_setting_that_changes_the_numbers_is_in_the_row_key(tmp_path):
+    """Walks every numeric/boolean setting of eval, train, quant, data, finetune and seed (and eval.limit,
+    null by default): changing one must change the key of the rows it changes, or two results of different
+    settings would collide (resume would skip the second)."""
+    from omegaconf import OmegaConf
+
+    base_over = ["backend=python", "finetune.epochs=1"]
+    cfg = compose("compare", base_over, tmp_path)
+    base = plan_run(cfg).row_keys
+    settings = [(k, _changed(v)) for g in ("eval", "train", "quant", "data", "finetune")
+                for k, v in _leaves(cfg[g], f"{g}.") if k not in NOT_IN_KEY and _changed(v) is not None]
+    settings += [("seed", 1), ("eval.limit", 100), ("backend.algo", "direct"), ("model.approx_layers", ["conv1"])]
+    assert {"eval.batch_size", "train.lr", "quant.percentile", "finetune.lr", "finetune.epochs"} <= {k for k, _ in settings}
+    missed = []
+    for key, value in settings:
+        changed_cfg = cfg.copy()
+        OmegaConf.update(changed_cfg, key, value, merge=False)   # no Hydra compose per setting: fast
+        keys = plan_run(changed_cfg).row_keys
+        changed = "approx_finetuned" if key.startswith("finetune.") else "approx"
+        if keys[changed] == base[changed]:
+            missed.append(key)
+    assert missed == [], f"settings missing from the row key: {missed}"
+    some = cfg.copy()
+    OmegaConf.update(some, "model.approx_layers", ["conv1"], merge=False)
+    other = some.copy()
+    OmegaConf.update(other, "model.other_layers", "fakequant", merge=False)  # matters once some layers are not approx
+    assert plan_run(some).row_keys["approx"] != plan_run(other).row_keys["approx"]

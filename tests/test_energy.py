@@ -126,3 +126,24 @@ def test_operand_histogram_of_a_conv_counts_every_tap(signed, stride, padding, d
     assert torch.equal(rec["hist"], brute) and rec["k"] == 18
     acc = torch.nn.functional.conv2d(x.double(), w.double(), stride=stride, padding=padding, dilation=dilation)
     assert rec["acc_ms"] == pytest.approx(float((acc ** 2).mean()))
+
+
+def test_layer_macs_of_grouped_and_depthwise_convs():
+    """A conv's multiplies per output are in_channels / groups x kernel: depthwise layers (MobileNetV2) have
+    one input channel per output, not all of them."""
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.full = nn.Conv2d(8, 16, 3, padding=1)
+            self.grouped = nn.Conv2d(16, 16, 3, padding=1, groups=4)
+            self.depthwise = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+            self.pointwise = nn.Conv2d(16, 4, 1)
+
+        def forward(self, x):
+            return self.pointwise(self.depthwise(self.grouped(self.full(x))))
+
+    per_pixel = 5 * 5
+    assert layer_macs(Net(), (8, 5, 5)) == {"full": per_pixel * 16 * 8 * 9, "grouped": per_pixel * 16 * 4 * 9,
+                                            "depthwise": per_pixel * 16 * 1 * 9, "pointwise": per_pixel * 4 * 16}

@@ -175,3 +175,12 @@ def test_training_fake_quant_without_host_waits_equals_torchs(device):
         (ref * gx).sum().backward()
         assert torch.equal(out, ref) and torch.equal(xs.grad, xt.grad)
         assert torch.equal(ss.grad.reshape(1), st.grad), (ss.grad, st.grad)
+
+
+def test_quantize_bias_rounds_half_to_even_not_towards_zero():
+    """Quotients where truncation, floor, half-up and half-to-even disagree, both signs; scales powers of two
+    so every quotient is exact."""
+    sa, sw = torch.tensor(0.25), torch.tensor([1.0])
+    quotients = [2.5, 3.5, -2.5, -3.5, 2.75, -2.75, 0.5, -0.5, 1.5, -1.5, 2.25, -2.25]
+    q = torch.cat([quantize_bias(torch.tensor([v * 0.25]), sa, sw) for v in quotients])
+    assert q.tolist() == [2, 4, -2, -4, 3, -3, 0, 0, 2, -2, 2, -2]

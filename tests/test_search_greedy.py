@@ -82,3 +82,28 @@ def test_max_evals_bounds_the_descent_not_the_one_layer_table():
     chosen = greedy(ev, candidates, layers, macs, 0.5, 5, [])
     assert any(m.name != "exact" for m in chosen.values())
     assert ev.evals <= table_evals + 5
+
+
+class _StepEvaluator:
+    """Each approximated layer costs exactly 2**-7 of accuracy (0.78125 points): sums stay exact in binary."""
+
+    def __init__(self, layers):
+        self.layers, self.exact, self.fakequant_accuracy, self.evals = layers, resolve("exact"), 0.75, 0
+
+    def accuracy(self, assign):
+        self.evals += 1
+        return self.fakequant_accuracy - 2 ** -7 * sum(m.name != self.exact.name for m in assign.values())
+
+
+@pytest.mark.parametrize("max_loss, approximated", [(0.78125, 1), (0.78, 0), (2 * 0.78125, 2), (1.5, 1)])
+def test_a_move_exactly_on_the_budget_is_accepted(max_loss, approximated):
+    """The budget is `within max_loss points`: a loss equal to it is within (docs/exploration.md)."""
+    layers = ["a", "b"]
+    ev, m = _StepEvaluator(layers), resolve("mul8s_1L2N")
+    chosen = greedy(ev, [m], layers, {"a": 1000, "b": 2000}, max_loss, 100, [])
+    assert sum(c.name == m.name for c in chosen.values()) == approximated
+    log = [{"kind": "uniform", "assignment": m.name, "val_accuracy": ev.accuracy({n: m for n in layers}),
+            "mult_energy_rel": 0.1}]
+    uniform = cheapest_within({n: ev.exact for n in layers}, [m], layers, {"a": 1000, "b": 2000}, log,
+                              ev.fakequant_accuracy, max_loss)
+    assert all(c.name == m.name for c in uniform.values()) == (max_loss >= 2 * 0.78125)

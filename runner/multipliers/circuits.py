@@ -14,7 +14,9 @@ Each decision the file does not state outright is reported in the notes, never t
 from __future__ import annotations
 
 import re
+import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +24,7 @@ import numpy as np
 
 from ..errors import UserError
 from . import bitslice as bs
-from . import csource, netlist
+from . import csource, netlist, tokens
 from .core import exact_table
 from .io import check_layout, check_range, raw_bytes_to_offset128, signed_by_name
 from .metrics import compute_metrics, matches_published, published_convention, within_rounding
@@ -208,19 +210,38 @@ def evaluate_circuit(path: Path, text: str, activation: str | None):
     return run, wide, (fname, path.name), declared, [note]
 
 
+@contextmanager
+def _bounded(path: Path):
+    """Room for the parsers' and evaluators' recursion over expressions nested up to tokens.MAX_NESTING
+    levels (a few Python frames per level; pure-Python frames, no C stack, since Python 3.11), and every
+    message with its names cut short (a million-character identifier is quoted in 100 characters)."""
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, 12 * tokens.MAX_NESTING))
+    try:
+        yield
+    except UserError as e:
+        raise UserError(tokens.shorten(str(e))) from None
+    except (RecursionError, MemoryError) as e:  # a limit above let something through: still one message
+        raise UserError(f"{path}: the circuit is too large or too deeply nested to evaluate "
+                        f"({type(e).__name__}); see the importer's limits in docs/multipliers.md") from None
+    finally:
+        sys.setrecursionlimit(old)
+
+
 def load_circuit(path: Path, signed: bool | None = None, *, activation: str | None = None, name: str = "",
                  expect_exact: bool = False) -> Loaded:
     """Evaluate a circuit file on all operand pairs and validate the table it gives."""
     start = time.perf_counter()
     text = read_source(path)
-    run, wide, names, declared, notes = evaluate_circuit(path, text, activation)
-    names = names + (name,)
-    known = signed if signed is not None else declared[0] if declared[0] is not None else signed_by_name(names)
-    if wide and known is None:
-        # the operands' extension into the wide parameters is the signedness itself: evaluate both readings
-        results = {True: run(True), False: run(False)}
-    else:
-        results = dict.fromkeys((True, False), run(bool(known)))
+    with _bounded(path):
+        run, wide, names, declared, notes = evaluate_circuit(path, text, activation)
+        names = names + (name,)
+        known = signed if signed is not None else declared[0] if declared[0] is not None else signed_by_name(names)
+        if wide and known is None:
+            # the operands' extension into the wide parameters is the signedness itself: evaluate both readings
+            results = {True: run(True), False: run(False)}
+        else:
+            results = dict.fromkeys((True, False), run(bool(known)))
     patterns = {s: bs.to_codes(r[:16]).reshape(256, 256) for s, r in results.items()}
     signed, why = decide_signed(patterns, signed, declared, str(path), names)
     if wide:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..errors import UserError
 from . import bitslice as bs
-from .tokens import TokenStream
+from .tokens import MAX_LIVE_SLICES, Deadline, TokenStream
 
 ALLOWED_INCLUDES = ("stdint.h", "stdlib.h")
 
@@ -113,6 +113,8 @@ def _literal(text: str) -> tuple[int, str]:
     if not m:
         return None, ""
     digits, suffix = m.group(1), m.group(2).lower()
+    if len(digits) > 70:  # longer than any 64-bit constant's digits (0b + 64): too large, without int()'s cost
+        return 1 << 64, suffix
     if digits[:2].lower() == "0x":
         value = int(digits, 16)
     elif digits[:2].lower() == "0b":
@@ -130,6 +132,17 @@ class _Evaluator(TokenStream):
         self.extend_signed = extend_signed
         self.operands = operands
         self.env: dict = {}
+        self.live = 0      # operand-dependent slices held by env: what the evaluation's memory grows with
+        self.deadline = Deadline(where)
+
+    def bind(self, name: str, t: CType, bits) -> None:
+        live = sum(not isinstance(b, int) for b in bits or ())
+        old = self.env.get(name, (None, None))[1]
+        self.live += live - sum(not isinstance(b, int) for b in old or ())
+        if self.live > MAX_LIVE_SLICES:
+            self.fail(f"the variables hold more than {MAX_LIVE_SLICES:,} operand-dependent bits at once, the limit "
+                      f"of the circuit importer")
+        self.env[name] = (t, bits)
 
     def refuse_word(self, t):
         if t[1] in _REFUSED:
@@ -205,15 +218,19 @@ class _Evaluator(TokenStream):
 
     # ------------------------------------------------------------ expressions
     def expression(self) -> Val:
-        cond = self.binary(1)
-        if self.peek()[1] != "?":
-            return cond
-        self.next()
-        a = self.expression()
-        self.expect(":")
-        b = self.expression()
-        a, b = self.arith(a, b)
-        return Val(a.type, bs.mux_word(self.truth(cond), a.bits, b.bits))
+        self.enter()
+        try:
+            cond = self.binary(1)
+            if self.peek()[1] != "?":
+                return cond
+            self.next()
+            a = self.expression()
+            self.expect(":")
+            b = self.expression()
+            a, b = self.arith(a, b)
+            return Val(a.type, bs.mux_word(self.truth(cond), a.bits, b.bits))
+        finally:
+            self.depth -= 1
 
     def binary(self, level: int) -> Val:
         left = self.unary()
@@ -227,6 +244,7 @@ class _Evaluator(TokenStream):
             left = self.apply(op, left, right, line)
 
     def apply(self, op, a: Val, b: Val, line) -> Val:
+        self.deadline.check()
         if op in ("/", "%"):
             self.fail(f"{'division' if op == '/' else 'remainder'} is outside the supported C subset", line)
         if op == "&&":
@@ -263,7 +281,9 @@ class _Evaluator(TokenStream):
         kind, s, line = self.peek()
         if kind == "op" and s in ("~", "!", "-", "+"):
             self.next()
+            self.enter()
             v = self.promote(self.unary())
+            self.depth -= 1
             if s == "~":
                 return Val(v.type, bs.invert(v.bits))
             if s == "-":
@@ -278,7 +298,10 @@ class _Evaluator(TokenStream):
             self.next()
             t = self.parse_type()
             self.expect(")")
-            return self.convert(self.unary(), t)
+            self.enter()
+            v = self.convert(self.unary(), t)
+            self.depth -= 1
+            return v
         return self.primary()
 
     def primary(self) -> Val:
@@ -329,7 +352,7 @@ class _Evaluator(TokenStream):
             self.env[name] = (t, None)
             if self.peek()[1] == "=":
                 self.next()
-                self.env[name] = (t, self.convert(self.expression(), t).bits)
+                self.bind(name, t, self.convert(self.expression(), t).bits)
             if self.next()[1] == ";":
                 return
             if self.toks[self.i - 1][1] != ",":
@@ -353,7 +376,7 @@ class _Evaluator(TokenStream):
             if bits is None:
                 self.fail(f"{name!r} is read before it is assigned (undefined behaviour in C)", line)
             value = self.apply(op[1][:-1], Val(t, bits), value, line)
-        self.env[name] = (t, self.convert(value, t).bits)
+        self.bind(name, t, self.convert(value, t).bits)
         self.expect(";")
 
     def function(self) -> CFunction:

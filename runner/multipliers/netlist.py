@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from . import bitslice as bs
+from .tokens import MAX_HIERARCHY, MAX_INSTANCES, MAX_NET_BITS, MAX_WIDTH, Deadline
 from .verilog import PRIMITIVES, Module, Net, builtin_cells, parse
 
 OPERAND_BITS, PRODUCT_BITS = 8, 16
@@ -45,11 +46,44 @@ class Design:
         self.builtins = {k: v for k, v in builtin_cells().items() if k not in modules}
         self.nbits, self.bases, self.names = 0, [], []
         self.stmts: list[Stmt] = []
+        self.check_size(top)
         self.top = self.elaborate(top, "", [top.name])
         self.inputs = [n for n in (self.top.nets[p] for p in top.ports) if n.direction == "input"]
         self.outputs = [n for n in (self.top.nets[p] for p in top.ports) if n.direction == "output"]
 
     # ------------------------------------------------------------ elaboration
+    def check_size(self, top: Module) -> None:
+        """Refuse, before building anything, a design whose flattening would exceed the limits: a tiny file
+        of modules that each instantiate the one below twice flattens to millions of gates."""
+        cost: dict = {}   # module name -> (net bits, instances, hierarchy levels) of one flattened copy
+        stack = [(top, False)]
+        while stack:
+            m, done = stack.pop()
+            if m.name in cost:
+                continue
+            subs = [(self.modules.get(c) or self.builtins.get(c)) for c, *_ in m.instances if c not in PRIMITIVES]
+            subs = [x for x in subs if x is not None]   # unknown modules are named by elaborate()
+            if not done:
+                if len(stack) > MAX_HIERARCHY:
+                    raise UserError(f"{m.where}:{m.line}: modules instantiate modules more than {MAX_HIERARCHY} "
+                                    f"levels deep (or in a cycle), the limit of the circuit importer")
+                stack.append((m, True))
+                stack += [(x, False) for x in subs if x.name not in cost]
+                continue
+            if any(x.name not in cost for x in subs):   # a cycle: elaborate() names it
+                cost[m.name] = (0, 0, 0)
+                continue
+            bits = sum(n.width for n in m.nets.values()) + sum(cost[x.name][0] for x in subs)
+            insts = len(m.instances) + sum(cost[x.name][1] for x in subs)
+            levels = 1 + max((cost[x.name][2] for x in subs), default=0)
+            cost[m.name] = (min(bits, MAX_NET_BITS + 1), min(insts, MAX_INSTANCES + 1), levels)
+        bits, insts, levels = cost[top.name]
+        for have, limit, what in ((bits, MAX_NET_BITS, "net bits"), (insts, MAX_INSTANCES, "instances"),
+                                  (levels, MAX_HIERARCHY, "levels of modules")):
+            if have > limit:
+                raise UserError(f"{self.where}: the flattened design has more than {limit:,} {what}, the limit of "
+                                f"the circuit importer")
+
     def allocate(self, net: Net, prefix: str) -> Net:
         net.base = self.nbits
         self.nbits += net.width
@@ -166,7 +200,11 @@ class Design:
         if k == "num":
             return (e[1] or 32), e[3]
         if k == "concat":
-            return sum(self.size(p, scope, line)[0] for p in e[1]), False
+            w = sum(self.size(p, scope, line)[0] for p in e[1])
+            if w > MAX_WIDTH:
+                raise UserError(f"{scope.module.where}:{line}: a concatenation of {w:,} bits; at most {MAX_WIDTH:,} "
+                                f"are supported")
+            return w, False
         if k == "un":
             return self.size(e[2], scope, line) if e[1] in ("~", "-", "+") else (1, False)
         if k == "bin":
@@ -333,10 +371,12 @@ class Design:
     def run(self, operands: dict) -> list:
         """Slices of the output for the given input slices ({input name: slices})."""
         order = self.schedule()
+        deadline = Deadline(self.where)
         values = [None] * self.nbits
         for n in self.inputs:
             values[n.base: n.base + n.width] = bs.resize(operands[n.name], n.width, False)
         for si in order:
+            deadline.check()
             st = self.stmts[si]
             w, s = self.size(st.expr, st.scope, st.line, implicit=True)
             v = self.ev(st.expr, st.scope, max(w, len(st.targets)), s, values)

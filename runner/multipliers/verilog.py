@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from ..errors import UserError
 from . import bitslice as bs
-from .tokens import TokenStream
+from .tokens import MAX_NESTING, MAX_WIDTH, TokenStream
 
 # EvoApproxLib's standard cells, as the library's own files define them; a file's definition wins.
 BUILTIN_CELLS = """
@@ -124,7 +124,11 @@ def tokenize(text: str, where: str) -> list:
 def _number(s: str, fail) -> tuple:
     """('num', width or None, value, signed)."""
     s = s.replace("_", "")
+    if len(s) > 2 * MAX_WIDTH:
+        fail(f"a constant of {len(s):,} characters; at most {MAX_WIDTH:,} bits are supported")
     if "'" not in s:
+        if len(s) > 40:  # an unsized constant is 32 bits: anything longer is far out of range
+            fail(f"the unsized constant {s} does not fit 32 bits")
         return ("num", None, int(s), True)
     size, rest = s.split("'", 1)
     rest = rest.strip()
@@ -135,13 +139,19 @@ def _number(s: str, fail) -> tuple:
     if re.search(r"[xXzZ?]", digits):
         fail(f"the constant {s} holds x/z bits, outside the supported Verilog subset")
     try:
+        if len(digits) > MAX_WIDTH:
+            raise ValueError
         value = int(digits, base)
     except ValueError:
         fail(f"{s!r} is not a valid constant")
+    if len(size.strip()) > 9:
+        fail(f"{s!r} is wider than {MAX_WIDTH:,} bits, the limit of the circuit importer")
     width = int(size) if size.strip() else None
     if width is not None:
         if width == 0:
             fail(f"{s!r} has zero width")
+        if width > MAX_WIDTH:
+            fail(f"{s!r} is wider than {MAX_WIDTH:,} bits, the limit of the circuit importer")
         value &= (1 << width) - 1
     return ("num", width, value, signed)
 
@@ -160,7 +170,10 @@ class Parser(TokenStream):
         t = self.next()
         if t[0] != "num" or "'" in t[1]:
             self.fail(f"expected a constant index, found {t[1]!r}", t[2])
-        return int(t[1].replace("_", ""))
+        digits = t[1].replace("_", "")
+        if len(digits) > 9:
+            self.fail(f"the index {digits} is out of range (nets of at most {MAX_WIDTH:,} bits are supported)", t[2])
+        return int(digits)
 
     # ------------------------------------------------------------ modules
     def modules(self) -> dict:
@@ -196,6 +209,9 @@ class Parser(TokenStream):
         self.expect(":")
         lsb = self.const_int()
         self.expect("]")
+        if abs(msb - lsb) + 1 > MAX_WIDTH:
+            self.fail(f"[{msb}:{lsb}] is {abs(msb - lsb) + 1:,} bits wide; nets of at most {MAX_WIDTH:,} bits are "
+                      f"supported")
         return abs(msb - lsb) + 1, msb, lsb
 
     def module(self) -> Module:
@@ -317,6 +333,17 @@ class Parser(TokenStream):
 
     # ------------------------------------------------------------ expressions
     def expression(self):
+        self.enter()
+        try:
+            e = self._expression()
+        finally:
+            self.depth -= 1
+        if self.depth == 0 and _depth(e) > MAX_NESTING:  # a long operator chain nests as deeply as parentheses
+            self.fail(f"an expression nested more than {MAX_NESTING} levels deep (counting each operator of a "
+                      f"chain), the limit of the circuit importer")
+        return e
+
+    def _expression(self):
         cond = self.binary(1)
         if self.peek()[1] != "?":
             return cond
@@ -341,7 +368,10 @@ class Parser(TokenStream):
         s = self.peek()[1]
         if self.peek()[0] == "op" and s in ("~", "!", "-", "+", "&", "|", "^", "~&", "~|", "~^", "^~"):
             self.next()
-            return ("un", s, self.unary())
+            self.enter()
+            e = ("un", s, self.unary())
+            self.depth -= 1
+            return e
         return self.primary()
 
     def primary(self):
@@ -382,6 +412,8 @@ class Parser(TokenStream):
                 self.expect("}")
                 if first[0] != "num":
                     self.fail("a replication count must be a constant", line)
+                if first[2] * len(parts) > MAX_WIDTH:
+                    self.fail(f"a replication of {first[2]:,} copies; at most {MAX_WIDTH:,} bits are supported", line)
                 return ("concat", parts * first[2])
             parts = [first]
             while self.peek()[1] == ",":
@@ -390,6 +422,18 @@ class Parser(TokenStream):
             self.expect("}")
             return ("concat", parts)
         self.fail("unexpected end of the file (is it truncated?)" if kind == "eof" else f"unexpected {s!r}", line)
+
+
+def _depth(e) -> int:
+    """How deeply an expression tree nests (without recursing: the tree may be deep)."""
+    deepest, stack = 0, [(e, 1)]
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        for child in (node[1] if node[0] == "concat" else node[1:]):
+            if isinstance(child, tuple):
+                stack.append((child, d + 1))
+    return deepest
 
 
 def parse(text: str, where: str) -> dict:

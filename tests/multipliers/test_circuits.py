@@ -288,3 +288,46 @@ def test_signedness_contradicting_the_values_is_refused(tmp_path):
     with pytest.raises(UserError, match="fit a signed multiplier far better"):
         load_circuit(p, signed=False)
     assert load_circuit(p, signed=True).signed
+
+
+# ---------------------------------------------------------------- every gate primitive against its truth table
+
+_GATES = {  # name -> (inputs, truth function on 0/1 arrays)
+    "and": (2, lambda a, b: a & b), "or": (2, lambda a, b: a | b), "nand": (2, lambda a, b: 1 - (a & b)),
+    "nor": (2, lambda a, b: 1 - (a | b)), "xor": (2, lambda a, b: a ^ b), "xnor": (2, lambda a, b: 1 - (a ^ b)),
+    "not": (1, lambda a: 1 - a), "buf": (1, lambda a: a),
+    "and3": (3, lambda a, b, c: a & b & c), "or3": (3, lambda a, b, c: a | b | c),
+    "nand3": (3, lambda a, b, c: 1 - (a & b & c)), "nor3": (3, lambda a, b, c: 1 - (a | b | c)),
+    "xor3": (3, lambda a, b, c: a ^ b ^ c), "xnor3": (3, lambda a, b, c: 1 - (a ^ b ^ c)),
+}
+_C_EXPR = {"and": "a & b", "or": "a | b", "nand": "~(a & b)", "nor": "~(a | b)", "xor": "a ^ b", "xnor": "~(a ^ b)",
+           "not": "~a", "buf": "a", "and3": "a & b & c", "or3": "a | b | c", "nand3": "~(a & b & c)",
+           "nor3": "~(a | b | c)", "xor3": "a ^ b ^ c", "xnor3": "~(a ^ b ^ c)"}
+
+
+def _gate_expected():
+    a, b, c = A & 1, B & 1, (A >> 1) & 1
+    out = np.zeros_like(A)
+    for bit, (_, (n, fn)) in enumerate(_GATES.items()):
+        out |= fn(*(a, b, c)[:n]) << bit
+    return out
+
+
+def test_every_gate_primitive_against_its_truth_table():
+    ins = ["A[0]", "B[0]", "A[1]"]
+    lines = ["module gates(input [7:0] A, input [7:0] B, output [15:0] O);", "  assign O[15:14] = 2'b00;"]
+    for bit, (name, (n, _)) in enumerate(_GATES.items()):
+        lines.append(f"  {name.rstrip('3')} g{bit} (O[{bit}], {', '.join(ins[:n])});")
+    design = netlist.load("\n".join(lines + ["endmodule"]) + "\n", "gates.v")
+    got = bs.to_codes(design.run({"A": bs.operand_bits(0), "B": bs.operand_bits(1)})).reshape(256, 256)
+    assert np.array_equal(got, _gate_expected())
+
+
+def test_every_gate_in_c_against_its_truth_table():
+    from runner.multipliers import csource
+
+    body = ["uint32_t a = A & 1, b = B & 1, c = (A >> 1) & 1;", "uint32_t r = 0;"]
+    body += [f"r |= (({_C_EXPR[name]}) & 1) << {bit};" for bit, name in enumerate(_GATES)]
+    text = "#include <stdint.h>\nuint16_t gates(uint8_t A, uint8_t B) {\n" + "\n".join(body) + "\nreturn r;\n}\n"
+    result = csource.evaluate(text, "gates.c", {"A": bs.operand_bits(0), "B": bs.operand_bits(1)}).result
+    assert np.array_equal(bs.to_codes(result[:16]).reshape(256, 256), _gate_expected())

@@ -250,7 +250,9 @@ def test_qmatmul_backends_agree_bit_for_bit(gen, backend, device, lut_signed, x_
     sl = ops_autograd.matmul_slope_tables(lut, lut_signed, x_signed)
     res = []
     for be, dev in (("python", "cpu"), (backend, device)):
-        xx, yy = x.to(dev).requires_grad_(), y.to(dev).requires_grad_()
+        # fresh leaves each pass: x.to('cpu') is x itself, whose .grad would accumulate over both passes and
+        # be one tensor in both results
+        xx, yy = x.detach().clone().to(dev).requires_grad_(), y.detach().clone().to(dev).requires_grad_()
         out = ops_autograd.qmatmul(xx, yy, sx.to(dev), sy.to(dev), lut.to(dev), x_signed, y_signed, be, "lut",
                                    *[s.to(dev) for s in sl], lut_signed=lut_signed)
         out.backward(torch.ones_like(out))

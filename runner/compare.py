@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from runner import finetune, gpus, session
+from runner import distributed, finetune, gpus, session
 from runner._ext import backend_status
 from runner.console import console, print_table, progress_bar
 from runner.errors import UserError, config_number
@@ -74,8 +74,15 @@ def row_keys(cfg: DictConfig, multipliers: dict, layers: list[str], device: torc
             "approx": cache_key({**approx, "path": "approx"})}
     if finetune.enabled(cfg):
         settings = finetune.FinetuneConfig.from_cfg(cfg.finetune).as_dict()
-        keys["approx_finetuned"] = cache_key({**approx, "finetune": settings, "path": "approx_finetuned"})
+        scale = lr_scale(cfg)
+        keys["approx_finetuned"] = cache_key({**approx, "finetune": settings, "path": "approx_finetuned",
+                                              **({"lr_scale": scale} if scale != 1.0 else {})})
     return keys
+
+
+def lr_scale(cfg: DictConfig) -> float:
+    """The retraining's learning-rate factor from finetune.lr_scaling and this run's number of ranks."""
+    return distributed.lr_scale(finetune.run_settings(cfg)["lr_scaling"], distributed.rank_world()[1])
 
 
 def scope_of(path: str, multipliers: dict, layers: list[str]) -> str:
@@ -257,8 +264,15 @@ def _run(cfg: DictConfig, out_dir: Path | None, common: dict, quiet: bool = Fals
     if "approx_finetuned" in keys and "approx" in wanted and "approx_finetuned" not in wanted:
         wanted.append("approx_finetuned")  # retraining on: its row goes beside the approx row
     wanted = [p for p in wanted if p in keys]
+    if "approx_finetuned" in keys and distributed.rank_world()[1] == 1 and not prepare_only and \
+            str(finetune.run_settings(cfg)["devices"]) != "1" and len(finetune_devices(cfg)) > 1:
+        raise UserError("finetune.devices spreads one retraining over several devices in `approx-run finetune`; "
+                        "compare and sweep retrain on one device per job (a sweep spreads its jobs with "
+                        "sweep.devices).")
     recorded = done_keys(results_file)  # also checks the file: a damaged one stops the run before the work
-    skip = recorded if cfg.skip_done else set()
+    # the ranks of a distributed retraining decide as rank 0 read the file (a row appended meanwhile must not
+    # make one rank train and another skip)
+    skip = distributed.broadcast_object(recorded if cfg.skip_done else set())
     if all(keys[p] in skip for p in wanted):
         if not quiet:
             console.print(f"[yellow]skipping[/] {common['backend']}/{multipliers[approx_layers[0]].name}: "
@@ -281,10 +295,12 @@ def _run(cfg: DictConfig, out_dir: Path | None, common: dict, quiet: bool = Fals
                           keys["approx_finetuned"] not in skip)
     elif "approx_finetuned" in wanted and keys["approx_finetuned"] not in skip:
         fcfg = finetune.FinetuneConfig.from_cfg(cfg.finetune)
-        ident = finetune.identity(weight_config(cfg), multipliers, approx_layers, qcfg, fcfg)
+        ident = finetune.identity(weight_config(cfg), multipliers, approx_layers, qcfg, fcfg, lr_scale(cfg))
         models["approx_finetuned"], ft_meta, ft_ckpt = finetune.obtain(
             cfg, approx, data, ident, qcfg, device, out_dir, label=multiplier_columns(multipliers, approx_layers)[
                 "multiplier"], teacher=model)
+        if not distributed.is_main():  # rank 0 evaluates and records; the others' work ends with the training
+            return {"status": "ok", "rank": distributed.rank_world()[0]}
         extra["approx_finetuned"] = finetune.row_columns(fcfg, ft_meta, ft_ckpt)
         ft_info = {"checkpoint": str(ft_ckpt), **ft_meta}
     bs = int(cfg.eval.batch_size)
@@ -384,12 +400,27 @@ def _warm_first_calls(cfg: DictConfig, approx, teacher, data, x, qcfg: QuantConf
 
 
 def run_finetune(cfg: DictConfig, out_dir: Path) -> dict:
-    """`approx-run finetune`: compare with retraining on (finetune.epochs >= 1)."""
+    """`approx-run finetune`: compare with retraining on (finetune.epochs >= 1); with finetune.devices or under
+    torchrun, retrained by every rank (runner.distributed), evaluated and recorded by rank 0."""
     if config_number(cfg.finetune.epochs, "finetune.epochs") < 1:
         raise UserError(f"finetune.epochs={cfg.finetune.epochs}: `approx-run finetune` needs at least one epoch.")
-    finetune.FinetuneConfig.from_cfg(cfg.finetune)
+    fcfg = finetune.FinetuneConfig.from_cfg(cfg.finetune)
     finetune.cuda_graph_setting(cfg)
-    return run(cfg, out_dir)
+    devices = finetune_devices(cfg)
+    distributed.check_batch(int(fcfg.batch_size), len(devices), "finetune.batch_size")
+
+    def baseline_first(cfg):  # trained (or found) once here, not by every rank
+        plan_run(cfg)
+        session.get().baseline(cfg)
+
+    return distributed.run(cfg, out_dir, run, devices, before=baseline_first)
+
+
+def finetune_devices(cfg: DictConfig) -> list[str]:
+    """finetune.devices as one device per rank (runner.distributed.resolve), on the backend's device kind."""
+    uses_cuda = BACKEND_DEVICE.get(cfg.backend.name, "cuda" if resolve_device(cfg.device).type == "cuda"
+                                   else "cpu") == "cuda"
+    return distributed.resolve(finetune.run_settings(cfg)["devices"], uses_cuda, "finetune.devices")
 
 
 @contextmanager

@@ -124,7 +124,7 @@ def run(cfg, out_dir: Path, fn, devices: list[str], before=None):
     if under_torchrun():
         if len(devices) > 1:
             raise UserError("under torchrun the ranks are torchrun's (--nproc_per_node, --nnodes): leave "
-                            "finetune.devices / train.devices at 1.")
+                            "finetune.devices, train.devices and eval.devices at 1.")
         local = int(os.environ["LOCAL_RANK"])
         device = f"cuda:{local}" if devices[0].startswith("cuda") else "cpu"
         with process_group(device, "env://", int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])):
@@ -321,6 +321,25 @@ def check_same(model: torch.nn.Module, what: str = "weights") -> None:
     dist.all_gather_object(digests, digest(model))
     if len(set(digests)) > 1:
         raise RuntimeError(f"the ranks ended with different {what} ({', '.join(d[:8] for d in digests)})")
+
+
+def rank_devices(device) -> str:
+    """Every rank's device as its host numbers it, in rank order, ';'-joined (host/device when the ranks span
+    several hosts); this process's device alone outside a process group."""
+    import platform
+
+    from runner.provenance import host_device
+
+    mine = host_device(device)
+    world = rank_world()[1]
+    if world == 1:
+        return mine
+    import torch.distributed as dist
+
+    every = [None] * world
+    dist.all_gather_object(every, (platform.node(), mine))
+    several = len({host for host, _ in every}) > 1
+    return ";".join(f"{host}/{d}" if several else d for host, d in every)
 
 
 def all_reduce_(*tensors: torch.Tensor, op: str = "sum") -> None:

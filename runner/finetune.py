@@ -506,7 +506,7 @@ def obtain(cfg: DictConfig, approx: nn.Module, data, ident: dict, qcfg: QuantCon
     meta = {"identity": ident, "history": history, "torch": str(torch.__version__),
             "device": str(device), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "epoch_s": sum(h["epoch_s"] for h in history) / len(history),
-            "world_size": world, "devices": _devices(world, device), "batch_per_device": int(fcfg.batch_size) // world,
+            "world_size": world, "devices": distributed.rank_devices(device), "batch_per_device": int(fcfg.batch_size) // world,
             "lr_scaling": run["lr_scaling"], "lr_effective": float(fcfg.lr) * scale}
     if rank == 0:
         _save(path, model, meta)
@@ -519,24 +519,6 @@ def obtain(cfg: DictConfig, approx: nn.Module, data, ident: dict, qcfg: QuantCon
 
 def cache_key_of(ident: dict) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def _devices(world: int, device: torch.device) -> str:
-    """Every rank's device as its host numbers it, in rank order, ';'-joined; prefixed by the host's name
-    when the ranks span several hosts."""
-    import platform
-
-    from runner.provenance import host_device
-
-    mine = host_device(device)
-    if world == 1:
-        return mine
-    import torch.distributed as dist
-
-    every = [None] * world
-    dist.all_gather_object(every, (platform.node(), mine))
-    several = len({host for host, _ in every}) > 1
-    return ";".join(f"{host}/{d}" if several else d for host, d in every)
 
 
 def row_columns(fcfg: FinetuneConfig, meta: dict, path: Path) -> dict:

@@ -172,3 +172,30 @@ def test_two_ranks_killed_resumed_and_as_one_process(tmp_path, baseline_checkpoi
     session.reset()
     assert one["finetune_world_size"] == 1 and one["n_images"] == tuned["n_images"] == 1000
     assert abs(one["accuracy"] - tuned["accuracy"]) <= 0.003, (one["accuracy"], tuned["accuracy"])
+
+
+@needs_cpp
+@pytest.mark.processes
+def test_sharded_evaluation_rows_equal_the_one_process_rows(tmp_path, baseline_checkpoints):
+    """compare with eval.devices=2 (2 gloo ranks): the batches split over the ranks (5 batches of 64 with
+    a partial last one; dynamic scales, which depend on each batch), the rows' counts and keys those of the
+    one-process run, written once."""
+    from runner import compare, session
+
+    over = ["eval.repeats=1", "eval.warmup=0", "eval.limit=300", "eval.batch_size=64", "train.epochs=1",
+            "quant.calib_batches=1", "quant=per_channel_dynamic", "multiplier=mul8s_1L2N",
+            f"paths.checkpoints={baseline_checkpoints}"]
+    res = subprocess.run([sys.executable, "-m", "runner.cli", "compare", *over, "eval.devices=2",
+                          f"paths.results={tmp_path / 'two'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    two = pd.read_csv(tmp_path / "two" / "results.csv")
+    session.reset()
+    cfg = compose("compare", [*over, f"paths.results={tmp_path / 'one'}"])
+    (tmp_path / "one" / "run").mkdir(parents=True)
+    one = pd.DataFrame(compare.run(cfg, tmp_path / "one" / "run")["rows"])
+    session.reset()
+    cols = ["path", "n_images", "correct", "accuracy", "agreement_fakequant", "agreement_pytorch", "row_key",
+            "n_batches"]
+    assert len(two) == 3 and two[cols].fillna(-1).equals(one[cols].fillna(-1))
+    assert (two["eval_world_size"] == 2).all() and (two["eval_devices"] == "cpu;cpu").all()
+    assert len(list((tmp_path / "two" / "compare").iterdir())) == 1

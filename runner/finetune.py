@@ -403,7 +403,10 @@ def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig
     state = resume.read(device) if resume is not None else None
     if state is not None:  # every rank reads the same file (paths.checkpoints is shared between nodes)
         model.load_state_dict(state["model"])
+        lrs = [g["lr"] for g in step.opt.param_groups]  # on a GPU the device tensor the fused step reads
         step.opt.load_state_dict(state["optimizer"])
+        for group, lr in zip(step.opt.param_groups, lrs):
+            group["lr"] = lr
         gen.set_state(state["generator"])
         torch.set_rng_state(state["rng"])
         history, first = list(state["history"]), int(state["epoch"]) + 1

@@ -446,7 +446,7 @@ def run_finetune(cfg: DictConfig, out_dir: Path) -> dict:
         plan_run(cfg)
         session.get().baseline(cfg)
 
-    return distributed.run(cfg, out_dir, run, devices, before=baseline_first)
+    return distributed.run(cfg, out_dir, run, devices, before=baseline_first, resumable=True)
 
 
 def finetune_devices(cfg: DictConfig) -> list[str]:

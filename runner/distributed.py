@@ -117,10 +117,11 @@ def resolve(spec, uses_cuda: bool, key: str) -> list[str]:
 
 # ---------------------------------------------------------------- running a command over ranks
 
-def run(cfg, out_dir: Path, fn, devices: list[str], before=None):
+def run(cfg, out_dir: Path, fn, devices: list[str], before=None, resumable: bool = False):
     """fn(cfg, out_dir) as every rank of the run: under torchrun in this process (one rank of it); with several
     devices in one spawned process per device; else plainly here. before(cfg): what the command's process
-    does once before spawning (a baseline the ranks then load instead of each training it)."""
+    does once before spawning (a baseline the ranks then load instead of each training it). resumable: a rank
+    that dies is reported with the finetune.resume hint."""
     if under_torchrun():
         if len(devices) > 1:
             raise UserError("under torchrun the ranks are torchrun's (--nproc_per_node, --nnodes): leave "
@@ -133,7 +134,7 @@ def run(cfg, out_dir: Path, fn, devices: list[str], before=None):
         return fn(cfg, out_dir)
     if before is not None:
         before(cfg)
-    return launch(f"{fn.__module__}:{fn.__qualname__}", cfg, out_dir, devices)
+    return launch(f"{fn.__module__}:{fn.__qualname__}", cfg, out_dir, devices, resumable)
 
 
 @contextmanager
@@ -160,7 +161,7 @@ def process_group(device: str, init_method: str, rank: int, world: int):
         dist.destroy_process_group()
 
 
-def launch(entry: str, cfg, out_dir: Path, devices: list[str]):
+def launch(entry: str, cfg, out_dir: Path, devices: list[str], resumable: bool = False):
     """entry ("module:function") as one spawned process per device, as ranks 0..n-1; returns when all end.
     A rank that ends badly stops the others and raises RankFailed naming it (the first to end, not the
     ones whose collective failed because it went away)."""
@@ -192,8 +193,9 @@ def launch(entry: str, cfg, out_dir: Path, devices: list[str]):
     first = died[0]
     raise RankFailed(f"rank {first} of {world} ({devices[first]}, pid {procs[first].pid}) {_how(codes[first])}; "
                      f"the run stopped (exit codes by rank: {', '.join(f'{r}={c}' for r, c in codes.items())}). "
-                     "No checkpoint and no row were written. Rerun with finetune.resume=true to continue a "
-                     "retraining from its last finished epoch.")
+                     "No checkpoint and no row were written. " + (
+                         "Rerun with finetune.resume=true to continue the retraining from its last finished epoch."
+                         if resumable else "Rerun the command."))
 
 
 def _how(code: int | None) -> str:

@@ -209,7 +209,7 @@ class Resume:
         if not self.load or not self.path.exists():
             return None
         try:
-            state = torch.load(self.path, map_location="cpu", weights_only=False)
+            state = torch.load(self.path, map_location="cpu", weights_only=True)
         except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
             raise UserError(f"resume state {self.path} is unreadable ({exc}); delete it to retrain from the "
                             "start.") from exc

@@ -59,6 +59,25 @@ def test_devices_setting_and_global_batch_are_checked():
         distributed.lr_scale("quadratic", 4)
 
 
+@pytest.mark.parametrize("command,overrides,message", [
+    ("finetune", ["finetune.devices=2", "finetune.batch_size=63"], "finetune.batch_size=63 is the global batch"),
+    ("finetune", ["finetune.devices=2", "finetune.resume=maybe"], "finetune.resume='maybe'"),
+    ("finetune", ["finetune.devices=2", "finetune.lr_scaling=cube"], "finetune.lr_scaling='cube'"),
+    ("finetune", ["finetune.devices=[cuda:0,cuda:1]"], "finetune.devices"),
+    ("compare", ["finetune.epochs=1", "finetune.devices=2"], "compare and sweep retrain on one device per job"),
+    ("compare", ["eval.devices=2"], "eval.devices shards the one evaluation of `approx-run compare`"),
+])
+def test_bad_distributed_settings_stop_before_any_work(tmp_path, command, overrides, message):
+    """Refused before a rank starts or a baseline trains: one message (the CLI's exit 2), nothing written."""
+    from runner import compare
+
+    cfg = compose(command, ["backend=python", *overrides], tmp_path)
+    run = compare.run_finetune if command == "finetune" else compare.run  # compare.run: a sweep's job
+    with pytest.raises(UserError, match=re.escape(message) if "[" not in message else message):
+        run(cfg, tmp_path / "run")
+    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+
+
 def test_lr_scaling_names_another_checkpoint_only_when_it_changes_the_lr(tmp_path):
     from runner.compare import plan_run
 

@@ -247,6 +247,10 @@ def _stop(procs, timeout_s: float) -> None:
             p.join()
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM in a spawned rank."""
+
+
 def _rank_main(entry: str, cfg, out_dir: Path, rank: int, devices: list[str], init: str) -> None:
     """A spawned rank: the command's function in a process group; exit codes as the command's (0, 2 for bad
     input, 130 interrupted), PEER_LOST when another rank went away, 1 for anything else."""
@@ -254,7 +258,10 @@ def _rank_main(entry: str, cfg, out_dir: Path, rank: int, devices: list[str], in
 
     from runner.jobs.hydra_app import report_error
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    def terminated(*_):
+        raise _Terminated
+
+    signal.signal(signal.SIGTERM, terminated)  # the launcher stopping the ranks: end like Ctrl-C, code 143
     if devices[rank] == "cpu":  # ranks of one host share its cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // len(devices)))
     module, _, name = entry.partition(":")
@@ -267,8 +274,8 @@ def _rank_main(entry: str, cfg, out_dir: Path, rank: int, devices: list[str], in
         if rank == 0:
             report_error(exc)
         code = exc.exit_code
-    except KeyboardInterrupt:
-        code = 130
+    except KeyboardInterrupt as exc:
+        code = 143 if isinstance(exc, _Terminated) else 130
     except Exception as exc:  # noqa: BLE001 - the exit code is what the launcher reads
         if _peer_lost(exc):
             code = PEER_LOST

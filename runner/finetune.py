@@ -503,8 +503,14 @@ def obtain(cfg: DictConfig, approx: nn.Module, data, ident: dict, qcfg: QuantCon
     seed = int(cfg.seed)
     scale = distributed.lr_scale(run["lr_scaling"], world)
     resume = Resume(path.with_suffix(".resume"), cache_key_of(ident), load=run["resume"])
-    history = train_epochs(model, data, fcfg, qcfg, device, seed, label, teacher=teacher,
-                           cuda_graph=cuda_graph_setting(cfg), resume=resume, lr_scale=scale)
+    try:
+        history = train_epochs(model, data, fcfg, qcfg, device, seed, label, teacher=teacher,
+                               cuda_graph=cuda_graph_setting(cfg), resume=resume, lr_scale=scale)
+    except KeyboardInterrupt:
+        if rank == 0 and resume.path.exists():
+            console.print("[yellow]retraining stopped[/]: the same command with finetune.resume=true continues it "
+                          f"from its last finished epoch ({resume.path})", highlight=False)
+        raise
     model.eval().cpu()
     meta = {"identity": ident, "history": history, "torch": str(torch.__version__),
             "device": str(device), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

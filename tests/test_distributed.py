@@ -218,3 +218,24 @@ def test_sharded_evaluation_rows_equal_the_one_process_rows(tmp_path, baseline_c
     assert len(two) == 3 and two[cols].fillna(-1).equals(one[cols].fillna(-1))
     assert (two["eval_world_size"] == 2).all() and (two["eval_devices"] == "cpu;cpu").all()
     assert len(list((tmp_path / "two" / "compare").iterdir())) == 1
+
+
+@pytest.mark.processes
+def test_train_under_torchrun_rank_0_alone_writes(tmp_path):
+    """`approx-run train` as 2 torchrun ranks (env:// rendezvous, gloo): the baseline trained with DDP, one
+    checkpoint and one run dir (rank 1's Hydra output went to a temporary directory), the ranks in its meta."""
+    args = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "runner.cli", "train",
+            "train.epochs=1", "train.batch_size=256", f"paths.results={tmp_path / 'results'}",
+            f"paths.checkpoints={tmp_path / 'ckpt'}",
+            # a run dir per rank unless the rank writes nothing (the ranks start within the same second)
+            f"hydra.run.dir={tmp_path / 'results' / 'train'}/rank${{oc.env:RANK}}"]
+    res = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    ckpts = list((tmp_path / "ckpt").glob("*.pt"))
+    assert len(ckpts) == 1
+    meta = torch.load(ckpts[0], weights_only=True)["meta"]
+    assert (meta["world_size"], meta["batch_per_device"]) == (2, 128) and meta["test_accuracy"] > 0.3
+    runs = list((tmp_path / "results" / "train").iterdir())
+    assert [r.name for r in runs] == ["rank0"] and (runs[0] / "train_log.csv").exists()
+    assert res.stdout.count("saved checkpoint") == 1

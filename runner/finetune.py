@@ -456,6 +456,8 @@ def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig
         recalibrate(model.eval(), data.train_x, qcfg, seed=seed, device=device)
     if fcfg.bias_correction in ("after", "both"):
         correct_bias(model, _bias_correction_images(data.train_x, seed), device)
+    if world > 1 and (fcfg.recalibrate == "end" or fcfg.bias_correction in ("after", "both")):
+        distributed.broadcast_module(model)  # rank 0's result on every rank: the evaluation is sharded over them
     return history
 
 

@@ -171,7 +171,7 @@ def launch(entry: str, cfg, out_dir: Path, devices: list[str], resumable: bool =
     world = len(devices)
     with tempfile.TemporaryDirectory(prefix="approx-run-ranks-") as tmp:
         init = f"file://{Path(tmp) / 'rendezvous'}"
-        procs = [ctx.Process(target=_rank_main, args=(entry, cfg, Path(out_dir), r, devices, init),
+        procs = [ctx.Process(target=_rank_main, args=(entry, cfg, Path(out_dir), r, devices, init, tmp),
                              name=f"approx-run rank {r}", daemon=False) for r in range(world)]
         for p in procs:
             p.start()
@@ -182,16 +182,19 @@ def launch(entry: str, cfg, out_dir: Path, devices: list[str], resumable: bool =
         except KeyboardInterrupt:
             _stop(procs, 5.0)
             raise
+        errors = {r: (Path(tmp) / f"rank{r}.error").read_text() for r in range(world)
+                  if (Path(tmp) / f"rank{r}.error").exists()}
     codes = {r: procs[r].exitcode for r in range(world)}
     if all(c == 0 for c in codes.values()):
         return {"status": "ok", "world_size": world, "devices": devices}
     if all(c == 2 for c in codes.values()):  # the same bad input on every rank: rank 0 has said it (exit 2)
         raise SystemExit(2)
-    if all(c in (0, 130, 143) for c in codes.values()) and any(c == 130 for c in codes.values()):
+    if all(c in (0, 130, 143, PEER_LOST) for c in codes.values()) and any(c == 130 for c in codes.values()):
         raise KeyboardInterrupt
     died = [r for r in order if codes[r] not in (0, PEER_LOST)] or [r for r in order if codes[r] != 0]
     first = died[0]
-    raise RankFailed(f"rank {first} of {world} ({devices[first]}, pid {procs[first].pid}) {_how(codes[first])}; "
+    said = f" ({errors[first].strip()})" if first in errors else ""
+    raise RankFailed(f"rank {first} of {world} ({devices[first]}, pid {procs[first].pid}) {_how(codes[first])}{said}; "
                      f"the run stopped (exit codes by rank: {', '.join(f'{r}={c}' for r, c in codes.items())}). "
                      "No checkpoint and no row were written. " + (
                          "Rerun with finetune.resume=true to continue the retraining from its last finished epoch."
@@ -251,9 +254,10 @@ class _Terminated(KeyboardInterrupt):
     """SIGTERM in a spawned rank."""
 
 
-def _rank_main(entry: str, cfg, out_dir: Path, rank: int, devices: list[str], init: str) -> None:
+def _rank_main(entry: str, cfg, out_dir: Path, rank: int, devices: list[str], init: str, tmp: str) -> None:
     """A spawned rank: the command's function in a process group; exit codes as the command's (0, 2 for bad
-    input, 130 interrupted), PEER_LOST when another rank went away, 1 for anything else."""
+    input, 130 interrupted), PEER_LOST when another rank went away, 1 for anything else. An error's message
+    goes to <tmp>/rank<r>.error, for the launcher's report of the rank that failed first."""
     import signal
 
     from runner.jobs.hydra_app import report_error
@@ -274,6 +278,7 @@ def _rank_main(entry: str, cfg, out_dir: Path, rank: int, devices: list[str], in
         if rank == 0:
             report_error(exc)
         code = exc.exit_code
+        _note(tmp, rank, str(exc))
     except KeyboardInterrupt as exc:
         code = 143 if isinstance(exc, _Terminated) else 130
     except Exception as exc:  # noqa: BLE001 - the exit code is what the launcher reads
@@ -285,8 +290,16 @@ def _rank_main(entry: str, cfg, out_dir: Path, rank: int, devices: list[str], in
             print(f"rank {rank}: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}", file=sys.stderr,
                   flush=True)
             code = 1
+            _note(tmp, rank, f"{type(exc).__name__}: {exc}")
     sys.stdout.flush()
     os._exit(code)  # no interpreter teardown: a CUDA context or a gloo pair can hang it
+
+
+def _note(tmp: str, rank: int, text: str) -> None:
+    try:
+        (Path(tmp) / f"rank{rank}.error").write_text(text.splitlines()[0][:500] if text else "")
+    except OSError:  # the launcher's report is the poorer for it, nothing else
+        pass
 
 
 def _peer_lost(exc: BaseException) -> bool:

@@ -205,7 +205,7 @@ class Resume:
     ident: str
     load: bool = False
 
-    def read(self, device) -> dict | None:
+    def read(self) -> dict | None:
         if not self.load or not self.path.exists():
             return None
         try:
@@ -400,7 +400,7 @@ def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig
     read_every = READ_EVERY if device.type == "cuda" else 1
     gen = torch.Generator().manual_seed(seed)
     history, first = [], 1
-    state = resume.read(device) if resume is not None else None
+    state = resume.read() if resume is not None else None
     if state is not None:  # every rank reads the same file (paths.checkpoints is shared between nodes)
         model.load_state_dict(state["model"])
         lrs = [g["lr"] for g in step.opt.param_groups]  # on a GPU the device tensor the fused step reads

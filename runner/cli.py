@@ -21,7 +21,7 @@ from runner.jobs.hydra_app import file_system_error, report_error, run_hydra_com
 # main(argv) for the others
 ENTRY_POINTS = {
     "train": "runner.train:run",
-    "compare": "runner.compare:run",
+    "compare": "runner.compare:run_compare",
     "finetune": "runner.compare:run_finetune",
     "sweep": "runner.sweep:main",
     "sensitivity": "runner.sensitivity:main",

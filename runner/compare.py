@@ -15,13 +15,13 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from runner import finetune, gpus, session
+from runner import distributed, finetune, gpus, session
 from runner._ext import backend_status
 from runner.console import console, print_table, progress_bar
 from runner.errors import UserError, config_number
 from runner import operand
 from runner.energy import energy, layer_macs
-from runner.evaluate import check_eval_config, run_timed
+from runner.evaluate import check_eval_config, run_timed, run_timed_sharded
 from runner.jobs.plan import Plan
 from runner.layers import auto_picks, convert_model, quantized_layers, select_layers
 from runner.models import build_model
@@ -74,8 +74,15 @@ def row_keys(cfg: DictConfig, multipliers: dict, layers: list[str], device: torc
             "approx": cache_key({**approx, "path": "approx"})}
     if finetune.enabled(cfg):
         settings = finetune.FinetuneConfig.from_cfg(cfg.finetune).as_dict()
-        keys["approx_finetuned"] = cache_key({**approx, "finetune": settings, "path": "approx_finetuned"})
+        scale = lr_scale(cfg)
+        keys["approx_finetuned"] = cache_key({**approx, "finetune": settings, "path": "approx_finetuned",
+                                              **({"lr_scale": scale} if scale != 1.0 else {})})
     return keys
+
+
+def lr_scale(cfg: DictConfig) -> float:
+    """The retraining's learning-rate factor from finetune.lr_scaling and this run's number of ranks."""
+    return distributed.lr_scale(finetune.run_settings(cfg)["lr_scaling"], distributed.rank_world()[1])
 
 
 def scope_of(path: str, multipliers: dict, layers: list[str]) -> str:
@@ -257,8 +264,19 @@ def _run(cfg: DictConfig, out_dir: Path | None, common: dict, quiet: bool = Fals
     if "approx_finetuned" in keys and "approx" in wanted and "approx_finetuned" not in wanted:
         wanted.append("approx_finetuned")  # retraining on: its row goes beside the approx row
     wanted = [p for p in wanted if p in keys]
+    if "approx_finetuned" in keys and distributed.rank_world()[1] == 1 and not prepare_only and \
+            str(finetune.run_settings(cfg)["devices"]) != "1" and len(finetune_devices(cfg)) > 1:
+        raise UserError("finetune.devices spreads one retraining over several devices in `approx-run finetune`; "
+                        "compare and sweep retrain on one device per job (a sweep spreads its jobs with "
+                        "sweep.devices).")
+    if distributed.rank_world()[1] == 1 and not prepare_only and str(cfg.eval.get("devices", 1)) != "1" and \
+            len(eval_devices(cfg)) > 1:
+        raise UserError("eval.devices shards the one evaluation of `approx-run compare` (`approx-run finetune` "
+                        "evaluates over its finetune.devices); a sweep spreads its jobs with sweep.devices.")
     recorded = done_keys(results_file)  # also checks the file: a damaged one stops the run before the work
-    skip = recorded if cfg.skip_done else set()
+    # the ranks of a distributed retraining decide as rank 0 read the file (a row appended meanwhile must not
+    # make one rank train and another skip)
+    skip = distributed.broadcast_object(recorded if cfg.skip_done else set())
     if all(keys[p] in skip for p in wanted):
         if not quiet:
             console.print(f"[yellow]skipping[/] {common['backend']}/{multipliers[approx_layers[0]].name}: "
@@ -281,7 +299,7 @@ def _run(cfg: DictConfig, out_dir: Path | None, common: dict, quiet: bool = Fals
                           keys["approx_finetuned"] not in skip)
     elif "approx_finetuned" in wanted and keys["approx_finetuned"] not in skip:
         fcfg = finetune.FinetuneConfig.from_cfg(cfg.finetune)
-        ident = finetune.identity(weight_config(cfg), multipliers, approx_layers, qcfg, fcfg)
+        ident = finetune.identity(weight_config(cfg), multipliers, approx_layers, qcfg, fcfg, lr_scale(cfg))
         models["approx_finetuned"], ft_meta, ft_ckpt = finetune.obtain(
             cfg, approx, data, ident, qcfg, device, out_dir, label=multiplier_columns(multipliers, approx_layers)[
                 "multiplier"], teacher=model)
@@ -308,6 +326,9 @@ def _run(cfg: DictConfig, out_dir: Path | None, common: dict, quiet: bool = Fals
     order = ["pytorch", "fakequant"] + [p for p in ("approx", "approx_finetuned")
                                         if p in models and p in wanted and not prepare_only]
     n_batches = (len(x) + bs - 1) // bs
+    world = distributed.rank_world()[1]
+    # a sharded evaluation's rows say over which devices (the numbers are the one-device run's)
+    sharded = {"eval_world_size": world, "eval_devices": distributed.rank_devices(device)} if world > 1 else {}
     start, prefix_key = prefix_of(cfg, multipliers, approx_layers, keys)
     bar = _no_progress() if quiet else progress_bar(f"compare {mcols['multiplier']} on {device}", total=len(order))
     with bar as advance:
@@ -317,11 +338,15 @@ def _run(cfg: DictConfig, out_dir: Path | None, common: dict, quiet: bool = Fals
             if preds[path] is not None and not record:  # a reference whose predictions this command has seen
                 advance(1, path=path)
                 continue
-            timed = run_timed(models[path], x, bs, device,
-                              warmup=int(cfg.eval.warmup) if record else 0,
-                              repeats=int(cfg.eval.repeats) if record else 0,
-                              logits=sess.logits_from(models[path], x, bs, device, start, prefix_key)
-                              if path == "approx" and start else None)
+            if world > 1:  # every rank runs its share of the batches; every rank gets every prediction
+                timed = run_timed_sharded(models[path], x, bs, device, warmup=int(cfg.eval.warmup) if record else 0,
+                                          repeats=int(cfg.eval.repeats) if record else 0)
+            else:
+                timed = run_timed(models[path], x, bs, device,
+                                  warmup=int(cfg.eval.warmup) if record else 0,
+                                  repeats=int(cfg.eval.repeats) if record else 0,
+                                  logits=sess.logits_from(models[path], x, bs, device, start, prefix_key)
+                                  if path == "approx" and start else None)
             preds[path] = timed.predictions
             sess.keep_predictions(keys[path], timed.predictions)
             if record:
@@ -338,10 +363,12 @@ def _run(cfg: DictConfig, out_dir: Path | None, common: dict, quiet: bool = Fals
                              "baseline_test_accuracy":
                              meta["test_accuracy"], "device_name": env["device_name"],
                              "git_sha": env["git_sha"], "git_dirty": env["git_dirty"],
-                             "torch_version": env["torch"], "n_batches": n_batches})
+                             "torch_version": env["torch"], "n_batches": n_batches, **sharded})
             advance(1, path=path)
     if prepare_only:
         return {"status": "prepared"}
+    if not distributed.is_main():  # rank 0 records
+        return {"status": "ok", "rank": distributed.rank_world()[0]}
     write_csv(out_dir / "metrics.csv", rows)
     # with skip_done, a row another process recorded meanwhile (concurrent sweeps) is not added twice
     append_rows(results_file, rows, skip_recorded=bool(cfg.skip_done))
@@ -383,13 +410,48 @@ def _warm_first_calls(cfg: DictConfig, approx, teacher, data, x, qcfg: QuantConf
     run_timed(approx, x[:bs], bs, device, warmup=0, repeats=0)
 
 
+def run_compare(cfg: DictConfig, out_dir: Path) -> dict:
+    """`approx-run compare`: one evaluation, its images sharded over eval.devices (or torchrun's ranks) when
+    there are several, rank 0 recording the rows."""
+    check_eval_config(cfg.eval)
+    devices = eval_devices(cfg)
+
+    def baseline_first(cfg):
+        plan_run(cfg)
+        session.get().baseline(cfg)
+
+    return distributed.run(cfg, out_dir, run, devices, before=baseline_first)
+
+
+def eval_devices(cfg: DictConfig) -> list[str]:
+    return distributed.resolve(cfg.eval.get("devices", 1), _uses_cuda(cfg), "eval.devices")
+
+
+def _uses_cuda(cfg: DictConfig) -> bool:
+    return BACKEND_DEVICE.get(cfg.backend.name, "cuda" if resolve_device(cfg.device).type == "cuda" else "cpu") \
+        == "cuda"
+
+
 def run_finetune(cfg: DictConfig, out_dir: Path) -> dict:
-    """`approx-run finetune`: compare with retraining on (finetune.epochs >= 1)."""
+    """`approx-run finetune`: compare with retraining on (finetune.epochs >= 1); with finetune.devices or under
+    torchrun, retrained by every rank (runner.distributed), evaluated and recorded by rank 0."""
     if config_number(cfg.finetune.epochs, "finetune.epochs") < 1:
         raise UserError(f"finetune.epochs={cfg.finetune.epochs}: `approx-run finetune` needs at least one epoch.")
-    finetune.FinetuneConfig.from_cfg(cfg.finetune)
+    fcfg = finetune.FinetuneConfig.from_cfg(cfg.finetune)
     finetune.cuda_graph_setting(cfg)
-    return run(cfg, out_dir)
+    devices = finetune_devices(cfg)
+    distributed.check_batch(int(fcfg.batch_size), len(devices), "finetune.batch_size")
+
+    def baseline_first(cfg):  # trained (or found) once here, not by every rank
+        plan_run(cfg)
+        session.get().baseline(cfg)
+
+    return distributed.run(cfg, out_dir, run, devices, before=baseline_first, resumable=True)
+
+
+def finetune_devices(cfg: DictConfig) -> list[str]:
+    """finetune.devices as one device per rank (runner.distributed.resolve), on the backend's device kind."""
+    return distributed.resolve(finetune.run_settings(cfg)["devices"], _uses_cuda(cfg), "finetune.devices")
 
 
 @contextmanager

@@ -110,3 +110,35 @@ def run_timed(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.
         pass_ms.append(clock.ms_since(t_pass))
     check_non_finite_inputs(model)
     return Timed(logits.argmax(1), logits, batch_ms, pass_ms)
+
+
+def run_timed_sharded(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.device,
+                      warmup: int = 1, repeats: int = 3) -> Timed:
+    """run_timed over the ranks of a process group (runner.distributed): rank r runs the batches r, r + W, ...
+    of the one-process run's batches, so every image is computed in the batch it would be in on one device
+    (dynamic scales, which depend on the batch, give the same codes), and every rank gets every image's
+    prediction back in order: the counts, and so the row, are the one-device run's. Timings: each batch's
+    latency from every rank; a pass's time is the slowest rank's pass. The logits stay each rank's own
+    (only the predictions travel)."""
+    import torch.distributed as dist
+
+    from runner.distributed import rank_world
+
+    rank, world = rank_world()
+    starts = list(range(0, len(x), batch_size))
+    mine = starts[rank::world]
+    part = torch.cat([x[i:i + batch_size] for i in mine]) if mine else x[:0]
+    timed = run_timed(model, part, batch_size, device, warmup=warmup, repeats=repeats) if mine else \
+        Timed(torch.zeros(0, dtype=torch.int64), torch.zeros(0), [], [0.0] * repeats)
+    gathered = [None] * world
+    dist.all_gather_object(gathered, (timed.predictions, timed.batch_ms, timed.pass_ms))
+    chunks = {}
+    for r, (preds, _, _) in enumerate(gathered):
+        for j, i in enumerate(starts[r::world]):
+            size = min(batch_size, len(x) - i)
+            offset = j * batch_size  # every batch of a rank but its last is full
+            chunks[i] = preds[offset:offset + size]
+    predictions = torch.cat([chunks[i] for i in starts]) if starts else timed.predictions
+    batch_ms = [ms for _, b, _ in gathered for ms in b]
+    pass_ms = [max(p[k] for _, _, p in gathered) for k in range(len(timed.pass_ms))]
+    return Timed(predictions, timed.logits, batch_ms, pass_ms)

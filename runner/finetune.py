@@ -54,9 +54,11 @@ BIAS_CORRECTION_IMAGES = 2000
 # the nested `finetune.distill` node, as flat fields (flat so the row's finetune_* columns stay scalars)
 DISTILL_KEYS = {"alpha": "distill_alpha", "temperature": "distill_temperature"}
 # finetune keys that say how to run, not what to train: outside FinetuneConfig, so they name no checkpoint
-# and no row column. force: retrain although a checkpoint exists; cuda_graph: the step as one CUDA graph on a
-# GPU (runner.train_step; ignored on the CPU).
-RUN_KEYS = ("force", "cuda_graph")
+# and no finetune setting column. force: retrain although a checkpoint exists; cuda_graph: the step as one CUDA
+# graph on a GPU (runner.train_step; ignored on the CPU); devices: the ranks of a distributed retraining
+# (runner.distributed); resume: continue from the last finished epoch's resume state; lr_scaling: the
+# learning rate's rule over the ranks (it names the checkpoint only where it changes the learning rate).
+RUN_KEYS = ("force", "cuda_graph", "devices", "resume", "lr_scaling")
 # On a GPU the step's loss and accuracy stay on the device; the host reads them (and whether a loss was
 # non-finite) every this many steps and at the end of each epoch, not every step.
 READ_EVERY = 50
@@ -168,12 +170,63 @@ def finetuned_checkpoint_path(cfg: DictConfig, identity: dict) -> Path:
 
 
 def identity(weight_config: dict, multipliers: dict, layers: list[str], qcfg: QuantConfig,
-             fcfg: FinetuneConfig) -> dict:
-    """What determines the retrained weights (the backend does not, beyond fp32 rounding). With distillation
-    the teacher is the baseline itself, which weight_config names."""
-    return {"baseline": weight_config, "layers": layers, "luts": {n: multipliers[n].sha256 for n in layers},
-            "signed": {n: multipliers[n].signed for n in layers}, "quant": qcfg.as_dict(),
-            "finetune": fcfg.as_dict()}
+             fcfg: FinetuneConfig, lr_scale: float = 1.0) -> dict:
+    """What determines the retrained weights (the backend does not, beyond fp32 rounding; nor does the number
+    of ranks at one global batch, which sums the same gradients in another order). With distillation the
+    teacher is the baseline itself, which weight_config names. lr_scale: the learning rate's factor from
+    finetune.lr_scaling, named only when it is not 1, so the names of checkpoints from before it stay."""
+    ident = {"baseline": weight_config, "layers": layers, "luts": {n: multipliers[n].sha256 for n in layers},
+             "signed": {n: multipliers[n].signed for n in layers}, "quant": qcfg.as_dict(),
+             "finetune": fcfg.as_dict()}
+    if lr_scale != 1.0:
+        ident["lr_scale"] = lr_scale
+    return ident
+
+
+def run_settings(cfg: DictConfig) -> dict:
+    """The run keys of a distributed retraining, checked: {devices, resume, lr_scaling}."""
+    from runner import distributed
+
+    node = cfg.get("finetune") or {}
+    resume = node.get("resume", False)
+    if not isinstance(resume, bool):
+        raise UserError(f"finetune.resume={resume!r}: choose true or false.")
+    rule = str(node.get("lr_scaling", "none"))
+    distributed.lr_scale(rule, 1)
+    return {"devices": node.get("devices", 1), "resume": resume, "lr_scaling": rule}
+
+
+@dataclass
+class Resume:
+    """Per-epoch resume state of one retraining: `path` (beside its checkpoint, named from the same identity,
+    so another configuration never resumes it), written atomically by rank 0 after every epoch and removed
+    once the checkpoint is saved; `load`: continue from it (finetune.resume=true) when it exists."""
+    path: Path
+    ident: str
+    load: bool = False
+
+    def read(self) -> dict | None:
+        if not self.load or not self.path.exists():
+            return None
+        try:
+            state = torch.load(self.path, map_location="cpu", weights_only=True)
+        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+            raise UserError(f"resume state {self.path} is unreadable ({exc}); delete it to retrain from the "
+                            "start.") from exc
+        if state.get("identity") != self.ident:
+            return None
+        return state
+
+    def write(self, epoch: int, model: nn.Module, opt, gen: torch.Generator, history: list[dict]) -> None:
+        buf = io.BytesIO()
+        torch.save({"identity": self.ident, "epoch": epoch, "history": history, "generator": gen.get_state(),
+                    "rng": torch.get_rng_state(),
+                    "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+                    "optimizer": opt.state_dict()}, buf)
+        atomic_write_bytes(self.path, buf.getvalue())
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
@@ -284,16 +337,28 @@ def _bias_correction_images(x: torch.Tensor, seed: int) -> torch.Tensor:
 
 
 def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig, device: torch.device, seed: int,
-                 label: str, teacher: nn.Module | None = None, cuda_graph: bool = True) -> list[dict]:
+                 label: str, teacher: nn.Module | None = None, cuda_graph: bool = True, resume: Resume | None = None,
+                 lr_scale: float = 1.0) -> list[dict]:
     """Train `model` in place through its (LUT) layers, recalibrating as fcfg.recalibrate says; one log row
-    per epoch. teacher: the fp32 model to distil from (needed when fcfg.distill_alpha > 0).
+    per epoch. teacher: the fp32 model to distil from (needed when fcfg.distill_alpha > 0). resume: where the
+    per-epoch resume state goes (and whether to start from it); lr_scale: the learning rate's factor.
 
     The training images, labels and teacher targets sit on `device` and batches are index slices of them
     (no DataLoader, no per-batch copies). The step has no host wait on a GPU: loss and accuracy accumulate
     on the device, and a non-finite loss sets a device flag, read every READ_EVERY steps and after each
-    epoch (every step on the CPU, where reading costs nothing). The layers' own NaN/Inf checks stay."""
+    epoch (every step on the CPU, where reading costs nothing). The layers' own NaN/Inf checks stay.
+
+    In a process group (runner.distributed) every rank runs this on the same data: the set-up below is
+    broadcast from rank 0, the model is wrapped in DistributedDataParallel, and each global batch of
+    fcfg.batch_size images (the one-process run's batch, from the same seeded permutation) is split
+    over the ranks, so the averaged gradients are the one-process run's up to summation order."""
+    from runner import distributed
+
     if fcfg.distills and teacher is None:
         raise ValueError("finetune.distill.alpha > 0 needs the fp32 teacher model")
+    rank, world = distributed.rank_world()
+    bs = int(fcfg.batch_size)
+    distributed.check_batch(bs, world, "finetune.batch_size")
     torch.manual_seed(seed)
     scale_act_scales(model, float(fcfg.act_scale_factor))
     set_weight_scale_factor(model, float(fcfg.weight_scale_factor))
@@ -305,49 +370,94 @@ def train_epochs(model: nn.Module, data, fcfg: FinetuneConfig, qcfg: QuantConfig
     model.train()
     set_grad_mode(model, fcfg.grad, fcfg.slope_window)
     learn_act_scales(model, fcfg.learn_scales)
+    net = model
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        distributed.broadcast_module(model)
+        if device.type == "cuda" and cuda_graph:
+            # DDP's gradient all-reduce runs from autograd hooks between the backward's kernels: a graph of the
+            # whole step would have to hold NCCL calls, which the step's capture does not support
+            console.print("[yellow]training step runs eagerly[/]: a CUDA graph does not hold DDP's gradient "
+                          "all-reduce (finetune.cuda_graph applies to one-process retraining)")
+        cuda_graph = False
+        # buffers (tables, codes, scales) follow the parameters on every rank alike: no per-step broadcast
+        net = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
+                                      broadcast_buffers=False)
     xs, ys = data.train_x.to(device), data.train_y.to(device)
     soft = (teacher_log_probs(teacher, data.train_x, fcfg.distill_temperature, device) if fcfg.distills else None)
 
     def loss_of(idx):  # the batch is its indices: the gather from the on-device set is part of the step (graph)
         xb, yb = xs[idx], ys[idx]
-        logits = model(xb)
+        logits = net(xb)
         return distill_loss(logits, yb, None if soft is None else soft[idx], fcfg), logits, yb
 
-    step = TrainStep(model, loss_of, fcfg.optimizer, fcfg.lr, fcfg.weight_decay, device, cuda_graph=cuda_graph)
-    n, bs, epochs = len(xs), int(fcfg.batch_size), int(fcfg.epochs)
+    lr0 = float(fcfg.lr) * float(lr_scale)
+    step = TrainStep(model, loss_of, fcfg.optimizer, lr0, fcfg.weight_decay, device, cuda_graph=cuda_graph)
+    n, epochs = len(xs), int(fcfg.epochs)
     per_epoch = (n + bs - 1) // bs
     total, warmup = epochs * per_epoch, round(float(fcfg.warmup_epochs) * per_epoch)
     read_every = READ_EVERY if device.type == "cuda" else 1
     gen = torch.Generator().manual_seed(seed)
-    history = []
+    history, first = [], 1
+    state = resume.read() if resume is not None else None
+    if state is not None:  # every rank reads the same file (paths.checkpoints is shared between nodes)
+        model.load_state_dict(state["model"])
+        lrs = [g["lr"] for g in step.opt.param_groups]  # on a GPU the device tensor the fused step reads
+        step.opt.load_state_dict(state["optimizer"])
+        for group, lr in zip(step.opt.param_groups, lrs):
+            group["lr"] = lr
+        gen.set_state(state["generator"])
+        torch.set_rng_state(state["rng"])
+        history, first = list(state["history"]), int(state["epoch"]) + 1
+        console.print(f"[green]resuming[/] {label} after epoch {state['epoch']} of {epochs} ({resume.path})")
     with progress_bar(f"finetune {label} ({fcfg.grad} gradients)", total=total) as advance:
-        for epoch in range(1, epochs + 1):
+        if first > 1:
+            advance((first - 1) * per_epoch)
+        for epoch in range(first, epochs + 1):
             t0 = time.perf_counter()
             if fcfg.recalibrate == "epoch" and epoch > 1:
                 recalibrate(model.eval(), data.train_x, qcfg, seed=seed, device=device)
                 model.train()
-            order = torch.randperm(n, generator=gen).to(device)
+            order = torch.randperm(n, generator=gen)
+            if world > 1:
+                order = distributed.shard(order, world)
+            order = order.to(device)
             step.reset_stats()
             for i in range(per_epoch):
                 done = (epoch - 1) * per_epoch + i
-                lr = float(fcfg.lr) * lr_factor(done, total, warmup, fcfg.schedule)
-                loss = step(order[i * bs:(i + 1) * bs], lr=lr)
+                lr = lr0 * lr_factor(done, total, warmup, fcfg.schedule)
+                batch = order[i * bs:(i + 1) * bs]
+                loss = step(distributed.my_part(batch, rank, world) if world > 1 else batch, lr=lr)
                 if (i + 1) % read_every == 0 or i + 1 == per_epoch:
+                    if world > 1:  # every rank stops together: a rank alone raising would leave the others waiting
+                        distributed.all_reduce_(step.bad)
                     _check_loss(step.bad, epoch, fcfg)
                     advance(min(read_every, i % read_every + 1), epoch=f"{epoch}/{epochs}", loss=f"{float(loss):.3f}")
             if step.replays:
                 read_input_flags(model)
             check_non_finite_inputs(model)
-            history.append({"epoch": epoch, "train_loss": float(step.loss_sum) / n,
-                            "train_accuracy": int(step.correct) / n, "epoch_s": time.perf_counter() - t0,
-                            "lr_end": float(fcfg.lr) * lr_factor(epoch * per_epoch, total, warmup, fcfg.schedule)})
+            seen = len(order)
+            if world > 1:
+                distributed.all_reduce_(step.loss_sum, step.correct)
+            history.append({"epoch": epoch, "train_loss": float(step.loss_sum) / seen,
+                            "train_accuracy": int(step.correct) / seen, "epoch_s": time.perf_counter() - t0,
+                            "lr_end": lr0 * lr_factor(epoch * per_epoch, total, warmup, fcfg.schedule)})
+            if resume is not None and rank == 0:
+                resume.write(epoch, model, step.opt, gen, history)
+                console.print(f"epoch {epoch}/{epochs} finished (loss {history[-1]['train_loss']:.4f}); "
+                              f"resume state saved", highlight=False)
     step.close()
+    if world > 1:
+        distributed.check_same(model)
     learn_act_scales(model, False)  # the trained scales become the static ones
     set_weight_scale_factor(model, 1.0)  # the clipped weights clamped: the plain rule now gives the trained codes
     if fcfg.recalibrate == "end":
         recalibrate(model.eval(), data.train_x, qcfg, seed=seed, device=device)
     if fcfg.bias_correction in ("after", "both"):
         correct_bias(model, _bias_correction_images(data.train_x, seed), device)
+    if world > 1 and (fcfg.recalibrate == "end" or fcfg.bias_correction in ("after", "both")):
+        distributed.broadcast_module(model)  # rank 0's result on every rank: the evaluation is sharded over them
     return history
 
 
@@ -376,30 +486,59 @@ def obtain(cfg: DictConfig, approx: nn.Module, data, ident: dict, qcfg: QuantCon
            out_dir: Path, label: str, teacher: nn.Module | None = None) -> tuple[nn.Module, dict, Path]:
     """The retrained copy of `approx` (on CPU, eval mode): loaded from its checkpoint when one exists for
     this configuration, else trained (distilling from `teacher`, the fp32 baseline, when
-    finetune.distill.alpha > 0), recalibrated and saved. Returns (model, meta, checkpoint path)."""
+    finetune.distill.alpha > 0), recalibrated and saved. Returns (model, meta, checkpoint path).
+    In a process group every rank trains; rank 0 alone writes the checkpoint and the epoch log."""
+    from runner import distributed
+
     fcfg = FinetuneConfig.from_cfg(cfg.finetune)
+    run = run_settings(cfg)
+    rank, world = distributed.rank_world()
     path = finetuned_checkpoint_path(cfg, ident)
     model = copy.deepcopy(approx)
-    if path.exists() and not cfg.finetune.get("force", False):
+    # rank 0 decides for every rank: a checkpoint written between two ranks' looks must not split them
+    if distributed.broadcast_object(path.exists() and not cfg.finetune.get("force", False)):
         meta = _load(path, model)
-        if meta.get("history"):  # the run dir holds the epochs that made these weights, reused or not
+        if meta.get("history") and rank == 0:  # the run dir holds the epochs that made these weights, reused or not
             write_csv(Path(out_dir) / "finetune_log.csv", list(meta["history"]))
         console.print(f"[green]reusing retrained checkpoint[/] {path}")
         return model.eval(), meta, path
     seed = int(cfg.seed)
-    history = train_epochs(model, data, fcfg, qcfg, device, seed, label, teacher=teacher,
-                           cuda_graph=cuda_graph_setting(cfg))
+    scale = distributed.lr_scale(run["lr_scaling"], world)
+    resume = Resume(path.with_suffix(".resume"), cache_key_of(ident), load=run["resume"])
+    try:
+        history = train_epochs(model, data, fcfg, qcfg, device, seed, label, teacher=teacher,
+                               cuda_graph=cuda_graph_setting(cfg), resume=resume, lr_scale=scale)
+    except KeyboardInterrupt:
+        if rank == 0 and resume.path.exists():
+            console.print("[yellow]retraining stopped[/]: the same command with finetune.resume=true continues it "
+                          f"from its last finished epoch ({resume.path})", highlight=False)
+        raise
     model.eval().cpu()
     meta = {"identity": ident, "history": history, "torch": str(torch.__version__),
             "device": str(device), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "epoch_s": sum(h["epoch_s"] for h in history) / len(history)}
-    _save(path, model, meta)
-    write_csv(Path(out_dir) / "finetune_log.csv", history)
-    console.print(f"[green]saved retrained checkpoint[/] {path}")
+            "epoch_s": sum(h["epoch_s"] for h in history) / len(history),
+            "world_size": world, "devices": distributed.rank_devices(device), "batch_per_device": int(fcfg.batch_size) // world,
+            "lr_scaling": run["lr_scaling"], "lr_effective": float(fcfg.lr) * scale}
+    if rank == 0:
+        _save(path, model, meta)
+        resume.remove()
+        write_csv(Path(out_dir) / "finetune_log.csv", history)
+        console.print(f"[green]saved retrained checkpoint[/] {path}")
+    distributed.barrier()  # the checkpoint exists for every rank once this returns
     return model, meta, path
 
 
+def cache_key_of(ident: dict) -> str:
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def row_columns(fcfg: FinetuneConfig, meta: dict, path: Path) -> dict:
-    """The approx_finetuned row's extra columns (empty in every other row)."""
+    """The approx_finetuned row's extra columns (empty in every other row). How the weights were trained
+    (ranks, devices, the batch per device, the learning-rate rule) comes from the checkpoint's meta: a
+    reused checkpoint says how it was made. finetune_batch_size is the global batch."""
     return {**{f"finetune_{k}": v for k, v in fcfg.as_dict().items()},
-            "finetune_epoch_s": meta.get("epoch_s"), "finetune_checkpoint": str(path)}
+            "finetune_epoch_s": meta.get("epoch_s"), "finetune_checkpoint": str(path),
+            "finetune_world_size": meta.get("world_size", 1), "finetune_devices": meta.get("devices", meta.get("device")),
+            "finetune_batch_per_device": meta.get("batch_per_device", int(fcfg.batch_size)),
+            "finetune_lr_scaling": meta.get("lr_scaling", "none"),
+            "finetune_lr_effective": meta.get("lr_effective", float(fcfg.lr))}

@@ -23,7 +23,7 @@ from runner.provenance import atomic_write_bytes, git_info, resolve_device
 from runner.store import locked, write_csv
 
 # train.* keys that do not change the weights
-_NON_WEIGHT_KEYS = ("force", "eval_batch_size")
+_NON_WEIGHT_KEYS = ("force", "eval_batch_size", "devices")
 # data.* keys that only say where files are, not what they contain
 _NON_DATA_KEYS = ("root", "download", "cache_dir", "workers", "in_channels", "image_size", "num_classes",
                   "zoo_train_epochs", "finetune_batch_size", "finetune_epochs", "finetune_warmup_epochs")
@@ -89,12 +89,35 @@ def make_optimizer(model: nn.Module, t: DictConfig) -> torch.optim.Optimizer:
 
 
 def train_model(cfg: DictConfig, data: Dataset, device: torch.device) -> tuple[nn.Module, list[dict]]:
+    """The baseline trained from scratch. In a process group (runner.distributed) every rank trains a replica
+    wrapped in DistributedDataParallel on its DistributedSampler shard of each epoch's seeded permutation;
+    train.batch_size is the global batch. BatchNorm statistics stay per rank (rank 0's are saved), as in
+    torchvision's reference recipes without --sync-bn."""
+    from runner import distributed
+
     check_train_config(cfg)
+    rank, world = distributed.rank_world()
     torch.manual_seed(int(cfg.seed))
     model = build_model(cfg.model, data.mean, data.std).to(device)
     opt = make_optimizer(model, cfg.train)
     loss_fn = nn.CrossEntropyLoss()
-    loader = data.loader("train", int(cfg.train.batch_size), shuffle=True, seed=int(cfg.seed))
+    sampler = None
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+        from torch.utils.data import DataLoader, TensorDataset
+        from torch.utils.data.distributed import DistributedSampler
+
+        from runner.data import CropFlip
+
+        per_rank = distributed.check_batch(int(cfg.train.batch_size), world, "train.batch_size")
+        net = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+        dataset = TensorDataset(data.train_x, data.train_y)
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=int(cfg.seed))
+        loader = DataLoader(dataset, batch_size=per_rank, sampler=sampler,
+                            collate_fn=CropFlip(int(cfg.seed) + rank) if data.augment else None)
+    else:
+        net = model
+        loader = data.loader("train", int(cfg.train.batch_size), shuffle=True, seed=int(cfg.seed))
     epochs = int(cfg.train.epochs)
     # cosine decay to 0 over the run: the last epochs settle instead of bouncing around the optimum,
     # so the saved (last) weights are reliably among the best
@@ -104,11 +127,13 @@ def train_model(cfg: DictConfig, data: Dataset, device: torch.device) -> tuple[n
     with progress_bar(f"train {cfg.model.name} on {data.name}", total=epochs * len(loader)) as advance:
         for epoch in range(1, epochs + 1):
             model.train()
+            if sampler is not None:
+                sampler.set_epoch(epoch)
             t0, total_loss, seen = time.perf_counter(), 0.0, 0
             for xb, yb in loader:
                 xb, yb = xb.to(device), yb.to(device)
                 opt.zero_grad(set_to_none=True)
-                loss = loss_fn(model(xb), yb)
+                loss = loss_fn(net(xb), yb)
                 loss.backward()
                 opt.step()
                 if sched is not None:
@@ -142,13 +167,60 @@ def load_checkpoint(path: Path, cfg: DictConfig, data: Dataset) -> tuple[nn.Modu
 def load_or_train(cfg: DictConfig, data: Dataset | None = None, out_dir: Path | None = None):
     """The baseline for this config: reused from checkpoints/ when present (unless train.force), else trained.
     Returns (model on CPU in eval mode, meta dict, checkpoint path, data set)."""
+    from runner import distributed
+
     check_train_config(cfg)
     data = data or load_dataset(cfg.data)
     path = checkpoint_path(cfg)
+    if distributed.rank_world()[1] > 1:
+        return _load_or_train_ranks(cfg, data, path, out_dir)
     # Two runs needing the same baseline (parallel sweeps, a train beside a compare) train it once:
     # the second waits for the first's checkpoint instead of training its own copy.
     with locked(path, timeout=None, waiting=f"another approx-run is training {path.name}"):
         return _load_or_train_locked(cfg, data, path, out_dir)
+
+
+def _load_or_train_ranks(cfg: DictConfig, data: Dataset, path: Path, out_dir: Path | None):
+    """load_or_train for the ranks of a process group: rank 0 decides whether to train (a lock held while the
+    ranks train together would keep the others out of the training), every rank trains its shard, and rank 0
+    saves the checkpoint (atomically, under the checkpoint's lock) before any rank goes on."""
+    from runner import distributed
+
+    if not distributed.broadcast_object(not path.exists() or bool(cfg.train.get("force", False))):
+        model, meta = load_checkpoint(path, cfg, data)
+        console.print(f"[green]reusing checkpoint[/] {path} (test accuracy {meta['test_accuracy']:.4f})")
+        return model, meta, path, data
+    device = resolve_device(cfg.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    rank, world = distributed.rank_world()
+    console.print(f"training {cfg.model.name} on {data.name} ({len(data.train_x)} train / {len(data.test_x)} test "
+                  f"images, {cfg.train.epochs} epochs, {world} ranks, global batch {cfg.train.batch_size})")
+    model, history = train_model(cfg, data, device)
+    meta = _meta(cfg, data, history)
+    meta.update({"world_size": world, "batch_per_device": int(cfg.train.batch_size) // world})
+    if rank == 0:
+        with locked(path, timeout=None, waiting=f"another approx-run is training {path.name}"):
+            save_checkpoint(path, model, meta)
+        if out_dir is not None:
+            write_csv(Path(out_dir) / "train_log.csv", history)
+        console.print(f"[green]saved checkpoint[/] {path} (test accuracy {meta['test_accuracy']:.4f})")
+    distributed.barrier()
+    return model, meta, path, data
+
+
+def _meta(cfg: DictConfig, data: Dataset, history: list[dict]) -> dict:
+    return {
+        "data": data.name,
+        "data_source": data.source,
+        "data_sha256": weight_config(cfg)["data"]["sha256"],
+        "config": weight_config(cfg),
+        "test_accuracy": history[-1]["test_accuracy"],
+        "epochs": len(history),
+        "git_sha": git_info()["git_sha"],
+        "torch": str(torch.__version__),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
 
 
 def why_new(cfg: DictConfig, path: Path) -> str:
@@ -176,17 +248,7 @@ def _load_or_train_locked(cfg: DictConfig, data: Dataset, path: Path, out_dir: P
     console.print(f"training {cfg.model.name} on {data.name} ({len(data.train_x)} train / {len(data.test_x)} test "
                   f"images, {cfg.train.epochs} epochs, device {device})")
     model, history = train_model(cfg, data, device)
-    meta = {
-        "data": data.name,
-        "data_source": data.source,
-        "data_sha256": weight_config(cfg)["data"]["sha256"],
-        "config": weight_config(cfg),
-        "test_accuracy": history[-1]["test_accuracy"],
-        "epochs": len(history),
-        "git_sha": git_info()["git_sha"],
-        "torch": str(torch.__version__),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+    meta = _meta(cfg, data, history)
     save_checkpoint(path, model, meta)
     if out_dir is not None:
         write_csv(Path(out_dir) / "train_log.csv", history)
@@ -195,6 +257,16 @@ def _load_or_train_locked(cfg: DictConfig, data: Dataset, path: Path, out_dir: P
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict:
-    """`approx-run train`."""
+    """`approx-run train`: in this process, or over the ranks of train.devices or torchrun (runner.distributed)."""
+    from runner import distributed
+
+    check_train_config(cfg)
+    devices = distributed.resolve(cfg.train.get("devices", 1), resolve_device(cfg.device).type == "cuda",
+                                  "train.devices")
+    distributed.check_batch(int(cfg.train.batch_size), len(devices), "train.batch_size")
+    return distributed.run(cfg, out_dir, train_here, devices)
+
+
+def train_here(cfg: DictConfig, out_dir: Path) -> dict:
     model, meta, path, _ = load_or_train(cfg, out_dir=out_dir)
     return {"checkpoint": str(path), "test_accuracy": meta["test_accuracy"]}

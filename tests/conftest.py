@@ -86,3 +86,14 @@ def tiny_lenet(n: int, backend: str = "cpp", multiplier: str = "exact"):
     teacher = LeNet5(mean=0.1307, std=0.3081)
     fq, approx, _ = quantized_models(teacher, resolve(multiplier), q, x, backend=backend)
     return data, q, teacher, fq, approx
+
+
+@pytest.fixture(scope="session")
+def baseline_checkpoints(tmp_path_factory):
+    """A checkpoint directory holding the mnist5k LeNet-5 baseline of `train.epochs=1` (trained in-process
+    once per session), for tests whose commands would otherwise each train it."""
+    from runner.train import load_or_train
+
+    root = tmp_path_factory.mktemp("baseline_ckpt")
+    load_or_train(compose("train", ["train.epochs=1", f"paths.checkpoints={root}", f"paths.results={root / 'r'}"]))
+    return root

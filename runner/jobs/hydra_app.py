@@ -84,12 +84,27 @@ def run_hydra_command(command: str, args: list[str], task_fn: Callable[[DictConf
             report_error(file_system_error(exc))
             sys.exit(1)
 
+    args = _other_ranks_write_nothing(args)
     set_program_argv(command, args)
     # Hydra composes the config before it calls task. A multirun's parent may never call it (the joblib and
     # submitit launchers run the jobs elsewhere), so there signals are not held: a Ctrl-C must still stop it.
     with HeldSignals(hold=not multirun) as held:
         hydra.main(config_path=str(CONFIG_DIR), config_name=command, version_base="1.3")(task)()
     return 0
+
+
+def _other_ranks_write_nothing(args: list[str]) -> list[str]:
+    """Under torchrun every rank runs the command; rank 0's run dir is the run's, the others' Hydra output goes
+    to a temporary directory removed at exit (runner.distributed: rank 0 alone writes)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or os.environ.get("RANK", "0") == "0":
+        return args
+    tmp = tempfile.mkdtemp(prefix=f"approx-run-rank{os.environ['RANK']}-")
+    atexit.register(shutil.rmtree, tmp, True)
+    return [*args, f"hydra.run.dir={tmp}", "hydra.output_subdir=null"]
 
 
 def compose_jobs(command: str, jobs: list[list[str]], overrides: list[str]) -> list[DictConfig]:

@@ -1,0 +1,241 @@
+"""runner.distributed: retraining over several processes (DDP, gloo on the CPU), a rank that dies, resume."""
+import copy
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from runner import distributed
+from runner.errors import UserError
+from tests.conftest import REPO, compose, has_cpp, tiny_lenet
+
+needs_cpp = pytest.mark.skipif(not has_cpp(), reason="needs the C++ extension (backend=cpp)")
+
+# one epoch of LeNet-5 on mnist5k's 4,000 training images is 63 global batches of 64: long enough (seconds)
+# to kill a rank in the middle of the second epoch, short enough for CI
+FAST = ["eval.repeats=1", "eval.warmup=0", "train.epochs=1", "quant.calib_batches=1", "finetune.epochs=2",
+        "finetune.batch_size=64", "multiplier=mul8s_1L2N"]
+
+
+# ---------------------------------------------------------------- the helpers, in-process
+
+def test_the_ranks_parts_of_a_global_batch_are_the_global_batch():
+    order = torch.randperm(103, generator=torch.Generator().manual_seed(0))
+    for world in (1, 2, 3, 4):
+        padded = distributed.shard(order, world)
+        assert len(padded) % world == 0 and len(padded) - len(order) < world
+        assert torch.equal(padded[:len(order)], order)                     # the permutation itself, then padding
+        bs = 8 * world
+        for i in range(0, len(padded), bs):
+            batch = padded[i:i + bs]
+            parts = [distributed.my_part(batch, r, world) for r in range(world)]
+            assert len({len(p) for p in parts}) == 1                         # every rank the same share
+            assert sorted(torch.cat(parts).tolist()) == sorted(batch.tolist())
+
+
+def test_devices_setting_and_global_batch_are_checked():
+    assert distributed.resolve(1, False, "finetune.devices") == ["cpu"]
+    assert distributed.resolve("auto", False, "finetune.devices") == ["cpu"]  # no GPU: one process
+    assert distributed.resolve(2, False, "finetune.devices") == ["cpu", "cpu"]
+    assert distributed.resolve(["cpu", "cpu", "cpu"], False, "finetune.devices") == ["cpu"] * 3
+    for bad, match in ((0, "number of devices"), (["cuda:0"], "computes on the cpu|not here"),
+                       ("gpu0", "not a device")):
+        with pytest.raises(UserError, match=match):
+            distributed.resolve(bad, False, "finetune.devices")
+    assert distributed.check_batch(64, 2, "finetune.batch_size") == 32
+    with pytest.raises(UserError, match="finetune.batch_size=63 is the global batch"):
+        distributed.check_batch(63, 2, "finetune.batch_size")
+    assert distributed.lr_scale("none", 4) == 1.0 and distributed.lr_scale("linear", 4) == 4.0
+    assert distributed.lr_scale("sqrt", 4) == 2.0
+    with pytest.raises(UserError, match="finetune.lr_scaling"):
+        distributed.lr_scale("quadratic", 4)
+
+
+@pytest.mark.parametrize("command,overrides,message", [
+    ("finetune", ["finetune.devices=2", "finetune.batch_size=63"], "finetune.batch_size=63 is the global batch"),
+    ("finetune", ["finetune.devices=2", "finetune.resume=maybe"], "finetune.resume='maybe'"),
+    ("finetune", ["finetune.devices=2", "finetune.lr_scaling=cube"], "finetune.lr_scaling='cube'"),
+    ("finetune", ["finetune.devices=[cuda:0,cuda:1]"], "finetune.devices"),
+    ("compare", ["finetune.epochs=1", "finetune.devices=2"], "compare and sweep retrain on one device per job"),
+    ("compare", ["eval.devices=2"], "eval.devices shards the one evaluation of `approx-run compare`"),
+])
+def test_bad_distributed_settings_stop_before_any_work(tmp_path, command, overrides, message):
+    """Refused before a rank starts or a baseline trains: one message (the CLI's exit 2), nothing written."""
+    from runner import compare
+
+    cfg = compose(command, ["backend=python", *overrides], tmp_path)
+    run = compare.run_finetune if command == "finetune" else compare.run  # compare.run: a sweep's job
+    with pytest.raises(UserError, match=re.escape(message) if "[" not in message else message):
+        run(cfg, tmp_path / "run")
+    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+
+
+def test_lr_scaling_names_another_checkpoint_only_when_it_changes_the_lr(tmp_path):
+    from runner.compare import plan_run
+
+    keys = [plan_run(compose("compare", ["finetune.epochs=1", *extra], tmp_path)).row_keys["approx_finetuned"]
+            for extra in ([], ["finetune.lr_scaling=linear"], ["finetune.devices=1", "finetune.resume=true"])]
+    assert len(set(keys)) == 1  # one process: linear scaling is x1, and run keys name nothing
+
+
+@needs_cpp
+def test_resume_continues_as_if_never_stopped(tmp_path):
+    """Stopped after epoch 1 of 2 (the resume state written), then resumed: the weights of the uninterrupted run,
+    bit for bit. A resume state of another configuration is not used."""
+    from runner.finetune import FinetuneConfig, Resume, train_epochs
+
+    data, q, _, _, approx = tiny_lenet(64)
+    fcfg = FinetuneConfig(epochs=2, batch_size=32, lr=1e-3)
+    straight = copy.deepcopy(approx)
+    train_epochs(straight, data, fcfg, q, torch.device("cpu"), 0, "straight",
+                 resume=Resume(tmp_path / "a.resume", "id"))
+    assert (tmp_path / "a.resume").exists()  # obtain removes it once the checkpoint is saved
+
+    class StopAfterFirst(Resume):
+        def write(self, epoch, *args):
+            super().write(epoch, *args)
+            if epoch == 1:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_epochs(copy.deepcopy(approx), data, fcfg, q, torch.device("cpu"), 0, "stopped",
+                     resume=StopAfterFirst(tmp_path / "b.resume", "id"))
+    resumed = copy.deepcopy(approx)
+    history = train_epochs(resumed, data, fcfg, q, torch.device("cpu"), 0, "resumed",
+                           resume=Resume(tmp_path / "b.resume", "id", load=True))
+    assert [h["epoch"] for h in history] == [1, 2]
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+    other = copy.deepcopy(approx)  # another identity: starts from the beginning (and differs after 1 epoch)
+    one = dataclasses.replace(fcfg, epochs=1)
+    train_epochs(other, data, one, q, torch.device("cpu"), 0, "other",
+                 resume=Resume(tmp_path / "b.resume", "another", load=True))
+    assert not torch.equal(other.fc1.weight, resumed.fc1.weight)
+
+
+# ---------------------------------------------------------------- two gloo ranks, as a user runs them
+
+def _args(tmp_path, checkpoints, *extra):
+    return ["finetune", *FAST, f"paths.results={tmp_path / 'results'}", f"paths.checkpoints={checkpoints}", *extra]
+
+
+def _run_dirs(tmp_path):
+    return sorted((tmp_path / "results" / "finetune").iterdir())
+
+
+@needs_cpp
+@pytest.mark.processes
+def test_two_ranks_killed_resumed_and_as_one_process(tmp_path, baseline_checkpoints):
+    """2 gloo ranks on the CPU: one rank killed in the middle of epoch 2 stops the run with a message naming it
+    (exit 1), no retrained checkpoint and no row; finetune.resume=true finishes it from epoch 1's state, rank 0
+    alone writing the checkpoint and the rows; its accuracy is within 0.3 points of the one-process run at the
+    same global batch."""
+    import shutil
+
+    from runner import compare, session
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(baseline_checkpoints, ckpt)
+    args = _args(tmp_path, ckpt, "finetune.devices=2")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "runner.cli", *args], cwd=REPO, env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    pids, out = None, []
+    deadline = time.time() + 240
+    for line in p.stdout:
+        out.append(line)
+        found = re.search(r"pids (\d+), (\d+)", line)
+        if found:
+            pids = [int(found[1]), int(found[2])]
+        if line.startswith("epoch 1/2 finished") or time.time() > deadline:
+            break
+    assert pids, "".join(out)
+    os.kill(pids[1], signal.SIGKILL)  # rank 1, while rank 0 is in epoch 2
+    rest, _ = p.communicate(timeout=120)
+    text = "".join(out) + rest
+    assert p.returncode == 1, text
+    assert "rank 1 of 2 (cpu" in text and "SIGKILL" in text and "finetune.resume=true" in text
+    assert not list(ckpt.glob("*_finetuned_*.pt")) and not list(ckpt.glob(".*tmp"))
+    assert len(list(ckpt.glob("*_finetuned_*.resume"))) == 1
+    assert not (tmp_path / "results" / "results.csv").exists()
+    killed_dir = _run_dirs(tmp_path)
+
+    res = subprocess.run([sys.executable, "-m", "runner.cli", *args, "finetune.resume=true"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "after epoch 1 of 2" in res.stdout
+    assert len(list(ckpt.glob("*_finetuned_*.pt"))) == 1 and not list(ckpt.glob("*.resume"))
+    df = pd.read_csv(tmp_path / "results" / "results.csv")
+    assert df["path"].tolist() == ["pytorch", "fakequant", "approx", "approx_finetuned"]  # once, by rank 0
+    tuned = df.iloc[3]
+    assert (tuned["finetune_world_size"], tuned["finetune_devices"], tuned["finetune_batch_size"],
+            tuned["finetune_batch_per_device"], tuned["finetune_lr_scaling"]) == (2, "cpu;cpu", 64, 32, "none")
+    new_dirs = [d for d in _run_dirs(tmp_path) if d not in killed_dir]
+    assert len(new_dirs) == 1 and len(pd.read_csv(new_dirs[0] / "finetune_log.csv")) == 2
+
+    # the one-process run of the same configuration, in this process
+    session.reset()
+    cfg = compose("finetune", [*FAST, f"paths.results={tmp_path / 'one'}", f"paths.checkpoints={tmp_path / 'c1'}"])
+    shutil.copytree(baseline_checkpoints, tmp_path / "c1")
+    out_dir = tmp_path / "one" / "run"
+    out_dir.mkdir(parents=True)
+    one = [r for r in compare.run_finetune(cfg, out_dir)["rows"] if r["path"] == "approx_finetuned"][0]
+    session.reset()
+    assert one["finetune_world_size"] == 1 and one["n_images"] == tuned["n_images"] == 1000
+    assert abs(one["accuracy"] - tuned["accuracy"]) <= 0.003, (one["accuracy"], tuned["accuracy"])
+
+
+@needs_cpp
+@pytest.mark.processes
+def test_sharded_evaluation_rows_equal_the_one_process_rows(tmp_path, baseline_checkpoints):
+    """compare with eval.devices=2 (2 gloo ranks): the batches split over the ranks (5 batches of 64 with
+    a partial last one; dynamic scales, which depend on each batch), the rows' counts and keys those of the
+    one-process run, written once."""
+    from runner import compare, session
+
+    over = ["eval.repeats=1", "eval.warmup=0", "eval.limit=300", "eval.batch_size=64", "train.epochs=1",
+            "quant.calib_batches=1", "quant=per_channel_dynamic", "multiplier=mul8s_1L2N",
+            f"paths.checkpoints={baseline_checkpoints}"]
+    res = subprocess.run([sys.executable, "-m", "runner.cli", "compare", *over, "eval.devices=2",
+                          f"paths.results={tmp_path / 'two'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    two = pd.read_csv(tmp_path / "two" / "results.csv")
+    session.reset()
+    cfg = compose("compare", [*over, f"paths.results={tmp_path / 'one'}"])
+    (tmp_path / "one" / "run").mkdir(parents=True)
+    one = pd.DataFrame(compare.run(cfg, tmp_path / "one" / "run")["rows"])
+    session.reset()
+    cols = ["path", "n_images", "correct", "accuracy", "agreement_fakequant", "agreement_pytorch", "row_key",
+            "n_batches"]
+    assert len(two) == 3 and two[cols].fillna(-1).equals(one[cols].fillna(-1))
+    assert (two["eval_world_size"] == 2).all() and (two["eval_devices"] == "cpu;cpu").all()
+    assert len(list((tmp_path / "two" / "compare").iterdir())) == 1
+
+
+@pytest.mark.processes
+def test_train_under_torchrun_rank_0_alone_writes(tmp_path):
+    """`approx-run train` as 2 torchrun ranks (env:// rendezvous, gloo): the baseline trained with DDP, one
+    checkpoint and one run dir (rank 1's Hydra output went to a temporary directory), the ranks in its meta."""
+    args = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "runner.cli", "train",
+            "train.epochs=1", "train.batch_size=256", f"paths.results={tmp_path / 'results'}",
+            f"paths.checkpoints={tmp_path / 'ckpt'}",
+            # a run dir per rank unless the rank writes nothing (the ranks start within the same second)
+            f"hydra.run.dir={tmp_path / 'results' / 'train'}/rank${{oc.env:RANK}}"]
+    res = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    ckpts = list((tmp_path / "ckpt").glob("*.pt"))
+    assert len(ckpts) == 1
+    meta = torch.load(ckpts[0], weights_only=True)["meta"]
+    assert (meta["world_size"], meta["batch_per_device"]) == (2, 128) and meta["test_accuracy"] > 0.3
+    runs = list((tmp_path / "results" / "train").iterdir())
+    assert [r.name for r in runs] == ["rank0"] and (runs[0] / "train_log.csv").exists()
+    assert res.stdout.count("saved checkpoint") == 1

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
 
+from runner.config import refuse_lists
 from runner.jobs.argv import (asks_for_help, command_line, expand_jobs, expand_multipliers, hydra_quote,
                               launcher_of, split_argv)
 from runner.jobs.hydra_app import check_common, compose_jobs, run_hydra_command
@@ -33,6 +34,7 @@ def sweep_jobs(argv: list[str]) -> tuple[list[str], list[str], list[Job]]:
     """(Hydra flags, overrides for Hydra, the jobs unplanned) of `approx-run sweep argv`; with flags
     (--cfg, --info) no jobs: Hydra inspects the config itself. A job's run dir is <sweep dir>/<job number>."""
     flags, overrides, multipliers = split_argv(argv)
+    refuse_lists("sweep", overrides)  # before the jobs: a list would silently become one job
     if multipliers is not None:
         overrides.append("sweep.multiplier=" + ",".join(hydra_quote(n) for n in expand_multipliers(multipliers)))
     if flags:

@@ -128,15 +128,32 @@ def save_checkpoint(path: Path, model: nn.Module, meta: dict) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-def load_checkpoint(path: Path, cfg: DictConfig, data: Dataset) -> tuple[nn.Module, dict]:
+def read_checkpoint(path: Path, meta_keys=()) -> tuple[dict, dict]:
+    """(state dict, meta) of a checkpoint file as save_checkpoint writes it. A truncated, foreign or damaged
+    file (a bare state dict, a list, meta without meta_keys) raises ValueError saying what is wrong, for the
+    caller's message naming the file."""
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, ValueError, TypeError) as exc:
+        raise ValueError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+    if not isinstance(blob, dict) or not isinstance(blob.get("state_dict"), dict):
+        raise ValueError(f"holds a {type(blob).__name__}{' without state_dict' if isinstance(blob, dict) else ''}, "
+                         "not approx-run's {state_dict, meta}")
+    meta = blob.get("meta")
+    if not isinstance(meta, dict) or any(k not in meta for k in meta_keys):
+        raise ValueError("its meta (what trained it) is missing or incomplete")
+    return blob["state_dict"], meta
+
+
+def load_checkpoint(path: Path, cfg: DictConfig, data: Dataset) -> tuple[nn.Module, dict]:
+    try:
+        state, meta = read_checkpoint(path, meta_keys=("test_accuracy",))
         model = build_model(cfg.model, data.mean, data.std)
-        model.load_state_dict(blob["state_dict"])
-    except (OSError, RuntimeError, KeyError, EOFError, pickle.UnpicklingError) as exc:
+        model.load_state_dict(state)
+    except (ValueError, RuntimeError, KeyError, TypeError) as exc:
         raise UserError(f"Checkpoint {path} is unreadable or does not fit model={cfg.model.name} ({exc}). "
                         "Delete it or pass train.force=true to retrain.") from exc
-    return model.eval(), blob["meta"]
+    return model.eval(), meta
 
 
 def load_or_train(cfg: DictConfig, data: Dataset | None = None, out_dir: Path | None = None):

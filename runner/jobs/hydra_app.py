@@ -26,9 +26,12 @@ if TYPE_CHECKING:  # omegaconf is imported where it is used: `approx-run info` a
 
 
 def report_error(exc: BaseException | str) -> None:
+    from rich.markup import escape
+
     from runner.console import err_console
 
-    err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    # escaped: a message quoting a list (multiplier=[exact,mul8s_1L2J]) is not rich markup
+    err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
 
 
 def file_system_error(exc: OSError) -> str:

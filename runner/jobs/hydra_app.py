@@ -19,7 +19,7 @@ from runner.config import CONFIG_DIR, HeldSignals, compose, compose_errors
 from runner.errors import UserError, config_number
 from runner.jobs.argv import (asks_for_help, command_line, expand_multipliers, hydra_flags, is_hydra_override,
                              is_multirun, set_program_argv, split_argv)
-from runner.jobs.plan import with_multiplier
+from runner.jobs.plan import remove_if_bare, with_multiplier
 
 if TYPE_CHECKING:  # omegaconf is imported where it is used: `approx-run info` and `lut` start without it
     from omegaconf import DictConfig
@@ -82,6 +82,7 @@ def run_hydra_command(command: str, args: list[str], task_fn: Callable[[DictConf
             return task_fn(cfg, out_dir)
         except UserError as exc:
             report_error(exc)
+            remove_if_bare(out_dir, Path(str(cfg.paths.results)))  # Hydra made it before the error: nothing in it
             sys.exit(exc.exit_code)
         except OSError as exc:  # a full disk, a vanished mount: say it plainly (Hydra would print a traceback)
             report_error(file_system_error(exc))

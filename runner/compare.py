@@ -185,20 +185,23 @@ def _leased_gpu(cfg: DictConfig):
 def preflight(cfgs: list[DictConfig]) -> None:
     """What every job of a command would fail alike, checked once before the first (a UserError: exit 2,
     nothing written): the backend runs here and on the device asked for, the model builds, its approx_layers
-    name its layers, and it runs on the data's first batch. Otherwise a sweep of 50 tables would record 50
-    failed rows of one typo."""
-    from runner.train import check_model_fits
+    name its layers, it runs on the data's first batch, and its baseline checkpoint, when there is one, loads
+    (into the session, for the jobs). Otherwise a sweep of 50 tables would record 50 failed rows of one typo."""
+    from runner.train import check_model_fits, checkpoint_path
 
     seen = set()
     for cfg in cfgs:
         key = cache_key([OmegaConf.to_container(cfg[k], resolve=True) for k in ("backend", "model", "data")]
                         + [str(cfg.device)])
-        if key in seen:
-            continue
-        seen.add(key)
-        eval_device(cfg)
-        model_layers(cfg.model)
-        check_model_fits(cfg, session.get().dataset(cfg.data))
+        if key not in seen:
+            seen.add(key)
+            eval_device(cfg)
+            model_layers(cfg.model)
+            check_model_fits(cfg, session.get().dataset(cfg.data))
+        path = checkpoint_path(cfg)
+        if str(path) not in seen and path.exists() and not cfg.train.get("force", False):
+            seen.add(str(path))
+            session.get().baseline(cfg)
 
 
 def plan_run(cfg: DictConfig) -> Plan:

@@ -145,8 +145,8 @@ def refuse_lists(command: str, overrides=()) -> None:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except Exception:  # noqa: BLE001  (a malformed override: the composition reports it)
         return
-    lists = [o for o in parsed if not o.is_hydra_override() and not o.is_delete() and not o.is_sweep_override()
-             and isinstance(o.value(), list)]
+    lists = [o for o in parsed if not o.key_or_group.startswith("hydra.") and not o.is_delete()
+             and not o.is_sweep_override() and isinstance(o.value(), list)]
     if not lists:
         return
     groups = {p.name for p in CONFIG_DIR.iterdir() if p.is_dir()}

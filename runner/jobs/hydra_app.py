@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from runner.config import CONFIG_DIR, HeldSignals, compose, compose_errors
+from runner.config import CONFIG_DIR, HeldSignals, compose, compose_errors, refuse_lists
 from runner.errors import UserError, config_number
 from runner.jobs.argv import (asks_for_help, command_line, expand_multipliers, hydra_flags, is_hydra_override,
                              is_multirun, set_program_argv, split_argv)
@@ -180,6 +180,7 @@ def compose_command(command: str, argv: list[str] | None, key: str, doc: str, ke
     flags, overrides, value = split_argv(argv, key)
     if flags:
         raise UserError(f"`approx-run {command}` takes key=value overrides only, not {' '.join(flags)}.")
+    refuse_lists(command, overrides)  # multiplier=[a,b] is a multiplier set given to the wrong key: say which
     if value is None:
         raise UserError(f"`approx-run {command}` needs a multiplier set: {key}='mul8*' (names, globs or files).")
     names = expand_multipliers(value, key)

@@ -189,6 +189,28 @@ def _leased_gpu(cfg: DictConfig):
         yield
 
 
+def preflight(cfgs: list[DictConfig]) -> None:
+    """What every job of a command would fail alike, checked once before the first (a UserError: exit 2,
+    nothing written): the backend runs here and on the device asked for, the model builds, its approx_layers
+    name its layers, it runs on the data's first batch, and its baseline checkpoint, when there is one, loads
+    (into the session, for the jobs). Otherwise a sweep of 50 tables would record 50 failed rows of one typo."""
+    from runner.train import check_model_fits, checkpoint_path
+
+    seen = set()
+    for cfg in cfgs:
+        key = cache_key([OmegaConf.to_container(cfg[k], resolve=True) for k in ("backend", "model", "data")]
+                        + [str(cfg.device)])
+        if key not in seen:
+            seen.add(key)
+            eval_device(cfg)
+            model_layers(cfg.model)
+            check_model_fits(cfg, session.get().dataset(cfg.data))
+        path = checkpoint_path(cfg)
+        if str(path) not in seen and path.exists() and not cfg.train.get("force", False):
+            seen.add(str(path))
+            session.get().baseline(cfg)
+
+
 def plan_run(cfg: DictConfig) -> Plan:
     """What a run will evaluate and record, without running it; sweeps use it to group jobs sharing
     pytorch/fakequant rows and to find each job's rows afterwards."""

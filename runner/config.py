@@ -36,12 +36,18 @@ def compose_errors(command: str, job: list[str] | None = None, hint_launchers: b
 def _close(word: str, pool) -> list[str]:
     import difflib
 
+    from runner.errors import close_names
+
     pool = list(dict.fromkeys(pool))
+    # a key whose last part is the word (multipliers -> sweep.multipliers) before any near name
+    same_tail = [k for k in pool if "." in k and k.rpartition(".")[2].lower() == word.lower()]
     close = []
     for cutoff in (0.85, 0.7, 0.55):  # the near ones only, when there are near ones
-        close = difflib.get_close_matches(word, pool, n=4, cutoff=cutoff)
+        close = close_names(word, pool, n=4, cutoff=cutoff)
         if close:
             break
+    if same_tail:
+        return list(dict.fromkeys(same_tail + close))[:4]
     # a dotted key: also the keys of its section whose last part is close (finetune.epoch -> finetune.epochs)
     if not close and "." in word:
         head, _, tail = word.rpartition(".")
@@ -77,6 +83,8 @@ def nearest_names(command: str, exc: Exception) -> str:
             pool = []
         close = _close(wanted, pool)
         names = f"did you mean {', '.join(close)}?" if close else "no key or config group of that name."
+        if wanted.rpartition(".")[2] == "multipliers" and not any(c.endswith(".multipliers") for c in close):
+            names += f" Several multipliers: {SET_HINT}."
         return f"unknown key '{wanted}'; {names} (a new key needs a leading +)"
     return text.strip() or type(exc).__name__
 
@@ -114,10 +122,72 @@ class HeldSignals:
         self.release()
 
 
+# how to run one job per multiplier, for the commands that take no multiplier set
+SET_HINT = "approx-run sweep 'sweep.multipliers=[exact,mul8s_1L2J]' (one job each; names, globs or files)"
+# the multiplier set of the commands that take one
+SET_KEYS = {"sweep": "sweep.multipliers", "sensitivity": "sensitivity.multipliers", "search": "search.multipliers"}
+# keys that take a list although their default is one word (auto)
+LIST_KEYS = ("sweep.devices", "sensitivity.devices")
+
+
+def refuse_lists(command: str, overrides=()) -> None:
+    """UserError for a [list] given to a config group or to a key that takes one value. Hydra merges the
+    options of a group list into one node (multiplier=[exact,mul8s_1L2J] runs one job, a table named
+    mul8s_1L2J of family exact) and passes a list on to keys that then misread it, both without a word."""
+    from contextlib import nullcontext
+
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except Exception:  # noqa: BLE001  (a malformed override: the composition reports it)
+        return
+    lists = [o for o in parsed if not o.key_or_group.startswith("hydra.") and not o.is_delete()
+             and not o.is_sweep_override() and isinstance(o.value(), list)]
+    if not lists:
+        return
+    groups = {p.name for p in CONFIG_DIR.iterdir() if p.is_dir()}
+    defaults = None
+    for o in lists:
+        key = o.key_or_group
+        items = ",".join(str(v) for v in o.value())
+        multi = key == "multiplier" or key == "multiplier.name"
+        if multi:
+            fix = f"approx-run {command} '{SET_KEYS[command]}=[{items}]'" if command in SET_KEYS else SET_HINT
+            what = "one job per multiplier"
+        elif command == "sweep":
+            fix, what = f"{key}={items} (no brackets)", "one job per value"
+        else:
+            fix, what = f"approx-run sweep {key}={items}", "one job per value"
+        if key in groups or "/" in key:
+            raise UserError(f"{o.input_line}: the {key} config group takes one option (a list would merge the "
+                            f"options into one {key}); {what}: {fix}.")
+        if key in LIST_KEYS or o.is_add():
+            continue
+        if defaults is None:
+            plain = [p.input_line for p in parsed if not p.is_sweep_override() and p not in lists]
+            init = nullcontext() if GlobalHydra.instance().is_initialized() else \
+                initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=command)
+            try:
+                with init:
+                    defaults = hydra_compose(config_name=command, overrides=plain)
+            except Exception:  # noqa: BLE001  (the real composition reports a bad override)
+                return
+        raw = OmegaConf.to_container(defaults, resolve=False)  # an interpolation (${data.x}) is one value too
+        for part in key.split("."):
+            raw = raw.get(part) if isinstance(raw, dict) else None
+        if isinstance(raw, (str, int, float, bool)):
+            raise UserError(f"{o.input_line}: {key} takes one value, not a list; {what}: {fix}.")
+
+
 def compose(command: str, overrides=()):
     """The config `approx-run <command> <overrides>` runs with (no hydra section)."""
     from hydra import compose as hydra_compose, initialize_config_dir
 
+    refuse_lists(command, overrides)
     with HeldSignals(), initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=command):
         with compose_errors(command):
             return hydra_compose(config_name=command, overrides=list(overrides))

@@ -16,7 +16,6 @@ import hashlib
 import io
 import json
 import math
-import pickle
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -473,11 +472,13 @@ def _save(path: Path, model: nn.Module, meta: dict) -> None:
 
 
 def _load(path: Path, model: nn.Module) -> dict:
+    from runner.train import read_checkpoint
+
     try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-        model.load_state_dict(blob["state_dict"])
-        return blob["meta"]
-    except (OSError, RuntimeError, KeyError, EOFError, pickle.UnpicklingError) as exc:
+        state, meta = read_checkpoint(path)
+        model.load_state_dict(state)
+        return meta
+    except (ValueError, RuntimeError, KeyError, TypeError) as exc:
         raise UserError(f"Retrained checkpoint {path} is unreadable or does not fit this model ({exc}). "
                         "Delete it or pass finetune.force=true to retrain.") from exc
 

@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from runner.errors import UserError
+from runner.errors import UserError, config_number
 from runner.multipliers.registry import canonical_name
 
 KEY = "search.multipliers"
@@ -277,10 +277,10 @@ def assignment_config(cfg: DictConfig, assign: dict, specs: dict) -> DictConfig:
 
 def check(cfg: DictConfig) -> None:
     s = cfg.search
-    if float(s.max_loss) < 0:
-        raise UserError(f"search.max_loss={s.max_loss}: the accuracy budget is in points below fake-quant, >= 0.")
-    if int(s.max_evals) < 1 or int(s.finetune_epochs) < 0:
-        raise UserError("search.max_evals must be >= 1 and search.finetune_epochs >= 0.")
+    # the accuracy budget, in points below fake-quant
+    config_number(s.max_loss, "search.max_loss", minimum=0, kind=float)
+    config_number(s.max_evals, "search.max_evals", minimum=1)
+    config_number(s.finetune_epochs, "search.finetune_epochs", minimum=0)
     k = s.get("max_distinct")
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
         raise UserError(f"search.max_distinct={k}: the number of different multipliers allowed in the network, "
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                       "`approx-run lut import FILE --name NAME --power-mw MW` and search NAME")
     if not candidates:
         raise UserError("search: no candidate multiplier has a power figure, so there is no energy to minimise.")
-    run_dir = make_run_dir(cfg)
+    compare.preflight([cfg])  # what every evaluation would fail alike: once, before any work
 
     ev = Evaluator(cfg)
     macs = layer_macs(ev.folded, tuple(ev.x.shape[1:]))
@@ -329,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     table["val_loss_pts"] = (100 * (ev.fakequant_accuracy - table["val_accuracy"])).round(9)  # no float noise
     table["on_front"] = on_front(table)
     table["chosen"] = table["assignment"] == label
+    run_dir = make_run_dir(cfg)  # with the first result: a search stopped by a user error leaves no empty dir
     write_csv(run_dir / "pareto.csv", table)
     png = plot(table, ev.fakequant_accuracy, max_loss, label, run_dir / "pareto.png",
                f"search on {cfg.data.name} validation split ({len(ev.y)} images), budget {max_loss:g} points") \

@@ -21,7 +21,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from runner.jobs.hydra_app import compose_command
-from runner.jobs.plan import Job, make_run_dir, multiplier_node
+from runner.jobs.plan import Job, make_run_dir, multiplier_node, removed_on_user_error
 
 KEY = "sensitivity.multipliers"
 
@@ -124,9 +124,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cfg, names = composed
     layers = layer_names(cfg, cfg.sensitivity.layers)
+    from runner.compare import preflight
+
+    preflight([cfg])  # what every evaluation would fail alike: once, before the run dir
     run_dir = make_run_dir(cfg)
     pairs = [(layer, name) for layer in layers for name in names]
-    table = run_pairs(cfg, pairs, run_dir)
+    with removed_on_user_error(run_dir, Path(str(cfg.paths.results))):
+        table = run_pairs(cfg, pairs, run_dir)
     from runner.store import write_csv
 
     write_csv(run_dir / "sensitivity.csv", table)

@@ -20,10 +20,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
 
+from runner.config import refuse_lists
 from runner.jobs.argv import (asks_for_help, command_line, expand_jobs, expand_multipliers, hydra_quote,
                               launcher_of, split_argv)
 from runner.jobs.hydra_app import check_common, compose_jobs, run_hydra_command
-from runner.jobs.plan import Job, run_dir
+from runner.errors import UserError
+from runner.jobs.plan import Job, remove_if_bare, run_dir
 from runner.jobs.run import plan_all, run_job, run_jobs
 
 
@@ -33,6 +35,7 @@ def sweep_jobs(argv: list[str]) -> tuple[list[str], list[str], list[Job]]:
     """(Hydra flags, overrides for Hydra, the jobs unplanned) of `approx-run sweep argv`; with flags
     (--cfg, --info) no jobs: Hydra inspects the config itself. A job's run dir is <sweep dir>/<job number>."""
     flags, overrides, multipliers = split_argv(argv)
+    refuse_lists("sweep", overrides)  # before the jobs: a list would silently become one job
     if multipliers is not None:
         overrides.append("sweep.multiplier=" + ",".join(hydra_quote(n) for n in expand_multipliers(multipliers)))
     if flags:
@@ -204,6 +207,7 @@ def print_help() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from runner.compare import preflight
     from runner.console import console
     from runner.data import data_digest
     from runner.evaluate import check_eval_config
@@ -228,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         data_digest(data)  # missing or unreadable data files: one message now, not a failed row per job
     for results_file in dict.fromkeys(str(c.results_file) for c in cfgs):
         check_store(Path(results_file))  # a damaged results file stops the sweep here, not in every job
+    preflight(cfgs)  # backend/device, model and layers, the model on the data: once, not a failed row per job
     devices = devices_of(cfgs, "sweep")
     # 0: one launched task per job; a typo (-1, 2.5) stops here, not after the reference rows
     chunk_size = config_number(cfgs[0].sweep.get("chunk_size") or 0, "sweep.chunk_size", minimum=0)
@@ -237,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     console.print(f"[bold]sweep:[/] {len(jobs)} jobs -> {sweep_dir}")
     plan_all(jobs)
+    stopped = False  # by a user error before any job ran (a damaged checkpoint): no summary, no sweep dir
     try:
         prepare(jobs, sweep_dir)
         if launcher_of(overrides) == "basic":
@@ -248,9 +254,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run_hydra_command("sweep", ["-m", *overrides], run_job)
             close_launcher_pools()
+    except UserError:
+        stopped = remove_if_bare(sweep_dir, Path(str(cfgs[0].paths.results)))
+        raise
     finally:  # also after Ctrl-C: the summary says which jobs are done
-        summary = summarize(sweep_dir, jobs)
-        _print_summary(summary, sweep_dir, time.time() - t0)
+        if not stopped:
+            summary = summarize(sweep_dir, jobs)
+            _print_summary(summary, sweep_dir, time.time() - t0)
     failed = sum(r["status"] == "failed" for r in summary)
     if failed:  # the exit code says so too, for scripts and CI that do not read the table
         print(f"sweep: {failed} of {len(summary)} jobs failed (reasons above; recorded as failed rows). "

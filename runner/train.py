@@ -65,6 +65,34 @@ def evaluate_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_
     return correct / len(x)
 
 
+def check_model_fits(cfg: DictConfig, data: Dataset) -> None:
+    """A freshly built model on two training images, before any training or evaluation: a model that does not
+    fit the data (its channels, image size or classes) stops with one message naming both shapes and the
+    model's own error, instead of a traceback after the data loads (or an evaluation of the wrong outputs)."""
+    x = data.train_x[:2]
+    shape = "x".join(str(d) for d in x.shape[1:])
+    classes = cfg.data.get("num_classes")
+    classes = int(classes) if classes is not None else int(data.train_y.max()) + 1
+    target = str(cfg.model.get("_target_") or "") if "_target_" in cfg.model else ""
+    label = cfg.model.name if not target or target == ZOO.get(cfg.model.name) else f"{cfg.model.name} ({target})"
+    what = f"model={label} does not fit data={cfg.data.name} (images {shape}, {classes} classes)"
+    fix = (f"Choose a model that takes {shape} images and gives {classes} outputs (a zoo model takes both from the "
+           "data set; a class of yours gets its constructor's keys as +model.<key>=value, docs/models.md), or "
+           "data it was made for.")
+    model = build_model(cfg.model, data.mean, data.std).eval()
+    try:
+        with torch.no_grad():
+            out = model(x)
+    except Exception as exc:  # noqa: BLE001  (whatever the model raises on the batch is the reason)
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        raise UserError(f"{what}: its first batch fails with {type(exc).__name__}: "
+                        f"{lines[-1] if lines else ''}. {fix}") from None
+    got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    if got != [len(x), classes]:
+        raise UserError(f"{what}: it gives outputs of shape {got} for {len(x)} images, not [{len(x)}, {classes}] "
+                        f"(one score per class). {fix}")
+
+
 def check_train_config(cfg: DictConfig) -> None:
     t = cfg.train
     if t.get("schedule", "constant") not in ("constant", "cosine"):
@@ -97,6 +125,7 @@ def train_model(cfg: DictConfig, data: Dataset, device: torch.device) -> tuple[n
 
     check_train_config(cfg)
     rank, world = distributed.rank_world()
+    check_model_fits(cfg, data)
     torch.manual_seed(int(cfg.seed))
     model = build_model(cfg.model, data.mean, data.std).to(device)
     opt = make_optimizer(model, cfg.train)
@@ -153,15 +182,32 @@ def save_checkpoint(path: Path, model: nn.Module, meta: dict) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-def load_checkpoint(path: Path, cfg: DictConfig, data: Dataset) -> tuple[nn.Module, dict]:
+def read_checkpoint(path: Path, meta_keys=()) -> tuple[dict, dict]:
+    """(state dict, meta) of a checkpoint file as save_checkpoint writes it. A truncated, foreign or damaged
+    file (a bare state dict, a list, meta without meta_keys) raises ValueError saying what is wrong, for the
+    caller's message naming the file."""
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, ValueError, TypeError) as exc:
+        raise ValueError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+    if not isinstance(blob, dict) or not isinstance(blob.get("state_dict"), dict):
+        raise ValueError(f"holds a {type(blob).__name__}{' without state_dict' if isinstance(blob, dict) else ''}, "
+                         "not approx-run's {state_dict, meta}")
+    meta = blob.get("meta")
+    if not isinstance(meta, dict) or any(k not in meta for k in meta_keys):
+        raise ValueError("its meta (what trained it) is missing or incomplete")
+    return blob["state_dict"], meta
+
+
+def load_checkpoint(path: Path, cfg: DictConfig, data: Dataset) -> tuple[nn.Module, dict]:
+    try:
+        state, meta = read_checkpoint(path, meta_keys=("test_accuracy",))
         model = build_model(cfg.model, data.mean, data.std)
-        model.load_state_dict(blob["state_dict"])
-    except (OSError, RuntimeError, KeyError, EOFError, pickle.UnpicklingError) as exc:
+        model.load_state_dict(state)
+    except (ValueError, RuntimeError, KeyError, TypeError) as exc:
         raise UserError(f"Checkpoint {path} is unreadable or does not fit model={cfg.model.name} ({exc}). "
                         "Delete it or pass train.force=true to retrain.") from exc
-    return model.eval(), blob["meta"]
+    return model.eval(), meta
 
 
 def load_or_train(cfg: DictConfig, data: Dataset | None = None, out_dir: Path | None = None):
@@ -172,6 +218,8 @@ def load_or_train(cfg: DictConfig, data: Dataset | None = None, out_dir: Path | 
     check_train_config(cfg)
     data = data or load_dataset(cfg.data)
     path = checkpoint_path(cfg)
+    if cfg.train.get("force", False) or not path.exists():
+        check_model_fits(cfg, data)  # before the checkpoint's lock file: a model that cannot train leaves nothing
     if distributed.rank_world()[1] > 1:
         return _load_or_train_ranks(cfg, data, path, out_dir)
     # Two runs needing the same baseline (parallel sweeps, a train beside a compare) train it once:

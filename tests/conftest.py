@@ -97,3 +97,23 @@ def baseline_checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("baseline_ckpt")
     load_or_train(compose("train", ["train.epochs=1", f"paths.checkpoints={root}", f"paths.results={root / 'r'}"]))
     return root
+
+
+def _outputs_in_the_clone() -> set[str]:
+    """What lies in the clone's results/ and checkpoints/ (two levels: results.csv, results/<command>/<run>)."""
+    found = set()
+    for d in ("results", "checkpoints"):
+        for pattern in ("*", "*/*"):
+            found |= {str(p.relative_to(REPO)) for p in (REPO / d).glob(pattern) if p.name != ".gitkeep"}
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _outputs_stay_out_of_the_clone():
+    """A test writes under tmp_path, never into the clone's results/ or checkpoints/ (git would not show it:
+    they are ignored): a command run without paths.results / paths.checkpoints, or with a relative one
+    outside a chdir to tmp_path, fails the test that ran it."""
+    before = _outputs_in_the_clone()
+    yield
+    new = sorted(_outputs_in_the_clone() - before)
+    assert not new, f"the test wrote {new} into the clone; give it paths.results= and paths.checkpoints= under tmp_path"

@@ -126,3 +126,17 @@ def test_held_signals_go_to_the_handler_that_was_there():
             assert seen == [signal.SIGTERM, signal.SIGTERM]
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_lists_go_only_to_keys_that_take_them():
+    """A list to a key whose default is a list, null or a new key (+) is a list setting; to a group or a one-value
+    key it is refused (test_exit_codes has the messages)."""
+    from runner.config import refuse_lists
+    from runner.errors import UserError
+
+    refuse_lists("sweep", ["sweep.devices=[cpu,cpu]", "model.approx_layers=[conv1]", "eval.paths=[pytorch]",
+                           "+model.extra=[1]", "model=lenet5,resnet8", "~eval.limit", "seed=1"])
+    refuse_lists("sensitivity", ["sensitivity.layers=[conv1]", "sensitivity.devices=[cpu]"])
+    for bad in ("multiplier=[exact]", "seed=[1]", "train.epochs=[3]", "hydra/launcher=[joblib]"):
+        with pytest.raises(UserError, match="takes one"):
+            refuse_lists("sweep", [bad])

@@ -8,7 +8,7 @@ from runner.config import CONFIG_DIR
 
 # command -> one-line help, in the order `approx-run --help` lists them
 SUMMARIES = {
-    "train": "train the baseline LeNet-5 (fp32) and save its checkpoint",
+    "train": "train the fp32 baseline of any model (model=lenet5, resnet8, ..., custom); save its checkpoint",
     "compare": "accuracy/latency of pytorch fp32, fake-quant int8 and custom-MAC inference",
     "finetune": "compare, plus the approx model retrained through its LUT layers",
     "sweep": "run compare over many multipliers (Hydra multirun; resumable)",

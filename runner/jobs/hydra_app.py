@@ -15,20 +15,23 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from runner.config import CONFIG_DIR, HeldSignals, compose, compose_errors
+from runner.config import CONFIG_DIR, HeldSignals, compose, compose_errors, refuse_lists
 from runner.errors import UserError, config_number
 from runner.jobs.argv import (asks_for_help, command_line, expand_multipliers, hydra_flags, is_hydra_override,
                              is_multirun, set_program_argv, split_argv)
-from runner.jobs.plan import with_multiplier
+from runner.jobs.plan import remove_if_bare, with_multiplier
 
 if TYPE_CHECKING:  # omegaconf is imported where it is used: `approx-run info` and `lut` start without it
     from omegaconf import DictConfig
 
 
 def report_error(exc: BaseException | str) -> None:
+    from rich.markup import escape
+
     from runner.console import err_console
 
-    err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    # escaped: a message quoting a list (multiplier=[exact,mul8s_1L2J]) is not rich markup
+    err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
 
 
 def file_system_error(exc: OSError) -> str:
@@ -79,6 +82,7 @@ def run_hydra_command(command: str, args: list[str], task_fn: Callable[[DictConf
             return task_fn(cfg, out_dir)
         except UserError as exc:
             report_error(exc)
+            remove_if_bare(out_dir, Path(str(cfg.paths.results)))  # Hydra made it before the error: nothing in it
             sys.exit(exc.exit_code)
         except OSError as exc:  # a full disk, a vanished mount: say it plainly (Hydra would print a traceback)
             report_error(file_system_error(exc))
@@ -191,6 +195,7 @@ def compose_command(command: str, argv: list[str] | None, key: str, doc: str, ke
     flags, overrides, value = split_argv(argv, key)
     if flags:
         raise UserError(f"`approx-run {command}` takes key=value overrides only, not {' '.join(flags)}.")
+    refuse_lists(command, overrides)  # multiplier=[a,b] is a multiplier set given to the wrong key: say which
     if value is None:
         raise UserError(f"`approx-run {command}` needs a multiplier set: {key}='mul8*' (names, globs or files).")
     names = expand_multipliers(value, key)

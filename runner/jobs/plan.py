@@ -3,10 +3,13 @@ multiplier config node of a name or a table file, and where a command's run dire
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runner.errors import UserError
 from runner.jobs.argv import is_table_path
 
 if TYPE_CHECKING:  # omegaconf is imported where it is used: `approx-run info` and `lut` start without it
@@ -78,3 +81,38 @@ def make_run_dir(cfg: DictConfig) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     write_config_yaml(path / "config.yaml", cfg)
     return path
+
+
+# what a command writes into its run dir on the way in, before any result: its config, Hydra's .hydra/ records
+# and its (empty) log
+BOOKKEEPING = ("config.yaml", "hydra.yaml", "overrides.yaml")
+
+
+def remove_if_bare(path: Path, root: Path) -> bool:
+    """Remove a run dir that holds nothing but BOOKKEEPING and logs, then its parents up to root while they are
+    empty (results/compare/ after results/compare/<date>_<time>/): a command that stops with a user error
+    leaves nothing behind. True when removed; a dir with any result in it stays."""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    if any(p.name not in BOOKKEEPING and p.suffix != ".log" for p in path.rglob("*") if not p.is_dir()):
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    root, parent = Path(root).resolve(), path.resolve().parent
+    while parent != root and root in parent.parents:
+        try:
+            parent.rmdir()
+        except OSError:  # not empty: another run's dir is in it
+            break
+        parent = parent.parent
+    return True
+
+
+@contextmanager
+def removed_on_user_error(path: Path, root: Path):
+    """The run dir `path` removed (remove_if_bare) when the block stops with a UserError before writing a result."""
+    try:
+        yield
+    except UserError:
+        remove_if_bare(path, root)
+        raise

@@ -16,7 +16,6 @@ optionally with `layers: {conv1: <spec>, fc3: <spec>}` giving some layers anothe
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import os
 import re
@@ -27,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from filelock import FileLock
 
-from ..errors import UserError
+from ..errors import UserError, close_names
 from ..provenance import atomic_write_bytes
 from . import families
 from .core import Multiplier, table_sha256
@@ -192,7 +191,7 @@ def list_multipliers() -> list[str]:
 
 def _unknown(name) -> UserError:
     pool = list_multipliers() + list(ALIASES) + list(families.FAMILIES)
-    close = difflib.get_close_matches(str(name), pool, n=5, cutoff=0.5)
+    close = close_names(str(name), pool, n=5, cutoff=0.5)
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
     return UserError(f"unknown multiplier {name!r}.{hint} `approx-run lut list` shows all; generated "
                      f"names look like drum4_s, optrunc2_u, bam_h0v8_s.")

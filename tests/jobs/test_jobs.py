@@ -7,7 +7,7 @@ import torch
 
 from runner.errors import UserError
 from runner.jobs.argv import launcher_of, split_argv, wants_cuda
-from runner.jobs.plan import Job, Plan, multiplier_node, run_dir, with_multiplier
+from runner.jobs.plan import Job, Plan, multiplier_node, remove_if_bare, run_dir, with_multiplier
 from runner.jobs.run import plan_all, plan_or_reason
 from tests.conftest import REPO, compose
 
@@ -78,3 +78,21 @@ def test_planning_resolves_the_job_config_and_plans_as_before(tmp_path):
     assert OmegaConf.to_container(job.cfg) == OmegaConf.to_container(twin, resolve=True)
     plan, _ = plan_or_reason(twin)
     assert (job.plan.approx_layers, job.plan.row_keys) == (plan.approx_layers, plan.row_keys)
+
+
+def test_a_run_dir_with_only_its_config_is_removed_with_its_empty_parents(tmp_path):
+    root = tmp_path / "results"
+    bare = root / "compare" / "2026-01-01_00-00-00"
+    (bare / ".hydra").mkdir(parents=True)
+    for f in ("config.yaml", ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "compare.log"):
+        (bare / f).write_text("x")
+    kept = root / "sweep" / "2026-01-01_00-00-00"
+    (kept / "0").mkdir(parents=True)
+    (kept / "config.yaml").write_text("x")
+    (kept / "0" / "metrics.csv").write_text("a\n1\n")   # a result: the dir stays
+    assert remove_if_bare(bare, root) and not (root / "compare").exists() and root.is_dir()
+    assert not remove_if_bare(kept, root) and (kept / "0" / "metrics.csv").exists()
+    other = root / "compare" / "2026-01-01_00-00-01"
+    (root / "compare" / "2026-01-01_00-00-02").mkdir(parents=True)   # another run's dir: the parent stays
+    other.mkdir()
+    assert remove_if_bare(other, root) and (root / "compare").is_dir()

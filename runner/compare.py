@@ -31,7 +31,7 @@ from runner.provenance import atomic_write_json, environment, host_device, resol
 from runner.quant import QuantConfig, quant_layers
 from runner.session import cache_key
 from runner.store import append_rows, done_keys, write_csv
-from runner.train import weight_config
+from runner.train import model_label, weight_config
 
 PATHS = ("pytorch", "fakequant", "approx", "approx_finetuned")
 
@@ -139,7 +139,7 @@ def run(cfg: DictConfig, out_dir: Path, quiet: bool = False, plan: Plan | None =
     job first)."""
     t_start = time.time()
     common = {"run_dir": str(out_dir), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "data": cfg.data.name, "model": cfg.model.name, "quant": cfg.quant.get("name", ""),
+              "data": cfg.data.name, "model": model_label(cfg.model), "quant": cfg.quant.get("name", ""),
               "backend": cfg.backend.name, "algo": cfg.backend.algo, "seed": int(cfg.seed)}
     try:
         with _leased_gpu(cfg):

@@ -44,17 +44,20 @@ class Session:
 
         key = cache_key(OmegaConf.to_container(data_cfg, resolve=True))
         if key not in self._data:
-            self._data[key] = load_dataset(data_cfg)
+            from runner.train import held_apart
+
+            self._data[key] = held_apart(load_dataset(data_cfg), OmegaConf.create({"data": data_cfg}))
         return self._data[key]
 
     def baseline(self, cfg: DictConfig):
         """(model, meta, checkpoint path, data) as runner.train.load_or_train returns them; a checkpoint file
         rewritten since (another process retrained it) is read again."""
-        from runner.train import checkpoint_path, load_or_train
+        from runner.train import baseline_path, load_or_train
 
-        path = checkpoint_path(cfg)
+        path = baseline_path(cfg)
         hit = self._baselines.get(str(path))
-        if hit is not None and path.exists() and hit[0] == path.stat().st_mtime_ns:
+        if hit is not None and path.exists() and hit[0] == path.stat().st_mtime_ns \
+                and hit[1][3] is self.dataset(cfg.data):  # given weights serve every data set of their classes
             return hit[1]
         result = load_or_train(cfg, data=self.dataset(cfg.data))
         self._baselines[str(path)] = (path.stat().st_mtime_ns if path.exists() else None, result)

@@ -109,14 +109,14 @@ def test_class_count_of_model_and_data_must_agree():
     check_classes(cfg, _Data())
 
 
-def tiny3(n_train=0, n_test=60, has_train=False, seed=0):
+def tiny3(n_train=0, n_test=60, has_train=False, seed=0, size=32):
     from runner.data import Dataset
 
     g = torch.Generator().manual_seed(seed)
     classes = tuple(f"n{i:08d}" for i in range(10))
     y = torch.arange(n_test) % 10
-    return Dataset("tiny3", torch.rand(n_train, 3, 32, 32, generator=g), torch.arange(n_train) % 10,
-                   torch.rand(n_test, 3, 32, 32, generator=g), y, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225),
+    return Dataset("tiny3", torch.rand(n_train, 3, size, size, generator=g), torch.arange(n_train) % 10,
+                   torch.rand(n_test, 3, size, size, generator=g), y, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225),
                    "generated", classes=classes, has_train=has_train)
 
 
@@ -145,7 +145,7 @@ def test_compare_uses_given_weights_as_the_baseline_and_exact_matches_fakequant(
     import runner.data
     from runner import compare, session, train
 
-    monkeypatch.setattr(runner.data, "load_dataset", lambda cfg: tiny3(n_test=60))
+    monkeypatch.setattr(runner.data, "load_dataset", lambda cfg: tiny3(n_test=30, size=16))
     torch.manual_seed(0)
     src = build("resnet18", num_classes=10)
     wpath = tmp_path / "r18.pt"
@@ -160,7 +160,7 @@ def test_compare_uses_given_weights_as_the_baseline_and_exact_matches_fakequant(
         result = compare.run(cfg, out)
         rows = {r["path"]: r for r in result["rows"]}
         assert rows["approx"]["agreement_fakequant"] == 1.0
-        assert rows["approx"]["n_images"] == 50  # 60 less the sixth (one a class; at most a fifth) held apart for calibration
+        assert rows["approx"]["n_images"] == 20  # 30 less one a class held apart held apart for calibration
         assert rows["pytorch"]["model"] == "torchvision.resnet18"
         assert not (tmp_path / "checkpoints").exists()  # nothing trained, nothing written there
         # another weights file is another row identity

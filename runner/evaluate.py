@@ -84,21 +84,26 @@ def run_timed(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.
     """logits: the model's outputs over x when the caller has them (computed from kept activations);
     the timed passes still run the whole model."""
     model = model.eval().to(device)
-    batches = [x[i:i + batch_size].to(device) for i in range(0, len(x), batch_size)]
+    # a tensor's batches move to the device once; a lazily read set (runner.data.Images) is read a batch at a
+    # time in every pass, so memory holds one batch (its per-batch times exclude the read, its passes do not)
+    lazy = not isinstance(x, torch.Tensor)
+    batches = [x[i:i + batch_size] if lazy else x[i:i + batch_size].to(device) for i in range(0, len(x), batch_size)]
+    load = (lambda b: b.to(device)) if lazy else (lambda b: b)
     clock = Clock(device)
     if logits is None:  # the first pass yields the predictions and is the first warm-up pass
-        logits = torch.cat([model(b).float().cpu() for b in batches])
+        logits = torch.cat([model(load(b)).float().cpu() for b in batches])
         check_non_finite_inputs(model)
         warmup -= 1
     if not repeats:
         warmup = 0
     for _ in range(max(0, warmup)):
         for b in batches:
-            model(b)
+            model(load(b))
     batch_ms, pass_ms = [], []
     for _ in range(repeats):
         t_pass = clock.start()
         for b in batches:
+            b = load(b)
             t0 = clock.start()
             model(b)
             batch_ms.append(clock.ms_since(t0))

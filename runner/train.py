@@ -26,8 +26,8 @@ from runner.store import locked, write_csv
 # train.* keys that do not change the weights
 _NON_WEIGHT_KEYS = ("force", "eval_batch_size")
 # data.* keys that only say where files are, not what they contain
-_NON_DATA_KEYS = ("root", "download", "in_channels", "image_size", "num_classes", "zoo_train_epochs",
-                  "finetune_batch_size", "finetune_epochs", "finetune_warmup_epochs")
+_NON_DATA_KEYS = ("root", "download", "cache_dir", "workers", "in_channels", "image_size", "num_classes",
+                  "zoo_train_epochs", "finetune_batch_size", "finetune_epochs", "finetune_warmup_epochs")
 # model.* keys that choose what to convert later, not what to train
 _NON_MODEL_KEYS = ("approx_layers", "other_layers")
 # model.* keys that the data set determines (its name is in the key)

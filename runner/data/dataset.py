@@ -152,7 +152,7 @@ class Images:
             order = np.argsort(rows, kind="stable")  # reads in file order, then back to the asked order
             block = np.empty((len(rows), *self.array.shape[1:]), dtype=np.uint8)
             block[order] = self.array[rows[order]]
-        return torch.from_numpy(np.ascontiguousarray(block))
+        return torch.from_numpy(np.array(block))  # a copy: the memmap is read-only
 
     def _float(self, raw: torch.Tensor) -> torch.Tensor:
         s, c = raw.shape[-1], self.crop_size
@@ -232,16 +232,17 @@ class RandomResizedCropFlip:
         return (h - ch) // 2, (w - cw) // 2, ch, cw
 
     def __call__(self, raw: torch.Tensor) -> torch.Tensor:
-        from torchvision.transforms.v2 import functional as F
-
         out = []
         for img in raw:
             top, left, ch, cw = self.params(img.shape[-2], img.shape[-1])
-            crop = F.resized_crop(img, top, left, ch, cw, [self.size, self.size], antialias=True)
+            # torchvision's resized_crop on a tensor: bilinear with antialiasing (kept in float, not rounded back)
+            crop = torch.nn.functional.interpolate(img[None, :, top:top + ch, left:left + cw].float(),
+                                                   size=(self.size, self.size), mode="bilinear",
+                                                   align_corners=False, antialias=True)[0]
             if torch.rand(1, generator=self.gen).item() < 0.5:
                 crop = crop.flip(-1)
             out.append(crop)
-        return torch.stack(out).float().div_(255.0)
+        return torch.stack(out).clamp_(0, 255).div_(255.0)
 
 
 class CropFlip:

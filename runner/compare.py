@@ -309,6 +309,8 @@ def _run(cfg: DictConfig, out_dir: Path | None, common: dict, quiet: bool = Fals
                                         if p in models and p in wanted and not prepare_only]
     n_batches = (len(x) + bs - 1) // bs
     start, prefix_key = prefix_of(cfg, multipliers, approx_layers, keys)
+    if not (cfg.get("sensitivity") or {}).get("prefix_cache", True):  # the rows are the same either way
+        start = prefix_key = None
     bar = _no_progress() if quiet else progress_bar(f"compare {mcols['multiplier']} on {device}", total=len(order))
     with bar as advance:
         for path in order:

@@ -172,3 +172,42 @@ def test_compare_uses_given_weights_as_the_baseline_and_exact_matches_fakequant(
         assert said["pretrained"] == str(wpath) and "nothing to train" in capsys.readouterr().out
     finally:
         session.reset()
+
+
+def test_prefix_cache_gives_the_whole_models_logits_and_runs_the_prefix_once(monkeypatch):
+    """A torchvision model started at a layer from its kept prefix: the logits equal a whole forward bit for bit,
+    the layers before that block do not run again, and past the memory budget nothing is kept (still equal)."""
+    from runner.session import Session
+
+    torch.manual_seed(0)
+    model = build("resnet18", num_classes=10).eval()
+    x = torch.rand(12, 3, 16, 16)
+    with torch.no_grad():
+        whole = model(x)
+    calls = []
+    model.conv1.register_forward_hook(lambda *a: calls.append(1))
+    sess = Session()
+    first = sess.logits_from(model, x, 4, torch.device("cpu"), "layer3.0.conv2", "before-layer3")
+    n_first = len(calls)
+    again = sess.logits_from(model, x, 4, torch.device("cpu"), "layer3.0.conv2", "before-layer3")
+    assert torch.equal(first, whole) and torch.equal(again, whole)
+    assert len(calls) == n_first  # the kept inputs of layer3.0: conv1 did not run again
+    monkeypatch.setenv("APPROX_RUN_PREFIX_CACHE_MB", "0.001")
+    small = Session()
+    assert torch.equal(small.logits_from(model, x, 4, torch.device("cpu"), "layer2.1.conv1", "k"), whole)
+    assert not small._prefixes  # over the budget: recomputed, not kept
+
+
+def test_a_model_whose_forward_is_no_chain_runs_whole():
+    from runner.models import chain_matches
+
+    class Skip(torch.nn.Module):  # its forward adds its input back: not the chain of its children
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Conv2d(3, 3, 1)
+            self.b = torch.nn.Conv2d(3, 3, 1)
+
+        def forward(self, x):
+            return self.b(self.a(x)) + x
+
+    assert not chain_matches(Skip(), torch.rand(2, 3, 4, 4), "b")

@@ -139,19 +139,22 @@ def test_calibration_part_held_apart_when_there_is_no_training_split():
 
 
 @pytest.mark.skipif(not has_cpp(), reason="needs the C++ extension")
-def test_compare_uses_given_weights_as_the_baseline_and_exact_matches_fakequant(tmp_path, monkeypatch, capsys):
-    """compare with model.weights=<a state dict> on a 3-channel set without a training split: no training, the
-    calibration part held apart, the exact table's predictions equal fake-quant's on every image measured."""
-    import runner.data
+def test_compare_uses_given_weights_as_the_baseline_and_exact_matches_fakequant(tmp_path, capsys):
+    """compare with model.weights=<a state dict> on a generated ImageFolder of val/ only (16x16 crops): nothing
+    trained, the calibration part held apart, the exact table's predictions equal fake-quant's on every image
+    measured."""
     from runner import compare, session, train
+    from tests.data.imagefolder_fixture import write_imagefolder
 
-    monkeypatch.setattr(runner.data, "load_dataset", lambda cfg: tiny3(n_test=30, size=16))
+    write_imagefolder(tmp_path / "tree", per_class=3, splits=("val",), corrupt=False)
     torch.manual_seed(0)
     src = build("resnet18", num_classes=10)
     wpath = tmp_path / "r18.pt"
     torch.save(src.state_dict(), wpath)
     overrides = ["model=torchvision", "model.arch=resnet18", f"model.weights={wpath}", "+model.num_classes=10",
-                 "backend=cpp", "multiplier=exact", "eval.repeats=1", "eval.warmup=0", "quant.calib_batches=1"]
+                 "data=imagefolder", f"data.root={tmp_path / 'tree'}", "data.resize=20", "data.crop=16",
+                 "data.workers=1", "backend=cpp", "multiplier=exact", "eval.repeats=1", "eval.warmup=0",
+                 "quant.calib_batches=1"]
     session.reset()
     try:
         cfg = compose("compare", overrides, tmp_path)
@@ -162,7 +165,7 @@ def test_compare_uses_given_weights_as_the_baseline_and_exact_matches_fakequant(
         assert rows["approx"]["agreement_fakequant"] == 1.0
         assert rows["approx"]["n_images"] == 20  # 30 less one a class held apart held apart for calibration
         assert rows["pytorch"]["model"] == "torchvision.resnet18"
-        assert not (tmp_path / "checkpoints").exists()  # nothing trained, nothing written there
+        assert not list((tmp_path / "checkpoints").glob("*.pt"))  # nothing trained (the data cache lives there)
         # another weights file is another row identity
         torch.save(build("resnet18", num_classes=10).state_dict(), tmp_path / "other.pt")
         other = compose("compare", [*overrides[:2], f"model.weights={tmp_path / 'other.pt'}", *overrides[3:]],

@@ -82,7 +82,13 @@ def model_classes(model_cfg) -> int | None:
 def check_classes(cfg: DictConfig, data: Dataset) -> None:
     """The model's outputs must be the data's classes, or every accuracy is of mislabelled images."""
     n = model_classes(cfg.model)
-    if n is None or n == data.num_classes:
+    if n is None:
+        return
+    shape = getattr(data, "input_shape", None) or tuple(data.test_x.shape[1:])
+    if shape and shape[0] != 3:
+        raise UserError(f"model=torchvision takes RGB images (3 channels); data={cfg.data.name} has {shape[0]}. "
+                        "Use 3-channel data (data=cifar10, data=imagefolder) or a zoo model (model=lenet5, resnet20, ...).")
+    if n == data.num_classes:
         return
     fix = (f"pass +model.num_classes={data.num_classes} (random weights, or a state dict trained for "
            f"{data.num_classes} classes)" if weights_kind_of(cfg.model) != "enum" else

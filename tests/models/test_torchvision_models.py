@@ -94,6 +94,7 @@ def test_normalisation_folds_into_the_first_conv(arch):
 
 class _Data:
     num_classes = 10
+    input_shape = (3, 32, 32)
 
 
 def test_class_count_of_model_and_data_must_agree():
@@ -107,6 +108,10 @@ def test_class_count_of_model_and_data_must_agree():
         check_classes(cfg, _Data())
     cfg.model.num_classes = 10
     check_classes(cfg, _Data())
+    gray = _Data()
+    gray.input_shape = (1, 28, 28)
+    with pytest.raises(UserError, match="3 channels"):
+        check_classes(cfg, gray)
 
 
 def tiny3(n_train=0, n_test=60, has_train=False, seed=0, size=32):

@@ -31,7 +31,7 @@ from runner.provenance import atomic_write_json, environment, host_device, resol
 from runner.quant import QuantConfig, quant_layers
 from runner.session import cache_key
 from runner.store import append_rows, done_keys, write_csv
-from runner.train import weight_config
+from runner.train import model_label, weight_config
 
 PATHS = ("pytorch", "fakequant", "approx", "approx_finetuned")
 
@@ -146,7 +146,7 @@ def run(cfg: DictConfig, out_dir: Path, quiet: bool = False, plan: Plan | None =
     job first)."""
     t_start = time.time()
     common = {"run_dir": str(out_dir), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "data": cfg.data.name, "model": cfg.model.name, "quant": cfg.quant.get("name", ""),
+              "data": cfg.data.name, "model": model_label(cfg.model), "quant": cfg.quant.get("name", ""),
               "backend": cfg.backend.name, "algo": cfg.backend.algo, "seed": int(cfg.seed)}
     try:
         with _leased_gpu(cfg):
@@ -352,6 +352,8 @@ def _run(cfg: DictConfig, out_dir: Path | None, common: dict, quiet: bool = Fals
     # a sharded evaluation's rows say over which devices (the numbers are the one-device run's)
     sharded = {"eval_world_size": world, "eval_devices": distributed.rank_devices(device)} if world > 1 else {}
     start, prefix_key = prefix_of(cfg, multipliers, approx_layers, keys)
+    if not (cfg.get("sensitivity") or {}).get("prefix_cache", True):  # the rows are the same either way
+        start = prefix_key = None
     bar = _no_progress() if quiet else progress_bar(f"compare {mcols['multiplier']} on {device}", total=len(order))
     with bar as advance:
         for path in order:

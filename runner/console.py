@@ -42,10 +42,23 @@ def progress_bar(description: str, total: int):
         if state["done"] >= state["next"] or state["done"] == total:
             state["next"] = state["done"] + step
             extra = " ".join(f"{k}={v}" for k, v in info.items())
-            print(f"{description}: {state['done']}/{total} ({time.perf_counter() - state['t0']:.1f}s) {extra}".rstrip(),
-                  flush=True)
+            elapsed = time.perf_counter() - state["t0"]
+            print(f"{description}: {state['done']}/{total} ({elapsed:.1f}s{eta(elapsed, state['done'], total)}) "
+                  f"{extra}".rstrip(), flush=True)
 
     yield advance
+
+
+def eta(elapsed: float, done: int, total: int) -> str:
+    """', about 12m left' from the mean time of the steps done so far ('' when none is done or all are)."""
+    if done <= 0 or done >= total:
+        return ""
+    left = elapsed / done * (total - done)
+    return f", about {fmt_seconds(left)} left"
+
+
+def fmt_seconds(s: float) -> str:
+    return f"{s:.0f}s" if s < 90 else f"{s / 60:.0f}m" if s < 5400 else f"{s / 3600:.1f}h"
 
 
 def fmt_number(v, digits: int = 4) -> str:

@@ -60,7 +60,10 @@ class Evaluator:
         s = cfg.search
         if not 0 < float(s.validation_fraction) < 1:
             raise UserError(f"search.validation_fraction={s.validation_fraction}: must be in (0, 1).")
-        val = data.validation_split(float(s.validation_fraction), int(s.validation_seed))
+        # a set without a training split calibrates on a held-apart part (runner.train.held_apart): the
+        # validation split then comes from the other images, never from those calibrated on
+        val = data.carve("train" if data.has_train else "test", float(s.validation_fraction),
+                         int(s.validation_seed))
         self.x, self.y = val.test_x, val.test_y
         self.qcfg = QuantConfig.from_cfg(cfg.quant)
         self.folded, self.stats = self.sess.calibration(model, self.ckpt, data.train_x, self.qcfg, int(cfg.seed))

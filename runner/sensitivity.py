@@ -96,15 +96,21 @@ def plot_heatmap(table: pd.DataFrame, path: Path, title: str) -> Path | None:
         return None
     grid = ok.pivot_table(index="layer", columns="multiplier", values="loss_pts", aggfunc="last")
     grid = grid.reindex(index=list(dict.fromkeys(table["layer"])))
-    fig, ax = plt.subplots(figsize=(1.0 + 0.42 * grid.shape[1], 1.2 + 0.45 * grid.shape[0]), dpi=100)
+    rows, cols = grid.shape
+    # 50-150 layers (an ImageNet network): thinner rows and smaller labels, so the figure stays a page or two
+    # tall, and no numbers in the cells once they are too small to read (the colour still says it)
+    row_h = 0.45 if rows <= 40 else 0.24
+    label_pt = 9 if rows <= 40 else 6
+    numbers = rows * cols <= 1500 and rows <= 80
+    fig, ax = plt.subplots(figsize=(2.0 + 0.42 * cols, 1.2 + row_h * rows), dpi=100)
     from matplotlib.colors import PowerNorm
 
     # a square-root-like scale: a loss of half a point stays visible beside one of 40
     im = ax.imshow(grid.clip(lower=0).values, cmap="Reds", aspect="auto",
                    norm=PowerNorm(0.4, vmin=0, vmax=max(1.0, float(grid.max().max()))))
     ax.set_xticks(range(grid.shape[1]), grid.columns, rotation=60, ha="right", fontsize=8)
-    ax.set_yticks(range(grid.shape[0]), grid.index, fontsize=9)
-    for (r, c), v in pd.DataFrame(grid.values).stack().items():
+    ax.set_yticks(range(rows), grid.index, fontsize=label_pt)
+    for (r, c), v in (pd.DataFrame(grid.values).stack().items() if numbers else ()):
         ax.text(c, r, f"{v:.1f}", ha="center", va="center", fontsize=6,
                 color="white" if v > 0.3 * grid.max().max() else "black")
     ax.set_title(title, fontsize=9)

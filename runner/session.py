@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from runner.layer_checks import check_non_finite_inputs
-from runner.models import fold_input_normalization, run_from, run_until
+from runner.models import chain_matches, fold_input_normalization, run_from, run_until
 
 
 def cache_key(obj) -> str:
@@ -44,17 +44,20 @@ class Session:
 
         key = cache_key(OmegaConf.to_container(data_cfg, resolve=True))
         if key not in self._data:
-            self._data[key] = load_dataset(data_cfg)
+            from runner.train import held_apart
+
+            self._data[key] = held_apart(load_dataset(data_cfg), OmegaConf.create({"data": data_cfg}))
         return self._data[key]
 
     def baseline(self, cfg: DictConfig):
         """(model, meta, checkpoint path, data) as runner.train.load_or_train returns them; a checkpoint file
         rewritten since (another process retrained it) is read again."""
-        from runner.train import checkpoint_path, load_or_train
+        from runner.train import baseline_path, load_or_train
 
-        path = checkpoint_path(cfg)
+        path = baseline_path(cfg)
         hit = self._baselines.get(str(path))
-        if hit is not None and path.exists() and hit[0] == path.stat().st_mtime_ns:
+        if hit is not None and path.exists() and hit[0] == path.stat().st_mtime_ns \
+                and hit[1][3] is self.dataset(cfg.data):  # given weights serve every data set of their classes
             return hit[1]
         result = load_or_train(cfg, data=self.dataset(cfg.data))
         self._baselines[str(path)] = (path.stat().st_mtime_ns if path.exists() else None, result)
@@ -88,25 +91,60 @@ class Session:
     @torch.no_grad()
     def logits_from(self, model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.device,
                     start: str | None, prefix_key: str | None) -> torch.Tensor:
-        """The model's logits over x (on CPU), computed from `start` onwards with the kept input of that
-        layer when prefix_key names the layers before it; the first evaluation under a key keeps it."""
+        """The model's logits over x (on CPU), computed from the stage holding `start` onwards with the kept
+        input of that stage when prefix_key names the layers before it; the first evaluation under a key keeps
+        it, within a memory budget (prefix_budget: what does not fit is recomputed, never evicted half-way).
+        A model whose forward is not the chain of its stages (runner.models.chain_matches) runs whole."""
         model = model.eval().to(device)
         batches = [x[i:i + batch_size] for i in range(0, len(x), batch_size)]
-        if start is None or prefix_key is None or not hasattr(model, "stages"):
+        if start is None or prefix_key is None or not batches or not self._chain_ok(model, batches[0], start, device):
             logits = torch.cat([model(b.to(device)).float().cpu() for b in batches])
             check_non_finite_inputs(model)
             return logits
         key = (prefix_key, start, device.type, batch_size, len(x))
         kept = self._prefixes.get(key)
-        if kept is None:
-            kept = [run_until(model, b.to(device), start) for b in batches]
-            self._prefixes[key] = kept
-            while len(self._prefixes) > self.MAX_PREFIXES:
-                self._prefixes.popitem(last=False)
-        self._prefixes.move_to_end(key)
-        logits = torch.cat([run_from(model, a, start).float().cpu() for a in kept])
+        if kept is not None:
+            self._prefixes.move_to_end(key)
+            logits = torch.cat([run_from(model, a, start).float().cpu() for a in kept])
+            check_non_finite_inputs(model)
+            return logits
+        budget, used, out = prefix_budget(device), 0, []
+        kept = []
+        for b in batches:  # one batch at a time: the logits of this evaluation and, while they fit, its prefix
+            a = run_until(model, b.to(device), start)
+            out.append(run_from(model, a, start).float().cpu())
+            used += a.numel() * a.element_size()
+            kept = kept + [a] if kept is not None and used <= budget else None
         check_non_finite_inputs(model)
-        return logits
+        if kept is not None:
+            self._prefixes[key] = kept
+            while len(self._prefixes) > self.MAX_PREFIXES or (
+                    len(self._prefixes) > 1 and sum(_bytes(v) for v in self._prefixes.values()) > budget):
+                self._prefixes.popitem(last=False)
+        return torch.cat(out)
+
+    def _chain_ok(self, model: nn.Module, first: torch.Tensor, start: str, device: torch.device) -> bool:
+        key = ("chain", id(model), start)
+        if key not in self._memo:  # the model stays referenced, so its id is not reused
+            self._memo[key] = (chain_matches(model, first.to(device), start), model)
+        return self._memo[key][0]
+
+
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def prefix_budget(device: torch.device) -> int:
+    """Bytes of kept activations: a quarter of a GPU's memory, 2 GiB of host memory on the CPU
+    (APPROX_RUN_PREFIX_CACHE_MB overrides both). ResNet-50's input of layer2 at 224x224 is 3.2 MB an image, so
+    5,000 images' prefix at its deepest-but-one stage fit an H100's quarter; what does not fit is recomputed."""
+    import os
+
+    if os.environ.get("APPROX_RUN_PREFIX_CACHE_MB"):
+        return int(float(os.environ["APPROX_RUN_PREFIX_CACHE_MB"]) * 2**20)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory // 4
+    return 2 * 2**30
 
 
 _SESSION: Session | None = None

@@ -4,6 +4,7 @@ A checkpoint's file name is derived from exactly the config that determines its 
 and split, model, training hyper-parameters, seed), so every later command finds and reuses it."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import pickle
@@ -43,8 +44,63 @@ def weight_config(cfg: DictConfig) -> dict:
              if k not in _NON_MODEL_KEYS + _DATA_SHAPE_KEYS}
     if model.get("_target_") == ZOO.get(model.get("name")):  # the zoo's own class: the name says it
         model.pop("_target_")
+    if pretrained(cfg.model):  # the weights are given, not trained: their identity replaces the recipe
+        from runner.models.torchvision_models import weights_identity
+
+        model.update(weights_identity(cfg.model.weights))
+        return {"data": data, "model": model}
     return {"data": data, "model": model, "train": train,
             "seed": int(cfg.seed)}
+
+
+def pretrained(model_cfg) -> bool:
+    """A model whose weights are given (model=torchvision model.weights=...): it is its own baseline."""
+    from runner.models.torchvision_models import weights_kind
+
+    return model_cfg.get("name") == "torchvision" and weights_kind(model_cfg.get("weights")) != "none"
+
+
+def model_label(model_cfg) -> str:
+    """The model's name in checkpoint names and the results' `model` column (torchvision's with its arch)."""
+    arch = model_cfg.get("arch") if model_cfg.get("name") == "torchvision" else None
+    return f"{model_cfg.name}.{arch}" if arch else str(model_cfg.name)
+
+
+def model_classes(model_cfg) -> int | None:
+    """The outputs a torchvision model config builds (None for the zoo's, which take data.num_classes)."""
+    if model_cfg.get("name") != "torchvision":
+        return None
+    if model_cfg.get("num_classes") is not None:
+        return int(model_cfg.num_classes)
+    from runner.models.torchvision_models import check_arch, weights_enum, weights_kind
+
+    if weights_kind(model_cfg.get("weights")) == "enum":
+        return len(weights_enum(check_arch(model_cfg.arch), model_cfg.weights).meta["categories"])
+    return 1000  # torchvision's default
+
+
+def check_classes(cfg: DictConfig, data: Dataset) -> None:
+    """The model's outputs must be the data's classes, or every accuracy is of mislabelled images."""
+    n = model_classes(cfg.model)
+    if n is None:
+        return
+    shape = getattr(data, "input_shape", None) or tuple(data.test_x.shape[1:])
+    if shape and shape[0] != 3:
+        raise UserError(f"model=torchvision takes RGB images (3 channels); data={cfg.data.name} has {shape[0]}. "
+                        "Use 3-channel data (data=cifar10, data=imagefolder) or a zoo model (model=lenet5, resnet20, ...).")
+    if n == data.num_classes:
+        return
+    fix = (f"pass +model.num_classes={data.num_classes} (random weights, or a state dict trained for "
+           f"{data.num_classes} classes)" if weights_kind_of(cfg.model) != "enum" else
+           f"use data with its {n} classes (ImageNet's 1000 synset folders under data.root)")
+    raise UserError(f"model.arch={cfg.model.arch} has {n} outputs but data={cfg.data.name} has {data.num_classes} "
+                    f"classes: {fix}, or model.weights=null +model.num_classes={data.num_classes}.")
+
+
+def weights_kind_of(model_cfg) -> str:
+    from runner.models.torchvision_models import weights_kind
+
+    return weights_kind(model_cfg.get("weights"))
 
 
 def checkpoint_path(cfg: DictConfig) -> Path:
@@ -52,7 +108,7 @@ def checkpoint_path(cfg: DictConfig) -> Path:
     names another checkpoint, as a changed recipe does."""
     key = weight_config(cfg)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
-    return Path(cfg.paths.checkpoints) / f"{cfg.model.name}_{cfg.data.name}-{key['data']['sha256'][:8]}_{digest}.pt"
+    return Path(cfg.paths.checkpoints) / f"{model_label(cfg.model)}_{cfg.data.name}-{key['data']['sha256'][:8]}_{digest}.pt"
 
 
 @torch.no_grad()
@@ -216,7 +272,10 @@ def load_or_train(cfg: DictConfig, data: Dataset | None = None, out_dir: Path | 
     from runner import distributed
 
     check_train_config(cfg)
-    data = data or load_dataset(cfg.data)
+    data = data or held_apart(load_dataset(cfg.data), cfg)
+    check_classes(cfg, data)
+    if pretrained(cfg.model):
+        return load_pretrained(cfg, data)
     path = checkpoint_path(cfg)
     if cfg.train.get("force", False) or not path.exists():
         check_model_fits(cfg, data)  # before the checkpoint's lock file: a model that cannot train leaves nothing
@@ -271,11 +330,54 @@ def _meta(cfg: DictConfig, data: Dataset, history: list[dict]) -> dict:
     }
 
 
+def baseline_path(cfg: DictConfig) -> Path:
+    """The file the baseline's weights come from: its checkpoint, or the given weights' file."""
+    if not pretrained(cfg.model):
+        return checkpoint_path(cfg)
+    from runner.models.torchvision_models import hub_file, weights_enum, weights_kind
+
+    weights = cfg.model.weights
+    if weights_kind(weights) == "file":
+        return Path(str(weights)).expanduser()
+    return hub_file(weights_enum(cfg.model.arch, weights))
+
+
+def load_pretrained(cfg: DictConfig, data: Dataset):
+    """A model with given weights as the baseline: nothing trained, no checkpoint written. Its 'checkpoint' is
+    the weights file (a state dict, or the hub cache's file of an enum member), which keys the session's caches."""
+    model = build_model(cfg.model, data.mean, data.std).eval()
+    weights, path = cfg.model.weights, baseline_path(cfg)
+    meta = {"data": data.name, "data_source": data.source, "data_sha256": weight_config(cfg)["data"]["sha256"],
+            "config": weight_config(cfg), "pretrained": str(weights),
+            "test_accuracy": None,  # not measured here: compare's pytorch row is its accuracy
+            "git_sha": git_info()["git_sha"], "torch": str(torch.__version__)}
+    console.print(f"[green]pretrained[/] {model_label(cfg.model)} weights {weights} ({path}): its own baseline, "
+                  "nothing to train", highlight=False)
+    return model, meta, path, data
+
+
+def held_apart(data: Dataset, cfg: DictConfig) -> Dataset:
+    """A set with no training split (an ImageFolder of val/ only): a seeded, class-stratified part of its images
+    (data.calib_images of them; at most a fifth of a small set) becomes the training split, which calibration
+    reads, and every accuracy is measured on the rest, so no image calibrates the model it measures."""
+    if getattr(data, "has_train", True) or not len(data.test_y):
+        return data
+    want = config_number(cfg.data.get("calib_images", 1000), "data.calib_images", minimum=1)
+    fraction = min(want / len(data.test_y), 0.2)
+    carved = data.carve("test", fraction, int(cfg.data.get("calib_seed", 0)))
+    out = dataclasses.replace(carved, name=data.name, train_x=carved.test_x, train_y=carved.test_y,
+                              test_x=carved.train_x, test_y=carved.train_y, has_train=False,
+                              info={**data.info, "calibration_held_apart": len(carved.test_y)})
+    console.print(f"{data.name} has no training split: {len(out.train_y)} of its images (seeded, every class) "
+                  f"held apart for calibration, accuracy on the other {len(out.test_y)}", highlight=False)
+    return out
+
+
 def why_new(cfg: DictConfig, path: Path) -> str:
     """Why no checkpoint fits: the data digest and recipe, and the nearest checkpoints' differences."""
     key = weight_config(cfg)
     recipe = hashlib.sha256(json.dumps(key["train"], sort_keys=True).encode()).hexdigest()[:10]
-    others = sorted(path.parent.glob(f"{cfg.model.name}_{cfg.data.name}-*.pt"))
+    others = sorted(path.parent.glob(f"{model_label(cfg.model)}_{cfg.data.name}-*.pt"))
     same_data = [p for p in others if p.name.startswith(path.name.rsplit("_", 1)[0] + "_")]
     note = ""
     if same_data:
@@ -309,6 +411,14 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     from runner import distributed
 
     check_train_config(cfg)
+    if pretrained(cfg.model):
+        # given weights are the baseline every command uses; training would replace them (a retrained copy
+        # through the approximate layers is `approx-run finetune`; from scratch: model.weights=null)
+        model, meta, path, _ = load_or_train(cfg, out_dir=out_dir)
+        console.print(f"nothing to train: model.weights={cfg.model.weights} is the baseline every command uses "
+                      f"as it is. Retrain through the approximate layers with `approx-run finetune`, or train "
+                      f"from random weights with model.weights=null.", highlight=False)
+        return {"checkpoint": str(path), "test_accuracy": None, "pretrained": str(cfg.model.weights)}
     devices = distributed.resolve(cfg.train.get("devices", 1), resolve_device(cfg.device).type == "cuda",
                                   "train.devices")
     distributed.check_batch(int(cfg.train.batch_size), len(devices), "train.batch_size")

@@ -23,3 +23,18 @@ def test_table_never_uses_exponents_for_ordinary_numbers(capsys):
     print_table(pd.DataFrame(rows), "bench")
     out = capsys.readouterr().out
     assert "11,290" in out and "0.08860" in out and "e+" not in out
+
+
+def test_progress_lines_say_how_long_is_left(monkeypatch, capsys):
+    from runner import console as con
+
+    monkeypatch.setattr(con, "is_interactive", lambda: False)
+    clock = iter(range(0, 1000, 10))  # each step 10 s
+    monkeypatch.setattr(con.time, "perf_counter", lambda: float(next(clock)))
+    with con.progress_bar("sensitivity: 4 evaluations", total=4) as advance:
+        for _ in range(4):
+            advance(1)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "sensitivity: 4 evaluations: 1/4 (10.0s, about 30s left)"
+    assert lines[-1] == "sensitivity: 4 evaluations: 4/4 (40.0s)"
+    assert con.eta(600, 1, 10) == ", about 1.5h left" and con.eta(3, 0, 10) == ""

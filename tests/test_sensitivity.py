@@ -180,3 +180,22 @@ def test_search_evaluator_matches_a_fresh_fakequant_conversion(tmp_path, checkpo
         assert ev.accuracy(assign) == want, assign
     assert len(ev._models) == 3          # fake-quant, all signed, one unsigned layer: tables reloaded in place
     session.reset()
+
+
+def test_heat_map_of_150_layers_grows_and_stays_drawable(tmp_path):
+    import pandas as pd
+    from PIL import Image
+
+    from runner.sensitivity import plot_heatmap
+
+    def table(n):
+        return pd.DataFrame([{"layer": f"features.{i}.block.0.0", "multiplier": m, "loss_pts": (i % 7) * 0.5,
+                              "status": "ok"} for i in range(n) for m in ("mul8s_1L2J", "mul8u_T83")])
+
+    small = plot_heatmap(table(10), tmp_path / "small.png", "10 layers")
+    big = plot_heatmap(table(150), tmp_path / "big.png", "150 layers")
+    if small is None:
+        pytest.skip("matplotlib is not installed")
+    h_small, h_big = Image.open(small).size[1], Image.open(big).size[1]
+    assert h_big > 5 * h_small  # a row for each layer, not 150 squeezed into one page
+    assert h_big < 100 * 150    # yet not the 10-layer row height times 150

@@ -88,13 +88,15 @@ def run_jobs(jobs: list[Job], title: str, devices: list[str] | None = None) -> N
     """The jobs in this process, each in its own run dir (config.yaml, job.json); with several devices,
     spread over a worker per device (runner.workers), this process serving the first."""
     from runner import workers
-    from runner.console import progress_bar
+    from runner.console import console, fmt_seconds, progress_bar
     from runner.provenance import write_config_yaml
 
     pooled = devices is not None and len(devices) > 1 and len(jobs) > 1
     tasks = []
+    console.print(title, highlight=False)  # the count of evaluations, before the first starts
+    t0 = time.perf_counter()
     with progress_bar(title, total=len(jobs)) as advance:
-        for job in jobs:
+        for i, job in enumerate(jobs):
             job.out_dir.mkdir(parents=True, exist_ok=True)
             write_config_yaml(job.out_dir / "config.yaml", job.cfg)
             if pooled:
@@ -103,6 +105,11 @@ def run_jobs(jobs: list[Job], title: str, devices: list[str] | None = None) -> N
                 tasks.append(workers.Task(job.num, (job.cfg, job.out_dir, job.overrides, True, job.plan), setup))
                 continue
             result = run_job(job.cfg, job.out_dir, overrides=job.overrides, quiet=True, plan=job.plan)
+            if i == 0 and len(jobs) > 1 and result.get("status") != "skipped":
+                # the first job also loads data, calibrates and runs the references: an upper bound per job
+                first = time.perf_counter() - t0
+                console.print(f"first evaluation (with the set-up) {fmt_seconds(first)}: the {len(jobs)} take at "
+                              f"most about {fmt_seconds(first * len(jobs))}", highlight=False)
             advance(1, **(job.label or {"job": job.num, "status": result.get("status")}))
         if tasks:
             workers.run_tasks(run_job, tasks, devices, advance, on_failure=record_failure, prepare=prepare_job)

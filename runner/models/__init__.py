@@ -13,7 +13,8 @@ import inspect
 from torch import nn
 
 from runner.errors import UserError
-from runner.models.common import Normalize, PadWith, fold_batchnorm, fold_input_normalization, run_from, run_until
+from runner.models.common import (Normalize, PadWith, chain_matches, fold_batchnorm, fold_input_normalization, run_from,
+                                  run_until, stages_of)
 from runner.models.lenet import LeNet5
 
 # model name -> its class or factory (what configs/model/<name>.yaml names in _target_)
@@ -28,8 +29,8 @@ ZOO = {
 # model.* keys that are not constructor arguments
 NOT_KWARGS = ("name", "_target_", "approx_layers", "other_layers")
 
-__all__ = ["ZOO", "LeNet5", "Normalize", "PadWith", "build_model", "fold_batchnorm", "fold_input_normalization",
-           "run_from", "run_until"]
+__all__ = ["ZOO", "LeNet5", "Normalize", "PadWith", "build_model", "chain_matches", "fold_batchnorm",
+           "fold_input_normalization", "run_from", "run_until", "stages_of"]
 
 
 def _target(cfg) -> str:

@@ -55,26 +55,76 @@ class PadWith(nn.Module):
         return f"padding={self.padding}"
 
 
+class _Flatten(nn.Module):
+    """torch.flatten(x, 1) where a torchvision model's forward calls it before its classifier (a no-op on [N, C])."""
+
+    def forward(self, x):
+        return torch.flatten(x, 1)
+
+
+def _chain(module: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
+    """A Sequential's children as steps (its forward is exactly that chain), any other module as one step."""
+    if type(module) is nn.Sequential:
+        return [step for name, child in module.named_children() for step in _chain(child, f"{prefix}{name}.")]
+    return [(prefix[:-1], module)]
+
+
+def stages_of(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, step) in forward order: the model's own stages(), or, for a model without them (torchvision's), the
+    guess that its forward is its input_norm, then its children in registration order (Sequentials expanded),
+    with a flatten before the first Linear. The guess holds for ResNet, MobileNet, EfficientNet, ConvNeXt, VGG,
+    RegNet ...; a caller must check it against the model's forward (chain_matches) before relying on it."""
+    if hasattr(model, "stages"):
+        return model.stages()
+    steps = [("input_norm", model.input_norm)] if isinstance(getattr(model, "input_norm", None), nn.Module) else []
+    flattened = False
+    for name, child in model.named_children():
+        if name == "input_norm":
+            continue
+        for step in _chain(child, f"{name}."):
+            if not flattened and isinstance(step[1], nn.Linear):
+                steps.append(("", _Flatten()))
+                flattened = True
+            steps.append(step)
+    return steps
+
+
+def _starts(name: str, layer: str) -> bool:
+    """Whether the stage `name` is `layer` or holds it (torchvision's stages are blocks of several layers)."""
+    return bool(name) and (name == layer or layer.startswith(name + "."))
+
+
 def run_until(model: nn.Module, x: torch.Tensor, layer: str) -> torch.Tensor:
-    """The input `layer` receives when the model runs on x (models with stages(): a straight chain)."""
-    for name, step in model.stages():
-        if name == layer:
+    """The input of the stage that holds `layer` when the model runs on x (a straight chain: stages_of)."""
+    for name, step in stages_of(model):
+        if _starts(name, layer):
             return x
         x = step(x)
-    raise ValueError(f"{layer!r} is not a stage of {type(model).__name__}")
+    raise ValueError(f"{layer!r} is not in a stage of {type(model).__name__}")
 
 
 def run_from(model: nn.Module, x: torch.Tensor, layer: str) -> torch.Tensor:
-    """The model's output given the input of `layer` (what run_until returned). The model's forward hooks run
-    on it as after a forward (a converted model's hook reports the non-finite inputs its layers saw)."""
+    """The model's output given the input of the stage that holds `layer` (what run_until returned). The model's
+    forward hooks run on it as after a forward (a converted model's hook reports the non-finite inputs its layers
+    saw)."""
     started, kept = False, x
-    for name, step in model.stages():
-        started = started or name == layer
+    for name, step in stages_of(model):
+        started = started or _starts(name, layer)
         if started:
             x = step(x)
     for hook in list(model._forward_hooks.values()):
         x = hook(model, (kept,), x) or x
     return x
+
+
+def chain_matches(model: nn.Module, x: torch.Tensor, layer: str) -> bool:
+    """Whether running the stages up to `layer` and on from it gives the model's own output on x, bit for bit
+    (a model whose forward is not the chain stages_of guessed: the answer is no, and it runs whole)."""
+    try:
+        with torch.no_grad():
+            return torch.equal(run_from(model, run_until(model, x, layer), layer), model(x))
+    except (ValueError, RuntimeError, TypeError):
+        return False
 
 
 def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:

@@ -28,7 +28,7 @@ BAD_INPUT = [
     ("compare seed=abc", "seed='abc' is not an integer"),
     ("compare eval.limit=-5", "eval.limit=-5 must be >= 1"),
     ("compare eval.batch_size=0", "eval.batch_size=0 must be >= 1"),
-    ("compare eval.repeats=0", "eval.repeats=0 must be >= 1"),
+    ("compare eval.repeats=-1", "eval.repeats=-1 must be >= 0"),
     ("compare eval.paths=[]", "eval.paths=[] names none of"),
     ("compare backend.algo=nonsense", "not an algorithm of backend=cpp"),
     ("compare multiplier=file multiplier.path={tmp}/none.txt", "none.txt: no such file"),

@@ -28,7 +28,7 @@ _NON_WEIGHT_KEYS = ("force", "eval_batch_size")
 _NON_DATA_KEYS = ("root", "download", "in_channels", "image_size", "num_classes", "zoo_train_epochs",
                   "finetune_batch_size", "finetune_epochs", "finetune_warmup_epochs")
 # model.* keys that choose what to convert later, not what to train
-_NON_MODEL_KEYS = ("approx_layers", "other_layers")
+_NON_MODEL_KEYS = ("approx_layers", "other_layers", "approx_matmuls")
 # model.* keys that the data set determines (its name is in the key)
 _DATA_SHAPE_KEYS = ("in_channels", "image_size")
 

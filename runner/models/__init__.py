@@ -23,10 +23,11 @@ ZOO = {
     "resnet20": "runner.models.resnet.resnet20",
     "vgg": "runner.models.vgg.VGG",
     "mobilenetv2": "runner.models.mobilenetv2.MobileNetV2",
+    "vit": "runner.models.vit.ViT",
 }
 
 # model.* keys that are not constructor arguments
-NOT_KWARGS = ("name", "_target_", "approx_layers", "other_layers")
+NOT_KWARGS = ("name", "_target_", "approx_layers", "other_layers", "approx_matmuls")
 
 __all__ = ["ZOO", "LeNet5", "Normalize", "PadWith", "build_model", "fold_batchnorm", "fold_input_normalization",
            "run_from", "run_until"]

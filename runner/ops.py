@@ -15,7 +15,7 @@ import torch
 
 from runner import _ext
 from runner.errors import UserError
-from runner.reference import (as_pair, conv_output_size, reference_dequantize, reference_lut_conv2d,
+from runner.reference import (as_pair, conv_output_size, reference_dequantize, reference_lut_bmm, reference_lut_conv2d,
                               reference_lut_grad_a, reference_lut_grad_w, reference_lut_linear, reference_quantize,
                               reference_requantize)
 
@@ -123,6 +123,16 @@ def lut_linear(a, w, lut, *, backend="cpp", algo="auto"):
     return _compiled("lut_linear", backend, a)(a, w, lut, algo)
 
 
+def lut_bmm(a, b, lut, *, backend="cpp"):
+    """int32 [B, M, N] = sum_k product(a[i, m, k], b[i, n, k]) through the multiplier LUT: lut_linear per batch
+    with both operands dynamic (a [B, M, K] codes as lut_linear's a, b [B, N, K] int8 codes as its w). One
+    kernel per backend, no algo choice: no operand is constant, so no weight-expanded tables pay off."""
+    _check_backend(backend)
+    if backend == "python":
+        return reference_lut_bmm(a, b, lut)
+    return _compiled("lut_bmm", backend, a)(a, b, lut)
+
+
 def lut_conv2d(a, w, lut, stride=1, padding=0, dilation=1, groups=1, *, backend="cpp", algo="auto"):
     """int32 [B, N, Ho, Wo] conv2d of codes through the multiplier LUT (PyTorch conv shape rules)."""
     _check_backend(backend)
@@ -214,6 +224,15 @@ def _register_fakes():
     # an extension built before requantize existed still imports; backend=cpp/cuda then says to rebuild
     if hasattr(torch.ops.approx, "requantize"):
         torch.library.register_fake("approx::requantize")(requantize_fake)
+
+    def lut_bmm_fake(a, b, lut):
+        torch._check(a.dim() == 3 and b.dim() == 3, lambda: "lut_bmm: expected a [B, M, K], b [B, N, K]")
+        torch._check(a.shape[0] == b.shape[0] and a.shape[2] == b.shape[2],
+                     lambda: "lut_bmm: B or K of a and b differ")
+        return a.new_empty((a.shape[0], a.shape[1], b.shape[1]), dtype=torch.int32)
+
+    if hasattr(torch.ops.approx, "lut_bmm"):  # an older build: backend=cpp/cuda says to rebuild
+        torch.library.register_fake("approx::lut_bmm")(lut_bmm_fake)
 
     @torch.library.register_fake("approx::lut_grad_a")
     def _(a, w, grad, slope):

@@ -1,7 +1,7 @@
 """Differentiable layer ops: float input -> quantize -> LUT MAC -> dequantize -> float output.
 
 The forward composes the integer ops of runner.ops; this module adds what only the float level knows:
-the custom ops approx::qlinear / approx::qconv2d and their registered autograd.
+the custom ops approx::qlinear / approx::qconv2d / approx::qmatmul and their registered autograd.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from runner.errors import UserError
 from runner.exact_conv import unfold
-from runner.ops import finish, lut_conv2d, lut_grad_a, lut_grad_w, lut_linear, quantize
+from runner.ops import finish, lut_bmm, lut_conv2d, lut_grad_a, lut_grad_w, lut_linear, quantize
 from runner.reference import conv_output_size
 
 # Autograd lives here, on float-level ops, not on lut_linear / lut_conv2d: those take integer codes,
@@ -212,3 +212,176 @@ def _lut_conv_grads(ctx, codes, weight_codes, g, weight_scale, act_scale, slope_
 
 torch.library.register_autograd("approx::qlinear", _backward_linear, setup_context=_setup_context)
 torch.library.register_autograd("approx::qconv2d", _backward_conv2d, setup_context=_setup_context)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Matmul of two activations (attention's Q.K^T and P.V): approx::qmatmul.
+#
+# Operand codes. The kernel, approx::lut_bmm, multiplies like lut_linear with y in the weight's place, so x gives
+# the table rows (operand A) and y the columns (operand B, always int8). What each operand quantizes to follows
+# from the table's signedness and whether the operand's data is signed (matmul_qranges):
+#   signed table (mul8s_*): both int8; signed data [-128, 127] (as layer inputs), unsigned data (softmax
+#     probabilities) [0, 127]. The table as it is.
+#   unsigned table (mul8u_*): the multiplier sees magnitudes, the sign is applied after (sign-magnitude):
+#     x unsigned: uint8 [0, 255], the table as it is (the full input range for probabilities).
+#     x signed:   int8 [-127, 127] through the derived signed table
+#                 T[a + 128][b + 128] = sign(a) * sign(b) * lut[|a|][|b|]   (sign_magnitude_table),
+#                 so product = sign(a) sign(b) LUT(|a|, |b|) with sign(0) = 0.
+#     y: int8 sign-magnitude as weights are, [-127, 127] when signed, [0, 127] when unsigned.
+#   Why magnitudes <= 127 for a signed operand of an unsigned table: its codes stay int8 (sign + 7-bit
+#   magnitude, symmetric like the weights), so Q.K^T runs the same one-call signed kernel on the derived
+#   table; 255 would need 9-bit codes and a second kernel mode for a gain of one bit. The cost: such an
+#   operand uses the lower half of the multiplier's inputs, whose error pattern is what the model sees.
+# Scales are per tensor, both dynamic or calibrated by the caller: scale = amax / qmax of the operand's range
+# (matmul_scale). The output is float32(acc) * (x_scale * y_scale) (dequantize_matmul): an exact-integer
+# fake-quant path that dequantizes the same way matches bit for bit.
+# Backward: grad="ste" is fake-quant's gradient (the exact product of the fake-quantized operands, times each
+# quantizer's clipping mask); grad="lut" uses the table's slopes (matmul_slope_tables) in the exact products'
+# place, along a for x and along b for y, through lut_grad_a / lut_grad_w per batch:
+#   dL/dx[i,m,k] = mask_x * s_y * sum_n g[i,m,n] dP/da(a[i,m,k], b[i,n,k])
+#   dL/dy[i,n,k] = mask_y * s_x * sum_m g[i,m,n] dP/db(a[i,m,k], b[i,n,k])
+# A scale that requires grad gets the LSQ gradient, as qlinear's activation scale does.
+
+def matmul_qranges(lut_signed: bool, x_signed: bool, y_signed: bool) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((qmin, qmax) of x's codes, (qmin, qmax) of y's codes) for qmatmul (see the comment above)."""
+    if lut_signed:
+        return ((-128, 127) if x_signed else (0, 127)), ((-128, 127) if y_signed else (0, 127))
+    return ((-127, 127) if x_signed else (0, 255)), ((-127, 127) if y_signed else (0, 127))
+
+
+def matmul_scale(amax: torch.Tensor, qmax: int) -> torch.Tensor:
+    """Per-tensor scale of a qmatmul operand with |values| <= amax: amax / qmax (1 for a zero range), rounded
+    once as every layer's activation scale is."""
+    from runner.quant import true_divide
+
+    amax = amax.detach().float().reshape(())
+    return torch.where(amax > 0, true_divide(amax, qmax), torch.ones_like(amax))
+
+
+def sign_magnitude_table(lut: torch.Tensor) -> torch.Tensor:
+    """The signed-code table of an unsigned multiplier used sign-magnitude on both operands:
+    T[a + 128][b + 128] = sign(a) * sign(b) * lut[|a|][|b|] for a, b in [-128, 127]."""
+    v = torch.arange(-128, 128, device=lut.device)
+    mag, sign = v.abs(), torch.sign(v).to(torch.int32)
+    return (lut[mag][:, mag] * sign.unsqueeze(1) * sign.unsqueeze(0)).contiguous()
+
+
+def matmul_table(lut: torch.Tensor, lut_signed: bool, x_signed: bool) -> tuple[torch.Tensor, bool]:
+    """(the table lut_bmm runs, whether x's codes are int8) for qmatmul's operands."""
+    if not lut_signed and x_signed:
+        return sign_magnitude_table(lut), True
+    return lut, lut_signed
+
+
+def matmul_slope_tables(lut: torch.Tensor, lut_signed: bool, x_signed: bool, window: int = 1):
+    """(slope_x, slope_y) for qmatmul(grad="lut"): the slopes of the table qmatmul runs, along a and along b,
+    indexed as lut_grad_a / lut_grad_w take them. Compute once per table, like a layer's slope_tables."""
+    from runner.lut_slopes import slope_tables
+
+    table, a_int8 = matmul_table(lut, lut_signed, x_signed)
+    return slope_tables(table, a_int8, window)
+
+
+def _matmul_codes(t, scale, qrange, int8, backend):
+    """Codes of one operand: quantize's codes (int8 or uint8), clamped into the operand's narrower range."""
+    codes = quantize(t.contiguous(), scale, int8, backend=backend)
+    full = (-128, 127) if int8 else (0, 255)
+    return codes if tuple(qrange) == full else codes.clamp_(*qrange)
+
+
+def dequantize_matmul(acc: torch.Tensor, x_scale: torch.Tensor, y_scale: torch.Tensor) -> torch.Tensor:
+    """float32 acc * (x_scale * y_scale): qmatmul's output from its int32 accumulators."""
+    return acc.to(torch.float32) * (x_scale * y_scale)
+
+
+def _flat3(t):
+    return t.reshape(-1, t.shape[-2], t.shape[-1])
+
+
+def qforward_matmul(x, y, x_scale, y_scale, lut, lut_signed, x_signed, y_signed, backend):
+    table, a_int8 = matmul_table(lut, lut_signed, x_signed)
+    xr, yr = matmul_qranges(lut_signed, x_signed, y_signed)
+    a = _matmul_codes(_flat3(x), x_scale, xr, a_int8, backend)
+    b = _matmul_codes(_flat3(y), y_scale, yr, True, backend)
+    acc = lut_bmm(a, b, table, backend=backend)
+    return dequantize_matmul(acc, x_scale, y_scale).reshape(*x.shape[:-1], y.shape[-2])
+
+
+@torch.library.custom_op("approx::qmatmul", mutates_args=())
+def _qmatmul(x: torch.Tensor, y: torch.Tensor, x_scale: torch.Tensor, y_scale: torch.Tensor, lut: torch.Tensor,
+             slope_x: torch.Tensor, slope_y: torch.Tensor, lut_signed: bool, x_signed: bool, y_signed: bool,
+             backend: str, grad: str) -> torch.Tensor:
+    return qforward_matmul(x, y, x_scale, y_scale, lut, lut_signed, x_signed, y_signed, backend)
+
+
+@_qmatmul.register_fake
+def _(x, y, x_scale, y_scale, lut, slope_x, slope_y, lut_signed, x_signed, y_signed, backend, grad):
+    torch._check(x.dim() >= 2 and x.shape[:-2] == y.shape[:-2] and x.shape[-1] == y.shape[-1],
+                 lambda: "qmatmul: expected x [..., M, K] and y [..., N, K] with the same leading dims")
+    return x.new_empty((*x.shape[:-1], y.shape[-2]))
+
+
+def qmatmul(x, y, x_scale, y_scale, lut, x_signed, y_signed, backend, grad="ste", slope_x=None, slope_y=None, *,
+            lut_signed):
+    """approx(x @ y.transpose(-1, -2)) for x float [..., M, K], y float [..., N, K] (the same leading dims, no
+    broadcasting): both quantized per tensor at x_scale / y_scale (0-d float32 on their device), multiplied
+    through `lut` (the multiplier's raw [256, 256] table; lut_signed: mul8s_* or mul8u_*) with approx::lut_bmm on
+    `backend`, dequantized by x_scale * y_scale. x_signed / y_signed: whether the operand's data is signed
+    (Q, K, V: True; softmax probabilities: False); matmul_qranges gives each operand's code range for
+    calibration (matmul_scale). An unsigned table multiplies signed operands sign-magnitude:
+    product = sign(a) * sign(b) * LUT(|a|, |b|) with |a|, |b| <= 127, so codes stay int8 and Q.K^T runs the
+    signed kernel on sign_magnitude_table(lut); probabilities (x unsigned) get uint8 codes 0..255 there.
+    grad: "ste" (fake-quant's gradient) or "lut" (the table's slopes: pass matmul_slope_tables(lut, lut_signed,
+    x_signed) as slope_x, slope_y). Gradients flow to x, y and to a scale that requires grad (LSQ)."""
+    check_grad_mode(grad)
+    if x.dim() < 2 or x.shape[:-2] != y.shape[:-2] or x.shape[-1] != y.shape[-1]:
+        raise RuntimeError(f"qmatmul: expected x [..., M, K] and y [..., N, K] with the same leading dims, got "
+                           f"{list(x.shape)} and {list(y.shape)}")
+    if grad == "lut" and (slope_x is None or slope_y is None):
+        raise RuntimeError("qmatmul: grad='lut' needs slope_x and slope_y (matmul_slope_tables)")
+    empty = lut.new_empty((0,), dtype=torch.float32)
+    return _qmatmul(x, y, x_scale, y_scale, lut, empty if slope_x is None else slope_x,
+                    empty if slope_y is None else slope_y, bool(lut_signed), bool(x_signed), bool(y_signed),
+                    backend, grad)
+
+
+def _setup_matmul(ctx, inputs, output):
+    x, y, x_scale, y_scale, lut, slope_x, slope_y = inputs[:7]
+    ctx.save_for_backward(x, y, x_scale, y_scale, lut, slope_x, slope_y)
+    ctx.lut_signed, ctx.x_signed, ctx.y_signed, ctx.backend, ctx.grad = inputs[7:]
+
+
+def _backward_matmul(ctx, g):
+    x, y, x_scale, y_scale, lut, slope_x, slope_y = ctx.saved_tensors
+    need_x, need_y, need_sx, need_sy = ctx.needs_input_grad[:4]
+    xr, yr = matmul_qranges(ctx.lut_signed, ctx.x_signed, ctx.y_signed)
+    xq, mask_x = _fake_quant_with_mask(x, x_scale, *xr)
+    yq, mask_y = _fake_quant_with_mask(y, y_scale, *yr)
+    g = g.to(torch.float32)
+    gxq = gyq = None
+    if ctx.grad == "ste":
+        if need_x or need_sx:
+            gxq = torch.matmul(g, yq)
+        if need_y or need_sy:
+            gyq = torch.matmul(g.transpose(-1, -2), xq)
+    else:
+        _, a_int8 = matmul_table(lut, ctx.lut_signed, ctx.x_signed)
+        a = _flat3(torch.round(xq / x_scale).to(torch.int8 if a_int8 else torch.uint8))
+        b = _flat3(torch.round(yq / y_scale).to(torch.int8))
+        g3 = _flat3(g)
+        # per batch through the rows-form kernels (no batched lut_grad op yet)
+        if need_x or need_sx:
+            gs = (g3 * y_scale).contiguous()
+            gxq = torch.stack([lut_grad_a(a[i], b[i], gs[i], slope_x, backend=ctx.backend)
+                               for i in range(a.shape[0])]).reshape(x.shape)
+        if need_y or need_sy:
+            gyq = torch.stack([lut_grad_w(a[i], b[i], g3[i].contiguous(), slope_y, backend=ctx.backend)
+                               for i in range(a.shape[0])]).reshape(y.shape) * x_scale
+    gx = gxq * mask_x if need_x else None
+    gy = gyq * mask_y if need_y else None
+    gsx = _scale_grad(gxq, x, xq, mask_x, x_scale) if need_sx else None
+    gsy = _scale_grad(gyq, y, yq, mask_y, y_scale) if need_sy else None
+    return gx, gy, gsx, gsy, *([None] * 8)
+
+
+torch.library.register_autograd("approx::qmatmul", _backward_matmul, setup_context=_setup_matmul)

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from runner.lut_slopes import reference_lut_grad_a, reference_lut_grad_w
 from runner.quant import reference_dequantize, reference_quantize, reference_requantize
 
-__all__ = ["as_pair", "conv_output_size", "reference_lut_linear", "reference_lut_conv2d", "reference_lut_grad_a",
+__all__ = ["as_pair", "conv_output_size", "reference_lut_linear", "reference_lut_conv2d", "reference_lut_bmm",
+           "reference_lut_grad_a",
            "reference_lut_grad_w", "reference_quantize", "reference_dequantize", "reference_requantize"]
 
 # The reference materialises int64 indices of shape [rows, K, N]; this bounds one chunk (bytes).
@@ -73,6 +74,27 @@ def _check_linear(a, w, lut):
                            f"w {list(w.shape)}")
     if a.shape[1] != w.shape[1]:
         raise RuntimeError(f"lut_linear: a has K={a.shape[1]} columns but w has K={w.shape[1]}")
+
+
+def _check_bmm(a, b, lut):
+    """lut_bmm's checks: a's and b's codes follow lut_linear's a and w (b [B, N, K] is a batch of weights)."""
+    if a.dtype not in (torch.int8, torch.uint8):
+        raise RuntimeError(f"lut_bmm: codes `a` must be int8 (signed multiplier) or uint8 (unsigned multiplier), "
+                           f"got {a.dtype}")
+    if b.dtype != torch.int8:
+        raise RuntimeError(f"lut_bmm: codes `b` must be int8, got {b.dtype}")
+    if lut.dtype != torch.int32 or tuple(lut.shape) != (256, 256):
+        raise RuntimeError(f"lut_bmm: `lut` must be an int32 tensor of shape [256, 256], "
+                           f"got {lut.dtype} {list(lut.shape)}")
+    for name, t in (("a", a), ("b", b), ("lut", lut)):
+        if not t.is_contiguous():
+            raise RuntimeError(f"lut_bmm: `{name}` must be contiguous (call .contiguous() first)")
+    if not (a.device == b.device == lut.device):
+        raise RuntimeError(f"lut_bmm: a, b and lut must be on the same device, got {a.device}, {b.device}, "
+                           f"{lut.device}")
+    if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[2]:
+        raise RuntimeError(f"lut_bmm: expected a [B, M, K] and b [B, N, K], got a {list(a.shape)}, "
+                           f"b {list(b.shape)}")
 
 
 def _check_conv(a, w, lut, stride, padding, dilation, groups):
@@ -135,6 +157,29 @@ def reference_lut_linear(a, w, lut):
     every variant computes these sums)."""
     _check_linear(a, w, lut)
     return _linear_codes(a, w, lut)
+
+
+def reference_lut_bmm(a, b, lut):
+    """int32 [B, M, N] = sum_k product(a[i, m, k], b[i, n, k]) through the LUT (approx::lut_bmm): lut_linear of
+    each batch, b[i] in the weight's place. Computed over all batches at once (rows of every batch in one
+    gather), so the tests' comparison with per-batch lut_linear checks the batch indexing too."""
+    _check_bmm(a, b, lut)
+    nb, m, k = a.shape
+    n = b.shape[1]
+    signed = a.dtype == torch.int8
+    b64 = b.to(torch.int64).transpose(1, 2)                     # [B, K, N]
+    col, sign = (b64 + 128, None) if signed else (b64.abs(), torch.sign(b64))
+    rows_a = a.reshape(nb * m, k).to(torch.int64) + (128 if signed else 0)
+    flat = lut.reshape(-1)
+    out = torch.empty((nb * m, n), dtype=torch.int32, device=a.device)
+    step = max(1, _REF_CHUNK_BYTES // (8 * max(1, k * n)))
+    for s in range(0, nb * m, step):
+        batch = torch.arange(s, min(s + step, nb * m), device=a.device) // max(1, m)
+        prod = flat[(rows_a[s:s + step] * 256).unsqueeze(2) + col[batch]]   # [rows, K, N]
+        if sign is not None:
+            prod = prod.to(torch.int64) * sign[batch]
+        out[s:s + step] = _wrap_int32(prod.sum(dim=1, dtype=torch.int64))
+    return out.reshape(nb, m, n)
 
 
 def reference_lut_conv2d(a, w, lut, stride=1, padding=0, dilation=1, groups=1):

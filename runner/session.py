@@ -55,9 +55,18 @@ class Session:
         path = checkpoint_path(cfg)
         hit = self._baselines.get(str(path))
         if hit is not None and path.exists() and hit[0] == path.stat().st_mtime_ns:
-            return hit[1]
+            return self._matmuls(hit[1], cfg)
         result = load_or_train(cfg, data=self.dataset(cfg.data))
         self._baselines[str(path)] = (path.stat().st_mtime_ns if path.exists() else None, result)
+        return self._matmuls(result, cfg)
+
+    @staticmethod
+    def _matmuls(result, cfg):
+        """The baseline with its attention products layers or not, as this config says (a sweep's jobs may differ
+        in model.approx_matmuls and share the checkpoint and its model)."""
+        from runner.attention import use_matmuls
+
+        use_matmuls(result[0], bool(cfg.model.get("approx_matmuls", False)))
         return result
 
     def calibration(self, model: nn.Module, ckpt: Path, calib_x: torch.Tensor, qcfg, seed: int):

@@ -46,6 +46,7 @@ class Attention(nn.Module):
         self.qk, self.av = MatMul(), MatMul()
         self.embed_dim, self.num_heads, self.head_dim = e, h, e // h
         self.batch_first, self.dropout = mha.batch_first, float(mha.dropout)
+        self.train(mha.training)
 
     def _mask(self, attn_mask, key_padding_mask, is_causal, b, l, s, dtype, device):
         """One additive float mask [b, heads or 1, l, s] (None: no mask), as torch merges its masks."""

@@ -71,4 +71,8 @@ def build_model(cfg, mean=0.0, std=1.0) -> nn.Module:
                         "model.<key>=... overrides to match its constructor.") from None
     if not isinstance(model, nn.Module):
         raise UserError(f"model._target_={target} built a {type(model).__name__}, not a torch nn.Module.")
-    return model
+    # attention made explicit (its projections and products layers of their own): a rewrite that computes the
+    # same, and leaves the parameters' names of models without attention as they were
+    from runner.attention import explicit_attention, use_matmuls
+
+    return use_matmuls(explicit_attention(model), bool(cfg.get("approx_matmuls", False)))

@@ -96,14 +96,17 @@ def plot_heatmap(table: pd.DataFrame, path: Path, title: str) -> Path | None:
         return None
     grid = ok.pivot_table(index="layer", columns="multiplier", values="loss_pts", aggfunc="last")
     grid = grid.reindex(index=list(dict.fromkeys(table["layer"])))
-    fig, ax = plt.subplots(figsize=(1.0 + 0.42 * grid.shape[1], 1.2 + 0.45 * grid.shape[0]), dpi=100)
+    # the labels' width in the figure's: a transformer's names (layers.3.self_attention.q_proj, ~50 of them)
+    # would otherwise squeeze the cells to nothing beside them
+    label_in = 0.065 * max(len(str(n)) for n in grid.index)
+    fig, ax = plt.subplots(figsize=(1.0 + label_in + 0.42 * grid.shape[1], 1.2 + 0.3 * grid.shape[0]), dpi=100)
     from matplotlib.colors import PowerNorm
 
     # a square-root-like scale: a loss of half a point stays visible beside one of 40
     im = ax.imshow(grid.clip(lower=0).values, cmap="Reds", aspect="auto",
                    norm=PowerNorm(0.4, vmin=0, vmax=max(1.0, float(grid.max().max()))))
     ax.set_xticks(range(grid.shape[1]), grid.columns, rotation=60, ha="right", fontsize=8)
-    ax.set_yticks(range(grid.shape[0]), grid.index, fontsize=9)
+    ax.set_yticks(range(grid.shape[0]), grid.index, fontsize=9 if grid.shape[0] <= 30 else 7)
     for (r, c), v in pd.DataFrame(grid.values).stack().items():
         ax.text(c, r, f"{v:.1f}", ha="center", va="center", fontsize=6,
                 color="white" if v > 0.3 * grid.max().max() else "black")

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from runner.layer_checks import check_non_finite_inputs
+from runner.attention import matmul_layers, use_matmuls
 from runner.models import fold_input_normalization, run_from, run_until
 
 
@@ -64,8 +65,6 @@ class Session:
     def _matmuls(result, cfg):
         """The baseline with its attention products layers or not, as this config says (a sweep's jobs may differ
         in model.approx_matmuls and share the checkpoint and its model)."""
-        from runner.attention import use_matmuls
-
         use_matmuls(result[0], bool(cfg.model.get("approx_matmuls", False)))
         return result
 
@@ -80,7 +79,10 @@ class Session:
             stats = calibrate(folded, calib_x, qcfg, seed=seed)
             # the inputs stay referenced with their result, so their ids cannot be reused by other objects
             self._calibrations[key] = (folded.cpu(), stats, model, calib_x)
-        return self._calibrations[key][:2]
+        folded, stats = self._calibrations[key][:2]
+        # the products are layers as the model's are now (calibration observed them either way)
+        use_matmuls(folded, any(m.approx for m in matmul_layers(model).values()))
+        return folded, stats
 
     def memo(self, key, build):
         """build() once per key (fake-quant models, operand histograms)."""

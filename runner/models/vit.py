@@ -30,7 +30,7 @@ class EncoderBlock(nn.Module):
 
 class ViT(nn.Module):
     def __init__(self, num_classes: int = 10, mean=0.0, std=1.0, in_channels: int = 1, image_size: int = 28,
-                 patch: int = 4, dim: int = 64, depth: int = 4, heads: int = 4, mlp_ratio: float = 2.0,
+                 patch: int = 7, dim: int = 64, depth: int = 4, heads: int = 4, mlp_ratio: float = 2.0,
                  dropout: float = 0.0):
         super().__init__()
         if image_size % patch:

@@ -69,6 +69,8 @@ esac
 case $mode in speed|all)
   step "layers" bash -c "python3 benchmarks/cuda_layers.py --repeat 30 --algos auto --out '$out/layers.json' 2>&1 \
     | tee '$out/layers.log' | tail -14"
+  step "attention matmuls" bash -c "python3 benchmarks/cuda_attention.py --repeat 30 --out '$out/attention.json' 2>&1 \
+    | tee '$out/attention.log' | tail -34"
   step "model + training" bash -c "python3 -m runner.cli bench bench.backends=[cuda] bench.ops=false \
     bench.train_batch_size=32 2>&1 | tee '$out/bench.log' | tail -30"
   # the image sets PYTHONDONTWRITEBYTECODE: a user's install keeps its bytecode, so the timing does too

@@ -1,4 +1,5 @@
-"""Benchmarks. Op level (this part): every LeNet-5 layer shape through each LUT backend.
+"""Benchmarks. Op level (this part): every LeNet-5 layer shape through each LUT backend, and attention's LUT
+matmuls (bench_matmuls).
 
 `bench_ops` times the approx ops alone on synthetic codes, one row per (backend, algo, layer,
 batch, code distribution): min / median / mean microseconds over `repeats` calls after `warmup`
@@ -272,12 +273,64 @@ def bench_train(model, multiplier, qcfg, data, backends, *, batch_size, repeats,
 _SHOWN = {
     "ops": ("backend", "algo", "layer", "batch", "dist", "threads", "median_us", "gmacs"),
     "algos": ("backend", "algo", "layer", "batch", "supported", "median_us", "gmacs", "workspace_mib", "auto_pick", "note"),
+    "matmuls": ("backend", "model", "op", "batch", "B", "M", "N", "K", "threads", "median_us", "tmacs"),
     "model": ("path", "backend", "device", "images", "threads", "median_ms", "images_per_s", "x_pytorch_time"),
     "layers": ("backend", "layer", "kind", "kernel", "stride", "input_shape", "median_us", "gmacs", "fp32_gmacs",
                "x_fp32_time", "auto_pick"),
     "train": ("path", "backend", "grad", "device", "cuda_graph", "step_mode", "batch_size", "threads",
               "step_ms_median", "epoch_s_median", "x_fakequant_epoch"),
 }
+
+
+# Attention's two LUT matmuls per head (approx::lut_bmm): Q.K^T is [T, d] x [T, d]^T, P.V is [T, T] x ([d, T])^T.
+# name: (heads, tokens, head dim). ViT-B/16 at 224x224 (the GPU bar's shape), and a small ViT of 32x32 images in
+# 4x4 patches (64 patches + the class token).
+ATTENTION_SHAPES = {"vit_b16": (12, 197, 64), "vit_small": (4, 65, 32)}
+
+
+def attention_matmul_shapes(images, heads, tokens, head_dim):
+    """{op: (B, M, N, K)} of lut_bmm for one attention layer over `images` images."""
+    nb = images * heads
+    return {"qk": (nb, tokens, tokens, head_dim), "av": (nb, tokens, head_dim, tokens)}
+
+
+def bench_matmuls(backends, batches=(64,), repeats=20, warmup=3, *, python_max_macs=20_000_000, python_repeats=2,
+                  seed=0) -> pd.DataFrame:
+    """Time approx::lut_bmm on attention's shapes (ATTENTION_SHAPES) per backend with the exact signed table:
+    signed codes for Q, K, V, probabilities as codes 0..127 (their range on a signed multiplier). One row per
+    (backend, model, op, images): min / median / mean microseconds, T MAC/s from the median."""
+    lut = exact_lut(True)
+    rows = []
+    for backend in backends:
+        device = torch.device("cuda" if backend == "cuda" else "cpu")
+        timer = device_timer(device)
+        lut_d = lut.to(device)
+        for model, (heads, tokens, head_dim) in ATTENTION_SHAPES.items():
+            for images in batches:
+                for op, (nb, m, n, k) in attention_matmul_shapes(images, heads, tokens, head_dim).items():
+                    macs = nb * m * n * k
+                    reps, warm = repeats, warmup
+                    if backend == "python":
+                        if macs > python_max_macs:
+                            continue
+                        reps, warm = min(repeats, python_repeats), min(warmup, 1)
+                    gen = torch.Generator().manual_seed(seed)
+                    a = torch.randint(0 if op == "av" else -128, 128, (nb, m, k), generator=gen, dtype=torch.int8)
+                    b = torch.randint(-128, 128, (nb, n, k), generator=gen, dtype=torch.int8)
+                    a, b = a.to(device), b.to(device)
+                    fn = lambda: ops.lut_bmm(a, b, lut_d, backend=backend)  # noqa: E731
+                    first = timer(fn)
+                    for _ in range(warm):
+                        timer(fn)
+                    ts = [timer(fn) for _ in range(reps)]
+                    med = statistics.median(ts)
+                    rows.append(dict(
+                        backend=backend, model=model, op=op, batch=images, heads=heads, tokens=tokens,
+                        head_dim=head_dim, B=nb, M=m, N=n, K=k, device=str(device), threads=torch.get_num_threads(),
+                        repeats=reps, macs=macs, first_us=first, min_us=min(ts), median_us=med,
+                        mean_us=statistics.fmean(ts), tmacs=macs / med / 1e6 if med > 0 else float("nan"),
+                    ))
+    return pd.DataFrame(rows)
 
 
 def check_bench_config(b) -> None:
@@ -290,6 +343,11 @@ def check_bench_config(b) -> None:
         if key in b:
             config_number(b[key], f"bench.{key}", minimum=low)
     config_number(b.get("threads"), "bench.threads", minimum=1, optional=True)
+    if b.get("matmuls", False):
+        if not list(b.matmul_batches):
+            raise UserError("bench.matmul_batches is empty; give images per call, e.g. bench.matmul_batches=[64].")
+        for i, batch in enumerate(b.matmul_batches):
+            config_number(batch, f"bench.matmul_batches[{i}]", minimum=1)
 
 
 def run(cfg, out_dir):
@@ -325,6 +383,10 @@ def run(cfg, out_dir):
     if b.algos:
         tables["algos"] = bench_algos([x for x in backends if x != "python"], batches=tuple(int(x) for x in b.batches),
                                       repeats=int(b.repeats), warmup=int(b.warmup))
+    if b.get("matmuls", False):
+        tables["matmuls"] = bench_matmuls(backends, batches=tuple(int(x) for x in b.matmul_batches),
+                                          repeats=int(b.repeats), warmup=int(b.warmup),
+                                          python_max_macs=int(b.python_max_macs))
     if b.model:
         model, _, _, data = load_or_train(cfg)
         reps = -(-int(b.model_images) // len(data.test_x))
@@ -354,7 +416,7 @@ def run(cfg, out_dir):
             console.print(f"[yellow]bench {name}[/]: nothing to time with these settings")
             continue
         write_csv(out_dir / f"{name}.csv", df)
-        show = df if name not in ("ops", "layers") else df[df.batch == max(df.batch)]
+        show = df if name not in ("ops", "layers", "matmuls") else df[df.batch == max(df.batch)]
         show = show[[c for c in _SHOWN[name] if c in show.columns]]
         print_table(show, f"approx-run bench: {name} (all columns: {out_dir / (name + '.csv')})")
     device = torch.device("cuda" if "cuda" in backends else "cpu")

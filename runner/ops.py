@@ -104,6 +104,9 @@ def _compiled(op_name, backend, a):
     want = "cpu" if backend == "cpp" else "cuda"
     if a.device.type != want:
         raise UserError(f"backend={backend} runs on {want} tensors, got tensors on {a.device}")
+    if not hasattr(torch.ops.approx, op_name):  # a build from before the op existed
+        raise UserError(f"backend={backend}: the compiled extension has no approx::{op_name} (it predates the op); "
+                        f"rebuild it. {_ext.BUILD_HINT}")
     if not _ext.has_kernel(op_name, "CPU" if backend == "cpp" else "CUDA"):
         raise UserError(f"backend={backend}: {_ext.backend_status()[backend]}")
     return getattr(torch.ops.approx, op_name).default

@@ -114,6 +114,33 @@ inline LinearShape check_linear(const at::Tensor& a, const at::Tensor& w, const 
   return {a.size(0), a.size(1), w.size(0)};
 }
 
+struct BmmShape {
+  int64_t B, M, N, K;
+};
+
+// lut_bmm: a [B, M, K] codes as lut_linear's a, b [B, N, K] int8 codes as its w (runner/reference.py _check_bmm
+// words them alike, in the same order).
+inline BmmShape check_bmm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& lut, c10::DeviceType backend) {
+  TORCH_CHECK(a.scalar_type() == at::kChar || a.scalar_type() == at::kByte,
+              std::string("lut_bmm: codes `a` must be int8 (signed multiplier) or uint8 (unsigned multiplier), got ") +
+                  T(a));
+  TORCH_CHECK(b.scalar_type() == at::kChar, std::string("lut_bmm: codes `b` must be int8, got ") + T(b));
+  TORCH_CHECK(lut.scalar_type() == at::kInt && lut.dim() == 2 && lut.size(0) == 256 && lut.size(1) == 256,
+              std::string("lut_bmm: `lut` must be an int32 tensor of shape [256, 256], got ") + T(lut) + " " +
+                  D(lut.sizes()));
+  TORCH_CHECK(a.is_contiguous(), "lut_bmm: `a` must be contiguous (call .contiguous() first)");
+  TORCH_CHECK(b.is_contiguous(), "lut_bmm: `b` must be contiguous (call .contiguous() first)");
+  TORCH_CHECK(lut.is_contiguous(), "lut_bmm: `lut` must be contiguous (call .contiguous() first)");
+  TORCH_CHECK(a.device() == b.device() && a.device() == lut.device(),
+              "lut_bmm: a, b and lut must be on the same device, got " + a.device().str() + ", " + b.device().str() +
+                  ", " + lut.device().str());
+  TORCH_CHECK(a.device().type() == backend, std::string("lut_bmm: the ") + c10::DeviceTypeName(backend) +
+                                                " kernel got tensors on " + a.device().str());
+  TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(2),
+              "lut_bmm: expected a [B, M, K] and b [B, N, K], got a " + D(a.sizes()) + ", b " + D(b.sizes()));
+  return {a.size(0), a.size(1), b.size(1), a.size(2)};
+}
+
 struct ConvShape {
   int64_t B, C, H, W, N, Cg, kh, kw, sh, sw, ph, pw, dh, dw, groups, Ho, Wo, K;
 };

@@ -27,6 +27,11 @@ TORCH_LIBRARY(approx, m) {
   m.def(
       "lut_conv2d(Tensor a, Tensor w, Tensor lut, int[2] stride=1, int[2] padding=0, "
       "int[2] dilation=1, int groups=1, str algo=\"auto\") -> Tensor");
+  // Batched matmul of two dynamic operands (attention's Q.K^T, P.V): a [B, M, K] codes as lut_linear's a,
+  // b [B, N, K] int8 codes as its w (so b's sign is applied after an unsigned multiplier, like a weight's):
+  //   out[i, m, n] = sum_k product(a[i, m, k], b[i, n, k])   int32 [B, M, N], wrapping like lut_linear.
+  // One kernel per backend, no algo: no operand is constant, so there is no table to expand ahead.
+  m.def("lut_bmm(Tensor a, Tensor b, Tensor lut) -> Tensor");
   // The variants of the backend of `a`'s device for these shapes (a [M, K] and w [N, K]: linear;
   // a and w 4-d: conv with the given stride, padding, dilation, groups): their names, the device
   // memory each one's prepared tables take (-1 where the variant does not run the shape), why not

@@ -11,7 +11,8 @@ from runner.multipliers.core import exact_lut
 from .conftest import backend_params, codes, random_lut, weights
 
 # a shape per kind of edge: one row / column / tap, tiles not filled, long K, many small batches
-SHAPES = [(1, 1, 1, 1), (3, 5, 4, 7), (2, 17, 9, 33), (1, 3, 2, 300), (40, 3, 5, 8), (2, 197, 13, 64)]
+SHAPES = [(1, 1, 1, 1), (3, 5, 4, 7), (2, 17, 9, 33), (1, 3, 2, 300), (40, 3, 5, 8), (2, 5, 72, 16),
+          (2, 197, 13, 64)]
 
 
 def bmm_backends():
@@ -42,11 +43,24 @@ def test_reference_wraps_like_an_int32_accumulator(gen):
     assert (reference.reference_lut_bmm(a, b, lut) == want).all()
 
 
+def _table(gen, kind):
+    """Tables of each range the CUDA kernel treats apart: products within int16 (shared-memory int16 table),
+    within [0, 65535] (unsigned multipliers' magnitudes, as mul8u's up to 65025), and beyond (int32 through
+    L1/L2)."""
+    lo, hi = {"int16": (-(2**14), 2**14), "uint16": (0, 2**16), "int32": (-(2**31), 2**31 - 1)}[kind]
+    return random_lut(gen, lo, hi)
+
+
+TABLES = ["int16", "uint16", "int32"]
+
+
 @pytest.mark.parametrize("backend,device", bmm_backends())
+@pytest.mark.parametrize("table", TABLES)
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_compiled_equals_reference(gen, backend, device, shape, signed):
-    a, b, lut = _operands(gen, shape, signed)
+def test_compiled_equals_reference(gen, backend, device, shape, signed, table):
+    a, b, _ = _operands(gen, shape, signed)
+    lut = _table(gen, table)
     want = reference.reference_lut_bmm(a, b, lut)
     if device == "cuda":  # the output's memory held garbage before: every element must be written
         torch.full((sum(shape) * 4096,), -7, dtype=torch.int32, device=device)
@@ -55,10 +69,26 @@ def test_compiled_equals_reference(gen, backend, device, shape, signed):
 
 
 @pytest.mark.parametrize("backend,device", bmm_backends())
-def test_compiled_wraps_and_takes_large_k(gen, backend, device):
-    a, b, lut = _operands(gen, (2, 5, 6, 2048), False, -(2**31), 2**31 - 1)
+@pytest.mark.parametrize("table", TABLES)
+def test_compiled_wraps_and_takes_large_k(gen, backend, device, table):
+    a, b, _ = _operands(gen, (2, 5, 6, 2048), table == "uint16")
+    lut = _table(gen, table)
     out = ops.lut_bmm(a.to(device), b.to(device), lut.to(device), backend=backend)
     assert torch.equal(out.cpu(), reference.reference_lut_bmm(a, b, lut))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or not hasattr(torch.ops.approx, "lut_bmm"), reason="no CUDA")
+@pytest.mark.parametrize("shape", [(3, 197, 197, 64), (3, 197, 64, 197), (2, 65, 65, 16), (1, 300, 257, 40)])
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
+def test_cuda_equals_cpp_on_attention_shapes(gen, shape, signed):
+    """The shapes the CUDA kernel tiles differently (197 tokens, head dims, more rows than one tile holds),
+    against the CPU kernel: faster than the reference at these sizes."""
+    a, b, _ = _operands(gen, shape, signed)
+    for kind in TABLES:
+        lut = _table(gen, kind)
+        want = ops.lut_bmm(a, b, lut, backend="cpp")
+        assert torch.equal(ops.lut_bmm(a.cuda(), b.cuda(), lut.cuda(), backend="cuda").cpu(), want), kind
 
 
 @pytest.mark.parametrize("backend,device", bmm_backends())
@@ -192,13 +222,16 @@ def test_sign_magnitude_slopes_follow_the_magnitude_table():
     torch.testing.assert_close(sl_y[1:, 1:], v.unsqueeze(1).expand(255, 255))
 
 
-def qmatmul_backends():
-    return [pytest.param("python", "cpu", id="python")] + bmm_backends()
+def qmatmul_opcheck_cases():
+    """opcheck is slow (it traces under aot_autograd), so each backend gets one gradient and kind of operands,
+    the python one and the compiled ones covering both gradients and both table kinds between them."""
+    cases = [pytest.param("python", "cpu", "lut", *KINDS[2], id="python-lut-" + KIND_IDS[2])]
+    for p in bmm_backends():
+        cases.append(pytest.param(*p.values, "ste", *KINDS[1], id=f"{p.id}-ste-{KIND_IDS[1]}", marks=p.marks))
+    return cases
 
 
-@pytest.mark.parametrize("backend,device", qmatmul_backends())
-@pytest.mark.parametrize("grad", ["ste", "lut"])
-@pytest.mark.parametrize("lut_signed,x_signed,y_signed", KINDS[1:3], ids=KIND_IDS[1:3])
+@pytest.mark.parametrize("backend,device,grad,lut_signed,x_signed,y_signed", qmatmul_opcheck_cases())
 def test_opcheck_qmatmul(gen, backend, device, grad, lut_signed, x_signed, y_signed):
     lut = random_lut(gen, -(2**12), 2**12)
     x, y, sx, sy = _floats(gen, (2, 5, 6), (2, 3, 6), x_signed, y_signed, lut_signed)

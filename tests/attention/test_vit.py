@@ -75,6 +75,7 @@ def test_compare_with_the_products_agrees_with_fake_quant_on_every_image(tiny_mn
         assert cpp["accuracy"] == py["accuracy"] and cpp["agreement_fakequant"] == 1.0
 
 
+@pytest.mark.slow  # four commands, about a minute on two free cores
 def test_sweep_search_sensitivity_and_finetune_take_the_products(tiny_mnist, tmp_path):
     common = [*TINY, f"data.root={tiny_mnist}", "model.approx_matmuls=true", "backend=python"]
     rows = _main(["sweep", *common, "sweep.multipliers=[exact,mul8s_1L2N]"], tmp_path)
@@ -82,7 +83,8 @@ def test_sweep_search_sensitivity_and_finetune_take_the_products(tiny_mnist, tmp
     products = "[layers.0.self_attention.qk,layers.0.self_attention.av]"
     rows = _main(["sensitivity", *common, "sensitivity.multipliers=[mul8s_1L2N]", f"sensitivity.layers={products}",
                   "sensitivity.plot=false"], tmp_path)
-    assert {"layers.0.self_attention.qk", "layers.0.self_attention.av"} <= set(rows["approx_layers"].dropna())
+    assert {"layers.0.self_attention.qk=mul8s_1L2N", "layers.0.self_attention.av=mul8s_1L2N"} <= \
+        set(rows["multiplier_per_layer"].dropna())
     rows = _main(["search", *common, "search.multipliers=[mul8s_1L2N,mul8s_1KV8]", f"search.layers={products}",
                   "search.max_evals=4", "search.plot=false"], tmp_path)
     assert (rows["status"] == "ok").all()

@@ -30,9 +30,10 @@ class EncoderBlock(nn.Module):
 
 class ViT(nn.Module):
     def __init__(self, num_classes: int = 10, mean=0.0, std=1.0, in_channels: int = 1, image_size: int = 28,
-                 patch: int = 7, dim: int = 64, depth: int = 4, heads: int = 4, mlp_ratio: float = 2.0,
+                 patch: int | None = None, dim: int = 64, depth: int = 4, heads: int = 4, mlp_ratio: float = 2.0,
                  dropout: float = 0.0):
         super().__init__()
+        patch = patch or (7 if image_size % 7 == 0 else 4)  # 28x28: 16 patches; 32x32: 64
         if image_size % patch:
             from runner.errors import UserError
             raise UserError(f"model.patch={patch} does not divide the image size {image_size}.")

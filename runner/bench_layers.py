@@ -95,7 +95,7 @@ def bench_model_layers(model: nn.Module, multiplier, qcfg, calib_x: torch.Tensor
         limit = lookup_limit(device)
         for batch in batches:
             inputs = layer_inputs(on_device, x[:batch].to(device))
-            for name, layer in quantized_layers(approx).items():
+            for name, layer in quantized_layers(approx, weights_only=True).items():
                 inp = inputs[name]
                 out_numel = floats[name](inp).numel()
                 per_output = math.prod(layer.weight.shape[1:])

@@ -336,7 +336,7 @@ def _run(cfg: DictConfig, out_dir: Path | None, common: dict, quiet: bool = Fals
     # every fake-quant layer's histogram: the fake-quant model (its key) is shared by runs that approximate
     # different layers of it (sensitivity)
     hists = sess.memo(("operand", keys["fakequant"]), lambda: operand.operand_histograms(
-        fq, list(quantized_layers(fq)), data.train_x, qcfg, int(cfg.seed)))
+        fq, list(quantized_layers(fq, weights_only=True)), data.train_x, qcfg, int(cfg.seed)))
     op_cols, op_layers = operand.metrics(multipliers, {n: hists[n] for n in approx_layers if n in hists}, macs)
     extra["fakequant"]["mult_energy_rel"] = 1.0  # exact int8 multiplies everywhere
     extra["approx"].update({"mult_energy_rel": spent["mult_energy_rel"], **op_cols})

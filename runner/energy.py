@@ -22,7 +22,7 @@ REFERENCE = "mul8s_1KV6"
 
 @torch.no_grad()
 def layer_macs(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, int]:
-    """{Conv2d/Linear layer: multiplies per image}, from one forward pass of a zero image."""
+    """{Conv2d/Linear layer, attention product: multiplies per image}, from one forward pass of a zero image."""
     layers = quant_layers(model)
     macs: dict[str, int] = {}
 
@@ -30,9 +30,11 @@ def layer_macs(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, int]
         def fn(module, args, out):
             if isinstance(module, nn.Conv2d):
                 per_output = module.in_channels // module.groups * math.prod(module.kernel_size)
+            elif len(args) > 1:  # an attention product a @ b^T (runner.attention.MatMul): heads * T * T * d
+                per_output = args[0].shape[-1]
             else:
                 per_output = module.in_features
-            macs[name] = int(out[0].numel()) * per_output
+            macs[name] = int(out.numel()) * per_output  # one image: whatever dim the batch is (sequence-first attention)
         return fn
 
     handles = [m.register_forward_hook(hook(n)) for n, m in layers.items()]

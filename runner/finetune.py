@@ -316,7 +316,7 @@ def scale_act_scales(model: nn.Module, factor: float) -> None:
     learn_scales, which goes on from there) adapts the weights to the clipping."""
     if factor == 1.0:
         return
-    for layer in quantized_layers(model).values():
+    for layer in quantized_layers(model, weights_only=True).values():
         if not layer.dynamic:
             layer.act_scale.mul_(factor)
 

@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from runner import lut_slopes, ops, ops_autograd
+from runner.attention import MatMul, explicit_attention, use_matmuls
+from runner.attention.quantized import ApproxMatMul, FakeQuantMatMul, _QuantizedMatMul
 from runner.code_map import identity_code_map
 from runner.errors import UserError
 from runner.exact_conv import exact_conv2d, exact_dtype
@@ -421,8 +423,11 @@ def select_layers(model: nn.Module, layers) -> list[str]:
             unknown.append(pattern)
         chosen += [n for n in found if n not in chosen]
     if unknown:
-        raise UserError(f"layer(s) {unknown} are not Conv2d/Linear layers of the model (nor globs matching one); "
-                        f"choose from {available}.")
+        products = [n for n in quant_layers(model, all_matmuls=True) if n not in available]
+        hint = (f" (the attention products {products[:2]}... are layers with model.approx_matmuls=true)"
+                if products and any(fnmatch.fnmatchcase(p, u) or p == u for u in unknown for p in products) else "")
+        raise UserError(f"layer(s) {unknown} are not Conv2d/Linear layers of the model (nor globs matching one)"
+                        f"{hint}; choose from {available}.")
     return chosen
 
 
@@ -437,7 +442,8 @@ def _per_layer(multipliers, names: list[str]) -> dict:
 
 def check_signedness(multipliers: dict, stats: dict[str, ActStats]) -> None:
     for name, m in multipliers.items():
-        if not m.signed and name in stats and stats[name].min < 0:
+        # an attention product's operands have no such limit: an unsigned table multiplies them sign-magnitude
+        if not m.signed and name in stats and stats[name].min < 0 and stats[name].other is None:
             raise UserError(
                 f"multiplier {m.name} is unsigned, but the input of layer {name} takes negative values "
                 f"(min {stats[name].min:.4g} over the calibration data), which uint8 codes cannot hold. "
@@ -462,6 +468,12 @@ def convert_model(model: nn.Module, multipliers, qcfg: QuantConfig, stats: dict[
     for name in converted:
         layer = out.get_submodule(name)
         st = None if qcfg.activation == "dynamic" else stats[name]
+        if isinstance(layer, MatMul):  # an attention product: its operands' signedness from calibration either way
+            st = stats.get(name)
+            new = FakeQuantMatMul(per_layer[name].signed, qcfg, st, name=name) if fake or name not in names else \
+                ApproxMatMul(per_layer[name], qcfg, st, backend, name=name)
+            _set_module(out, name, new)
+            continue
         conv = isinstance(layer, nn.Conv2d)
         if fake or name not in names:
             new = (FakeQuantConv2d if conv else FakeQuantLinear)(layer, per_layer[name].signed, qcfg, st, name=name)
@@ -516,11 +528,14 @@ def quantized_models(model: nn.Module, multipliers, qcfg: QuantConfig, calib_x: 
 
 
 def approximate(model: nn.Module, multiplier, calib_x: torch.Tensor, quant: QuantConfig | None = None,
-                backend: str = "cpp", layers=None, seed: int = 0) -> tuple[nn.Module, nn.Module]:
+                backend: str = "cpp", layers=None, seed: int = 0, matmuls: bool = False) -> tuple[nn.Module, nn.Module]:
     """The Python API for any trained nn.Module (docs/models.md): (fake-quant int8 model, model whose chosen
     Conv2d/Linear layers multiply through the table), both in eval mode on the CPU. multiplier: a name or spec
     as `multiplier=` takes it (mul8s_1L2J, exact, a table file) or a Multiplier, or {layer: one of those};
-    layers: names and globs as model.approx_layers (None: all); calib_x: training inputs for the scales."""
+    layers: names and globs as model.approx_layers (None: all); calib_x: training inputs for the scales.
+    Attention (nn.MultiheadAttention, torchvision's Swin) is made explicit first and functional reads of a
+    layer's weight are routed through the layer (runner.attention.explicit_attention); matmuls=True makes each
+    attention's Q.K^T and P.V layers too (`<attention>.qk`, `<attention>.av`; model.approx_matmuls)."""
     from runner.multipliers import resolve
 
     def one(spec):
@@ -529,13 +544,17 @@ def approximate(model: nn.Module, multiplier, calib_x: torch.Tensor, quant: Quan
     multipliers = {n: one(m) for n, m in multiplier.items()} if isinstance(multiplier, dict) else one(multiplier)
     if isinstance(multipliers, dict) and layers is None:
         layers = list(multipliers)
-    fq, approx, _ = quantized_models(model.cpu().eval(), multipliers, quant or QuantConfig(), calib_x,
+    model = explicit_attention(copy.deepcopy(model).cpu().eval(), calib_x[:1].cpu())
+    use_matmuls(model, matmuls)
+    fq, approx, _ = quantized_models(model, multipliers, quant or QuantConfig(), calib_x,
                                      backend=backend, layers=layers, seed=seed)
     return fq, approx
 
 
-def quantized_layers(model: nn.Module) -> dict[str, _Quantized]:
-    return {name: m for name, m in model.named_modules() if isinstance(m, _Quantized)}
+def quantized_layers(model: nn.Module, weights_only: bool = False) -> dict[str, nn.Module]:
+    """The converted layers: Conv2d/Linear (_Quantized) and, unless weights_only, the attention products."""
+    kinds = _Quantized if weights_only else (_Quantized, _QuantizedMatMul)
+    return {name: m for name, m in model.named_modules() if isinstance(m, kinds)}
 
 
 def learn_act_scales(model: nn.Module, on: bool = True) -> None:
@@ -547,7 +566,7 @@ def learn_act_scales(model: nn.Module, on: bool = True) -> None:
 def set_grad_mode(model: nn.Module, grad: str, slope_window: int = 1) -> None:
     """The gradient every LUT layer of `model` records in training ("ste" or "lut", see _Approx.set_grad)."""
     for m in model.modules():
-        if isinstance(m, _Approx):
+        if isinstance(m, (_Approx, ApproxMatMul)):
             m.set_grad(grad, slope_window)
 
 

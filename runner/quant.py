@@ -263,10 +263,39 @@ class ActStats:
     min: float
     amax_signed: float     # what a signed multiplier's scale comes from
     amax_unsigned: float   # what an unsigned multiplier's scale comes from
+    other: "ActStats | None" = None  # an attention product's second operand (runner.attention.MatMul)
 
 
-def quant_layers(model: nn.Module) -> dict[str, nn.Module]:
-    return {name: m for name, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
+def quant_layers(model: nn.Module, all_matmuls: bool = False) -> dict[str, nn.Module]:
+    """The layers a conversion quantizes: every Conv2d and Linear, and the attention products (MatMul) that
+    model.approx_matmuls made layers (all of them with all_matmuls: calibration observes them either way, so
+    one calibration serves both settings)."""
+    from runner.attention.matmul import MatMul
+
+    return {name: m for name, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))
+            or (isinstance(m, MatMul) and (m.approx or all_matmuls))}
+
+
+def _stats(chunks: list[torch.Tensor], keep_all: bool, percentile: float, gen) -> ActStats:
+    v = torch.cat(chunks)
+    if keep_all:
+        q = percentile / 100.0
+        sample = v if v.numel() <= 1 << 24 else v[torch.randperm(v.numel(), generator=gen)[: 1 << 24]]
+        amax_s = torch.quantile(sample.abs(), q).item()
+        amax_u = max(torch.quantile(sample, q).item(), 0.0)
+    else:
+        amax_s, amax_u = v.abs().max().item(), max(v.max().item(), 0.0)
+    return ActStats(min=v.min().item(), amax_signed=_f32(amax_s), amax_unsigned=_f32(amax_u))
+
+
+def _never_called(model: nn.Module, names: list[str]) -> UserError:
+    return UserError(
+        f"calibration never saw the input of layer(s) {names}: the model's forward does not call them as modules "
+        f"(their weight is read some other way, or they are unused for these inputs). Call each as a module "
+        f"(self.fc(x) rather than F.linear(x, self.fc.weight)); runner.attention.explicit_attention(model, "
+        f"example) rewrites nn.MultiheadAttention and torchvision's Swin attention and routes plain "
+        f"F.linear/F.conv2d reads of a layer's weight through the layer. Or leave them out of "
+        f"model.approx_layers (their multiplies then stay fp32).")
 
 
 @torch.no_grad()
@@ -288,18 +317,25 @@ def calibrate(model: nn.Module, x: torch.Tensor, qcfg: QuantConfig, device=None,
     idx = torch.randperm(len(x), generator=gen)[:n]
     dtype = torch.float64 if device is None else None
     if device is None:
-        names = set(quant_layers(model) if layers is None else layers)
+        names = set(quant_layers(model, all_matmuls=True) if layers is None else layers)
         model, device = copy.deepcopy(model).to(torch.float64), "cpu"
         layers = {name: m for name, m in model.named_modules() if name in names}
-    layers = quant_layers(model) if layers is None else layers
+    layers = quant_layers(model, all_matmuls=True) if layers is None else layers
     keep_all = qcfg.activation == "percentile"
     seen: dict[str, list[torch.Tensor]] = {name: [] for name in layers}
+    seen_other: dict[str, list[torch.Tensor]] = {}
+
+    def keep(into, t):
+        v = t.detach().flatten().double().cpu()
+        # min-max needs only each batch's extremes (exact, in any order); a percentile needs every value
+        if v.numel():
+            into.append(v if keep_all else torch.stack([v.min(), v.max()]))
 
     def hook(name):
         def fn(_module, args):
-            v = args[0].detach().flatten().double().cpu()
-            # min-max needs only each batch's extremes (exact, in any order); a percentile needs every value
-            seen[name].append(v if keep_all or v.numel() == 0 else torch.stack([v.min(), v.max()]))
+            keep(seen[name], args[0])
+            if len(args) > 1 and isinstance(args[1], torch.Tensor):  # MatMul's second operand
+                keep(seen_other.setdefault(name, []), args[1])
         return fn
 
     handles = [m.register_forward_pre_hook(hook(name)) for name, m in layers.items()]
@@ -310,17 +346,14 @@ def calibrate(model: nn.Module, x: torch.Tensor, qcfg: QuantConfig, device=None,
     finally:
         for h in handles:
             h.remove()
+    missing = [name for name, chunks in seen.items() if not chunks]
+    if missing:
+        raise _never_called(model, missing)
     stats = {}
     for name, chunks in seen.items():
-        v = torch.cat(chunks)
-        if keep_all:
-            q = qcfg.percentile / 100.0
-            sample = v if v.numel() <= 1 << 24 else v[torch.randperm(v.numel(), generator=gen)[: 1 << 24]]
-            amax_s = torch.quantile(sample.abs(), q).item()
-            amax_u = max(torch.quantile(sample, q).item(), 0.0)
-        else:
-            amax_s, amax_u = v.abs().max().item(), max(v.max().item(), 0.0)
-        stats[name] = ActStats(min=v.min().item(), amax_signed=_f32(amax_s), amax_unsigned=_f32(amax_u))
+        stats[name] = _stats(chunks, keep_all, qcfg.percentile, gen)
+        if name in seen_other:
+            stats[name].other = _stats(seen_other[name], keep_all, qcfg.percentile, gen)
     return stats
 
 

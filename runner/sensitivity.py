@@ -98,11 +98,14 @@ def plot_heatmap(table: pd.DataFrame, path: Path, title: str) -> Path | None:
     grid = grid.reindex(index=list(dict.fromkeys(table["layer"])))
     rows, cols = grid.shape
     # 50-150 layers (an ImageNet network): thinner rows and smaller labels, so the figure stays a page or two
-    # tall, and no numbers in the cells once they are too small to read (the colour still says it)
+    # tall, and no numbers in the cells once they are too small to read (the colour still says it). The labels'
+    # width in the figure's: a transformer's names (layers.3.self_attention.q_proj) would otherwise squeeze the
+    # cells to nothing beside them
     row_h = 0.45 if rows <= 40 else 0.24
     label_pt = 9 if rows <= 40 else 6
     numbers = rows * cols <= 1500 and rows <= 80
-    fig, ax = plt.subplots(figsize=(2.0 + 0.42 * cols, 1.2 + row_h * rows), dpi=100)
+    label_in = 0.065 * max(len(str(n)) for n in grid.index) * label_pt / 9
+    fig, ax = plt.subplots(figsize=(1.0 + label_in + 0.42 * cols, 1.2 + row_h * rows), dpi=100)
     from matplotlib.colors import PowerNorm
 
     # a square-root-like scale: a loss of half a point stays visible beside one of 40

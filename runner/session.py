@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from runner.layer_checks import check_non_finite_inputs
+from runner.attention import matmul_layers, use_matmuls
 from runner.models import chain_matches, fold_input_normalization, run_from, run_until
 
 
@@ -58,9 +59,16 @@ class Session:
         hit = self._baselines.get(str(path))
         if hit is not None and path.exists() and hit[0] == path.stat().st_mtime_ns \
                 and hit[1][3] is self.dataset(cfg.data):  # given weights serve every data set of their classes
-            return hit[1]
+            return self._matmuls(hit[1], cfg)
         result = load_or_train(cfg, data=self.dataset(cfg.data))
         self._baselines[str(path)] = (path.stat().st_mtime_ns if path.exists() else None, result)
+        return self._matmuls(result, cfg)
+
+    @staticmethod
+    def _matmuls(result, cfg):
+        """The baseline with its attention products layers or not, as this config says (a sweep's jobs may differ
+        in model.approx_matmuls and share the checkpoint and its model)."""
+        use_matmuls(result[0], bool(cfg.model.get("approx_matmuls", False)))
         return result
 
     def calibration(self, model: nn.Module, ckpt: Path, calib_x: torch.Tensor, qcfg, seed: int):
@@ -74,7 +82,10 @@ class Session:
             stats = calibrate(folded, calib_x, qcfg, seed=seed)
             # the inputs stay referenced with their result, so their ids cannot be reused by other objects
             self._calibrations[key] = (folded.cpu(), stats, model, calib_x)
-        return self._calibrations[key][:2]
+        folded, stats = self._calibrations[key][:2]
+        # the products are layers as the model's are now (calibration observed them either way)
+        use_matmuls(folded, any(m.approx for m in matmul_layers(model).values()))
+        return folded, stats
 
     def memo(self, key, build):
         """build() once per key (fake-quant models, operand histograms)."""

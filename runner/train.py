@@ -7,8 +7,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
-import pickle
 import json
+import math
+import pickle
 import time
 from pathlib import Path
 
@@ -29,7 +30,7 @@ _NON_WEIGHT_KEYS = ("force", "eval_batch_size", "devices")
 _NON_DATA_KEYS = ("root", "download", "cache_dir", "workers", "in_channels", "image_size", "num_classes",
                   "zoo_train_epochs", "finetune_batch_size", "finetune_epochs", "finetune_warmup_epochs")
 # model.* keys that choose what to convert later, not what to train
-_NON_MODEL_KEYS = ("approx_layers", "other_layers")
+_NON_MODEL_KEYS = ("approx_layers", "other_layers", "approx_matmuls")
 # model.* keys that the data set determines (its name is in the key)
 _DATA_SHAPE_KEYS = ("in_channels", "image_size")
 
@@ -153,8 +154,12 @@ def check_train_config(cfg: DictConfig) -> None:
     t = cfg.train
     if t.get("schedule", "constant") not in ("constant", "cosine"):
         raise UserError(f"train.schedule={t.schedule}: choose constant or cosine.")
-    if t.get("optimizer", "adam") not in ("adam", "sgd"):
-        raise UserError(f"train.optimizer={t.optimizer}: choose adam or sgd.")
+    if t.get("optimizer", "adam") not in ("adam", "adamw", "sgd"):
+        raise UserError(f"train.optimizer={t.optimizer}: choose adam, adamw or sgd.")
+    config_number(t.get("warmup_epochs", 0.0), "train.warmup_epochs", minimum=0, kind=float)
+    smoothing = config_number(t.get("label_smoothing", 0.0), "train.label_smoothing", minimum=0, kind=float)
+    if smoothing >= 1:
+        raise UserError(f"train.label_smoothing={smoothing} must be < 1.")
     if t.get("optimizer", "adam") == "sgd":
         config_number(t.get("momentum", 0.9), "train.momentum", minimum=0, kind=float)
     for key in ("epochs", "batch_size", "eval_batch_size"):
@@ -165,11 +170,31 @@ def check_train_config(cfg: DictConfig) -> None:
 
 
 def make_optimizer(model: nn.Module, t: DictConfig) -> torch.optim.Optimizer:
-    """train.optimizer: adam (the default, also for configs that predate the key) or sgd (momentum, nesterov)."""
+    """train.optimizer: adam (the default, also for configs that predate the key), adamw (decoupled weight decay,
+    the transformers' optimizer) or sgd (momentum, nesterov)."""
     if t.get("optimizer", "adam") == "sgd":
         return torch.optim.SGD(model.parameters(), lr=float(t.lr), momentum=float(t.get("momentum", 0.9)),
                                nesterov=bool(t.get("nesterov", False)), weight_decay=float(t.weight_decay))
+    if t.get("optimizer", "adam") == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=float(t.lr), weight_decay=float(t.weight_decay))
     return torch.optim.Adam(model.parameters(), lr=float(t.lr), weight_decay=float(t.weight_decay))
+
+
+def make_schedule(opt: torch.optim.Optimizer, t: DictConfig, steps_per_epoch: int):
+    """The learning rate over the run: cosine decay to 0 (the last epochs settle instead of bouncing around the
+    optimum, so the saved last weights are reliably among the best) or constant, after train.warmup_epochs of
+    linear warm-up (transformers diverge early at full rate); None for a constant rate without warm-up."""
+    total = int(t.epochs) * steps_per_epoch
+    warmup = min(int(round(float(t.get("warmup_epochs", 0.0)) * steps_per_epoch)), total - 1)
+    cosine = t.get("schedule", "constant") == "cosine"
+    if warmup <= 0:
+        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total) if cosine else None
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup))) if cosine else 1.0
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
 def train_model(cfg: DictConfig, data: Dataset, device: torch.device) -> tuple[nn.Module, list[dict]]:
@@ -185,7 +210,7 @@ def train_model(cfg: DictConfig, data: Dataset, device: torch.device) -> tuple[n
     torch.manual_seed(int(cfg.seed))
     model = build_model(cfg.model, data.mean, data.std).to(device)
     opt = make_optimizer(model, cfg.train)
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=float(cfg.train.get("label_smoothing", 0.0)))
     sampler = None
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
@@ -204,10 +229,7 @@ def train_model(cfg: DictConfig, data: Dataset, device: torch.device) -> tuple[n
         net = model
         loader = data.loader("train", int(cfg.train.batch_size), shuffle=True, seed=int(cfg.seed))
     epochs = int(cfg.train.epochs)
-    # cosine decay to 0 over the run: the last epochs settle instead of bouncing around the optimum,
-    # so the saved (last) weights are reliably among the best
-    sched = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * len(loader))
-             if cfg.train.get("schedule", "constant") == "cosine" else None)
+    sched = make_schedule(opt, cfg.train, len(loader))
     history = []
     with progress_bar(f"train {cfg.model.name} on {data.name}", total=epochs * len(loader)) as advance:
         for epoch in range(1, epochs + 1):

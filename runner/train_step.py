@@ -216,7 +216,7 @@ def refresh_quantized(model: nn.Module, force: bool = False) -> None:
     kernel wrote are not what decides; the graph must hold the requantization)."""
     from runner.layers import quantized_layers
 
-    layers = list(quantized_layers(model).values())
+    layers = list(quantized_layers(model, weights_only=True).values())
     if force:
         torch.autograd.graph.increment_version([m.weight for m in layers])
     for layer in layers:

@@ -24,10 +24,11 @@ ZOO = {
     "resnet20": "runner.models.resnet.resnet20",
     "vgg": "runner.models.vgg.VGG",
     "mobilenetv2": "runner.models.mobilenetv2.MobileNetV2",
+    "vit": "runner.models.vit.ViT",
 }
 
 # model.* keys that are not constructor arguments
-NOT_KWARGS = ("name", "_target_", "approx_layers", "other_layers")
+NOT_KWARGS = ("name", "_target_", "approx_layers", "other_layers", "approx_matmuls")
 
 __all__ = ["ZOO", "LeNet5", "Normalize", "PadWith", "build_model", "chain_matches", "fold_batchnorm",
            "fold_input_normalization", "run_from", "run_until", "stages_of"]
@@ -71,4 +72,8 @@ def build_model(cfg, mean=0.0, std=1.0) -> nn.Module:
                         "model.<key>=... overrides to match its constructor.") from None
     if not isinstance(model, nn.Module):
         raise UserError(f"model._target_={target} built a {type(model).__name__}, not a torch nn.Module.")
-    return model
+    # attention made explicit (its projections and products layers of their own): a rewrite that computes the
+    # same, and leaves the parameters' names of models without attention as they were
+    from runner.attention import explicit_attention, use_matmuls
+
+    return use_matmuls(explicit_attention(model), bool(cfg.get("approx_matmuls", False)))

@@ -17,7 +17,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-vit-gpu-out}
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 PYTHONPATH=.
+export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-}
 : "${FMNIST:?set FMNIST to the folder of the Fashion-MNIST IDX files}"
 PY=${PY:-python3}
 AR=${AR:-approx-run}

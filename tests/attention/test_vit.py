@@ -19,7 +19,7 @@ TINY = ["model=vit", "model.dim=16", "model.depth=2", "model.heads=2", "data=mni
 
 @pytest.fixture(scope="module")
 def tiny_mnist(tmp_path_factory):
-    from tests.test_data import _write_set
+    from tests.data.test_mnist import _write_set
 
     root = tmp_path_factory.mktemp("mnist")
     _write_set(root, n_train=60, n_test=20, seed=0)

@@ -18,7 +18,7 @@ from torch import nn
 
 from runner import lut_slopes, ops, ops_autograd
 from runner.attention import MatMul, explicit_attention, use_matmuls
-from runner.attention.quantized import ApproxMatMul, FakeQuantMatMul, _QuantizedMatMul
+from runner.attention.quantized import ApproxMatMul, FakeQuantMatMul, QuantizedMatMul
 from runner.code_map import identity_code_map
 from runner.errors import UserError
 from runner.exact_conv import exact_conv2d, exact_dtype
@@ -42,6 +42,8 @@ class _Quantized(nn.Module):
     weights: recomputed after each change (an optimizer step, load_state_dict) and written in place, so
     the kernels' table caches, keyed on tensor content (cpp) or identity and version counter (cuda), see
     every change. Between changes they are reused: inference never requantizes the weights."""
+
+    routes_weight_reads = True  # runner.attention.routing: an F.linear reading .weight goes through this layer
 
     def __init__(self, layer: nn.Module, signed: bool, qcfg: QuantConfig, stats: ActStats | None,
                  name: str = "?"):
@@ -553,7 +555,7 @@ def approximate(model: nn.Module, multiplier, calib_x: torch.Tensor, quant: Quan
 
 def quantized_layers(model: nn.Module, weights_only: bool = False) -> dict[str, nn.Module]:
     """The converted layers: Conv2d/Linear (_Quantized) and, unless weights_only, the attention products."""
-    kinds = _Quantized if weights_only else (_Quantized, _QuantizedMatMul)
+    kinds = _Quantized if weights_only else (_Quantized, QuantizedMatMul)
     return {name: m for name, m in model.named_modules() if isinstance(m, kinds)}
 
 

@@ -15,7 +15,7 @@ from torch import nn
 from runner.attention.matmul import MatMul
 from runner.attention.mha import Attention
 from runner.attention.routing import functional_reads, route_weights
-from runner.attention.swin import _Explicit, explicit_swin, swin_classes
+from runner.attention.swin import ExplicitSwin, explicit_swin, swin_classes
 
 __all__ = ["Attention", "MatMul", "explicit_attention", "use_matmuls", "matmul_layers"]
 
@@ -33,7 +33,7 @@ def explicit_attention(model: nn.Module, example: torch.Tensor | None = None) ->
     for name, m in list(model.named_modules()):
         if isinstance(m, nn.MultiheadAttention):
             _set_module(model, name, Attention(m, name).to(next(m.parameters()).device))
-        elif swin and isinstance(m, swin) and not isinstance(m, _Explicit):
+        elif swin and isinstance(m, swin) and not isinstance(m, ExplicitSwin):
             explicit_swin(m)
     if example is not None and functional_reads(model, example):
         route_weights(model)

@@ -24,7 +24,7 @@ def _codes(t: torch.Tensor, scale: torch.Tensor, qrange: tuple[int, int]) -> tor
     return torch.round(fq / scale.to(t.device))
 
 
-class _QuantizedMatMul(nn.Module):
+class QuantizedMatMul(nn.Module):
     """State shared by the two variants. Has the quantized layers' interface (runner.layers._Quantized) where it
     applies; the weight-side methods do nothing (no weights)."""
 
@@ -89,7 +89,7 @@ class _QuantizedMatMul(nn.Module):
         return f"signed={self.signed}, x_signed={self.x_signed}, y_signed={self.y_signed}"
 
 
-class FakeQuantMatMul(_QuantizedMatMul):
+class FakeQuantMatMul(QuantizedMatMul):
     def forward(self, a, b):
         self._check(a, b)
         sa, sb = self.scales(a, b)
@@ -104,7 +104,7 @@ class FakeQuantMatMul(_QuantizedMatMul):
         return dequantize_matmul(acc, sa, sb)
 
 
-class ApproxMatMul(_QuantizedMatMul):
+class ApproxMatMul(QuantizedMatMul):
     def __init__(self, multiplier, qcfg: QuantConfig, stats: ActStats | None, backend: str = "python",
                  grad: str = "ste", name: str = "?"):
         super().__init__(multiplier.signed, qcfg, stats, name)

@@ -22,10 +22,11 @@ _ROUTED = {F.linear: 0, F.conv2d: 0}
 
 
 def _owners(model: nn.Module) -> dict[int, tuple[str, nn.Module]]:
-    from runner.layers import _Quantized  # converted layers read their weight in forward too
-
+    # converted layers (runner.layers' quantized Conv2d/Linear, which say so by this attribute rather than by a
+    # class this package would have to import: runner.layers imports runner.attention) read their weight too
     return {id(m.weight): (name, m) for name, m in model.named_modules()
-            if isinstance(m, (nn.Linear, nn.Conv2d, _Quantized)) and isinstance(getattr(m, "weight", None), torch.Tensor)}
+            if (isinstance(m, (nn.Linear, nn.Conv2d)) or getattr(m, "routes_weight_reads", False))
+            and isinstance(getattr(m, "weight", None), torch.Tensor)}
 
 
 class _Mode(TorchFunctionMode):

@@ -25,7 +25,7 @@ def _shift_mask(x, pad_h, pad_w, window, shift, num_windows):
     return mask.masked_fill(mask != 0, -100.0).masked_fill(mask == 0, 0.0)
 
 
-class _Explicit:
+class ExplicitSwin:
     """Mixed into a copy of a torchvision ShiftedWindowAttention(V2) (its parameters and buffers unchanged)."""
 
     def _add_products(self):
@@ -95,10 +95,10 @@ def swin_classes() -> tuple[type, ...]:
 try:  # named classes (not made on the fly), so a pickled converted model finds them again
     from torchvision.models.swin_transformer import ShiftedWindowAttention, ShiftedWindowAttentionV2
 
-    class ExplicitWindowAttention(_Explicit, ShiftedWindowAttention):
+    class ExplicitWindowAttention(ExplicitSwin, ShiftedWindowAttention):
         pass
 
-    class ExplicitWindowAttentionV2(_Explicit, ShiftedWindowAttentionV2):
+    class ExplicitWindowAttentionV2(ExplicitSwin, ShiftedWindowAttentionV2):
         pass
 except ImportError:
     pass

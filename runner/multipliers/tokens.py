@@ -23,8 +23,14 @@ _MAX_WORD = 80            # characters of a name or constant quoted in a message
 def shorten(message: str) -> str:
     """message with every run of more than _MAX_WORD non-space characters (a million-character name)
     cut to its start and its length."""
-    return re.sub(r"[^\s'\"`]{%d,}" % (_MAX_WORD + 1),
-                  lambda m: f"{m.group()[:_MAX_WORD // 2]}...({len(m.group()):,} characters)", message)
+    def cut(m):
+        word = m.group()
+        # the file's own path (a deep temporary directory) stays whole: it is what the user must find
+        if "/" in word and len(word) <= 4096:
+            return word
+        return f"{word[:_MAX_WORD // 2]}...({len(word):,} characters)"
+
+    return re.sub(r"[^\s'\"`]{%d,}" % (_MAX_WORD + 1), cut, message)
 
 
 class Deadline:

@@ -126,8 +126,8 @@ class HeldSignals:
 SET_HINT = "approx-run sweep 'sweep.multipliers=[exact,mul8s_1L2J]' (one job each; names, globs or files)"
 # the multiplier set of the commands that take one
 SET_KEYS = {"sweep": "sweep.multipliers", "sensitivity": "sensitivity.multipliers", "search": "search.multipliers"}
-# keys that take a list although their default is one word (auto)
-LIST_KEYS = ("sweep.devices", "sensitivity.devices")
+# keys that take a list although their default is one word or number (auto, 1)
+LIST_KEYS = ("sweep.devices", "sensitivity.devices", "train.devices", "finetune.devices", "eval.devices")
 
 
 def refuse_lists(command: str, overrides=()) -> None:

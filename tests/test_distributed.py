@@ -128,7 +128,10 @@ def _args(tmp_path, checkpoints, *extra):
 
 
 def _run_dirs(tmp_path):
-    return sorted((tmp_path / "results" / "finetune").iterdir())
+    """The finetune run dirs so far (a run that ended before writing anything leaves none: the job layer removes
+    a bare run dir)."""
+    root = tmp_path / "results" / "finetune"
+    return sorted(root.iterdir()) if root.exists() else []
 
 
 @needs_cpp

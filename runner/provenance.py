@@ -1,7 +1,9 @@
 """What a result needs to be reproduced: git commit, versions, device, and atomic file writes."""
 from __future__ import annotations
 
+import functools
 import glob
+import hashlib
 import json
 import os
 import platform
@@ -121,3 +123,20 @@ def write_config_yaml(path: Path, cfg) -> None:
     text = yaml.dump(OmegaConf.to_container(cfg, resolve=True), Dumper=dumper, sort_keys=False,
                      default_flow_style=False, allow_unicode=True)
     atomic_write_bytes(Path(path), text.encode())
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_sha256(path) -> str:
+    """sha256 of a file's bytes, computed once per process for each (path, size, mtime): data sets and weight
+    files are hashed by every job of a sweep. OSError where it cannot be read."""
+    path = Path(path)
+    st = path.stat()
+    return _sha256_of(str(path.resolve()), st.st_size, st.st_mtime_ns)

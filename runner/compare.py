@@ -266,9 +266,10 @@ def prefix_of(cfg: DictConfig, multipliers: dict, approx_layers: list[str], keys
     if not before:
         return None, None
     kind = other_layers(cfg)
-    return start, cache_key({"reference": keys["pytorch"], "quant": QuantConfig.from_cfg(cfg.quant).as_dict(),
-                             "seed": int(cfg.seed),
-                             "before": [(n, kind, multipliers[n].signed if kind != "fp32" else None) for n in before]})
+    return start, session.Prefix(
+        cache_key({"reference": keys["pytorch"], "quant": QuantConfig.from_cfg(cfg.quant).as_dict(),
+                   "seed": int(cfg.seed)}),
+        tuple((n, kind, multipliers[n].signed if kind != "fp32" else None) for n in before))
 
 
 def _run(cfg: DictConfig, out_dir: Path | None, common: dict, quiet: bool = False, plan: Plan | None = None,

@@ -96,15 +96,16 @@ class Evaluator:
 
     def accuracy(self, assign: dict) -> float:
         """assign: {layer: Multiplier}; layers not in it (or on the exact table) are exact."""
-        from runner.session import cache_key
+        from runner.session import Prefix, cache_key
 
         approx = [n for n in self.layers if n in assign and assign[n].sha256 != self.exact.sha256]
         per_layer = {n: assign.get(n, self.exact) if n in approx else self.exact for n in self.layers}
         model = self._model(per_layer, fake=not approx)
         start = approx[0] if approx and approx[0] != self.layers[0] else None
-        prefix = cache_key({"search": str(self.ckpt), "quant": self.qcfg.as_dict(), "seed": int(self.cfg.seed),
-                            "split": [float(self.cfg.search.validation_fraction), int(self.cfg.search.validation_seed)],
-                            "before": start and self.layers[:self.layers.index(start)]})
+        prefix = Prefix(cache_key({"search": str(self.ckpt), "quant": self.qcfg.as_dict(), "seed": int(self.cfg.seed),
+                                   "split": [float(self.cfg.search.validation_fraction),
+                                             int(self.cfg.search.validation_seed)]}),
+                        tuple(self.layers[:self.layers.index(start)]) if start else ())
         logits = self.sess.logits_from(model, self.x, int(self.cfg.eval.batch_size), self.device, start, prefix)
         self.evals += 1
         return int((logits.argmax(1) == self.y).sum()) / len(self.y)  # a fraction of counts: no float32 noise

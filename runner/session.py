@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,11 +22,20 @@ from torch import nn
 
 from runner.layer_checks import check_non_finite_inputs
 from runner.attention import matmul_layers, use_matmuls
-from runner.models import chain_matches, fold_input_normalization, run_from, run_until
+from runner.models import chain_matches, fold_input_normalization, run_from, run_until, stage_position
 
 
 def cache_key(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """What the layers before an evaluation's first approximated layer compute: `base` names the model, data
+    split and quantization, `before` those layers in forward order with what each computes. A prefix whose
+    `before` begins another's, under the same base, computes the same activations up to the other's stage."""
+    base: str
+    before: tuple = ()
 
 
 class Session:
@@ -101,28 +111,34 @@ class Session:
 
     @torch.no_grad()
     def logits_from(self, model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.device,
-                    start: str | None, prefix_key: str | None) -> torch.Tensor:
+                    start: str | None, prefix: "Prefix | str | None") -> torch.Tensor:
         """The model's logits over x (on CPU), computed from the stage holding `start` onwards with the kept
-        input of that stage when prefix_key names the layers before it; the first evaluation under a key keeps
-        it, within a memory budget (prefix_budget: what does not fit is recomputed, never evicted half-way).
+        input of that stage when `prefix` names what the layers before it compute; the first evaluation under a
+        prefix keeps it, within a memory budget (prefix_budget: what does not fit is recomputed, never evicted
+        half-way). A kept input of an earlier stage whose layers compute the same (its Prefix.before begins
+        ours) is carried forward through the stages between instead of running the model from its input: a
+        one-layer sensitivity or search walks the layers in order, so the part of the model before the layer it
+        approximates runs about once over the images in all, not once per layer.
         A model whose forward is not the chain of its stages (runner.models.chain_matches) runs whole."""
         model = model.eval().to(device)
         batches = [x[i:i + batch_size] for i in range(0, len(x), batch_size)]
-        if start is None or prefix_key is None or not batches or not self._chain_ok(model, batches[0], start, device):
+        if start is None or prefix is None or not batches or not self._chain_ok(model, batches[0], start, device):
             logits = torch.cat([model(b.to(device)).float().cpu() for b in batches])
             check_non_finite_inputs(model)
             return logits
-        key = (prefix_key, start, device.type, batch_size, len(x))
+        prefix = prefix if isinstance(prefix, Prefix) else Prefix(str(prefix), ())
+        key = (prefix, start, device.type, batch_size, len(x))
         kept = self._prefixes.get(key)
         if kept is not None:
             self._prefixes.move_to_end(key)
             logits = torch.cat([run_from(model, a, start).float().cpu() for a in kept])
             check_non_finite_inputs(model)
             return logits
+        after, earlier = self._earlier_prefix(model, key)
         budget, used, out = prefix_budget(device), 0, []
         kept = []
-        for b in batches:  # one batch at a time: the logits of this evaluation and, while they fit, its prefix
-            a = run_until(model, b.to(device), start)
+        for i, b in enumerate(batches):  # one batch at a time: this evaluation's logits and, while they fit, its prefix
+            a = run_until(model, earlier[i], start, after=after) if earlier else run_until(model, b.to(device), start)
             out.append(run_from(model, a, start).float().cpu())
             used += a.numel() * a.element_size()
             kept = kept + [a] if kept is not None and used <= budget else None
@@ -133,6 +149,26 @@ class Session:
                     len(self._prefixes) > 1 and sum(_bytes(v) for v in self._prefixes.values()) > budget):
                 self._prefixes.popitem(last=False)
         return torch.cat(out)
+
+    def _earlier_prefix(self, model: nn.Module, key) -> tuple[str | None, list | None]:
+        """(layer, kept stage inputs) of the latest kept prefix this one continues: the same images, batches,
+        device and reference, layers before it that are the first of ours, in a stage at or before ours (and
+        checked as a chain on this model); (None, None) when there is none."""
+        prefix, start = key[0], key[1]
+        best, best_pos = (None, None), -1
+        pos = stage_position(model, start)
+        for (p, s, *rest), kept in self._prefixes.items():
+            if tuple(rest) != key[2:] or p.base != prefix.base or p.before != prefix.before[:len(p.before)]:
+                continue
+            try:
+                at = stage_position(model, s)
+            except ValueError:
+                continue
+            if best_pos < at <= pos:
+                best, best_pos = (s, kept), at
+        if best[0] is not None:
+            self._prefixes.move_to_end(next(k for k, v in self._prefixes.items() if v is best[1]))
+        return best
 
     def _chain_ok(self, model: nn.Module, first: torch.Tensor, start: str, device: torch.device) -> bool:
         key = ("chain", id(model), start)

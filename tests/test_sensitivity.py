@@ -49,6 +49,21 @@ def test_sensitivity_rows_and_resume(tmp_path, checkpoints, capsys):
     assert len(pd.read_csv(tmp_path / "results" / "results.csv")) == len(rows)
 
 
+def test_sensitivity_prefix_cache_leaves_the_rows_unchanged(tmp_path, checkpoints):
+    """The layers in forward order, each one's prefix carried on from the one before (runner.session): the
+    accuracies equal those of every evaluation run whole."""
+    tables = {}
+    for cached in ("false", "true"):
+        out = tmp_path / cached
+        assert main(["sensitivity", "sensitivity.multipliers=[mul8u_T83,mul8s_1L2J]", "sensitivity.plot=false",
+                     "sensitivity.layers=[conv2,fc1,fc2,fc3]", f"sensitivity.prefix_cache={cached}",
+                     *_args(out, checkpoints)]) == 0
+        table = pd.read_csv(next((out / "results" / "sensitivity").glob("*/sensitivity.csv")))
+        tables[cached] = table.sort_values(["layer", "multiplier"]).reset_index(drop=True)
+    cols = ["layer", "multiplier", "accuracy", "loss_pts"]
+    assert len(tables["true"]) == 8 and tables["true"][cols].equals(tables["false"][cols])
+
+
 @pytest.mark.parametrize("extra, message", [
     (["sensitivity.multipliers=[]"], "sensitivity.multipliers is empty"),
     (["sensitivity.multipliers=mul8s_1KV6", "sensitivity.layers=[conv9]"], "conv9"),

@@ -14,7 +14,7 @@ from torch import nn
 
 from runner.errors import UserError
 from runner.models.common import (Normalize, PadWith, chain_matches, fold_batchnorm, fold_input_normalization, run_from,
-                                  run_until, stages_of)
+                                  run_until, stage_position, stages_of)
 from runner.models.lenet import LeNet5
 
 # model name -> its class or factory (what configs/model/<name>.yaml names in _target_)
@@ -31,7 +31,7 @@ ZOO = {
 NOT_KWARGS = ("name", "_target_", "approx_layers", "other_layers", "approx_matmuls")
 
 __all__ = ["ZOO", "LeNet5", "Normalize", "PadWith", "build_model", "chain_matches", "fold_batchnorm",
-           "fold_input_normalization", "run_from", "run_until", "stages_of"]
+           "fold_input_normalization", "run_from", "run_until", "stage_position", "stages_of"]
 
 
 def _target(cfg) -> str:

@@ -94,12 +94,27 @@ def _starts(name: str, layer: str) -> bool:
     return bool(name) and (name == layer or layer.startswith(name + "."))
 
 
-def run_until(model: nn.Module, x: torch.Tensor, layer: str) -> torch.Tensor:
-    """The input of the stage that holds `layer` when the model runs on x (a straight chain: stages_of)."""
+def run_until(model: nn.Module, x: torch.Tensor, layer: str, after: str | None = None) -> torch.Tensor:
+    """The input of the stage that holds `layer` when the model runs on x (a straight chain: stages_of); with
+    `after`, x is the input of the stage holding that earlier layer (what run_until returned for it), and only
+    the stages between run."""
+    started = after is None
     for name, step in stages_of(model):
+        started = started or _starts(name, after)
         if _starts(name, layer):
+            if not started:
+                raise ValueError(f"{after!r} does not come before {layer!r} in {type(model).__name__}'s stages")
             return x
-        x = step(x)
+        if started:
+            x = step(x)
+    raise ValueError(f"{layer!r} is not in a stage of {type(model).__name__}")
+
+
+def stage_position(model: nn.Module, layer: str) -> int:
+    """Index in stages_of(model) of the stage that holds `layer`."""
+    for i, (name, _) in enumerate(stages_of(model)):
+        if _starts(name, layer):
+            return i
     raise ValueError(f"{layer!r} is not in a stage of {type(model).__name__}")
 
 

@@ -206,6 +206,33 @@ def test_prefix_cache_gives_the_whole_models_logits_and_runs_the_prefix_once(mon
     assert not small._prefixes  # over the budget: recomputed, not kept
 
 
+def test_a_later_layer_continues_the_kept_prefix_of_an_earlier_one():
+    from runner.session import Prefix, Session
+
+    torch.manual_seed(0)
+    model = build("resnet18", num_classes=10).eval()
+    x = torch.rand(12, 3, 16, 16)
+    with torch.no_grad():
+        whole = model(x)
+    runs = {"conv1": 0, "layer1.0": 0, "layer2.0": 0}
+    for name in runs:
+        model.get_submodule(name).register_forward_hook(lambda *a, n=name: runs.__setitem__(n, runs[n] + 1))
+    sess, cpu = Session(), torch.device("cpu")
+    sess._chain_ok = lambda *a: True  # its check runs the model too (tested above); these counts are the batches'
+    before = (("conv1", "fp32", None), ("layer1.0.conv1", "fp32", None))
+    assert torch.equal(sess.logits_from(model, x, 4, cpu, "layer1.0.conv2", Prefix("m", before[:1])), whole)
+    assert runs == {"conv1": 3, "layer1.0": 3, "layer2.0": 3}
+    # layer2's input comes from layer1.0's kept one: the stem does not run again, layer1.0 does (it is between)
+    assert torch.equal(sess.logits_from(model, x, 4, cpu, "layer2.0.conv1", Prefix("m", before)), whole)
+    assert runs == {"conv1": 3, "layer1.0": 6, "layer2.0": 6}
+    # other layers before it (another base, or a `before` that does not begin with the kept one's): from the input
+    assert torch.equal(sess.logits_from(model, x, 4, cpu, "layer3.0.conv1", Prefix("other", before)), whole)
+    assert runs == {"conv1": 6, "layer1.0": 9, "layer2.0": 9}
+    changed = (("conv1", "fakequant", True),) + before[1:]
+    assert torch.equal(sess.logits_from(model, x, 4, cpu, "layer2.0.conv2", Prefix("m", changed)), whole)
+    assert runs["conv1"] == 9
+
+
 def test_a_model_whose_forward_is_no_chain_runs_whole():
     from runner.models import chain_matches
 

@@ -29,8 +29,9 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 nproc
 data=${DATA:-/tmp/imagenet-gen}
 run="python3 -m runner.cli"
-M="data=imagefolder data.root=$data model=torchvision model.arch=resnet50 model.weights=$data/resnet50_random.pt \
- backend=cuda paths.checkpoints=$out/ckpt"
+D="data=imagefolder data.root=$data model=torchvision model.arch=resnet50 model.weights=$data/resnet50_random.pt \
+ paths.checkpoints=$out/ckpt"
+M="$D backend=cuda"  # train takes no backend
 step=${STEP:-all}
 
 if [ ! -f "$data/resnet50_random.pt" ]; then  # 1000 classes x 50 JPEGs of ImageNet's typical sizes, seeded
@@ -68,14 +69,15 @@ if [ "$step" = all ] || [ "$step" = cache ]; then
   rm -rf "$out/ckpt/data-cache"
   # the decode alone: compare with eval.paths=[pytorch] on one image would still evaluate; `train` with given
   # weights loads the data (the decode) and says there is nothing to train
-  { time $run train $M paths.results=$out/r-cache ; } > "$out/decode.log" 2>&1
+  { time $run train $D paths.results=$out/r-cache ; } > "$out/decode.log" 2>&1
   tail -4 "$out/decode.log"
-  { time $run train $M paths.results=$out/r-cache ; } > "$out/decode2.log" 2>&1
+  { time $run train $D paths.results=$out/r-cache ; } > "$out/decode2.log" 2>&1
   grep -i "cache\|decod" "$out/decode2.log" | head -3; tail -3 "$out/decode2.log"
 fi
 
 if [ "$step" = all ] || [ "$step" = compare ]; then
-  { time $run compare $M multiplier=exact eval.batch_size=250 eval.repeats=1 eval.warmup=0 \
+  # eval.repeats=0: one pass a path (its predictions), no timed pass; the `real` line times the whole command
+  { time $run compare $M multiplier=exact eval.batch_size=250 eval.repeats=0 \
       paths.results=$out/r-compare ; } > "$out/compare.log" 2>&1
   tail -12 "$out/compare.log"
 fi

@@ -211,6 +211,14 @@ def test_lazy_images_behave_as_the_tensor():
     assert torch.equal(x[mask], full[mask])
 
 
+@pytest.mark.cuda
+def test_lazy_images_divided_on_the_gpu_are_the_hosts_bits():
+    raw = torch.arange(256, dtype=torch.uint8).repeat(3 * 20 * 20 // 256 + 1)[:3 * 20 * 20].reshape(1, 3, 20, 20)
+    x = Images(raw.repeat(4, 1, 1, 1).numpy(), crop=16)
+    assert torch.equal(x.to("cuda").cpu(), x.to()) and x.to("cuda").dtype == torch.float32
+    assert torch.equal(x[1:3].to("cuda", torch.float64).cpu(), x[1:3].to().double())
+
+
 def test_training_batches_augmented_seeded_evaluation_untouched(tree, tmp_path):
     root, _ = tree
     data = load_dataset(cfg_of(root, tmp_path, skip_bad=True))

@@ -81,14 +81,25 @@ def _column_counts(rows: torch.Tensor) -> torch.Tensor:
     return torch.bincount((rows + taps).flatten(), minlength=k * _SIZE).view(k, _SIZE)
 
 
+def _exact_square_sum(acc: torch.Tensor) -> int:
+    """sum(acc ** 2) of integer accumulators, exactly (a Python int): int64 sums of the squares' high and low
+    halves, which no order of summation rounds, so every device gives the same number (a float64 sum of
+    squares above 2^53 would round differently on a GPU than on the CPU)."""
+    sq = acc.to(torch.int64).square()  # |acc| < 2^31: the square fits int64
+    hi, lo = sq >> 31, sq & ((1 << 31) - 1)  # each below 2^31: 2^32 of them sum below 2^63
+    return (int(hi.sum()) << 31) + int(lo.sum())
+
+
 @torch.no_grad()
-def operand_histograms(fq_model, layers: list[str], x: torch.Tensor, qcfg: QuantConfig, seed: int) -> dict:
+def operand_histograms(fq_model, layers: list[str], x: torch.Tensor, qcfg: QuantConfig, seed: int,
+                       device: torch.device | None = None) -> dict:
     """{layer: {"hist": float64 [256 activation rows, 256 weight codes + 128], "k": products per output,
     "acc_ms": mean square of the exact accumulator}} over the calibration images, for the named fake-quant
-    layers of fq_model (grouped convolutions are left out)."""
+    layers of fq_model (grouped convolutions are left out), computed on `device` (default: where the model is):
+    counts and integer sums, so the same numbers on every device."""
     modules = {n: fq_model.get_submodule(n) for n in layers}
     modules = {n: m for n, m in modules.items() if getattr(m, "groups", 1) == 1}
-    out = {n: {"hist": torch.zeros(_SIZE, _SIZE, dtype=torch.float64), "k": 0, "acc_ss": 0.0, "acc_n": 0}
+    out = {n: {"hist": torch.zeros(_SIZE, _SIZE, dtype=torch.float64), "k": 0, "acc_ss": 0, "acc_n": 0}
            for n in modules}
 
     def hook(name):
@@ -99,14 +110,16 @@ def operand_histograms(fq_model, layers: list[str], x: torch.Tensor, qcfg: Quant
             rec = out[name]
             rec["hist"] += act.t() @ wts
             rec["k"] = act.shape[0]
-            rec["acc_ss"] += float((acc.double() ** 2).sum())
+            rec["acc_ss"] += _exact_square_sum(acc)
             rec["acc_n"] += acc.numel()
         return fn
 
     handles = [m.register_forward_pre_hook(hook(n)) for n, m in modules.items()]
     try:
         fq_model.eval()
-        device = next(fq_model.parameters()).device  # where an earlier evaluation left it
+        if device is None:
+            device = next(fq_model.parameters()).device  # where an earlier evaluation left it
+        fq_model.to(device)
         for batch in _calibration_batches(x, qcfg, seed):
             fq_model(batch.to(device))
     finally:

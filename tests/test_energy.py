@@ -147,3 +147,14 @@ def test_layer_macs_of_grouped_and_depthwise_convs():
     per_pixel = 5 * 5
     assert layer_macs(Net(), (8, 5, 5)) == {"full": per_pixel * 16 * 8 * 9, "grouped": per_pixel * 16 * 4 * 9,
                                             "depthwise": per_pixel * 16 * 1 * 9, "pointwise": per_pixel * 4 * 16}
+
+
+def test_accumulator_square_sum_is_exact_whatever_the_order():
+    from runner.operand import _exact_square_sum
+
+    gen = torch.Generator().manual_seed(0)
+    acc = torch.randint(-(2**30), 2**30, (100_000,), generator=gen)
+    want = sum(int(v) ** 2 for v in acc.tolist())
+    assert _exact_square_sum(acc) == want == _exact_square_sum(acc.flip(0))
+    # a float64 sum of the same squares rounds (which is why its value depended on the device's order)
+    assert int((acc.double() ** 2).sum().item()) != want

@@ -126,7 +126,7 @@ def check_model_fits(cfg: DictConfig, data: Dataset) -> None:
     """A freshly built model on two training images, before any training or evaluation: a model that does not
     fit the data (its channels, image size or classes) stops with one message naming both shapes and the
     model's own error, instead of a traceback after the data loads (or an evaluation of the wrong outputs)."""
-    x = data.train_x[:2]
+    x = data.train_x[:2].to()  # a lazily read set (runner.data.Images) as the tensor of its two images
     shape = "x".join(str(d) for d in x.shape[1:])
     classes = cfg.data.get("num_classes")
     classes = int(classes) if classes is not None else int(data.train_y.max()) + 1

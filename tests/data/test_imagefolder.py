@@ -261,3 +261,22 @@ def test_config_composes_and_the_cache_place_is_not_the_data(tree, tmp_path):
     limited = compose("compare", ["data=imagefolder", f"data.root={root}", "data.limit=10", *(
         f"data.{k}={v}" for k, v in SMALL.items())], tmp_path)
     assert weight_config(limited)["data"]["sha256"] != weight_config(cfg)["data"]["sha256"]
+
+
+def test_a_torchvision_model_fits_a_lazily_read_set(tmp_path):
+    """The check before a sweep, sensitivity or search runs the model on two training images, which a set of
+    val/ only reads lazily (its held-apart calibration part)."""
+    from runner.data import load_dataset
+    from runner.train import check_model_fits, held_apart
+
+    root = tmp_path / "val-only"
+    write_imagefolder(root, per_class=2, splits=("val",), corrupt=False)
+    cfg = OmegaConf.create({"data": cfg_of(root, tmp_path / "cache", calib_images=10),
+                            "model": {"name": "torchvision", "arch": "resnet18", "weights": None, "num_classes": 10,
+                                      "_target_": "runner.models.torchvision_models.build"}})
+    data = held_apart(load_dataset(cfg.data), cfg)
+    assert isinstance(data.train_x, Images)
+    check_model_fits(cfg, data)  # no error: it fits
+    cfg.model.num_classes = 7
+    with pytest.raises(UserError, match="7 outputs|outputs of shape"):
+        check_model_fits(cfg, data)

@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     n_descent = min(int(cfg.search.max_evals), len(layers) * len(candidates))
     console.print(f"search: {n_table} evaluations (each candidate everywhere, then each layer alone on each) and at "
                   f"most {n_descent} of the descent, on {len(ev.y):,} validation images; then the pick on the test "
-                  "set (compare)", highlight=False)
+                  "set (compare)", highlight=False, soft_wrap=True)
     with progress_bar("search", total=n_table + n_descent) as advance:
         ev.on_eval = first_estimate(advance, n_table + n_descent)
         evaluate_uniform(ev, candidates, layers, macs, log)
@@ -436,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"  test: {100 * a['accuracy']:.2f} % (fake-quant {100 * f['accuracy']:.2f} %, "
                       f"{100 * (f['accuracy'] - a['accuracy']):.2f} points below) on {int(a['n_images']):,} images "
                       f"({confirm_scope(cfg, job)}; the search estimated on {len(ev.y):,} validation images)",
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
     if "approx_finetuned" in rows:
         console.print(f"  retrained: {100 * rows['approx_finetuned']['accuracy']:.2f} % on the test set")
     console.print(f"  pareto {run_dir / 'pareto.csv'}" + (f", {png}" if png else ""))

@@ -9,7 +9,7 @@
 #     ARCHS="resnet18 convnext_tiny" bash benchmarks/imagefolder_cpu.sh
 #
 # Each command is its own process (imports and the data cache as a user's would be); summary.txt has one line
-# per command: its exit code, wall time and the load average when it ended. What each should show:
+# per command: its exit code, wall and CPU time and the load average when it ended. What each should show:
 #   compare_bad   exit 2 naming val/n00000004/broken.jpg, nothing cached
 #   compare       data.skip_bad=true: "skipped 1 damaged val image"; the approx row's agreement_fakequant 1.000
 #                 over 30 images (the exact table gives fake-quant's prediction on every image)
@@ -46,19 +46,20 @@ PY
 declare -A layers=([resnet18]="[layer4.1.conv2,fc]" [mobilenet_v3_small]="[classifier.0,classifier.3]"
                    [efficientnet_b0]="[features.8.0,classifier.1]" [convnext_tiny]="[features.7.2.block.5,classifier.2]")
 tables="[mul8s_1L2J,mul8s_1L12]"  # signed: MobileNetV3's and EfficientNet's activations go negative
-echo "$(nproc) cores, OMP_NUM_THREADS=$OMP_NUM_THREADS, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)" \
+echo "$(getconf _NPROCESSORS_ONLN) cores, OMP_NUM_THREADS=$OMP_NUM_THREADS, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)" \
   >> "$out/summary.txt"
 for arch in $archs; do
   M="model=torchvision model.arch=$arch model.weights=$out/$arch.pt +model.num_classes=10 data=imagefolder
      data.root=$out/tree data.resize=40 data.crop=32 data.workers=1 eval.repeats=1 eval.warmup=0
      paths.results=$out/results paths.checkpoints=$out/checkpoints"
-  step() {
+  step() {  # wall and CPU (user + sys) seconds: on a shared machine the CPU time is the steadier number
     local name=$1; shift
-    local t0=$(date +%s.%N)
-    $py -m runner.cli "$@" > "$out/${arch}_$name.log" 2>&1
-    local rc=$?
-    printf "%-20s %-12s rc=%d %6.1fs load %s\n" "$arch" "$name" $rc "$(echo "$(date +%s.%N) - $t0" | bc)" \
-      "$(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/summary.txt"
+    local TIMEFORMAT="%R %U %S" took rc
+    took=$( { time $py -m runner.cli "$@" > "$out/${arch}_$name.log" 2>&1; echo "rc=$?" >&2; } 2>&1 )
+    rc=$(echo "$took" | grep -o 'rc=[0-9]*')
+    read -r wall user sys <<< "$(echo "$took" | grep -v rc=)"
+    printf "%-20s %-12s %s wall %6.1fs cpu %6.1fs load %s\n" "$arch" "$name" "$rc" "$wall" \
+      "$(echo "$user + $sys" | bc)" "$(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/summary.txt"
   }
   step compare_bad compare $M multiplier=exact
   step compare compare $M data.skip_bad=true multiplier=exact

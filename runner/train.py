@@ -416,8 +416,9 @@ def left_out(data: Dataset, cfg: DictConfig) -> Dataset:
     keep = torch.tensor([n not in drop for n in names], dtype=torch.bool)
     out = dataclasses.replace(data, test_x=data.test_x.take(keep), test_y=data.test_y[keep],
                               info={**data.info, "excluded": int((~keep).sum())})
-    console.print(f"{int((~keep).sum())} of the measured images left out (data.exclude_images={cfg.data.exclude_images}): "
-                  f"accuracy on the other {len(out.test_y)}", highlight=False, soft_wrap=True)
+    console.print(f"{int((~keep).sum())} of the measured images left out (data.exclude_images="
+                  f"{cfg.data.exclude_images}): accuracy on the other {len(out.test_y)}",
+                  highlight=False, soft_wrap=True)
     return out
 
 

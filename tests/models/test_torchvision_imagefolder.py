@@ -125,6 +125,8 @@ def test_search_estimates_on_the_limit_and_confirms_on_the_whole_split(splits, t
     assert cli(["search", *args, "search.multipliers=mul8u_T83", "search.layers=[fc]", "search.max_evals=1",
                 "search.max_loss=100"]) == 0
     out = capsys.readouterr().out
+    assert "search: 2 evaluations" in out and "at most 1 of the descent, on 10 validation images" in out
+    assert "first evaluation" in out and "search: 3/3" in out  # the count, the estimate, the progress line
     run_dir = next((tmp_path / "results" / "search").glob("*/"))
     confirm = _run_json(run_dir)["config"]["data"]
     assert confirm["limit"] is None  # the whole split

@@ -6,7 +6,8 @@ Interface (what every loader returns; the model side relies on it):
     train_x, test_x         float32 [N, C, H, W] in [0, 1] (pixel / 255): a torch.Tensor for the small sets,
                             an `Images` for data=imagefolder (a uint8 memmap read per batch; it supports
                             len(), .shape, x[i:j] (a lazy view), x[index tensor] and x[i:j].to(device)
-                            (float32 tensors), x.take(idx) (a lazy view); never call .to() on a whole large set)
+                            (float32 tensors), x.take(idx) (a lazy view); never call .to() on a whole large set);
+                            x.names(): the file of each image (an ImageFolder's val split; None otherwise)
     train_y, test_y         int64 [N] tensors (always in memory)
     mean, std               the normalisation the model's first layer applies (a float or one per channel)
     num_classes             int: len(classes) where the set names them, else 10

@@ -266,7 +266,8 @@ def test_train_limit_and_excluded_images(tree, tmp_path, decodes):
     assert len(data.train_y) == 10 and len(data.test_y) == 30 and len(decodes) == 41
     names = data.test_x.names()
     assert len(names) == 30 and names[0].startswith("val/") and names == sorted(names)
-    assert data.train_x.take([1, 0]).names() == data.train_x.names()[:2][::-1]
+    assert data.test_x.take([1, 0]).names() == names[:2][::-1] and data.test_x[3:5].names() == names[3:5]
+    assert data.train_x.names() is None  # train/ keeps no names: nothing measures its images
     listed = tmp_path / "exclude.txt"
     listed.write_text(f"{names[4]}\n{names[17]}\nval/not/there.jpg\n")
     excluded = cfg_of(root, tmp_path, skip_bad=True, train_limit=10, exclude_images=str(listed))

@@ -356,6 +356,13 @@ def _run(cfg: DictConfig, out_dir: Path | None, common: dict, quiet: bool = Fals
     start, prefix_key = prefix_of(cfg, multipliers, approx_layers, keys)
     if not (cfg.get("sensitivity") or {}).get("prefix_cache", True):  # the rows are the same either way
         start = prefix_key = None
+    if not quiet and not prepare_only and distributed.is_main():
+        def passes(p):  # run_timed's passes over the set, as the loop below runs it (0: not run)
+            record = p in wanted and keys[p] not in skip
+            if not record:
+                return 0 if sess.predictions(keys[p]) is not None else 1
+            return max(1, int(cfg.eval.warmup)) + int(cfg.eval.repeats) if int(cfg.eval.repeats) else 1
+        _announce([p for p in order if passes(p)], models, x, bs, device, passes)
     bar = _no_progress() if quiet else progress_bar(f"compare {mcols['multiplier']} on {device}", total=len(order))
     with bar as advance:
         for path in order:
@@ -478,6 +485,28 @@ def run_finetune(cfg: DictConfig, out_dir: Path) -> dict:
 def finetune_devices(cfg: DictConfig) -> list[str]:
     """finetune.devices as one device per rank (runner.distributed.resolve), on the backend's device kind."""
     return distributed.resolve(finetune.run_settings(cfg)["devices"], _uses_cuda(cfg), "finetune.devices")
+
+
+def _announce(order: list[str], models: dict, x, bs: int, device: torch.device, passes) -> None:
+    """The evaluations about to run and their time at the pace of a small batch of each path, timed now:
+    compare's whole work is these few passes, so no evaluation of its own can be timed first to estimate it."""
+    from runner.console import fmt_seconds
+
+    k = min(bs, 8, len(x))
+    if not k or not order:
+        return
+    said, seconds = [], 0.0
+    for path in order:
+        runs = passes(path)
+        took = []
+        for _ in range(2):  # the first call's one-off costs (kernel picks, allocation) once, then the pace
+            t0 = time.perf_counter()
+            run_timed(models[path], x[:k], k, device, warmup=0, repeats=0)
+            took.append(time.perf_counter() - t0)
+        seconds += max(0.0, took[0] - took[1]) + took[1] / k * len(x) * runs
+        said.append(f"{path} x{runs}" if runs > 1 else path)
+    console.print(f"compare: {len(order)} evaluations ({', '.join(said)}) of {len(x):,} images, about "
+                  f"{fmt_seconds(seconds)} at the pace of {k} images of each", highlight=False, soft_wrap=True)
 
 
 @contextmanager

@@ -17,7 +17,11 @@
    assignments that use at most k different tables, the exact one counting while a layer keeps it; the
    uniform assignments (one table everywhere) then compete with the descent's result.
 4. The chosen assignment runs once on the test set as an ordinary compare run (its rows go to the
-   results file; search.finetune_epochs > 0 also retrains it), and is printed as an override.
+   results file; search.finetune_epochs > 0 also retrains it), and is printed as an override. With
+   data=imagefolder the search estimates on data.limit images and this confirmation measures the whole
+   val split (search.confirm_limit: null), calibrating on the estimate's training images (data.train_limit);
+   without train/, the validation images the choice was made on are left out of the images measured
+   (data.exclude_images), so the confirmation looks at none of them.
 
 The run dir holds pareto.csv (every evaluated assignment, the uniform choices too, with the Pareto
 front marked) and pareto.png. Energy: runner.energy (multipliers only)."""
@@ -65,11 +69,13 @@ class Evaluator:
         val = data.carve("train" if data.has_train else "test", float(s.validation_fraction),
                          int(s.validation_seed))
         self.x, self.y = val.test_x, val.test_y
+        self.has_train = data.has_train
         self.qcfg = QuantConfig.from_cfg(cfg.quant)
         self.folded, self.stats = self.sess.calibration(model, self.ckpt, data.train_x, self.qcfg, int(cfg.seed))
         self.layers = list(quant_layers(self.folded))
         self.exact = resolve("exact")
         self.evals = 0
+        self.on_eval = None  # called after each evaluation (the command's progress line)
         self._models: OrderedDict = OrderedDict()
         self.fakequant_accuracy = self.accuracy({})
 
@@ -108,6 +114,8 @@ class Evaluator:
                         tuple(self.layers[:self.layers.index(start)]) if start else ())
         logits = self.sess.logits_from(model, self.x, int(self.cfg.eval.batch_size), self.device, start, prefix)
         self.evals += 1
+        if self.on_eval is not None:
+            self.on_eval()
         return int((logits.argmax(1) == self.y).sum()) / len(self.y)  # a fraction of counts: no float32 noise
 
 
@@ -120,6 +128,24 @@ def _energy(assign: dict, macs: dict) -> float | None:
 
 def _label(assign: dict) -> str:
     return ";".join(f"{n}={canonical_name(m)}" for n, m in assign.items())
+
+
+def first_estimate(advance, total: int):
+    """An on_eval that advances the progress line (its ETA) and, after the first evaluation, says what the
+    `total` would take at that pace (the first runs every layer: an upper bound for the later ones, which start
+    at their first approximated layer)."""
+    from runner.console import console, fmt_seconds
+
+    t0, done = time.perf_counter(), [0]
+
+    def on_eval():
+        done[0] += 1
+        if done[0] == 1 and total > 1:
+            first = time.perf_counter() - t0
+            console.print(f"first evaluation {fmt_seconds(first)}: the {total} take at most about "
+                          f"{fmt_seconds(first * total)}", highlight=False)
+        advance(1)
+    return on_eval
 
 
 def evaluate_uniform(ev: Evaluator, candidates: list, layers: list[str], macs: dict, log: list) -> None:
@@ -279,8 +305,46 @@ def assignment_config(cfg: DictConfig, assign: dict, specs: dict) -> DictConfig:
     return job
 
 
+def confirm_data(cfg: DictConfig, job: DictConfig, ev: Evaluator, run_dir: Path) -> None:
+    """The images of the confirming compare run (job, changed in place): the whole split (or
+    search.confirm_limit's subset) where the search estimated on data.limit's; without a training split, less
+    the validation images it chose on (written to the run dir), which would otherwise be measured again."""
+    if "limit" not in cfg.data:  # a set read whole: the test split is the estimate's already, disjoint from it
+        return
+    confirm = config_number(cfg.search.get("confirm_limit"), "search.confirm_limit", minimum=1, optional=True)
+    with open_dict(job):
+        if confirm != cfg.data.limit:
+            job.data.limit = confirm
+            # calibration keeps the estimate's training images (all of ImageNet's would take hours to decode)
+            job.data.train_limit = cfg.data.get("train_limit") or cfg.data.limit
+        if ev.has_train:
+            return
+        names = ev.x.names() if hasattr(ev.x, "names") else None
+        if names is None:
+            return
+        if cfg.data.get("exclude_images"):  # the user's own exclusions stay excluded
+            from runner.data.imagefolder import excluded_names
+
+            names = sorted(set(names) | excluded_names(cfg.data))
+        listed = run_dir / "search_validation_images.txt"
+        listed.write_text("".join(f"{n}\n" for n in names))
+        job.data.exclude_images = str(listed)
+
+
+def confirm_scope(cfg: DictConfig, job: DictConfig) -> str:
+    """Which images the confirmation measured, in words."""
+    if "limit" not in job.data:
+        return "the test split"
+    which = f"data.limit={job.data.limit} of the {job.data.get('val_split', 'val')} split" if job.data.limit \
+        else f"the whole {job.data.get('val_split', 'val')} split"
+    if job.data.get("exclude_images"):
+        which += " less the images held apart for calibration and those the search validated on"
+    return which
+
+
 def check(cfg: DictConfig) -> None:
     s = cfg.search
+    config_number(s.get("confirm_limit"), "search.confirm_limit", minimum=1, optional=True)
     # the accuracy budget, in points below fake-quant
     config_number(s.max_loss, "search.max_loss", minimum=0, kind=float)
     config_number(s.max_evals, "search.max_evals", minimum=1)
@@ -293,7 +357,7 @@ def check(cfg: DictConfig) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from runner import compare
-    from runner.console import console
+    from runner.console import console, progress_bar
     from runner.energy import layer_macs, power_mw
     from runner.multipliers import resolve
     from runner.store import write_csv
@@ -323,14 +387,24 @@ def main(argv: list[str] | None = None) -> int:
     macs = layer_macs(ev.folded, tuple(ev.x.shape[1:]))
     max_loss = float(cfg.search.max_loss)
     log: list[dict] = []
-    evaluate_uniform(ev, candidates, layers, macs, log)
     max_distinct = cfg.search.get("max_distinct")
-    chosen = greedy(ev, candidates, layers, macs, max_loss, int(cfg.search.max_evals), log, max_distinct)
+    n_table = len(candidates) * (1 + len(layers))
+    # each (layer, multiplier) move is tried at most once: the descent's bound below max_evals
+    n_descent = min(int(cfg.search.max_evals), len(layers) * len(candidates))
+    console.print(f"search: {n_table} evaluations (each candidate everywhere, then each layer alone on each) and at "
+                  f"most {n_descent} of the descent, on {len(ev.y):,} validation images; then the pick on the test "
+                  "set (compare)", highlight=False, soft_wrap=True)
+    with progress_bar("search", total=n_table + n_descent) as advance:
+        ev.on_eval = first_estimate(advance, n_table + n_descent)
+        evaluate_uniform(ev, candidates, layers, macs, log)
+        chosen = greedy(ev, candidates, layers, macs, max_loss, int(cfg.search.max_evals), log, max_distinct)
+    ev.on_eval = None
     if max_distinct is not None:
         chosen = cheapest_within(chosen, candidates, layers, macs, log, ev.fakequant_accuracy, max_loss)
     label = _label(chosen)
     table = pd.DataFrame(log)
     table["val_loss_pts"] = (100 * (ev.fakequant_accuracy - table["val_accuracy"])).round(9)  # no float noise
+    table["val_images"] = len(ev.y)  # what each estimate is over (the test row's n_images: the confirmation's)
     table["on_front"] = on_front(table)
     table["chosen"] = table["assignment"] == label
     run_dir = make_run_dir(cfg)  # with the first result: a search stopped by a user error leaves no empty dir
@@ -342,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{100 * ev.fakequant_accuracy:.2f} %")
 
     job = assignment_config(cfg, chosen, specs)
+    confirm_data(cfg, job, ev, run_dir)
     out = run_dir / "test"
     out.mkdir(exist_ok=True)
     result = compare.run(job, out)
@@ -360,7 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     if "approx" in rows and "fakequant" in rows:
         a, f = rows["approx"], rows["fakequant"]
         console.print(f"  test: {100 * a['accuracy']:.2f} % (fake-quant {100 * f['accuracy']:.2f} %, "
-                      f"{100 * (f['accuracy'] - a['accuracy']):.2f} points below)")
+                      f"{100 * (f['accuracy'] - a['accuracy']):.2f} points below) on {int(a['n_images']):,} images "
+                      f"({confirm_scope(cfg, job)}; the search estimated on {len(ev.y):,} validation images)",
+                      highlight=False, soft_wrap=True)
     if "approx_finetuned" in rows:
         console.print(f"  retrained: {100 * rows['approx_finetuned']['accuracy']:.2f} % on the test set")
     console.print(f"  pareto {run_dir / 'pareto.csv'}" + (f", {png}" if png else ""))

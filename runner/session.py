@@ -55,9 +55,10 @@ class Session:
 
         key = cache_key(OmegaConf.to_container(data_cfg, resolve=True))
         if key not in self._data:
-            from runner.train import held_apart
+            from runner.train import held_apart, left_out
 
-            self._data[key] = held_apart(load_dataset(data_cfg), OmegaConf.create({"data": data_cfg}))
+            cfg = OmegaConf.create({"data": data_cfg})
+            self._data[key] = left_out(held_apart(load_dataset(data_cfg), cfg), cfg)
         return self._data[key]
 
     def baseline(self, cfg: DictConfig):

@@ -28,7 +28,9 @@ from runner.store import locked, write_csv
 _NON_WEIGHT_KEYS = ("force", "eval_batch_size", "devices")
 # data.* keys that only say where files are, not what they contain
 _NON_DATA_KEYS = ("root", "download", "cache_dir", "workers", "in_channels", "image_size", "num_classes",
-                  "zoo_train_epochs", "finetune_batch_size", "finetune_epochs", "finetune_warmup_epochs")
+                  "zoo_train_epochs", "finetune_batch_size", "finetune_epochs", "finetune_warmup_epochs",
+                  # which images these take is in the data's digest (sha256), by content rather than by path
+                  "train_limit", "exclude_images")
 # model.* keys that choose what to convert later, not what to train
 _NON_MODEL_KEYS = ("approx_layers", "other_layers", "approx_matmuls")
 # model.* keys that the data set determines (its name is in the key)
@@ -126,9 +128,12 @@ def check_model_fits(cfg: DictConfig, data: Dataset) -> None:
     """A freshly built model on two training images, before any training or evaluation: a model that does not
     fit the data (its channels, image size or classes) stops with one message naming both shapes and the
     model's own error, instead of a traceback after the data loads (or an evaluation of the wrong outputs)."""
-    x = data.train_x[:2].to()  # a lazily read set (runner.data.Images) as the tensor of its two images
+    x = data.train_x[:2]
+    if not isinstance(x, torch.Tensor):  # a lazy view of a large set (data=imagefolder): its two images
+        x = x.to()
     shape = "x".join(str(d) for d in x.shape[1:])
-    classes = cfg.data.get("num_classes")
+    # a set that names its classes (an ImageFolder's folders) has that many, whatever data.num_classes says
+    classes = data.num_classes if getattr(data, "classes", ()) else cfg.data.get("num_classes")
     classes = int(classes) if classes is not None else int(data.train_y.max()) + 1
     target = str(cfg.model.get("_target_") or "") if "_target_" in cfg.model else ""
     label = cfg.model.name if not target or target == ZOO.get(cfg.model.name) else f"{cfg.model.name} ({target})"
@@ -294,7 +299,7 @@ def load_or_train(cfg: DictConfig, data: Dataset | None = None, out_dir: Path | 
     from runner import distributed
 
     check_train_config(cfg)
-    data = data or held_apart(load_dataset(cfg.data), cfg)
+    data = data or left_out(held_apart(load_dataset(cfg.data), cfg), cfg)
     check_classes(cfg, data)
     if pretrained(cfg.model):
         return load_pretrained(cfg, data)
@@ -392,6 +397,28 @@ def held_apart(data: Dataset, cfg: DictConfig) -> Dataset:
                               info={**data.info, "calibration_held_apart": len(carved.test_y)})
     console.print(f"{data.name} has no training split: {len(out.train_y)} of its images (seeded, every class) "
                   f"held apart for calibration, accuracy on the other {len(out.test_y)}", highlight=False)
+    return out
+
+
+def left_out(data: Dataset, cfg: DictConfig) -> Dataset:
+    """The measured images less those data.exclude_images lists (an ImageFolder's files): search's confirmation
+    on the whole val split leaves out the images its choice was made on. After held_apart, so the calibration
+    part is the one the search calibrated on whenever both read the same images."""
+    if not cfg.data.get("exclude_images"):
+        return data
+    from runner.data.imagefolder import excluded_names
+
+    names = data.test_x.names() if hasattr(data.test_x, "names") else None
+    if names is None:
+        raise UserError(f"data.exclude_images needs data=imagefolder (its images have file names); "
+                        f"data={cfg.data.name} has none.")
+    drop = excluded_names(cfg.data)
+    keep = torch.tensor([n not in drop for n in names], dtype=torch.bool)
+    out = dataclasses.replace(data, test_x=data.test_x.take(keep), test_y=data.test_y[keep],
+                              info={**data.info, "excluded": int((~keep).sum())})
+    console.print(f"{int((~keep).sum())} of the measured images left out (data.exclude_images="
+                  f"{cfg.data.exclude_images}): accuracy on the other {len(out.test_y)}",
+                  highlight=False, soft_wrap=True)
     return out
 
 

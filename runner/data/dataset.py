@@ -6,7 +6,8 @@ Interface (what every loader returns; the model side relies on it):
     train_x, test_x         float32 [N, C, H, W] in [0, 1] (pixel / 255): a torch.Tensor for the small sets,
                             an `Images` for data=imagefolder (a uint8 memmap read per batch; it supports
                             len(), .shape, x[i:j] (a lazy view), x[index tensor] and x[i:j].to(device)
-                            (float32 tensors), x.take(idx) (a lazy view); never call .to() on a whole large set)
+                            (float32 tensors), x.take(idx) (a lazy view); never call .to() on a whole large set);
+                            x.names(): the file of each image (an ImageFolder's val split; None otherwise)
     train_y, test_y         int64 [N] tensors (always in memory)
     mean, std               the normalisation the model's first layer applies (a float or one per channel)
     num_classes             int: len(classes) where the set names them, else 10
@@ -124,10 +125,17 @@ class Images:
 
     dtype = torch.float32
 
-    def __init__(self, array: np.ndarray, index=None, crop: int | None = None):
+    def __init__(self, array: np.ndarray, index=None, crop: int | None = None, names=None):
         self.array = array
         self.index = None if index is None else np.asarray(index, dtype=np.int64)
         self.crop_size = int(crop or array.shape[-1])
+        # the file of each row of `array` (paths relative to the data root): what identifies an image across
+        # two decodings of one tree (a data.limit subset and the whole split), which positions cannot
+        self.array_names = names
+
+    def names(self) -> list[str] | None:
+        """The file of each image of this view (None when the array has no names)."""
+        return None if self.array_names is None else [self.array_names[i] for i in self._rows()]
 
     def __len__(self) -> int:
         return len(self.array) if self.index is None else len(self.index)
@@ -146,7 +154,7 @@ class Images:
         idx = idx.numpy() if isinstance(idx, torch.Tensor) else np.asarray(idx)
         if idx.dtype == bool:
             idx = np.flatnonzero(idx)
-        return Images(self.array, self._rows(idx), self.crop_size)
+        return Images(self.array, self._rows(idx), self.crop_size, self.array_names)
 
     def raw(self, idx=None) -> torch.Tensor:
         """uint8 [n, C, S, S] of this view's images idx (all when None), uncropped."""
@@ -171,7 +179,7 @@ class Images:
 
     def __getitem__(self, key):
         if isinstance(key, slice):
-            return Images(self.array, self._rows()[key], self.crop_size)
+            return Images(self.array, self._rows()[key], self.crop_size, self.array_names)
         if isinstance(key, (int, np.integer)):
             return self._float(self.raw([key]))[0]
         key = key.numpy() if isinstance(key, torch.Tensor) else np.asarray(key)

@@ -218,7 +218,10 @@ def _split(cfg, root: Path, split: str, train: bool, cache_dir: Path, workers: i
                       + (" ..." if len(bad) > 10 else ""), highlight=False, soft_wrap=True)
     bad_paths = {b["path"] for b in bad}
     keep = np.array([i for i, f in enumerate(files) if f[0] not in bad_paths], dtype=np.int64)
-    x = Images(images, None if len(keep) == len(files) else keep, crop=t["crop"])
+    # file names for the images measured (data.exclude_images, search's confirmation); train/'s 1.28 M would
+    # keep ~150 MB of strings that nothing reads
+    names = None if train else [f[0] for f in files]
+    x = Images(images, None if len(keep) == len(files) else keep, crop=t["crop"], names=names)
     y = torch.from_numpy(np.asarray(labels)[keep])
     return classes, x, y, {"cache": str(where), "images": len(keep), "bad": [b["path"] for b in bad],
                            "built": built, "digest": digest}
@@ -252,7 +255,7 @@ def load_imagefolder(cfg) -> Dataset:
     root = root_of(cfg)
     train_name, val_name = split_names(cfg)
     workers = config_number(cfg.get("workers") or os.cpu_count() or 1, "data.workers", minimum=1)
-    limit = config_number(cfg.get("limit"), "data.limit", minimum=1, optional=True)
+    limit, train_limit = limits(cfg)
     seed = config_number(cfg.get("limit_seed", 0), "data.limit_seed")
     cache_dir = default_cache_dir(cfg, root)
     classes, test_x, test_y, val_info = _split(cfg, root, val_name, False, cache_dir, workers, limit, seed)
@@ -260,7 +263,7 @@ def load_imagefolder(cfg) -> Dataset:
     has_train = (root / train_name).is_dir()
     if has_train:
         train_classes, train_x, train_y, info[train_name] = _split(cfg, root, train_name, True, cache_dir, workers,
-                                                                    limit, seed)
+                                                                    train_limit, seed)
         if train_classes != classes:
             only = sorted(set(train_classes) ^ set(classes))
             raise UserError(f"{root / train_name} and {root / val_name} have different class folders "
@@ -291,14 +294,36 @@ def _digest(settings: str) -> str:
 
     cfg = OmegaConf.create(json.loads(settings))
     root = root_of(cfg)
-    limit = config_number(cfg.get("limit"), "data.limit", minimum=1, optional=True)
+    limit, train_limit = limits(cfg)
     seed = config_number(cfg.get("limit_seed", 0), "data.limit_seed")
     h = hashlib.sha256()
     train_name, val_name = split_names(cfg)
-    for name, train in ((val_name, False), (train_name, True)):
+    for name, train, n in ((val_name, False, limit), (train_name, True, train_limit)):
         if not (root / name).is_dir():
             continue
         classes, files = scan(root, name)
-        chosen = stratified_subset([f[1] for f in files], limit, seed) if limit else range(len(files))
+        chosen = stratified_subset([f[1] for f in files], n, seed) if n else range(len(files))
         h.update(json.dumps([name, classes, [files[i] for i in chosen], transform_settings(cfg, train)]).encode())
+    if cfg.get("exclude_images"):  # other images measured: other data (runner.train.left_out)
+        h.update(json.dumps(["exclude_images", sorted(excluded_names(cfg))]).encode())
     return h.hexdigest()
+
+
+def limits(cfg) -> tuple[int | None, int | None]:
+    """(data.limit of the val split, of the train split): data.train_limit, when set, replaces data.limit for the
+    training images, so a run can measure the whole val split while calibrating on a small part of train/
+    (search's confirmation keeps its estimate's training images: decoding ImageNet's 1.28 M is hours)."""
+    limit = config_number(cfg.get("limit"), "data.limit", minimum=1, optional=True)
+    train_limit = config_number(cfg.get("train_limit"), "data.train_limit", minimum=1, optional=True)
+    return limit, train_limit if train_limit is not None else limit
+
+
+def excluded_names(cfg) -> set[str]:
+    """The images data.exclude_images lists (paths relative to data.root, one a line)."""
+    path = Path(str(cfg.exclude_images)).expanduser()
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise UserError(f"data.exclude_images={path}: cannot read it ({exc.strerror or exc}); give a text file of "
+                        "image paths relative to data.root, one a line.") from None
+    return {line.strip() for line in lines if line.strip()}

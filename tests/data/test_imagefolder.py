@@ -280,3 +280,28 @@ def test_a_torchvision_model_fits_a_lazily_read_set(tmp_path):
     cfg.model.num_classes = 7
     with pytest.raises(UserError, match="7 outputs|outputs of shape"):
         check_model_fits(cfg, data)
+
+
+def test_train_limit_and_excluded_images(tree, tmp_path, decodes):
+    """data.train_limit limits train/ alone; data.exclude_images leaves the files it lists out of the images
+    measured, by name, from the same cache; both are other data (digest)."""
+    from runner.train import left_out
+
+    root, _ = tree
+    cfg = cfg_of(root, tmp_path, skip_bad=True, train_limit=10)
+    data = load_dataset(cfg)
+    assert len(data.train_y) == 10 and len(data.test_y) == 30 and len(decodes) == 41
+    names = data.test_x.names()
+    assert len(names) == 30 and names[0].startswith("val/") and names == sorted(names)
+    assert data.test_x.take([1, 0]).names() == names[:2][::-1] and data.test_x[3:5].names() == names[3:5]
+    assert data.train_x.names() is None  # train/ keeps no names: nothing measures its images
+    listed = tmp_path / "exclude.txt"
+    listed.write_text(f"{names[4]}\n{names[17]}\nval/not/there.jpg\n")
+    excluded = cfg_of(root, tmp_path, skip_bad=True, train_limit=10, exclude_images=str(listed))
+    decodes.clear()
+    fewer = left_out(load_dataset(excluded), OmegaConf.create({"data": excluded}))
+    assert decodes == [] and len(fewer.test_y) == 28 and fewer.test_x.names() == names[:4] + names[5:17] + names[18:]
+    assert torch.equal(fewer.test_x[4], data.test_x[5]) and int(fewer.test_y[4]) == int(data.test_y[5])
+    assert len({imagefolder.digest(c) for c in (cfg, excluded, cfg_of(root, tmp_path, skip_bad=True))}) == 3
+    with pytest.raises(UserError, match="data.exclude_images"):
+        left_out(data, OmegaConf.create({"data": cfg_of(root, tmp_path, exclude_images=str(tmp_path / "no.txt"))}))

@@ -166,6 +166,10 @@ def test_compare_uses_given_weights_as_the_baseline_and_exact_matches_fakequant(
         out = tmp_path / "run"
         out.mkdir()
         result = compare.run(cfg, out)
+        # what it will evaluate and an estimate, before the first evaluation's progress line
+        said = capsys.readouterr().out
+        assert said.index("compare: 3 evaluations (pytorch x2, fakequant x2, approx x2) of 20 images, about ") < \
+            said.index("compare exact_s on cpu: 1/3")
         rows = {r["path"]: r for r in result["rows"]}
         assert rows["approx"]["agreement_fakequant"] == 1.0
         assert rows["approx"]["n_images"] == 20  # 30 less one a class held apart held apart for calibration

@@ -9,6 +9,8 @@
 #   1. train: the fp32 ViT's Fashion-MNIST test accuracy >= 0.89 (the saved checkpoint's line).
 #   2. cuda == cpp: "cuda == cpp: True" for the model with every Linear and the attention products (qk, av) on
 #      mul8s_1L2N and on mul8u_2V0 (signed and unsigned tables; logits over 2,000 test images, compared bit for bit).
+#      Where they part, if they do: python benchmarks/vit_bits.py --checkpoint $OUT/ckpt/<the vit checkpoint>
+#      --fmnist $FMNIST (the first module and layer that differ, with and without the float64 steps).
 #   3. compare, exact table with the products: agreement_fakequant 1.000 on the approx row (cuda).
 #   4. finetune multiplier=mul8s_1L2N model.approx_matmuls=true: the approx_finetuned row's accuracy within 1.5
 #      points of the fakequant row's (the script prints both and the gap).

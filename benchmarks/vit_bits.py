@@ -28,7 +28,7 @@ import runner.layers as layers_mod
 from runner.attention.quantized import QuantizedMatMul, _codes
 from runner.config import compose
 from runner.float64_steps import float64_steps
-from runner.layers import _Quantized, convert_model, quantized_layers, quantized_models
+from runner.layers import convert_model, quantized_layers, quantized_models
 from runner.models import build_model, fold_input_normalization
 from runner.multipliers import resolve
 from runner.quant import QuantConfig, quantize_act
@@ -253,8 +253,9 @@ def main(argv=None):
             cpp, other = convert(model, calib, x, table, layers, fix, backend, device)
             outs, codes, logits, steps = compare(cpp, other, x, args.batch, device)
             report(table, fix, outs, codes, logits, probe_steps(cpp, other, steps, device))
-            print(f"{backend} model's pass over the {len(x)} images on {device.type}: "
-                  f"{1e3 * forward_seconds(other, x, args.batch, device):.1f} ms ({time.perf_counter() - t0:.1f} s in all)")
+            ms = 1e3 * forward_seconds(other, x, args.batch, device)
+            print(f"{backend} model's pass over the {len(x)} images on {device.type}: {ms:.1f} ms "
+                  f"({time.perf_counter() - t0:.1f} s in all)")
 
 
 if __name__ == "__main__":

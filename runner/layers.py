@@ -486,9 +486,7 @@ def convert_model(model: nn.Module, multipliers, qcfg: QuantConfig, stats: dict[
             new = (ApproxConv2d if conv else ApproxLinear)(layer, per_layer[name], qcfg, st, backend, algo, name=name)
         _set_module(out, name, new)
     pair_pools(out)
-    # LayerNorm, softmax, GELU and a global average pool between the quantized layers in float64, rounded once:
-    # float32 kernels of the CPU and a GPU round them differently, and a last-bit difference can change a code
-    float64_steps(out)
+    float64_steps(out)  # the CPU's and a GPU's float32 kernels round them differently: a last bit can change a code
     link_consumers(out)
     out.register_forward_hook(NonFiniteInputCheck())
     return out.eval()

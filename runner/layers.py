@@ -22,6 +22,7 @@ from runner.attention.quantized import ApproxMatMul, FakeQuantMatMul, QuantizedM
 from runner.code_map import identity_code_map
 from runner.errors import UserError
 from runner.exact_conv import exact_conv2d, exact_dtype
+from runner.float64_steps import float64_steps
 from runner.layer_checks import NonFiniteInputCheck, check_accumulator, check_finite, reduction_length
 from runner.linking import clamps_keep_codes, find_consumers
 from runner.pooling import pair_pools
@@ -459,7 +460,9 @@ def convert_model(model: nn.Module, multipliers, qcfg: QuantConfig, stats: dict[
     multiplier's LUT (fake=False) or through fake-quant at the same scales (fake=True); the layers not named
     stay fp32 (others="fp32") or become fake-quant with their multiplier's signedness (others="fakequant").
     Trained weights are copied. `multipliers` is one Multiplier or {layer name: Multiplier}; `stats` comes
-    from calibrate()."""
+    from calibrate(). The float steps between the layers (LayerNorm, softmax, GELU, a global average pool)
+    compute in float64, rounded once (runner.float64_steps): the CPU and a GPU give the same float32 values there,
+    but for about one element in 2^28."""
     if others not in OTHER_LAYERS:
         raise UserError(f"model.other_layers={others!r}: choose {' or '.join(OTHER_LAYERS)}.")
     names = select_layers(model, layers)
@@ -483,6 +486,7 @@ def convert_model(model: nn.Module, multipliers, qcfg: QuantConfig, stats: dict[
             new = (ApproxConv2d if conv else ApproxLinear)(layer, per_layer[name], qcfg, st, backend, algo, name=name)
         _set_module(out, name, new)
     pair_pools(out)
+    float64_steps(out)  # the CPU's and a GPU's float32 kernels round them differently: a last bit can change a code
     link_consumers(out)
     out.register_forward_hook(NonFiniteInputCheck())
     return out.eval()

@@ -3,7 +3,8 @@
 torch's module passes its packed in_proj_weight and out_proj.weight to F.multi_head_attention_forward, so no
 Linear is ever called and the products Q.K^T and P.V happen inside that function: a conversion would see none
 of them. Attention computes the same (up to float rounding) with q_proj, k_proj, v_proj and out_proj called as
-Linear modules and the products as MatMul modules qk and av; softmax, masks and the scaling stay in float."""
+Linear modules and the products as MatMul modules qk and av; softmax, masks and the scaling stay in float (the
+softmax an nn.Softmax module, which a converted model computes in float64: runner.float64_steps)."""
 from __future__ import annotations
 
 import math
@@ -44,6 +45,7 @@ class Attention(nn.Module):
         self.out_proj = _linear(mha.out_proj.weight.detach(),
                                 None if mha.out_proj.bias is None else mha.out_proj.bias.detach())
         self.qk, self.av = MatMul(), MatMul()
+        self.softmax = nn.Softmax(dim=-1)
         self.embed_dim, self.num_heads, self.head_dim = e, h, e // h
         self.batch_first, self.dropout = mha.batch_first, float(mha.dropout)
         self.train(mha.training)
@@ -85,7 +87,7 @@ class Attention(nn.Module):
         mask = self._mask(attn_mask, key_padding_mask, is_causal, b, l, s, logits.dtype, logits.device)
         if mask is not None:
             logits = logits + mask
-        p = F.softmax(logits, dim=-1)
+        p = self.softmax(logits)
         p_used = F.dropout(p, self.dropout, self.training) if self.dropout > 0 else p
         out = self.av(p_used, v.transpose(-1, -2))                       # [b, h, l, d]
         out = self.out_proj(out.permute(2, 0, 1, 3).reshape(l, b, e))   # [l, b, e]

@@ -1,13 +1,15 @@
 """torchvision's Swin window attention (V1 and V2) with its qkv and proj Linear layers called as modules and its
 products as MatMul modules (runner.attention.explicit_attention). torchvision passes qkv.weight and proj.weight to
 a function, so neither Linear is ever called. The steps are torchvision's shifted_window_attention in the same
-order; the relative position bias, the shift mask, softmax and V2's cosine scaling stay in float."""
+order; the relative position bias, the shift mask, softmax and V2's cosine scaling stay in float (the softmax an
+nn.Softmax module, which a converted model computes in float64: runner.float64_steps)."""
 from __future__ import annotations
 
 import math
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from runner.attention.matmul import MatMul
 
@@ -30,6 +32,7 @@ class ExplicitSwin:
 
     def _add_products(self):
         self.qk, self.av = MatMul(), MatMul()
+        self.softmax = nn.Softmax(dim=-1)
         v2 = getattr(self, "logit_scale", None) is not None
         if v2 and self.qkv.bias is not None:
             # V2 never uses the key's bias (torchvision zeroes a copy each call): zero it so the module call agrees
@@ -63,7 +66,7 @@ class ExplicitSwin:
             mask = _shift_mask(x, pad_h, pad_w, window, shift, nw)
             attn = attn.view(x.size(0) // nw, nw, heads, n, n) + mask.unsqueeze(1).unsqueeze(0)
             attn = attn.view(-1, heads, n, n)
-        attn = F.dropout(F.softmax(attn, dim=-1), p=self.attention_dropout, training=self.training)
+        attn = F.dropout(self.softmax(attn), p=self.attention_dropout, training=self.training)
         x = self.av(attn, v.transpose(-1, -2)).transpose(1, 2).reshape(x.size(0), n, c)
         x = F.dropout(self.proj(x), p=self.dropout, training=self.training)
         x = x.view(b, pad_h // window[0], pad_w // window[1], window[0], window[1], c)

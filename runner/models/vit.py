@@ -1,8 +1,8 @@
 """A small Vision Transformer for 28x28 and 32x32 images (Dosovitskiy et al. 2021, pre-LayerNorm): the data set's
 normalisation, a patch-embedding conv (kernel = stride = patch), a class token and learned position embeddings,
 `depth` encoder blocks of x + MHA(LN(x)) and x + MLP(LN(x)) (nn.MultiheadAttention, GELU), a final LayerNorm and a
-Linear head on the class token. LayerNorm, GELU and softmax stay in float when the model is quantized
-(docs/models.md, Transformers). build_model rewrites each nn.MultiheadAttention into runner.attention's explicit
+Linear head on the class token. LayerNorm, GELU and softmax stay in float when the model is quantized (float64,
+rounded once to float32, so the CPU and a GPU agree: runner.float64_steps; docs/models.md, Transformers). build_model rewrites each nn.MultiheadAttention into runner.attention's explicit
 form, so its projections and (with model.approx_matmuls) its Q.K^T and P.V products are layers of their own."""
 from __future__ import annotations
 

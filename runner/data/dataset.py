@@ -113,6 +113,9 @@ def _as_is(batch):
     return batch
 
 
+_PIXELS = torch.arange(256, dtype=torch.float32) / 255.0  # each uint8 pixel's float, as Images._float computes it
+
+
 class Images:
     """float32 [N, C, H, W] images in [0, 1], read per batch from a uint8 [M, C, S, S] array (a numpy memmap of
     the on-disk cache), so host memory holds one batch, not the set. `index` picks and orders the images
@@ -188,11 +191,15 @@ class Images:
         return self._float(self.raw(key))
 
     def to(self, device=None, dtype=None, **kwargs) -> torch.Tensor:
-        # the uint8 pixels travel and are divided there: a quarter of float32's bytes over the bus, and the host
+        # the uint8 pixels travel and become floats there: a quarter of float32's bytes over the bus, and the host
         # only copies (an evaluation of 50,000 ImageNet images spent more time converting on the CPU than the
-        # GPU spent on the fp32 model); an IEEE division by 255 gives the same bits on either device
+        # GPU spent on the fp32 model). Through the host's table of pixel / 255, not a division there: CUDA
+        # divides by a scalar as a multiply by its reciprocal, which rounds differently
         raw = self._crop(self.raw())
-        x = (raw.to(device=device, **kwargs) if device is not None else raw).float().div_(255.0)
+        if device is None or torch.device(device).type == "cpu":
+            x = self._float(raw).to(device=device, **kwargs)
+        else:
+            x = _PIXELS.to(device)[raw.to(device=device, **kwargs).int()]
         return x if dtype is None else x.to(dtype)
 
     def float(self) -> torch.Tensor:

@@ -211,6 +211,13 @@ def test_lazy_images_behave_as_the_tensor():
     assert torch.equal(x[mask], full[mask])
 
 
+def test_the_pixel_table_is_the_hosts_division():
+    from runner.data.dataset import _PIXELS
+
+    every = torch.arange(256, dtype=torch.uint8)
+    assert torch.equal(_PIXELS[every.int()], every.float().div_(255.0))
+
+
 @pytest.mark.cuda
 def test_lazy_images_divided_on_the_gpu_are_the_hosts_bits():
     raw = torch.arange(256, dtype=torch.uint8).repeat(3 * 20 * 20 // 256 + 1)[:3 * 20 * 20].reshape(1, 3, 20, 20)

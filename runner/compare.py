@@ -379,7 +379,7 @@ def _run(cfg: DictConfig, out_dir: Path | None, common: dict, quiet: bool = Fals
                                   warmup=int(cfg.eval.warmup) if record else 0,
                                   repeats=int(cfg.eval.repeats) if record else 0,
                                   logits=sess.logits_from(models[path], x, bs, device, start, prefix_key)
-                                  if path == "approx" and start else None)
+                                  if path in ("approx", "fakequant") and start else None)
             preds[path] = timed.predictions
             sess.keep_predictions(keys[path], timed.predictions)
             if record:

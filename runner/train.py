@@ -28,7 +28,8 @@ from runner.store import locked, write_csv
 _NON_WEIGHT_KEYS = ("force", "eval_batch_size", "devices")
 # data.* keys that only say where files are, not what they contain
 _NON_DATA_KEYS = ("root", "download", "cache_dir", "workers", "in_channels", "image_size", "num_classes",
-                  "zoo_train_epochs", "finetune_batch_size", "finetune_epochs", "finetune_warmup_epochs")
+                  "zoo_train_epochs", "vit_train_epochs", "finetune_batch_size", "finetune_epochs",
+                  "finetune_warmup_epochs")
 # model.* keys that choose what to convert later, not what to train
 _NON_MODEL_KEYS = ("approx_layers", "other_layers", "approx_matmuls")
 # model.* keys that the data set determines (its name is in the key)

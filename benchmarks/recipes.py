@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from runner.config import compose  # noqa: E402
 from runner.data import load_dataset  # noqa: E402
-from runner.store import append_rows  # noqa: E402
+from runner.store import read_rows, write_csv  # noqa: E402
 from runner.train import evaluate_accuracy, train_model  # noqa: E402
 
 
@@ -43,7 +43,8 @@ def main() -> int:
                "command": " ".join(["python benchmarks/recipes.py", *args.overrides, "--try", repr(cand)])}
         print(f"{cand:40s} validation {100 * acc:.2f} %  ({seconds:.0f} s)", flush=True)
         rows.append(row)
-    append_rows(Path(args.out), rows)
+    # a log of candidates, not a results store (no row keys): the rows so far and these, rewritten atomically
+    write_csv(Path(args.out), [*read_rows(Path(args.out)), *rows])
     return 0
 
 

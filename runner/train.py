@@ -28,7 +28,8 @@ from runner.store import locked, write_csv
 _NON_WEIGHT_KEYS = ("force", "eval_batch_size", "devices")
 # data.* keys that only say where files are, not what they contain
 _NON_DATA_KEYS = ("root", "download", "cache_dir", "workers", "in_channels", "image_size", "num_classes",
-                  "zoo_train_epochs", "finetune_batch_size", "finetune_epochs", "finetune_warmup_epochs",
+                  "zoo_train_epochs", "vit_train_epochs", "finetune_batch_size", "finetune_epochs",
+                  "finetune_warmup_epochs",
                   # which images these take is in the data's digest (sha256), by content rather than by path
                   "train_limit", "exclude_images")
 # model.* keys that choose what to convert later, not what to train
@@ -170,6 +171,7 @@ def check_train_config(cfg: DictConfig) -> None:
     for key in ("epochs", "batch_size", "eval_batch_size"):
         config_number(t[key], f"train.{key}", minimum=1)
     config_number(t.get("weight_decay", 0.0), "train.weight_decay", minimum=0, kind=float)
+    config_number(t.get("shift", 0), "train.shift", minimum=0)
     if not config_number(t.lr, "train.lr", kind=float) > 0:
         raise UserError(f"train.lr={t.lr} must be > 0.")
 
@@ -211,6 +213,13 @@ def train_model(cfg: DictConfig, data: Dataset, device: torch.device) -> tuple[n
 
     check_train_config(cfg)
     rank, world = distributed.rank_world()
+    shift = int(cfg.train.get("shift", 0))
+    if shift and not isinstance(data.train_x, torch.Tensor):
+        raise UserError(f"train.shift={shift}: data={data.name} is read a batch at a time with its own augmentation "
+                        "(data.augment); pass train.shift=0.")
+    if shift and data.augment:
+        raise UserError(f"train.shift={shift}: data={data.name} has its own training augmentation (data.augment); "
+                        "pass train.shift=0, or data.augment=false to shift its images instead.")
     check_model_fits(cfg, data)
     torch.manual_seed(int(cfg.seed))
     model = build_model(cfg.model, data.mean, data.std).to(device)
@@ -229,10 +238,11 @@ def train_model(cfg: DictConfig, data: Dataset, device: torch.device) -> tuple[n
         dataset = TensorDataset(data.train_x, data.train_y)
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=int(cfg.seed))
         loader = DataLoader(dataset, batch_size=per_rank, sampler=sampler,
-                            collate_fn=CropFlip(int(cfg.seed) + rank) if data.augment else None)
+                            collate_fn=CropFlip(int(cfg.seed) + rank) if data.augment else
+                            CropFlip(int(cfg.seed) + rank, pad=shift, flip=False) if shift else None)
     else:
         net = model
-        loader = data.loader("train", int(cfg.train.batch_size), shuffle=True, seed=int(cfg.seed))
+        loader = data.loader("train", int(cfg.train.batch_size), shuffle=True, seed=int(cfg.seed), shift=shift)
     epochs = int(cfg.train.epochs)
     sched = make_schedule(opt, cfg.train, len(loader))
     history = []

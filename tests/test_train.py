@@ -69,3 +69,30 @@ def test_bad_training_settings_are_user_errors(tmp_path, mnist5k):
             train_model(compose("train", [bad], tmp_path), mnist5k, torch.device("cpu"))
     with pytest.raises(UserError, match="train.schedule"):
         train_model(compose("train", ["train.schedule=linear"], tmp_path), mnist5k, torch.device("cpu"))
+
+
+def test_shift_moves_training_batches_only(mnist5k):
+    import dataclasses
+
+    import pytest
+
+    from runner.data import CropFlip
+    from runner.errors import UserError
+    from runner.train import train_model
+
+    x = torch.arange(2 * 1 * 6 * 6, dtype=torch.float32).reshape(2, 1, 6, 6)
+    out, _ = CropFlip(seed=3, pad=2, flip=False)([(x[i], torch.tensor(i)) for i in range(2)])
+    padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
+    for i in range(2):  # a window of the padded image, never mirrored
+        assert any(torch.equal(out[i], padded[i, :, dy:dy + 6, dx:dx + 6]) for dy in range(5) for dx in range(5))
+    small = dataclasses.replace(mnist5k, train_x=mnist5k.train_x[:256], train_y=mnist5k.train_y[:256])
+    (xs, ys), (xp, yp) = (next(iter(small.loader("train", 256, shuffle=True, seed=0, shift=s))) for s in (2, 0))
+    assert torch.equal(ys, yp) and not torch.equal(xs, xp) and xs.sum() <= xp.sum()  # moved, pixels may leave
+    assert (xs != xp).flatten(1).any(1).float().mean() > 0.5  # most images moved (1 in 25 stays put)
+    xe, _ = next(iter(small.loader("train", 256, shuffle=False, shift=2)))  # calibration, evaluation: as they are
+    assert torch.equal(xe, small.train_x)
+    cfg = compose("train", ["model=vit", "train.shift=2", "train.epochs=1"])
+    with pytest.raises(UserError, match="own training augmentation"):
+        train_model(cfg, dataclasses.replace(small, augment=True), torch.device("cpu"))
+    with pytest.raises(UserError, match=r"train\.shift="):
+        train_model(compose("train", ["model=vit", "train.shift=-1"]), small, torch.device("cpu"))

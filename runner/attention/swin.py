@@ -6,6 +6,7 @@ nn.Softmax module, which a converted model computes in float64: runner.float64_s
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -80,28 +81,35 @@ def explicit_swin(module):
     """The module itself, its class swapped for its explicit twin (parameters and buffers as they were)."""
     from torchvision.models.swin_transformer import ShiftedWindowAttentionV2
 
-    module.__class__ = ExplicitWindowAttentionV2 if isinstance(module, ShiftedWindowAttentionV2) \
-        else ExplicitWindowAttention
+    v2 = isinstance(module, ShiftedWindowAttentionV2)
+    module.__class__ = _twin("ExplicitWindowAttentionV2" if v2 else "ExplicitWindowAttention")
     module._add_products()
     return module
 
 
 def swin_classes() -> tuple[type, ...]:
-    """torchvision's window attention classes (none without torchvision)."""
-    try:
-        from torchvision.models.swin_transformer import ShiftedWindowAttention
-    except ImportError:
-        return ()
-    return (ShiftedWindowAttention,)
+    """torchvision's window attention classes, where torchvision's Swin module is loaded (a model holding one has
+    loaded it): importing torchvision for every other model would add its import, a second or more on a small
+    CPU, to every command."""
+    module = sys.modules.get("torchvision.models.swin_transformer")
+    return () if module is None else (module.ShiftedWindowAttention,)
 
 
-try:  # named classes (not made on the fly), so a pickled converted model finds them again
-    from torchvision.models.swin_transformer import ShiftedWindowAttention, ShiftedWindowAttentionV2
+_TWINS: dict[str, type] = {}
 
-    class ExplicitWindowAttention(ExplicitSwin, ShiftedWindowAttention):
-        pass
 
-    class ExplicitWindowAttentionV2(ExplicitSwin, ShiftedWindowAttentionV2):
-        pass
-except ImportError:
-    pass
+def _twin(name: str) -> type:
+    """The explicit twin of torchvision's class, made once, under a name of this module: a pickled converted model
+    finds it again (module __getattr__ below)."""
+    if name not in _TWINS:
+        from torchvision.models import swin_transformer as tv
+
+        base = tv.ShiftedWindowAttentionV2 if name.endswith("V2") else tv.ShiftedWindowAttention
+        _TWINS[name] = type(name, (ExplicitSwin, base), {"__module__": __name__, "__qualname__": name})
+    return _TWINS[name]
+
+
+def __getattr__(name: str):
+    if name in ("ExplicitWindowAttention", "ExplicitWindowAttentionV2"):
+        return _twin(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

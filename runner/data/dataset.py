@@ -89,17 +89,22 @@ class Dataset:
         the place of the test set: tuning and selection look at it, never at the real test set."""
         return self.carve("train", fraction, seed)
 
-    def loader(self, split: str, batch_size: int, shuffle: bool = False, seed: int = 0) -> DataLoader:
+    def loader(self, split: str, batch_size: int, shuffle: bool = False, seed: int = 0, shift: int = 0) -> DataLoader:
+        """shift > 0: shuffled training batches are moved by up to `shift` pixels each way (a training recipe's
+        augmentation, train.shift, for data sets without their own)."""
         x, y = (self.train_x, self.train_y) if split == "train" else (self.test_x, self.test_y)
         gen = torch.Generator().manual_seed(seed)
         # augmentation belongs to training only: shuffled training batches, never evaluation or calibration
         augment = self.augment and split == "train" and shuffle
+        shift = shift if split == "train" and shuffle else 0
+        if shift and (augment or isinstance(x, Images)):
+            raise ValueError(f"{self.name} has its own training augmentation (data.augment)")
         if isinstance(x, Images):
             # one memmap read per batch (the dataset's __getitems__), never the whole set in memory
             aug = RandomResizedCropFlip(x.crop_size, seed) if augment else None
             return DataLoader(_ImageBatches(x, y, aug), batch_size=batch_size, shuffle=shuffle, generator=gen,
                               collate_fn=_as_is)
-        collate = CropFlip(seed) if augment else None
+        collate = CropFlip(seed) if augment else CropFlip(seed, pad=shift, flip=False) if shift else None
         return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=shuffle, generator=gen,
                           collate_fn=collate)
 
@@ -274,11 +279,12 @@ class RandomResizedCropFlip:
 
 class CropFlip:
     """Collate function of the standard CIFAR augmentation: each image zero-padded by `pad` pixels, cropped back
-    to its size at a random offset, and mirrored left-right with probability 1/2 (seeded)."""
+    to its size at a random offset, and mirrored left-right with probability 1/2 (seeded). flip=False: the
+    random shift alone (digits must not be mirrored)."""
 
-    def __init__(self, seed: int = 0, pad: int = 4):
+    def __init__(self, seed: int = 0, pad: int = 4, flip: bool = True):
         self.gen = torch.Generator().manual_seed(seed + 1)
-        self.pad = pad
+        self.pad, self.flip = pad, flip
 
     def __call__(self, batch):
         x = torch.stack([b[0] for b in batch])
@@ -288,8 +294,10 @@ class CropFlip:
         padded = torch.nn.functional.pad(x, (p, p, p, p))
         dy = torch.randint(0, 2 * p + 1, (n,), generator=self.gen).tolist()
         dx = torch.randint(0, 2 * p + 1, (n,), generator=self.gen).tolist()
-        flip = (torch.rand(n, generator=self.gen) < 0.5).tolist()
         out = torch.stack([padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(n)])
+        if not self.flip:
+            return out, y
+        flip = (torch.rand(n, generator=self.gen) < 0.5).tolist()
         for i in range(n):
             if flip[i]:
                 out[i] = out[i].flip(-1)

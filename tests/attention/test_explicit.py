@@ -162,3 +162,16 @@ def test_torchvision_transformers_at_224(factory):
         assert any(n.endswith(".qk") for n in names) == matmuls
         with torch.no_grad():
             assert torch.equal(fq(x), approx(x))
+
+
+def test_models_without_swin_never_import_torchvision():
+    """torchvision's import costs every command a second or more on a small CPU: only a model holding its Swin
+    classes (which has imported them) makes the rewrite look for them."""
+    import subprocess
+    import sys
+
+    code = ("import sys, runner.layers\nfrom omegaconf import OmegaConf\nfrom runner.models import build_model\n"
+            "build_model(OmegaConf.create({'_target_': 'runner.models.vit.ViT', 'name': 'vit'}))\n"
+            "print('torchvision' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -312,3 +312,35 @@ def test_sweep_of_one_job_on_two_devices_shards_it_and_gives_the_one_device_row(
     assert summary["status"].tolist() == ["ok"] and summary["row_key"].iloc[0] == approx["row_key"]
     job = json.loads(next((tmp_path / "two" / "sweep").glob("*/0/job.json")).read_text())
     assert (job["status"], job["devices"]) == ("ok", "cpu;cpu")
+
+
+def _lazy_sharded_rank(cfg, out_dir):
+    """A rank of test_sharded_evaluation_reads_a_lazy_set: run_timed_sharded over a lazily read set (ImageFolder's
+    runner.data.Images) and over the tensor it stands for."""
+    from runner.data.dataset import Images
+    from runner.evaluate import run_timed_sharded
+
+    raw, model = _lazy_case()
+    lazy = run_timed_sharded(model, Images(raw.numpy()), 6, torch.device("cpu"), warmup=0, repeats=1)
+    eager = run_timed_sharded(model, raw.float() / 255, 6, torch.device("cpu"), warmup=0, repeats=1)
+    return {"lazy": lazy.predictions, "eager": eager.predictions, "computed_here": len(lazy.logits)}
+
+
+def _lazy_case():
+    raw = torch.randint(0, 256, (20, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    return raw, torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(144, 10))
+
+
+@pytest.mark.processes
+def test_sharded_evaluation_reads_a_lazy_set(tmp_path):
+    """2 gloo ranks over 20 lazily read images in batches of 6: rank 0 computes batches 0 and 2 (12 images), every
+    rank gets the one-process predictions back, as for a tensor."""
+    from runner.evaluate import run_timed
+
+    ranks = distributed.spawn_ranks("tests.test_distributed:_lazy_sharded_rank", {}, tmp_path, ["cpu", "cpu"])
+    assert ranks.ok, ranks.failure()
+    raw, model = _lazy_case()
+    one = run_timed(model, raw.float() / 255, 6, torch.device("cpu"), warmup=0, repeats=0).predictions
+    assert torch.equal(ranks.result["lazy"], one) and torch.equal(ranks.result["eager"], one)
+    assert ranks.result["computed_here"] == 12

@@ -399,8 +399,10 @@ def digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-                 if t.dtype != torch.bool else t.cpu().numpy().tobytes())
+        # copied into a fresh 1-D tensor: an expanded one (a scalar broadcast to [1]) is "contiguous" with
+        # stride 0, which neither contiguous() nor reshape() changes and view(uint8) refuses
+        flat = torch.empty(t.numel(), dtype=t.dtype).copy_(t.detach().cpu().reshape(-1))
+        h.update(flat.view(torch.uint8).numpy().tobytes() if t.dtype != torch.bool else flat.numpy().tobytes())
     return h.hexdigest()
 
 

@@ -355,3 +355,30 @@ def test_digest_of_a_state_with_an_expanded_tensor():
     assert a.s.stride() == (0,) and distributed.digest(a) == distributed.digest(b)
     b.s += 1
     assert distributed.digest(a) != distributed.digest(b)
+
+
+def test_a_sharded_job_whose_rank_fails_is_recorded_once(tmp_path, monkeypatch):
+    """run_sharded with the ranks' outcome given: a failed rank gives one failed row (the rank's error in it) and a
+    failed job.json; ranks that ended well give an ok job.json naming their devices and no row of their own."""
+    from runner.jobs.plan import Job
+    from runner.jobs.run import plan_all, run_sharded
+    from runner.store import read_csv
+
+    jobs = plan_all([Job(i, [f"multiplier={t}"], compose("sweep", ["backend=python", f"multiplier={t}"], tmp_path),
+                         tmp_path / "sweep" / str(i)) for i, t in enumerate(("mul8s_1L2N", "mul8s_1KV8"))])
+    for job in jobs:
+        job.out_dir.mkdir(parents=True)
+    outcomes = {str(jobs[0].out_dir): distributed.Ranks(["cpu", "cpu"], [11, 12], {0: 75, 1: 1}, [1, 0],
+                                                        {1: "ValueError: boom"}),
+                str(jobs[1].out_dir): distributed.Ranks(["cpu", "cpu"], [13, 14], {0: 0, 1: 0}, [0, 1], {},
+                                                        {"status": "ok", "rows": []})}
+    monkeypatch.setattr(distributed, "spawn_ranks", lambda entry, cfg, out_dir, devices, stop: outcomes[str(out_dir)])
+    advanced = []
+    run_sharded(jobs, {0: ["cpu", "cpu"], 1: ["cpu", "cpu"]}, lambda n, **info: advanced.append(info["status"]))
+    rows = read_csv(tmp_path / "results" / "results.csv")
+    assert len(rows) == 1 and rows["status"].iloc[0] == "failed"
+    assert "sharded over cpu;cpu: rank 1 of 2 (cpu, pid 12) exited with code 1 (ValueError: boom)" in rows["error"].iloc[0]
+    failed, ok = (json.loads((job.out_dir / "job.json").read_text()) for job in jobs)
+    assert failed["status"] == "failed" and "boom" in failed["error"]
+    assert (ok["status"], ok["devices"], ok["overrides"]) == ("ok", "cpu;cpu", ["multiplier=mul8s_1KV8"])
+    assert sorted(advanced) == ["failed", "ok"]

@@ -241,16 +241,18 @@ def _sharded_job(job: Job, devices: list[str], advance, lock, stop) -> None:
     t0 = time.time()
     try:
         ranks = distributed.spawn_ranks("runner.jobs.run:evaluate_sharded", job.cfg, job.out_dir, devices, stop)
+        failure = None if ranks.ok or ranks.interrupted else ranks.failure()
     except KeyboardInterrupt:  # stopped: the job is not run (a rerun does it)
         return
-    if ranks.interrupted:
+    except Exception as exc:  # noqa: BLE001  (the ranks could not start: this job fails, the others go on)
+        ranks, failure = None, f"{type(exc).__name__}: {exc}"
+    if ranks is not None and ranks.interrupted:
         return
-    if ranks.ok:
+    if failure is None:
         result = ranks.result if isinstance(ranks.result, dict) else {}
         status, error = str(result.get("status") or "ok"), str(result.get("error") or "")
     else:  # a rank failed (every rank raises rather than record it: runner.compare.run); recorded once, here
-        status = "failed"
-        error = f"sharded over {';'.join(devices)}: {ranks.failure()}"
+        status, error = "failed", f"sharded over {';'.join(devices)}: {failure}"
         with lock:
             compare.record_failed(job.cfg, job.out_dir, error, time.time() - t0)
     atomic_write_json(Path(job.out_dir) / "job.json", {

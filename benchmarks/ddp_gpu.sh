@@ -90,6 +90,9 @@ export PYTHONUNBUFFERED=1
 if [ "$DEVICE" = cuda ]; then
   BACKEND=cuda; ONE='[cuda:0]'; ALL='[cuda:0,cuda:1,cuda:2,cuda:3]'
   ONE_ENV=(env CUDA_VISIBLE_DEVICES=0)  # the 1-GPU runs see one card: nothing of theirs lands on the others
+  # NVLink multicast stays off for NCCL and PyTorch, as the device image sets it: on a shared host's GPUs a
+  # program using it can take them out of service (set here too, should the environment come without them)
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 else
   BACKEND=cpp; ONE='[cpu]'; ALL='[cpu,cpu,cpu,cpu]'; ONE_ENV=(env)
 fi

@@ -10,34 +10,11 @@
 #                                                         # cpp vs cuda predictions, then retraining time and accuracy
 #
 # Logs and tables go to $OUT (or ./gpu-out); the last lines of each step are the figures to quote.
-# CACHE_BYTECODE=1: compile torch's and the package's sources once, under /tmp/pyc, as a pip install does.
-# The device image sets PYTHONDONTWRITEBYTECODE and ships torch without bytecode, so otherwise every process
-# compiles torch again: about 1.5 s of `import torch` and 2 s of a 19-table sweep on an H100
-# (benchmarks/README.md). Quote command wall times with the setting they were measured under.
+# The set-up (wheels, CACHE_BYTECODE=1, the build) is benchmarks/gpu_setup.sh's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1
-
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-fi
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-if [ "${CACHE_BYTECODE:-0}" = 1 ]; then
-  export PYTHONPYCACHEPREFIX=/tmp/pyc
-  unset PYTHONDONTWRITEBYTECODE
-  # best effort: a few of torch's files do not compile under every Python (compileall then exits 1)
-  python3 -m compileall -q -j 0 "$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')" runner \
-    > /dev/null
-fi
-t0=$SECONDS
-TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16} \
-  python3 -m pip install -q --no-build-isolation --no-deps -e . > "$out/build.log" 2>&1 \
-  || { tail -40 "$out/build.log"; exit 1; }
-echo "build: $((SECONDS - t0)) s"
-python3 -m runner.cli info | tail -8
+source benchmarks/gpu_setup.sh || exit 1
 
 step() { echo "== $1"; shift; "$@"; echo "   (rc $?, $((SECONDS - t0)) s)"; }
 

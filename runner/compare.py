@@ -85,6 +85,22 @@ def lr_scale(cfg: DictConfig) -> float:
     return distributed.lr_scale(finetune.run_settings(cfg)["lr_scaling"], distributed.rank_world()[1])
 
 
+def wanted_paths(cfg: DictConfig, keys: dict) -> list[str]:
+    """The paths whose rows a run records, of its row keys (plan.row_keys)."""
+    wanted = [p for p in cfg.eval.paths if p in PATHS]
+    if not wanted:
+        raise UserError(f"eval.paths={list(cfg.eval.paths)} names none of {list(PATHS)}.")
+    if "approx_finetuned" in keys and "approx" in wanted and "approx_finetuned" not in wanted:
+        wanted.append("approx_finetuned")  # retraining on: its row goes beside the approx row
+    return [p for p in wanted if p in keys]
+
+
+def has_work(cfg: DictConfig, plan: Plan, recorded: set[str]) -> bool:
+    """Whether a run of cfg computes anything: False when skip_done finds each of its rows in `recorded`
+    (the results file's keys, runner.store.done_keys), as _run would decide."""
+    return not (cfg.skip_done and all(plan.row_keys[p] in recorded for p in wanted_paths(cfg, plan.row_keys)))
+
+
 def scope_of(path: str, multipliers: dict, layers: list[str]) -> str:
     """What a row's numbers are of (the `scope` column): reference (pytorch, fakequant), network (every layer
     on one table), layer (some layers on one table, the others as model.other_layers says: sensitivity),
@@ -145,27 +161,40 @@ def run(cfg: DictConfig, out_dir: Path, quiet: bool = False, plan: Plan | None =
     """`approx-run compare`. plan: what plan_run(cfg) returned earlier in this process (a sweep plans every
     job first)."""
     t_start = time.time()
-    common = {"run_dir": str(out_dir), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "data": cfg.data.name, "model": model_label(cfg.model), "quant": cfg.quant.get("name", ""),
-              "backend": cfg.backend.name, "algo": cfg.backend.algo, "seed": int(cfg.seed)}
     try:
         with _leased_gpu(cfg):
-            return _run(cfg, out_dir, common, quiet, plan)
+            return _run(cfg, out_dir, _common(cfg, out_dir), quiet, plan)
     except Exception as exc:  # noqa: BLE001  (a crash in one sweep job must not end the sweep)
-        if cfg.get("on_error", "raise") != "record":
+        # In a process group a rank that fails ends its process: the launcher stops the others (which would
+        # wait in a collective for it) and the job's caller records the failure once (runner.jobs.run).
+        if cfg.get("on_error", "raise") != "record" or distributed.rank_world()[1] > 1:
             raise
         # A sweep records the failure and goes on with the next multiplier; a user error's message is
         # the reason, anything else keeps a short traceback for the bug report.
         reason = str(exc) if isinstance(exc, UserError) else \
             f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
-        spec = OmegaConf.to_container(cfg.multiplier, resolve=True)
-        scope = "assignment" if spec.get("layers") else "layer" if cfg.model.get("approx_layers") else "network"
-        row = {**common, "path": "approx", "scope": scope, "status": "failed", "error": reason,
-               "multiplier": str(spec.get("name", spec)), "row_key": "", "elapsed_s": time.time() - t_start}
-        write_csv(out_dir / "metrics.csv", [row])
-        append_rows(Path(cfg.results_file), [row])
+        row = record_failed(cfg, out_dir, reason, time.time() - t_start)
         console.print(f"[red]failed[/] {row['multiplier']}: {exc}")
         return {"status": "failed", "error": reason}
+
+
+def _common(cfg: DictConfig, out_dir: Path | None) -> dict:
+    """The columns every row of a run shares."""
+    return {"run_dir": str(out_dir), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "data": cfg.data.name, "model": model_label(cfg.model), "quant": cfg.quant.get("name", ""),
+            "backend": cfg.backend.name, "algo": cfg.backend.algo, "seed": int(cfg.seed)}
+
+
+def record_failed(cfg: DictConfig, out_dir: Path, reason: str, elapsed_s: float | None) -> dict:
+    """A failed approx row of a job (its run dir's metrics.csv and the results file): what a sweep records
+    for a job that could not run, with the reason."""
+    spec = OmegaConf.to_container(cfg.multiplier, resolve=True)
+    scope = "assignment" if spec.get("layers") else "layer" if cfg.model.get("approx_layers") else "network"
+    row = {**_common(cfg, out_dir), "path": "approx", "scope": scope, "status": "failed", "error": reason,
+           "multiplier": str(spec.get("name", spec)), "row_key": "", "elapsed_s": elapsed_s}
+    write_csv(Path(out_dir) / "metrics.csv", [row])
+    append_rows(Path(cfg.results_file), [row])
+    return row
 
 
 def prepare(cfg: DictConfig, plan: Plan | None = None) -> dict:
@@ -281,12 +310,7 @@ def _run(cfg: DictConfig, out_dir: Path | None, common: dict, quiet: bool = Fals
     plan = plan_run(cfg) if plan is None else plan.on(eval_device(cfg))
     device, approx_layers, multipliers, keys = plan.device, plan.approx_layers, plan.multipliers, plan.row_keys
     results_file = Path(cfg.results_file)
-    wanted = [p for p in cfg.eval.paths if p in PATHS]
-    if not wanted:
-        raise UserError(f"eval.paths={list(cfg.eval.paths)} names none of {list(PATHS)}.")
-    if "approx_finetuned" in keys and "approx" in wanted and "approx_finetuned" not in wanted:
-        wanted.append("approx_finetuned")  # retraining on: its row goes beside the approx row
-    wanted = [p for p in wanted if p in keys]
+    wanted = wanted_paths(cfg, keys)
     if "approx_finetuned" in keys and distributed.rank_world()[1] == 1 and not prepare_only and \
             str(finetune.run_settings(cfg)["devices"]) != "1" and len(finetune_devices(cfg)) > 1:
         raise UserError("finetune.devices spreads one retraining over several devices in `approx-run finetune`; "

@@ -13,6 +13,7 @@ stdout is discarded, their errors still reach stderr. The process group is torch
 (torch.distributed.is_initialized), read where a step needs the rank: nothing of ours is global."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import math
@@ -165,6 +166,60 @@ def launch(entry: str, cfg, out_dir: Path, devices: list[str], resumable: bool =
     """entry ("module:function") as one spawned process per device, as ranks 0..n-1; returns when all end.
     A rank that ends badly stops the others and raises RankFailed naming it (the first to end, not the
     ones whose collective failed because it went away)."""
+    ranks = spawn_ranks(entry, cfg, out_dir, devices)
+    if ranks.ok:
+        return {"status": "ok", "world_size": len(devices), "devices": devices}
+    if all(c == 2 for c in ranks.codes.values()):  # the same bad input on every rank: rank 0 has said it (exit 2)
+        raise SystemExit(2)
+    if ranks.interrupted:
+        raise KeyboardInterrupt
+    raise RankFailed(f"{ranks.failure()}; the run stopped (exit codes by rank: "
+                     f"{', '.join(f'{r}={c}' for r, c in ranks.codes.items())}). No checkpoint and no row were "
+                     "written. " + ("Rerun with finetune.resume=true to continue the retraining from its last "
+                                    "finished epoch." if resumable else "Rerun the command."))
+
+
+@dataclasses.dataclass
+class Ranks:
+    """How the spawned ranks of one run ended: exit codes by rank, the order they were seen to end, each
+    failed rank's first line of error, and rank 0's return value when it ended well (None otherwise, or
+    when the value does not pickle)."""
+    devices: list[str]
+    pids: list[int]
+    codes: dict[int, int | None]
+    order: list[int]
+    errors: dict[int, str]
+    result: object = None
+
+    @property
+    def ok(self) -> bool:
+        return all(c == 0 for c in self.codes.values())
+
+    @property
+    def interrupted(self) -> bool:
+        """Ctrl-C (or the launcher's stop after one): no rank failed of itself."""
+        return all(c in (0, 130, 143, PEER_LOST) for c in self.codes.values()) and \
+            any(c == 130 for c in self.codes.values())
+
+    def first_failed(self) -> int:
+        """The rank that ended badly first: not one that only lost its peer, unless every failed one did."""
+        died = [r for r in self.order if self.codes[r] not in (0, PEER_LOST)] or \
+            [r for r in self.order if self.codes[r] != 0]
+        return died[0]
+
+    def failure(self) -> str:
+        """'rank 1 of 2 (cpu, pid 8101) was killed by SIGKILL (its error)'."""
+        first = self.first_failed()
+        said = f" ({self.errors[first].strip()})" if first in self.errors else ""
+        return (f"rank {first} of {len(self.devices)} ({self.devices[first]}, pid {self.pids[first]}) "
+                f"{_how(self.codes[first])}{said}")
+
+
+def spawn_ranks(entry: str, cfg, out_dir: Path, devices: list[str], stop=None) -> Ranks:
+    """entry ("module:function") as one spawned process per device, as ranks 0..n-1; returns how they ended.
+    Once a rank ends badly the others get GRACE_S to end, then are stopped. Ctrl-C here, or `stop` (a
+    threading.Event, for a caller that waits on several runs from threads) set, stops them all and raises
+    KeyboardInterrupt."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
@@ -178,27 +233,24 @@ def launch(entry: str, cfg, out_dir: Path, devices: list[str], resumable: bool =
         print(f"ranks: {world} processes on {', '.join(devices)} (pids {', '.join(str(p.pid) for p in procs)})",
               flush=True)
         try:
-            order = _wait(procs)
+            order = _wait(procs, stop)
         except KeyboardInterrupt:
             _stop(procs, 5.0)
             raise
         errors = {r: (Path(tmp) / f"rank{r}.error").read_text() for r in range(world)
                   if (Path(tmp) / f"rank{r}.error").exists()}
-    codes = {r: procs[r].exitcode for r in range(world)}
-    if all(c == 0 for c in codes.values()):
-        return {"status": "ok", "world_size": world, "devices": devices}
-    if all(c == 2 for c in codes.values()):  # the same bad input on every rank: rank 0 has said it (exit 2)
-        raise SystemExit(2)
-    if all(c in (0, 130, 143, PEER_LOST) for c in codes.values()) and any(c == 130 for c in codes.values()):
-        raise KeyboardInterrupt
-    died = [r for r in order if codes[r] not in (0, PEER_LOST)] or [r for r in order if codes[r] != 0]
-    first = died[0]
-    said = f" ({errors[first].strip()})" if first in errors else ""
-    raise RankFailed(f"rank {first} of {world} ({devices[first]}, pid {procs[first].pid}) {_how(codes[first])}{said}; "
-                     f"the run stopped (exit codes by rank: {', '.join(f'{r}={c}' for r, c in codes.items())}). "
-                     "No checkpoint and no row were written. " + (
-                         "Rerun with finetune.resume=true to continue the retraining from its last finished epoch."
-                         if resumable else "Rerun the command."))
+        result = _read_result(Path(tmp)) if procs[0].exitcode == 0 else None
+    return Ranks(list(devices), [p.pid for p in procs], {r: procs[r].exitcode for r in range(world)}, order, errors,
+                 result)
+
+
+def _read_result(tmp: Path):
+    import pickle
+
+    try:
+        return pickle.loads((tmp / "rank0.result").read_bytes())
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+        return None
 
 
 def _how(code: int | None) -> str:
@@ -214,16 +266,22 @@ def _how(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def _wait(procs) -> list[int]:
+def _wait(procs, stop=None) -> list[int]:
     """Wait for every process; once one ends badly the rest get GRACE_S to end by themselves, then are stopped.
-    Returns the ranks in the order they were seen to end."""
+    Returns the ranks in the order they were seen to end. stop (an Event) set: KeyboardInterrupt."""
     from multiprocessing.connection import wait
 
     order, pending = [], {p.sentinel: r for r, p in enumerate(procs)}
     deadline = None
     while pending:
+        if stop is not None and stop.is_set():
+            raise KeyboardInterrupt
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if stop is not None:  # look at it a few times a second
+            timeout = 0.2 if timeout is None else min(timeout, 0.2)
         ready = wait(list(pending), timeout=timeout)
+        if not ready and (deadline is None or time.monotonic() < deadline):
+            continue
         if not ready:  # the grace period is over
             _stop([procs[r] for r in pending.values()], 5.0)
             order += sorted(pending.values())
@@ -273,7 +331,9 @@ def _rank_main(entry: str, cfg, out_dir: Path, rank: int, devices: list[str], in
     code = 0
     try:
         with process_group(devices[rank], init, rank, len(devices)):
-            fn(cfg, out_dir)
+            result = fn(cfg, out_dir)
+        if rank == 0:
+            _keep_result(tmp, result)
     except UserError as exc:
         if rank == 0:
             report_error(exc)
@@ -293,6 +353,16 @@ def _rank_main(entry: str, cfg, out_dir: Path, rank: int, devices: list[str], in
             _note(tmp, rank, f"{type(exc).__name__}: {exc}")
     sys.stdout.flush()
     os._exit(code)  # no interpreter teardown: a CUDA context or a gloo pair can hang it
+
+
+def _keep_result(tmp: str, result) -> None:
+    """Rank 0's return value for the launcher (spawn_ranks): what a job's rows came to (its status)."""
+    import pickle
+
+    try:
+        (Path(tmp) / "rank0.result").write_bytes(pickle.dumps(result))
+    except Exception:  # noqa: BLE001 - a value that does not pickle: the launcher gets None, the run stands
+        pass
 
 
 def _note(tmp: str, rank: int, text: str) -> None:
@@ -329,8 +399,10 @@ def digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-                 if t.dtype != torch.bool else t.cpu().numpy().tobytes())
+        # copied into a fresh 1-D tensor: an expanded one (a scalar broadcast to [1]) is "contiguous" with
+        # stride 0, which neither contiguous() nor reshape() changes and view(uint8) refuses
+        flat = torch.empty(t.numel(), dtype=t.dtype).copy_(t.detach().cpu().reshape(-1))
+        h.update(flat.view(torch.uint8).numpy().tobytes() if t.dtype != torch.bool else flat.numpy().tobytes())
     return h.hexdigest()
 
 

@@ -129,7 +129,11 @@ def run_timed_sharded(model: nn.Module, x: torch.Tensor, batch_size: int, device
     rank, world = rank_world()
     starts = list(range(0, len(x), batch_size))
     mine = starts[rank::world]
-    part = torch.cat([x[i:i + batch_size] for i in mine]) if mine else x[:0]
+    if isinstance(x, torch.Tensor):
+        part = torch.cat([x[i:i + batch_size] for i in mine]) if mine else x[:0]
+    else:  # a lazily read set (runner.data.Images): a view of this rank's images, still read a batch at a time
+        part = x.take(torch.cat([torch.arange(i, min(i + batch_size, len(x))) for i in mine]) if mine
+                      else torch.zeros(0, dtype=torch.int64))
     timed = run_timed(model, part, batch_size, device, warmup=warmup, repeats=repeats) if mine else \
         Timed(torch.zeros(0, dtype=torch.int64), torch.zeros(0), [], [0.0] * repeats)
     gathered = [None] * world

@@ -48,14 +48,15 @@ def pair_config(cfg: DictConfig, layer: str, spec: str) -> DictConfig:
 
 def run_pairs(cfg: DictConfig, pairs: list[tuple[str, str]], run_dir: Path) -> pd.DataFrame:
     """Evaluate each (layer, multiplier) pair as a compare run; one tidy line per pair from the results file."""
-    from runner.jobs.run import plan_all, run_jobs
+    from runner.jobs.run import plan_all, run_jobs, shard_setting
     from runner.workers import devices_of
     from runner.store import read_csv
 
     jobs = plan_all([Job(i, [f"model.approx_layers=[{layer}]", f"multiplier={spec}"], pair_config(cfg, layer, spec),
                           run_dir / f"{i}_{layer}", label={"layer": layer, "multiplier": Path(spec).name})
                       for i, (layer, spec) in enumerate(pairs)])
-    run_jobs(jobs, f"{cfg.command}: {len(jobs)} evaluations", devices=devices_of([cfg], "sensitivity"))
+    run_jobs(jobs, f"{cfg.command}: {len(jobs)} evaluations", devices=devices_of([cfg], "sensitivity"),
+             shard=shard_setting(cfg, "sensitivity"))
     rows = read_csv(Path(cfg.results_file))
     ok = rows[rows["status"] == "ok"].drop_duplicates("row_key", keep="last").set_index("row_key") \
         if len(rows) else pd.DataFrame()

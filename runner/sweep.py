@@ -26,7 +26,7 @@ from runner.jobs.argv import (asks_for_help, command_line, expand_jobs, expand_m
 from runner.jobs.hydra_app import check_common, compose_jobs, run_hydra_command
 from runner.errors import UserError
 from runner.jobs.plan import Job, remove_if_bare, run_dir
-from runner.jobs.run import plan_all, run_job, run_jobs
+from runner.jobs.run import plan_all, run_job, run_jobs, shard_setting
 
 
 # ---------------------------------------------------------------- the sweep
@@ -234,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         check_store(Path(results_file))  # a damaged results file stops the sweep here, not in every job
     preflight(cfgs)  # backend/device, model and layers, the model on the data: once, not a failed row per job
     devices = devices_of(cfgs, "sweep")
+    shard = shard_setting(cfgs[0], "sweep")
     # 0: one launched task per job; a typo (-1, 2.5) stops here, not after the reference rows
     chunk_size = config_number(cfgs[0].sweep.get("chunk_size") or 0, "sweep.chunk_size", minimum=0)
     sweep_dir = jobs[0].out_dir.parent
@@ -246,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prepare(jobs, sweep_dir)
         if launcher_of(overrides) == "basic":
-            run_jobs(jobs, f"sweep: {len(jobs)} jobs", devices=devices)
+            run_jobs(jobs, f"sweep: {len(jobs)} jobs", devices=devices, shard=shard)
         elif chunk_size > 0:
             launch_chunks([job.overrides for job in jobs], cfgs, overrides, sweep_dir,
                           lambda args: run_hydra_command("sweep", args, run_job))

@@ -558,12 +558,14 @@ def run_chunk(chunk: int, sweep_dir, run_jobs: Callable) -> dict:
     from omegaconf import OmegaConf
 
     from runner.jobs.plan import Job
+    from runner.jobs.run import shard_setting
 
     sweep_dir = Path(sweep_dir)
     picked = read_chunk(sweep_dir, chunk)
     jobs = [Job(j["num"], j["overrides"], OmegaConf.load(sweep_dir / str(j["num"]) / "config.yaml"),
                 sweep_dir / str(j["num"])) for j in picked]
-    run_jobs(jobs, f"sweep chunk {chunk}: {len(jobs)} jobs", devices=devices_of([j.cfg for j in jobs], "sweep"))
+    run_jobs(jobs, f"sweep chunk {chunk}: {len(jobs)} jobs", devices=devices_of([j.cfg for j in jobs], "sweep"),
+             shard=shard_setting(jobs[0].cfg, "sweep"))
     return {"status": "ok", "jobs": [j.num for j in jobs]}
 
 

@@ -1,6 +1,7 @@
 """runner.distributed: retraining over several processes (DDP, gloo on the CPU), a rank that dies, resume."""
 import copy
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -242,3 +243,142 @@ def test_train_under_torchrun_rank_0_alone_writes(tmp_path):
     runs = list((tmp_path / "results" / "train").iterdir())
     assert [r.name for r in runs] == ["rank0"] and (runs[0] / "train_log.csv").exists()
     assert res.stdout.count("saved checkpoint") == 1
+
+
+# ---------------------------------------------------------------- a sweep with fewer jobs than devices
+
+def test_fewer_jobs_than_devices_share_them_two_or_more_each():
+    from runner.jobs.run import device_shares
+
+    gpus = [f"cuda:{i}" for i in range(8)]
+    assert device_shares(1, gpus[:4]) == [gpus[:4]]
+    assert device_shares(2, gpus[:4]) == [gpus[:2], gpus[2:4]]
+    assert device_shares(3, gpus[:4]) is None  # one each: the pool's way
+    assert device_shares(3, gpus) == [gpus[:3], gpus[3:6], gpus[6:]]  # every device used
+    assert device_shares(4, gpus) == [gpus[i:i + 2] for i in range(0, 8, 2)]
+    assert device_shares(0, gpus) is None and device_shares(1, ["cpu"]) is None
+
+
+def test_which_sweep_jobs_are_sharded(tmp_path):
+    """Only the jobs with work to do count, and only evaluation-only jobs on the devices' kind are sharded."""
+    from runner.jobs.plan import Job
+    from runner.jobs.run import plan_all, sharded_jobs
+    from runner.store import append_rows
+
+    def jobs(*extra, tables=("mul8s_1L2N", "mul8s_1KV8")):
+        return plan_all([Job(i, [], compose("sweep", ["backend=python", f"multiplier={t}", *extra], tmp_path),
+                             tmp_path / str(i)) for i, t in enumerate(tables)])
+
+    cpus = ["cpu"] * 4
+    two = jobs()
+    assert sharded_jobs(two, cpus) == {0: ["cpu", "cpu"], 1: ["cpu", "cpu"]}
+    assert sharded_jobs(two, ["cpu"] * 3) == {}                         # 1 each at most: the pool
+    assert sharded_jobs(jobs("finetune.epochs=1"), cpus) == {}          # retraining: one device per job
+    # job 0 recorded: job 1 alone has work, over all four
+    append_rows(tmp_path / "results" / "results.csv",
+                [{"row_key": two[0].plan.row_keys[p], "status": "ok", "path": p} for p in two[0].plan.row_keys])
+    assert sharded_jobs(jobs(), cpus) == {1: cpus}
+    assert sharded_jobs(jobs("skip_done=false"), cpus) == {0: ["cpu", "cpu"], 1: ["cpu", "cpu"]}
+
+
+@needs_cpp
+@pytest.mark.processes
+def test_sweep_of_one_job_on_two_devices_shards_it_and_gives_the_one_device_row(tmp_path, baseline_checkpoints):
+    """A sweep of one table with sweep.devices=[cpu,cpu]: its evaluation runs as 2 gloo ranks (the batches
+    dealt to them; dynamic scales and a partial last batch), its rows those of the one-device sweep, the
+    approx row written once with eval_world_size 2."""
+    from runner import session, sweep
+
+    over = ["sweep.multipliers=mul8s_1L2N", "backend=cpp", "eval.repeats=1", "eval.warmup=0", "eval.limit=300",
+            "eval.batch_size=64", "train.epochs=1", "quant.calib_batches=1", "quant=per_channel_dynamic",
+            f"paths.checkpoints={baseline_checkpoints}"]
+    res = subprocess.run([sys.executable, "-m", "runner.cli", "sweep", *over, "sweep.devices=[cpu,cpu]",
+                          f"paths.results={tmp_path / 'two'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "ranks: 2 processes on cpu, cpu" in res.stdout
+    two = pd.read_csv(tmp_path / "two" / "results.csv")
+    session.reset()
+    assert sweep.main([*over, "sweep.devices=[cpu]", f"paths.results={tmp_path / 'one'}"]) == 0
+    session.reset()
+    one = pd.read_csv(tmp_path / "one" / "results.csv")
+    cols = ["path", "multiplier", "status", "n_images", "correct", "accuracy", "agreement_fakequant",
+            "agreement_pytorch", "row_key", "n_batches"]
+    assert len(two) == 3
+    pd.testing.assert_frame_equal(two[cols], one[cols])
+    approx = two[two["path"] == "approx"].iloc[0]
+    assert (approx["eval_world_size"], approx["eval_devices"]) == (2, "cpu;cpu")
+    assert "eval_world_size" not in one.columns
+    summary = pd.read_csv(next((tmp_path / "two" / "sweep").glob("*/summary.csv")))
+    assert summary["status"].tolist() == ["ok"] and summary["row_key"].iloc[0] == approx["row_key"]
+    job = json.loads(next((tmp_path / "two" / "sweep").glob("*/0/job.json")).read_text())
+    assert (job["status"], job["devices"]) == ("ok", "cpu;cpu")
+
+
+def _lazy_sharded_rank(cfg, out_dir):
+    """A rank of test_sharded_evaluation_reads_a_lazy_set: run_timed_sharded over a lazily read set (ImageFolder's
+    runner.data.Images) and over the tensor it stands for."""
+    from runner.data.dataset import Images
+    from runner.evaluate import run_timed_sharded
+
+    raw, model = _lazy_case()
+    lazy = run_timed_sharded(model, Images(raw.numpy()), 6, torch.device("cpu"), warmup=0, repeats=1)
+    eager = run_timed_sharded(model, raw.float() / 255, 6, torch.device("cpu"), warmup=0, repeats=1)
+    return {"lazy": lazy.predictions, "eager": eager.predictions, "computed_here": len(lazy.logits)}
+
+
+def _lazy_case():
+    raw = torch.randint(0, 256, (20, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    return raw, torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(144, 10))
+
+
+@pytest.mark.processes
+def test_sharded_evaluation_reads_a_lazy_set(tmp_path):
+    """2 gloo ranks over 20 lazily read images in batches of 6: rank 0 computes batches 0 and 2 (12 images), every
+    rank gets the one-process predictions back, as for a tensor."""
+    from runner.evaluate import run_timed
+
+    ranks = distributed.spawn_ranks("tests.test_distributed:_lazy_sharded_rank", {}, tmp_path, ["cpu", "cpu"])
+    assert ranks.ok, ranks.failure()
+    raw, model = _lazy_case()
+    one = run_timed(model, raw.float() / 255, 6, torch.device("cpu"), warmup=0, repeats=0).predictions
+    assert torch.equal(ranks.result["lazy"], one) and torch.equal(ranks.result["eager"], one)
+    assert ranks.result["computed_here"] == 12
+
+
+def test_digest_of_a_state_with_an_expanded_tensor():
+    """A buffer broadcast from a scalar (stride 0) hashes as its values do: the end-of-training check of the ranks'
+    states used to fail on it (ResNet-8 under finetune.devices)."""
+    a, b = torch.nn.Module(), torch.nn.Module()
+    a.register_buffer("s", torch.tensor(2.0).expand(1))
+    b.register_buffer("s", torch.tensor([2.0]))
+    assert a.s.stride() == (0,) and distributed.digest(a) == distributed.digest(b)
+    b.s += 1
+    assert distributed.digest(a) != distributed.digest(b)
+
+
+def test_a_sharded_job_whose_rank_fails_is_recorded_once(tmp_path, monkeypatch):
+    """run_sharded with the ranks' outcome given: a failed rank gives one failed row (the rank's error in it) and a
+    failed job.json; ranks that ended well give an ok job.json naming their devices and no row of their own."""
+    from runner.jobs.plan import Job
+    from runner.jobs.run import plan_all, run_sharded
+    from runner.store import read_csv
+
+    jobs = plan_all([Job(i, [f"multiplier={t}"], compose("sweep", ["backend=python", f"multiplier={t}"], tmp_path),
+                         tmp_path / "sweep" / str(i)) for i, t in enumerate(("mul8s_1L2N", "mul8s_1KV8"))])
+    for job in jobs:
+        job.out_dir.mkdir(parents=True)
+    outcomes = {str(jobs[0].out_dir): distributed.Ranks(["cpu", "cpu"], [11, 12], {0: 75, 1: 1}, [1, 0],
+                                                        {1: "ValueError: boom"}),
+                str(jobs[1].out_dir): distributed.Ranks(["cpu", "cpu"], [13, 14], {0: 0, 1: 0}, [0, 1], {},
+                                                        {"status": "ok", "rows": []})}
+    monkeypatch.setattr(distributed, "spawn_ranks", lambda entry, cfg, out_dir, devices, stop: outcomes[str(out_dir)])
+    advanced = []
+    run_sharded(jobs, {0: ["cpu", "cpu"], 1: ["cpu", "cpu"]}, lambda n, **info: advanced.append(info["status"]))
+    rows = read_csv(tmp_path / "results" / "results.csv")
+    assert len(rows) == 1 and rows["status"].iloc[0] == "failed"
+    assert "sharded over cpu;cpu: rank 1 of 2 (cpu, pid 12) exited with code 1 (ValueError: boom)" in rows["error"].iloc[0]
+    failed, ok = (json.loads((job.out_dir / "job.json").read_text()) for job in jobs)
+    assert failed["status"] == "failed" and "boom" in failed["error"]
+    assert (ok["status"], ok["devices"], ok["overrides"]) == ("ok", "cpu;cpu", ["multiplier=mul8s_1KV8"])
+    assert sorted(advanced) == ["failed", "ok"]

@@ -65,6 +65,7 @@ SIZE=${SIZE:-224}          # generated images are SIZE x SIZE; the model sees th
 B18=${B18:-256}            # ResNet-18 retraining batch per GPU
 EVAL_BS=${EVAL_BS:-256}
 DEVICE=${DEVICE:-cuda}
+export NGPU=${NGPU:-4}     # the many-GPU side (the bars are for 4; NGPU=2 on a 2-GPU host: the same runs, their ratios)
 BUDGET_S=${BUDGET_S:-$([ "$DEVICE" = cuda ] && echo 540 || echo 0)}   # 0: no limit
 STEP=${STEP:-all}
 case $STEP in
@@ -88,13 +89,13 @@ T_START=$SECONDS
 export PYTHONUNBUFFERED=1
 
 if [ "$DEVICE" = cuda ]; then
-  BACKEND=cuda; ONE='[cuda:0]'; ALL='[cuda:0,cuda:1,cuda:2,cuda:3]'
+  BACKEND=cuda; ONE='[cuda:0]'; ALL="[$(seq -s, -f 'cuda:%g' 0 $((NGPU - 1)))]"
   ONE_ENV=(env CUDA_VISIBLE_DEVICES=0)  # the 1-GPU runs see one card: nothing of theirs lands on the others
   # NVLink multicast stays off for NCCL and PyTorch, as the device image sets it: on a shared host's GPUs a
   # program using it can take them out of service (set here too, should the environment come without them)
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 else
-  BACKEND=cpp; ONE='[cpu]'; ALL='[cpu,cpu,cpu,cpu]'; ONE_ENV=(env)
+  BACKEND=cpp; ONE='[cpu]'; ALL="[$(printf 'cpu,%.0s' $(seq "$NGPU") | sed 's/,$//')]"; ONE_ENV=(env)
 fi
 IMGDATA=(data=imagefolder "data.root=$IMG" data.num_classes=10 "data.resize=$((SIZE * 8 / 7))" "data.crop=$SIZE")
 
@@ -155,8 +156,8 @@ if [ "$DEVICE" = cuda ]; then
   source benchmarks/gpu_setup.sh || exit 1
   # the extension comes back with $OUT: carried as runner/ of a later call on a fresh machine, it spares the build
   [ -f "$out/build.log" ] && cp -p runner/_C*.so "$out/" 2>/dev/null
-  python3 -c "import sys, torch; n = torch.cuda.device_count(); print(f'GPUs: {n}'); sys.exit(n < 4)" \
-    || { echo "this benchmark needs 4 GPUs"; exit 2; }
+  python3 -c "import sys, torch; n = torch.cuda.device_count(); print(f'GPUs: {n}'); sys.exit(n < $NGPU)" \
+    || { echo "NGPU=$NGPU: this host has fewer GPUs"; exit 2; }
 fi
 echo "CPU cores: $(nproc); parts: $ONLY; out: $out; work: $WORK"
 if [ -n "$gen_pid" ]; then
@@ -191,12 +192,14 @@ one() { "${ONE_ENV[@]}" python3 -m runner.cli "$@"; }
 # The summary line of a part, from its runs' results (appended to $SUMMARY and printed).
 verdict() {
   python3 - "$1" "$out" >> "$SUMMARY" <<'EOF'
+import os
 import sys
 from pathlib import Path
 
 import pandas as pd
 
 part, out = sys.argv[1], Path(sys.argv[2])
+NG = int(os.environ["NGPU"])  # the labels' many-GPU side; the bars' text says 4 GPUs
 
 
 def rows(label, path):
@@ -215,14 +218,14 @@ def line(ok, bar, measured):
 try:
     if part == "resnet18":
         logs = {k: pd.read_csv(next((out / f"r18_{k}" / "finetune").glob("*/finetune_log.csv")))
-                for k in ("1gpu", "4gpu")}
-        e1, e4 = (logs[k].set_index("epoch")["epoch_s"] for k in ("1gpu", "4gpu"))
+                for k in ("1gpu", f"{NG}gpu")}
+        e1, e4 = (logs[k].set_index("epoch")["epoch_s"] for k in ("1gpu", f"{NG}gpu"))
         r = e1[2] / e4[2]
         print(line(r >= 3.2, "epoch 2, 1 GPU / 4 GPUs >= 3.20x",
                    f"{r:.2f}x ({e1[2]:.1f} s / {e4[2]:.1f} s; epoch 1 with first calls {e1[1]:.1f} s / "
                    f"{e4[1]:.1f} s)"))
     elif part == "resnet8":
-        a1, a4 = (float(rows(f"r8_{k}", "approx_finetuned")["accuracy"].iloc[-1]) for k in ("1gpu", "4gpu"))
+        a1, a4 = (float(rows(f"r8_{k}", "approx_finetuned")["accuracy"].iloc[-1]) for k in ("1gpu", f"{NG}gpu"))
         d = abs(a1 - a4) * 100
         print(line(d <= 0.5, "|4 GPUs - 1 GPU| <= 0.50 points",
                    f"{d:.2f} points ({100 * a1:.2f} % on 1 GPU, {100 * a4:.2f} % on 4)"))
@@ -233,20 +236,20 @@ try:
             found = re.findall(r"jobs in ([0-9.]+)s", (out / f"{label}.log").read_text())
             return float(found[-1]) if found else float("nan")
 
-        ok = [len(rows(f"sweep8_{k}", "approx_finetuned")) for k in ("1gpu", "4gpu")]
-        w1, w4 = wall("sweep8_1gpu"), wall("sweep8_4gpu")
+        ok = [len(rows(f"sweep8_{k}", "approx_finetuned")) for k in ("1gpu", f"{NG}gpu")]
+        w1, w4 = wall("sweep8_1gpu"), wall(f"sweep8_{NG}gpu")
         r = w1 / w4
         print(line(r >= 3.0 and ok == [8, 8], "whole command, 1 GPU / 4 GPUs >= 3.00x",
                    f"{r:.2f}x ({w1:.1f} s / {w4:.1f} s; the sweeps' own: {jobs_s('sweep8_1gpu'):.1f} s / "
-                   f"{jobs_s('sweep8_4gpu'):.1f} s; finetuned rows {ok[0]} and {ok[1]} of 8)"))
+                   f"{jobs_s(f'sweep8_{NG}gpu'):.1f} s; finetuned rows {ok[0]} and {ok[1]} of 8)"))
     elif part == "eval50":
-        a1, a4 = (rows(f"r50_{k}", "approx").iloc[-1] for k in ("1gpu", "4gpu"))
+        a1, a4 = (rows(f"r50_{k}", "approx").iloc[-1] for k in ("1gpu", f"{NG}gpu"))
         cols = ["n_images", "correct", "accuracy", "agreement_fakequant", "row_key"]
         same = all(a1[c] == a4[c] for c in cols)
         r = a1["testset_ms_median"] / a4["testset_ms_median"]
         print(line(r >= 3.3 and same, "timed pass, 1 GPU / 4 GPUs >= 3.30x, same row",
                    f"{r:.2f}x ({a1['testset_ms_median'] / 1e3:.1f} s / {a4['testset_ms_median'] / 1e3:.1f} s a "
-                   f"pass; whole commands {wall('r50_1gpu'):.0f} s / {wall('r50_4gpu'):.0f} s); row "
+                   f"pass; whole commands {wall('r50_1gpu'):.0f} s / {wall(f'r50_{NG}gpu'):.0f} s); row "
                    f"{'the same' if same else 'DIFFERS: ' + str({c: (a1[c], a4[c]) for c in cols if a1[c] != a4[c]})}"
                    f" ({int(a1['correct'])} of {int(a1['n_images'])} correct, eval_world_size "
                    f"{a4.get('eval_world_size')})"))
@@ -267,7 +270,7 @@ if want eval50 && fits eval50 330; then
   r50=(compare model=torchvision model.arch=resnet50 "model.weights=$W50" +model.num_classes=10 "${IMGDATA[@]}"
        "backend=$BACKEND" multiplier=exact "eval.batch_size=$EVAL_BS" eval.warmup=1 eval.repeats=1 'eval.paths=[approx]')
   timed r50_1gpu one "${r50[@]}"
-  timed r50_4gpu cli "${r50[@]}" eval.devices=4
+  timed "r50_${NGPU}gpu" cli "${r50[@]}" "eval.devices=$NGPU"
   verdict eval50
 fi
 
@@ -276,7 +279,7 @@ if want resnet18 && fits resnet18 270; then
   r18=(finetune model=torchvision model.arch=resnet18 "model.weights=$W18" +model.num_classes=10 "${IMGDATA[@]}"
        "backend=$BACKEND" multiplier=exact finetune.epochs=2 finetune.force=true eval.limit=1000 eval.repeats=0)
   timed r18_1gpu one "${r18[@]}" "finetune.batch_size=$B18"
-  timed r18_4gpu cli "${r18[@]}" "finetune.batch_size=$((4 * B18))" finetune.devices=4
+  timed "r18_${NGPU}gpu" cli "${r18[@]}" "finetune.batch_size=$((NGPU * B18))" "finetune.devices=$NGPU"
   verdict resnet18
 fi
 
@@ -286,7 +289,7 @@ if want sweep && fits sweep 110; then
   timed prep_lenet5 one train "${fm[@]}"
   sw=(sweep "sweep.multipliers=$TABLES8" "${fm[@]}" "backend=$BACKEND" finetune.epochs=5 finetune.force=true)
   timed sweep8_1gpu one "${sw[@]}" "sweep.devices=$ONE"
-  timed sweep8_4gpu cli "${sw[@]}" "sweep.devices=$ALL"
+  timed "sweep8_${NGPU}gpu" cli "${sw[@]}" "sweep.devices=$ALL"
   verdict sweep
 fi
 
@@ -296,7 +299,7 @@ if want resnet8 && fits resnet8 130; then
   timed prep_resnet8 one train "${fm8[@]}"
   r8=(finetune "${fm8[@]}" "backend=$BACKEND" multiplier=mul8u_T83 finetune.force=true eval.repeats=0)
   timed r8_1gpu one "${r8[@]}"
-  timed r8_4gpu cli "${r8[@]}" finetune.devices=4
+  timed "r8_${NGPU}gpu" cli "${r8[@]}" "finetune.devices=$NGPU"
   verdict resnet8
 fi
 

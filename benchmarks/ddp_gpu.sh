@@ -228,7 +228,7 @@ try:
         a1, a4 = (float(rows(f"r8_{k}", "approx_finetuned")["accuracy"].iloc[-1]) for k in ("1gpu", f"{NG}gpu"))
         d = abs(a1 - a4) * 100
         print(line(d <= 0.5, "|4 GPUs - 1 GPU| <= 0.50 points",
-                   f"{d:.2f} points ({100 * a1:.2f} % on 1 GPU, {100 * a4:.2f} % on 4)"))
+                   f"{d:.2f} points ({100 * a1:.2f} % on 1 GPU, {100 * a4:.2f} % on {NG})"))
     elif part == "sweep":
         import re
 
@@ -266,7 +266,7 @@ if want resnet18 || want eval50; then
 fi
 
 if want eval50 && fits eval50 330; then
-  echo "== eval50: torchvision ResNet-50, exact table, $N images, batch $EVAL_BS, 1 GPU then sharded over 4"
+  echo "== eval50: torchvision ResNet-50, exact table, $N images, batch $EVAL_BS, 1 GPU then sharded over $NGPU"
   r50=(compare model=torchvision model.arch=resnet50 "model.weights=$W50" +model.num_classes=10 "${IMGDATA[@]}"
        "backend=$BACKEND" multiplier=exact "eval.batch_size=$EVAL_BS" eval.warmup=1 eval.repeats=1 'eval.paths=[approx]')
   timed r50_1gpu one "${r50[@]}"
@@ -284,7 +284,7 @@ if want resnet18 && fits resnet18 270; then
 fi
 
 if want sweep && fits sweep 110; then
-  echo "== sweep: 8 tables x 5 epochs on Fashion-MNIST (LeNet-5), one GPU per job, 1 GPU then 4"
+  echo "== sweep: 8 tables x 5 epochs on Fashion-MNIST (LeNet-5), one GPU per job, 1 GPU then $NGPU"
   fm=(data=fashion_mnist "data.root=$FMNIST" train.epochs=5)
   timed prep_lenet5 one train "${fm[@]}"
   sw=(sweep "sweep.multipliers=$TABLES8" "${fm[@]}" "backend=$BACKEND" finetune.epochs=5 finetune.force=true)
@@ -294,7 +294,7 @@ if want sweep && fits sweep 110; then
 fi
 
 if want resnet8 && fits resnet8 130; then
-  echo "== resnet8: ResNet-8 on Fashion-MNIST, mul8u_T83, the default recipe, 1 GPU then 4"
+  echo "== resnet8: ResNet-8 on Fashion-MNIST, mul8u_T83, the default recipe, 1 GPU then $NGPU"
   fm8=(model=resnet8 data=fashion_mnist "data.root=$FMNIST" train.epochs=5)
   timed prep_resnet8 one train "${fm8[@]}"
   r8=(finetune "${fm8[@]}" "backend=$BACKEND" multiplier=mul8u_T83 finetune.force=true eval.repeats=0)

@@ -48,7 +48,8 @@ def pair_config(cfg: DictConfig, layer: str, spec: str) -> DictConfig:
 
 def run_pairs(cfg: DictConfig, pairs: list[tuple[str, str]], run_dir: Path) -> pd.DataFrame:
     """Evaluate each (layer, multiplier) pair as a compare run; one tidy line per pair from the results file."""
-    from runner.jobs.run import plan_all, run_jobs, shard_setting
+    from runner.jobs.run import plan_all, run_jobs
+    from runner.workers import shard_setting
     from runner.workers import devices_of
     from runner.store import read_csv
 

@@ -26,7 +26,8 @@ from runner.jobs.argv import (asks_for_help, command_line, expand_jobs, expand_m
 from runner.jobs.hydra_app import check_common, compose_jobs, run_hydra_command
 from runner.errors import UserError
 from runner.jobs.plan import Job, remove_if_bare, run_dir
-from runner.jobs.run import plan_all, run_job, run_jobs, shard_setting
+from runner.jobs.run import plan_all, run_job, run_jobs
+from runner.workers import shard_setting
 
 
 # ---------------------------------------------------------------- the sweep

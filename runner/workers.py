@@ -549,6 +549,14 @@ def launch_chunks(jobs: list[list[str]], cfgs: list, overrides: list[str], sweep
               "hydra.sweep.subdir=chunk${hydra.job.num}"])
 
 
+def shard_setting(cfg: DictConfig, section: str) -> bool:
+    """`<section>.shard` (sweep, sensitivity) as a bool; anything else is refused before any work."""
+    value = cfg[section].get("shard", True)
+    if not isinstance(value, bool):
+        raise UserError(f"{section}.shard={value!r}: choose true or false.")
+    return value
+
+
 def run_chunk(chunk: int, sweep_dir, run_jobs: Callable) -> dict:
     """One launched task: the jobs of its chunk, from the configs the sweep wrote, through
     run_jobs(jobs, title, devices=...) (runner.jobs.run.run_jobs) in this process, on this host's devices as
@@ -558,7 +566,6 @@ def run_chunk(chunk: int, sweep_dir, run_jobs: Callable) -> dict:
     from omegaconf import OmegaConf
 
     from runner.jobs.plan import Job
-    from runner.jobs.run import shard_setting
 
     sweep_dir = Path(sweep_dir)
     picked = read_chunk(sweep_dir, chunk)

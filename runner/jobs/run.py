@@ -147,14 +147,6 @@ def record_failure(task, error: str) -> None:
 MIN_SHARE = 2
 
 
-def shard_setting(cfg: DictConfig, section: str) -> bool:
-    """`<section>.shard` (sweep, sensitivity) as a bool; anything else is refused before any work."""
-    value = cfg[section].get("shard", True)
-    if not isinstance(value, bool):
-        raise UserError(f"{section}.shard={value!r}: choose true or false.")
-    return value
-
-
 def device_shares(n_jobs: int, devices: list[str]) -> list[list[str]] | None:
     """The devices of each of n_jobs jobs when every job can have MIN_SHARE: contiguous groups of
     len(devices) // n_jobs, the first len(devices) % n_jobs one more, so no device stays idle (4 GPUs:

@@ -28,8 +28,8 @@ from runner.store import locked, write_csv
 _NON_WEIGHT_KEYS = ("force", "eval_batch_size", "devices")
 # data.* keys that only say where files are, not what they contain
 _NON_DATA_KEYS = ("root", "download", "cache_dir", "workers", "in_channels", "image_size", "num_classes",
-                  "zoo_train_epochs", "vit_train_epochs", "finetune_batch_size", "finetune_epochs",
-                  "finetune_warmup_epochs",
+                  "zoo_train_epochs", "vit_train_epochs", "vit_train_shift", "finetune_batch_size",
+                  "finetune_epochs", "finetune_warmup_epochs",
                   # which images these take is in the data's digest (sha256), by content rather than by path
                   "train_limit", "exclude_images")
 # model.* keys that choose what to convert later, not what to train

@@ -137,7 +137,7 @@ def _changed(value):
 # retrain that gives the same weights) or that this configuration does not use (the zoo's recipe, the
 # retraining recipe of a data set when finetune is off, the shape keys the model takes from the data).
 NOT_IN_KEY = {"eval.warmup", "eval.repeats", "train.force", "train.eval_batch_size", "data.zoo_train_epochs",
-              "data.vit_train_epochs",
+              "data.vit_train_epochs", "data.vit_train_shift",
               "data.finetune_batch_size", "data.finetune_epochs", "data.finetune_warmup_epochs", "data.in_channels",
               "data.image_size", "data.num_classes", "finetune.force", "finetune.cuda_graph",
               # where a result is computed, recorded in its columns (eval_world_size, finetune_devices): a sharded

@@ -217,18 +217,14 @@ class _Evaluator(TokenStream):
         return bs.any_bit(v.bits)
 
     # ------------------------------------------------------------ expressions
+    def _select(self, cond: Val, a: Val, b: Val) -> Val:
+        a, b = self.arith(a, b)
+        return Val(a.type, bs.mux_word(self.truth(cond), a.bits, b.bits))
+
     def expression(self) -> Val:
         self.enter()
         try:
-            cond = self.binary(1)
-            if self.peek()[1] != "?":
-                return cond
-            self.next()
-            a = self.expression()
-            self.expect(":")
-            b = self.expression()
-            a, b = self.arith(a, b)
-            return Val(a.type, bs.mux_word(self.truth(cond), a.bits, b.bits))
+            return self.conditional(self._select)
         finally:
             self.depth -= 1
 

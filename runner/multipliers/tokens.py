@@ -73,3 +73,14 @@ class TokenStream:
             got = "the end of the file (is it truncated?)" if t[0] == "eof" else repr(t[1])
             self.fail(f"expected {s!r}, found {got}", t[2])
         return t
+
+    def conditional(self, combine):
+        """`cond ? a : b` (right-associative, as in C and Verilog) over the parser's binary(1) and expression();
+        combine(cond, a, b) makes its value; without `?`, the binary expression itself."""
+        cond = self.binary(1)
+        if self.peek()[1] != "?":
+            return cond
+        self.next()
+        a = self.expression()
+        self.expect(":")
+        return combine(cond, a, self.expression())

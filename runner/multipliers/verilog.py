@@ -344,13 +344,7 @@ class Parser(TokenStream):
         return e
 
     def _expression(self):
-        cond = self.binary(1)
-        if self.peek()[1] != "?":
-            return cond
-        self.next()
-        a = self.expression()
-        self.expect(":")
-        return ("tern", cond, a, self.expression())
+        return self.conditional(lambda cond, a, b: ("tern", cond, a, b))
 
     def binary(self, level):
         left = self.unary()

@@ -112,7 +112,7 @@ class Session:
 
     @torch.no_grad()
     def logits_from(self, model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.device,
-                    start: str | None, prefix: "Prefix | str | None") -> torch.Tensor:
+                    start: str | None, prefix: Prefix | None) -> torch.Tensor:
         """The model's logits over x (on CPU), computed from the stage holding `start` onwards with the kept
         input of that stage when `prefix` names what the layers before it compute; the first evaluation under a
         prefix keeps it, within a memory budget (prefix_budget: what does not fit is recomputed, never evicted
@@ -127,7 +127,6 @@ class Session:
             logits = torch.cat([model(b.to(device)).float().cpu() for b in batches])
             check_non_finite_inputs(model)
             return logits
-        prefix = prefix if isinstance(prefix, Prefix) else Prefix(str(prefix), ())
         key = (prefix, start, device.type, batch_size, len(x))
         kept = self._prefixes.get(key)
         if kept is not None:
@@ -139,7 +138,7 @@ class Session:
         budget, used, out = prefix_budget(device), 0, []
         kept = []
         for i, b in enumerate(batches):  # one batch at a time: this evaluation's logits and, while they fit, its prefix
-            a = run_until(model, earlier[i], start, after=after) if earlier else run_until(model, b.to(device), start)
+            a = run_until(model, earlier[i] if earlier else b.to(device), start, after=after)
             out.append(run_from(model, a, start).float().cpu())
             used += a.numel() * a.element_size()
             kept = kept + [a] if kept is not None and used <= budget else None
@@ -153,23 +152,22 @@ class Session:
 
     def _earlier_prefix(self, model: nn.Module, key) -> tuple[str | None, list | None]:
         """(layer, kept stage inputs) of the latest kept prefix this one continues: the same images, batches,
-        device and reference, layers before it that are the first of ours, in a stage at or before ours (and
-        checked as a chain on this model); (None, None) when there is none."""
+        device and reference, layers before it that are the first of ours, in a stage at or before ours;
+        (None, None) when there is none."""
         prefix, start = key[0], key[1]
-        best, best_pos = (None, None), -1
+        best, best_pos = None, -1
         pos = stage_position(model, start)
-        for (p, s, *rest), kept in self._prefixes.items():
-            if tuple(rest) != key[2:] or p.base != prefix.base or p.before != prefix.before[:len(p.before)]:
+        for kept_key in self._prefixes:
+            p, s = kept_key[0], kept_key[1]
+            if kept_key[2:] != key[2:] or p.base != prefix.base or p.before != prefix.before[:len(p.before)]:
                 continue
-            try:
-                at = stage_position(model, s)
-            except ValueError:
-                continue
+            at = stage_position(model, s)
             if best_pos < at <= pos:
-                best, best_pos = (s, kept), at
-        if best[0] is not None:
-            self._prefixes.move_to_end(next(k for k, v in self._prefixes.items() if v is best[1]))
-        return best
+                best, best_pos = kept_key, at
+        if best is None:
+            return None, None
+        self._prefixes.move_to_end(best)
+        return best[1], self._prefixes[best]
 
     def _chain_ok(self, model: nn.Module, first: torch.Tensor, start: str, device: torch.device) -> bool:
         key = ("chain", id(model), start)

@@ -200,11 +200,10 @@ class Images:
         # only copies (an evaluation of 50,000 ImageNet images spent more time converting on the CPU than the
         # GPU spent on the fp32 model). Through the host's table of pixel / 255, not a division there: CUDA
         # divides by a scalar as a multiply by its reciprocal, which rounds differently
-        raw = self._crop(self.raw())
         if device is None or torch.device(device).type == "cpu":
-            x = self._float(raw).to(device=device, **kwargs)
+            x = self._float(self.raw()).to(device=device, **kwargs)
         else:
-            x = _PIXELS.to(device)[raw.to(device=device, **kwargs).int()]
+            x = _PIXELS.to(device)[self._crop(self.raw()).to(device=device, **kwargs).int()]
         return x if dtype is None else x.to(dtype)
 
     def float(self) -> torch.Tensor:

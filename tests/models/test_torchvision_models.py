@@ -189,7 +189,7 @@ def test_compare_uses_given_weights_as_the_baseline_and_exact_matches_fakequant(
 def test_prefix_cache_gives_the_whole_models_logits_and_runs_the_prefix_once(monkeypatch):
     """A torchvision model started at a layer from its kept prefix: the logits equal a whole forward bit for bit,
     the layers before that block do not run again, and past the memory budget nothing is kept (still equal)."""
-    from runner.session import Session
+    from runner.session import Prefix, Session
 
     torch.manual_seed(0)
     model = build("resnet18", num_classes=10).eval()
@@ -199,14 +199,14 @@ def test_prefix_cache_gives_the_whole_models_logits_and_runs_the_prefix_once(mon
     calls = []
     model.conv1.register_forward_hook(lambda *a: calls.append(1))
     sess = Session()
-    first = sess.logits_from(model, x, 4, torch.device("cpu"), "layer3.0.conv2", "before-layer3")
+    first = sess.logits_from(model, x, 4, torch.device("cpu"), "layer3.0.conv2", Prefix("before-layer3"))
     n_first = len(calls)
-    again = sess.logits_from(model, x, 4, torch.device("cpu"), "layer3.0.conv2", "before-layer3")
+    again = sess.logits_from(model, x, 4, torch.device("cpu"), "layer3.0.conv2", Prefix("before-layer3"))
     assert torch.equal(first, whole) and torch.equal(again, whole)
     assert len(calls) == n_first  # the kept inputs of layer3.0: conv1 did not run again
     monkeypatch.setenv("APPROX_RUN_PREFIX_CACHE_MB", "0.001")
     small = Session()
-    assert torch.equal(small.logits_from(model, x, 4, torch.device("cpu"), "layer2.1.conv1", "k"), whole)
+    assert torch.equal(small.logits_from(model, x, 4, torch.device("cpu"), "layer2.1.conv1", Prefix("k")), whole)
     assert not small._prefixes  # over the budget: recomputed, not kept
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
+from runner.models.common import GlobalAvgPool
+
 
 class Float64LayerNorm(nn.LayerNorm):
     """nn.LayerNorm with the statistics, the normalisation and the affine (float32 parameters, exact in float64) in
@@ -42,10 +44,9 @@ class Float64GELU(nn.GELU):
 
 
 class Float64GlobalAvgPool(nn.AdaptiveAvgPool2d):
-    """nn.AdaptiveAvgPool2d(1) (torchvision's Swin and ResNets before their head) as a float64 mean."""
+    """nn.AdaptiveAvgPool2d(1) (torchvision's Swin and ResNets before their head) as the zoo's float64 mean."""
 
-    def forward(self, x):
-        return x.double().mean(dim=(-2, -1), keepdim=True).to(x.dtype)
+    forward = GlobalAvgPool.forward
 
 
 def _global(pool: nn.AdaptiveAvgPool2d) -> bool:

@@ -32,7 +32,7 @@ class GlobalAvgPool(nn.Module):
     the largest, and the mean comes out the same on every device."""
 
     def forward(self, x):
-        return x.double().mean(dim=(2, 3), keepdim=True).to(x.dtype)
+        return x.double().mean(dim=(-2, -1), keepdim=True).to(x.dtype)
 
 
 class PadWith(nn.Module):

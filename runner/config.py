@@ -81,6 +81,9 @@ def nearest_names(command: str, exc: Exception) -> str:
             pool = config_keys(command) + groups
         except Exception:  # noqa: BLE001  (the suggestion is a courtesy; the message stands without it)
             pool = []
+        if wanted in pool:  # a key of another option of its group (model.num_classes of the zoo's models)
+            return f"'{wanted}' is not a key of the config you chose (another option of its group has it): " \
+                   f"add it with +{wanted}=VALUE"
         close = _close(wanted, pool)
         names = f"did you mean {', '.join(close)}?" if close else "no key or config group of that name."
         if wanted.rpartition(".")[2] == "multipliers" and not any(c.endswith(".multipliers") for c in close):

@@ -54,6 +54,8 @@ BAD_INPUT = [
     ("compare multiplier=mul8s_1L2X", "no multiplier option 'mul8s_1L2X' (multiplier=mul8s_1L2X); did you mean"),
     ("compare finetune.epoch=3", "unknown key 'finetune.epoch'; did you mean finetune.epochs?"),
     ("finetune eval.limt=5", "did you mean eval.limit?"),
+    # a key another option of the group has: how to add it, not itself as the nearest name
+    ("train model=torchvision model.num_classes=10", "add it with +model.num_classes=VALUE"),
     ("train data=mnsit", "did you mean mnist"),
     ("bench bench.repeat=3", "did you mean bench.repeats?"),
     ("sweep sweep.multipliers=[exact] quant=per_tensor", "did you mean per_tensor_minmax"),

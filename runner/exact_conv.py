@@ -23,6 +23,9 @@ def exact_conv2d(codes: torch.Tensor, weight_codes: torch.Tensor, stride, paddin
     without cuDNN runs one GEMM per image (a fake-quant ResNet-8 took 45x the LUT model's time), it is one
     unfold and a batched matmul (unfold_conv2d)."""
     dtype = exact_dtype(weight_codes[0].numel(), codes.dtype == torch.int8)
+    if codes.is_cuda and int_mm_fits(codes, weight_codes, groups):
+        acc = int_mm_conv2d(codes, weight_codes, stride, padding, dilation)
+        return acc.to(torch.int64) if integer else acc.to(dtype, memory_format=torch.contiguous_format)
     if codes.is_cuda:
         if torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest":
             dtype = torch.float64  # TF32 matmuls round the products' operands: not exact
@@ -65,3 +68,63 @@ def unfold_conv2d(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation, g
         cols = cols.reshape(cols.shape[0], groups, taps, ho * wo)  # unfold's rows: channel-major, then taps
         outs.append(torch.matmul(wg, cols).reshape(cols.shape[0], n, ho, wo))
     return torch.cat(outs) if outs else x.new_zeros((0, n, ho, wo))
+
+
+# int32 sums of K products of an int8 (or code - 128) and an int8 weight code, plus the unsigned codes'
+# correction 128 * sum(w), stay below 2^31 for K below 2^31 / (255 * 128)
+INT_MM_MAX_K = (1 << 31) // (255 * 128)
+
+
+def int_mm_fits(codes: torch.Tensor, weight_codes: torch.Tensor, groups: int = 1) -> bool:
+    """Whether int_mm_conv2d / int_mm compute this call: 8-bit codes, int8 weights, one group, K taps whose int32
+    sums cannot overflow."""
+    return groups == 1 and codes.dtype in (torch.int8, torch.uint8) and weight_codes.dtype == torch.int8 \
+        and weight_codes[0].numel() <= INT_MM_MAX_K
+
+
+def int_mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """int32 [M, N] = a [M, K] (int8 or uint8 codes) times w [N, K] (int8) transposed, through the integer matrix
+    multiply (torch._int_mm: cuBLASLt's int8 tensor-core GEMM on a GPU), exact: integers with int32 accumulators
+    that cannot overflow (int_mm_fits). Unsigned codes go in as code - 128 (their top bit flipped, read as
+    int8) and 128 * sum(w) is added back. The GPU kernel wants more than 16 rows and K, N multiples of 8: zero
+    rows and taps pad them (zero weights add nothing, whatever the padded codes)."""
+    m, k = a.shape
+    n = w.shape[0]
+    unsigned = a.dtype == torch.uint8
+    if unsigned:
+        a = a.bitwise_xor(128).view(torch.int8)
+    kp, np_, mp = -k % 8, -n % 8, max(0, 17 - m)
+    if kp or mp:
+        a = F.pad(a, (0, kp, 0, mp))
+    if kp or np_:
+        w = F.pad(w, (0, kp, 0, np_))
+    acc = torch._int_mm(a.contiguous(), w.t())
+    if mp or np_:
+        acc = acc[:m, :n]
+    if unsigned:
+        acc = acc + 128 * w[:n].sum(1, dtype=torch.int32)
+    return acc
+
+
+def int_mm_conv2d(codes: torch.Tensor, weight_codes: torch.Tensor, stride, padding, dilation,
+                  max_elements: int = 1 << 27) -> torch.Tensor:
+    """int32 conv2d (one group) of 8-bit codes as rows of taps (channels-last im2col in the codes' own byte, an
+    eighth of float64's traffic) and int_mm, a slice of the batch at a time so the copied taps stay below
+    max_elements. Padding taps read code 0, as every other path's."""
+    (kh, kw) = weight_codes.shape[2:]
+    (sh, sw), (ph, pw), (dh, dw) = (as_pair(v, name) for v, name in
+                                    ((stride, "stride"), (padding, "padding"), (dilation, "dilation")))
+    ho, wo = conv_output_size(codes.shape[2], codes.shape[3], kh, kw, (sh, sw), (ph, pw), (dh, dw))
+    b, c, n = codes.shape[0], codes.shape[1], weight_codes.shape[0]
+    w = weight_codes.reshape(n, -1)
+    xp = F.pad(codes, (pw, pw, ph, ph)) if ph or pw else codes.contiguous()
+    sb, sc, sy, sx = xp.stride()
+    step = max(1, max_elements // max(1, c * kh * kw * ho * wo))
+    outs = []
+    for i in range(0, b, step):
+        part = xp[i:i + step]
+        rows = part.as_strided((part.shape[0], ho, wo, c, kh, kw), (sb, sy * sh, sx * sw, sc, sy * dh, sx * dw),
+                               part.storage_offset())
+        acc = int_mm(rows.reshape(-1, c * kh * kw), w)
+        outs.append(acc.view(part.shape[0], ho, wo, n).permute(0, 3, 1, 2))
+    return torch.cat(outs) if outs else codes.new_zeros((0, n, ho, wo), dtype=torch.int32)

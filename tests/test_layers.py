@@ -380,6 +380,34 @@ def test_unfold_conv2d_is_conv2d(shape, wshape, stride, padding, dilation, group
                        F.unfold(x, kernel, dilation=dilation, padding=padding, stride=stride))
 
 
+@pytest.mark.parametrize("signed", [True, False])
+@pytest.mark.parametrize("shape,wshape,stride,padding,dilation", [
+    ((3, 6, 13, 11), (10, 6, 3, 3), 2, 1, 1),      # K = 54, N = 10: both padded to multiples of 8
+    ((1, 3, 5, 5), (4, 3, 3, 3), 1, 0, 1),         # 9 rows: padded above 16
+    ((2, 4, 17, 15), (150, 4, 3, 3), 3, 2, 2),     # dilation, stride 3
+    ((2, 4, 10, 13), (6, 4, 3, 2), (1, 2), (2, 1), (2, 1)),
+    ((4, 32, 16, 16), (64, 32, 1, 1), 2, 0, 1),    # 1x1 stride-2 shortcut
+    ((2, 3, 23, 23), (8, 3, 7, 7), 2, 3, 1),       # a 7x7 stem
+])
+def test_int_mm_conv2d_is_conv2d(shape, wshape, stride, padding, dilation, signed):
+    """The GPU's fake-quant convolution through the integer GEMM (channels-last taps, unsigned codes shifted by
+    128 and corrected, rows / taps / channels padded for the kernel) gives conv2d's integers, whatever the batch
+    slice; torch._int_mm runs the same arithmetic on the CPU."""
+    from runner.exact_conv import int_mm, int_mm_conv2d
+
+    gen = torch.Generator().manual_seed(7)
+    x = (torch.randint(-128, 128, shape, generator=gen, dtype=torch.int8) if signed else
+         torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8))
+    w = torch.randint(-127, 128, wshape, generator=gen, dtype=torch.int8)
+    want = F.conv2d(x.double(), w.double(), None, stride, padding, dilation).to(torch.int64)
+    for max_elements in (1 << 27, 200):
+        got = int_mm_conv2d(x, w, stride, padding, dilation, max_elements=max_elements)
+        assert got.dtype == torch.int32 and torch.equal(got.to(torch.int64), want)
+    rows = x.flatten().repeat(10)[: 13 * 38].view(13, 38)[:, 1:]  # 13 rows (padded to 17), K = 37, strided
+    lin = torch.randint(-127, 128, (5, rows.shape[1]), generator=gen, dtype=torch.int8)
+    assert torch.equal(int_mm(rows, lin).to(torch.int64), rows.to(torch.int64) @ lin.to(torch.int64).t())
+
+
 @pytest.mark.cuda
 def test_exact_conv2d_on_the_gpu_equals_the_cpu():
     from runner.exact_conv import exact_conv2d

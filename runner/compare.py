@@ -23,7 +23,7 @@ from runner import operand
 from runner.energy import energy, layer_macs
 from runner.evaluate import check_eval_config, run_timed, run_timed_sharded
 from runner.jobs.plan import Plan
-from runner.layers import auto_picks, convert_model, quantized_layers, select_layers
+from runner.layers import LayerSwaps, auto_picks, convert_model, quantized_layers, select_layers
 from runner.models import build_model
 from runner.multipliers import metrics_of, resolve_per_layer
 from runner.ops import BACKEND_DEVICE, check_algo
@@ -255,11 +255,18 @@ def model_layers(model_cfg: DictConfig) -> tuple[list[str], list[str]]:
     per distinct model config in this process (a sweep plans many jobs of one model)."""
     def build():
         with torch.device("meta"):  # only the layers' names and shapes: no weights to initialise
-            model = build_model(model_cfg, 0.0, 1.0)
-        return tuple(quant_layers(model)), tuple(select_layers(model, model_cfg.get("approx_layers")))
+            return build_model(model_cfg, 0.0, 1.0)
 
-    key = ("model_layers", cache_key(OmegaConf.to_container(model_cfg, resolve=True)))
-    names, approx = session.get().memo(key, build)
+    # the build does not read approx_layers / other_layers: a sensitivity table's 54 one-layer configs of a
+    # ResNet-50 build it once (a torchvision build is a quarter of a second)
+    built = {k: v for k, v in OmegaConf.to_container(model_cfg, resolve=True).items()
+             if k not in ("approx_layers", "other_layers")}
+    model = session.get().memo(("model_layers", cache_key(built)), build)
+    wanted = model_cfg.get("approx_layers")
+    key = ("select_layers", cache_key(built), cache_key(OmegaConf.to_container(wanted) if OmegaConf.is_config(wanted)
+                                                       else wanted))
+    names, approx = session.get().memo(key, lambda: (tuple(quant_layers(model)),
+                                                     tuple(select_layers(model, wanted))))
     return list(names), list(approx)
 
 
@@ -275,11 +282,17 @@ def build_models(cfg: DictConfig, model, ckpt, calib_x, multipliers: dict, appro
     if not approx:
         return fq, None, stats
     # Jobs that differ only in their tables share one converted model (converting took longer than a GPU
-    # evaluation); each loads its own tables into it.
-    model = session.get().memo(("approx", keys["fakequant"], id(folded), cfg.backend.name, cfg.backend.algo,
-                                tuple(approx_layers), others), lambda: convert_model(
-        folded, multipliers, qcfg, stats, backend=cfg.backend.name, algo=cfg.backend.algo, layers=approx_layers,
-        others=others))
+    # evaluation); each loads its own tables into it. With every other layer fake-quant, jobs that approximate
+    # different layers (sensitivity, search) share one too: their layers are swapped in (LayerSwaps).
+    if others == "fakequant":
+        swaps = session.get().memo(("approx-swaps", keys["fakequant"], id(folded), cfg.backend.name, cfg.backend.algo),
+                                   lambda: LayerSwaps(fq, folded, qcfg, stats, cfg.backend.name, cfg.backend.algo))
+        model = swaps.install(multipliers, approx_layers)
+    else:
+        model = session.get().memo(("approx", keys["fakequant"], id(folded), cfg.backend.name, cfg.backend.algo,
+                                    tuple(approx_layers), others), lambda: convert_model(
+            folded, multipliers, qcfg, stats, backend=cfg.backend.name, algo=cfg.backend.algo, layers=approx_layers,
+            others=others))
     for name, layer in quantized_layers(model).items():
         if name in approx_layers:
             layer.set_multiplier(multipliers[name])

@@ -473,19 +473,8 @@ def convert_model(model: nn.Module, multipliers, qcfg: QuantConfig, stats: dict[
     check_signedness({n: per_layer[n] for n in converted}, stats)
     out = copy.deepcopy(model)
     for name in converted:
-        layer = out.get_submodule(name)
-        st = None if qcfg.activation == "dynamic" else stats[name]
-        if isinstance(layer, MatMul):  # an attention product: its operands' signedness from calibration either way
-            st = stats.get(name)
-            new = FakeQuantMatMul(per_layer[name].signed, qcfg, st, name=name) if fake or name not in names else \
-                ApproxMatMul(per_layer[name], qcfg, st, backend, name=name)
-            _set_module(out, name, new)
-            continue
-        conv = isinstance(layer, nn.Conv2d)
-        if fake or name not in names:
-            new = (FakeQuantConv2d if conv else FakeQuantLinear)(layer, per_layer[name].signed, qcfg, st, name=name)
-        else:
-            new = (ApproxConv2d if conv else ApproxLinear)(layer, per_layer[name], qcfg, st, backend, algo, name=name)
+        new = _converted(out.get_submodule(name), name, per_layer[name], qcfg, stats, backend, algo,
+                         fake or name not in names)
         _set_module(out, name, new)
     pair_pools(out)
     float64_steps(out)  # the CPU's and a GPU's float32 kernels round them differently: a last bit can change a code
@@ -494,7 +483,64 @@ def convert_model(model: nn.Module, multipliers, qcfg: QuantConfig, stats: dict[
     return out.eval()
 
 
-def link_consumers(model: nn.Module) -> None:
+def _converted(layer: nn.Module, name: str, multiplier, qcfg: QuantConfig, stats: dict[str, ActStats], backend: str,
+               algo: str, fake: bool) -> nn.Module:
+    """The fake-quant (fake) or LUT layer that replaces the float `layer` named `name`."""
+    st = None if qcfg.activation == "dynamic" else stats[name]
+    if isinstance(layer, MatMul):  # an attention product: its operands' signedness from calibration either way
+        st = stats.get(name)
+        return FakeQuantMatMul(multiplier.signed, qcfg, st, name=name) if fake else \
+            ApproxMatMul(multiplier, qcfg, st, backend, name=name)
+    conv = isinstance(layer, nn.Conv2d)
+    if fake:
+        return (FakeQuantConv2d if conv else FakeQuantLinear)(layer, multiplier.signed, qcfg, st, name=name)
+    return (ApproxConv2d if conv else ApproxLinear)(layer, multiplier, qcfg, st, backend, algo, name=name)
+
+
+class LayerSwaps:
+    """One converted model for the evaluations that each approximate other layers of it, every other layer
+    fake-quant (model.other_layers=fakequant: sensitivity, search). Converting the whole model per evaluation
+    copies every layer, quantizes every weight and traces the forward (half a second for a ResNet-50 on a CPU,
+    more than its evaluation from the kept prefix on a GPU); here the layers under test are swapped in as LUT
+    layers and the previous evaluation's put back as the fake-quant layers they were. The model's structure,
+    and so its consumer links, do not depend on which layers are swapped: traced once.
+    `fake_model`: convert_model(..., fake=True, others="fakequant") of `folded`, the model every layer of which
+    is fake-quant under the evaluations' signedness (copied: the reference model itself stays as it is)."""
+
+    def __init__(self, fake_model: nn.Module, folded: nn.Module, qcfg: QuantConfig, stats: dict[str, ActStats],
+                 backend: str, algo: str):
+        self.model = copy.deepcopy(fake_model)
+        self.folded, self.qcfg, self.stats, self.backend, self.algo = folded, qcfg, stats, backend, algo
+        self._fake: dict[str, nn.Module] = {}  # a swapped-in layer's name: the fake-quant layer it replaced
+        self._links = find_consumers(self.model, lambda m: isinstance(m, _Quantized))  # link_consumers' own
+
+    def install(self, multipliers: dict, layers: list[str]) -> nn.Module:
+        """The model with `layers` (names) as LUT layers of their multipliers, every other layer fake-quant; a
+        layer that stays swapped keeps its LUT layer (set_multiplier loads another table into it)."""
+        check_signedness({n: multipliers[n] for n in layers}, self.stats)
+        for name in [n for n in self._fake if n not in layers]:
+            _set_module(self.model, name, self._fake.pop(name))
+        for name in layers:
+            current = self.model.get_submodule(name)
+            if name in self._fake and current.signed == multipliers[name].signed:
+                continue
+            if current.signed != multipliers[name].signed:
+                raise ValueError(f"LayerSwaps: {name} is fake-quant with signed={current.signed}, its multiplier "
+                                 f"{multipliers[name].name} is not: the swaps serve one signedness per layer")
+            new = _converted(self.folded.get_submodule(name), name, multipliers[name], self.qcfg, self.stats,
+                             self.backend, self.algo, fake=False)
+            self._fake[name] = current
+            _set_module(self.model, name, new.to(_device_of(current)))
+        link_consumers(self.model, self._links)
+        return self.model.eval()
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    return next((t.device for t in module.parameters()), None) or \
+        next((t.device for t in module.buffers()), torch.device("cpu"))
+
+
+def link_consumers(model: nn.Module, links: dict | None = None) -> None:
     """For requant=integer: each quantized layer's consumer is the one quantized (static-scale) layer its
     output alone reaches through code-preserving steps (runner.linking: ReLU, max-pool, flatten, identity,
     eval dropout, ReLU6 where it keeps codes), found by tracing the forward with torch.fx; the layer then
@@ -506,7 +552,9 @@ def link_consumers(model: nn.Module) -> None:
     for m in layers.values():
         object.__setattr__(m, "_consumer", None)
         m._link_clamps, m._requant_cache = (), None
-    for name, (consumer, clamps) in find_consumers(model, lambda m: isinstance(m, _Quantized)).items():
+    if links is None:
+        links = find_consumers(model, lambda m: isinstance(m, _Quantized))
+    for name, (consumer, clamps) in links.items():
         if not layers[consumer].dynamic:
             object.__setattr__(layers[name], "_consumer", layers[consumer])
             layers[name]._link_clamps = clamps

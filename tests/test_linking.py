@@ -177,3 +177,36 @@ def test_linked_models_bit_identical_python_cpp_and_exact_equals_fakequant(name,
         assert torch.equal(py(x), cpp(x))
         a, f = exact(x), fq(x)
     assert torch.equal(a, f) and torch.equal(a.argmax(1), f.argmax(1))
+
+
+@pytest.mark.parametrize("requant", ["integer", "float"])
+def test_layer_swaps_compute_what_a_fresh_conversion_does(requant):
+    """One model whose layers under test are swapped in (sensitivity, search: every other layer fake-quant) gives,
+    evaluation after evaluation, the logits and links of a model converted for that evaluation alone: the layer
+    of the previous evaluation is put back as the fake-quant layer it was, two layers at once work, and a layer
+    that stays swapped takes the next table."""
+    from runner.layers import LayerSwaps, fold_input_normalization
+
+    model = _model("vgg", "mnist5k")
+    calib = torch.rand(16, 1, 28, 28, generator=torch.Generator().manual_seed(2))
+    qcfg = QuantConfig(calib_batches=1, calib_batch_size=16, requant=requant)
+    folded = fold_input_normalization(model.eval(), calib[:1])
+    stats = calibrate(folded, calib, qcfg)
+    names = list(quantized_layers(convert_model(folded, resolve("exact"), qcfg, stats, fake=True)))
+    signed = {n: resolve("mul8s_1L2J") for n in names}
+    fq = convert_model(folded, signed, qcfg, stats, fake=True, others="fakequant")
+    swaps = LayerSwaps(fq, folded, qcfg, stats, "python", "auto")
+    x = torch.rand(8, 1, 28, 28, generator=torch.Generator().manual_seed(3))
+    for layers, table in (([names[1]], "mul8s_1L2J"), ([names[4]], "mul8s_1L2J"), ([names[1], names[4]], "mul8s_1KX5"),
+                          ([names[4]], "mul8s_1L2N"), ([names[-1]], "mul8s_1L2J")):
+        mults = {**signed, **{n: resolve(table) for n in layers}}
+        got = swaps.install(mults, layers)
+        for n in layers:  # a reused LUT layer takes this evaluation's table, as build_models does
+            got.get_submodule(n).set_multiplier(mults[n])
+        fresh = convert_model(folded, mults, qcfg, stats, layers=layers, others="fakequant")
+        assert [type(m) for m in quantized_layers(got).values()] == [type(m) for m in quantized_layers(fresh).values()]
+        assert integer_links(got) == integer_links(fresh)
+        with torch.no_grad():
+            assert torch.equal(got(x), fresh(x)), (layers, table)
+    # the reference model the swaps were copied from is untouched
+    assert all(not isinstance(m, type(got.get_submodule(names[-1]))) for m in quantized_layers(fq).values())

@@ -9,7 +9,9 @@
 #   resnet8   ResNet-8 retrained on Fashion-MNIST (mul8u_T83, the default recipe: 5 epochs, global batch 64)
 #             on 4 GPUs ends within 0.5 points of 1 GPU.
 #   sweep     the 8-table x 5-epoch Fashion-MNIST retraining sweep (LeNet-5): whole command on 1 GPU / on 4
-#             GPUs >= 3 (the sweep's own "jobs in" time, without interpreter start and composition, beside it).
+#             GPUs >= 3 (the sweep's own "jobs in" time, without interpreter start and composition, beside it;
+#             then the jobs per GPU and when each process was ready, from the 4-GPU run's schedule.json,
+#             whose per-device lines, each job's start and end, are printed before the summary line).
 #   eval50    an exact-table evaluation of torchvision ResNet-50 over the $IMAGES generated images: the approx
 #             row's timed pass (testset_ms_median) on 1 GPU / sharded on 4 (eval.devices=4) >= 3.3, with the
 #             same n_images, correct, accuracy, agreement_fakequant and row_key.
@@ -236,12 +238,25 @@ try:
             found = re.findall(r"jobs in ([0-9.]+)s", (out / f"{label}.log").read_text())
             return float(found[-1]) if found else float("nan")
 
+        def spread(label):  # jobs per device and when the processes were ready (the sweep's schedule.json)
+            import json
+
+            try:
+                sched = json.loads(next((out / label / "sweep").glob("*/schedule.json")).read_text())
+            except (StopIteration, OSError, ValueError):
+                return "no schedule"
+            ps = sched["processes"]
+            ready = [p["ready_s"] for p in ps if p.get("ready_s") is not None]
+            return (f"jobs per GPU {','.join(str(len(p['jobs'])) for p in ps)}"
+                    + (f", ready at {min(ready):.1f}-{max(ready):.1f} s" if ready else ""))
+
         ok = [len(rows(f"sweep8_{k}", "approx_finetuned")) for k in ("1gpu", f"{NG}gpu")]
         w1, w4 = wall("sweep8_1gpu"), wall(f"sweep8_{NG}gpu")
         r = w1 / w4
         print(line(r >= 3.0 and ok == [8, 8], "whole command, 1 GPU / 4 GPUs >= 3.00x",
                    f"{r:.2f}x ({w1:.1f} s / {w4:.1f} s; the sweeps' own: {jobs_s('sweep8_1gpu'):.1f} s / "
-                   f"{jobs_s(f'sweep8_{NG}gpu'):.1f} s; finetuned rows {ok[0]} and {ok[1]} of 8)"))
+                   f"{jobs_s(f'sweep8_{NG}gpu'):.1f} s; finetuned rows {ok[0]} and {ok[1]} of 8; "
+                   f"{spread(f'sweep8_{NG}gpu')})"))
     elif part == "eval50":
         a1, a4 = (rows(f"r50_{k}", "approx").iloc[-1] for k in ("1gpu", f"{NG}gpu"))
         cols = ["n_images", "correct", "accuracy", "agreement_fakequant", "row_key"]
@@ -290,6 +305,9 @@ if want sweep && fits sweep 110; then
   sw=(sweep "sweep.multipliers=$TABLES8" "${fm[@]}" "backend=$BACKEND" finetune.epochs=5 finetune.force=true)
   timed sweep8_1gpu one "${sw[@]}" "sweep.devices=$ONE"
   timed "sweep8_${NGPU}gpu" cli "${sw[@]}" "sweep.devices=$ALL"
+  # the many-device run's schedule: each device's jobs, start and end, and when its process was ready
+  awk '/^sweep schedule/ {on = 1; print; next} on && /^  [a-z]/ && / jobs|sharded/ {print; next} {on = 0}' \
+    "$out/sweep8_${NGPU}gpu.log"
   verdict sweep
 fi
 

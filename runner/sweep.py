@@ -26,7 +26,7 @@ from runner.jobs.argv import (asks_for_help, command_line, expand_jobs, expand_m
 from runner.jobs.hydra_app import check_common, compose_jobs, run_hydra_command
 from runner.errors import UserError
 from runner.jobs.plan import Job, remove_if_bare, run_dir
-from runner.jobs.run import plan_all, run_job, run_jobs
+from runner.jobs.run import format_schedule, plan_all, pool_tasks, run_job, run_jobs, start_pool
 from runner.workers import shard_setting
 
 
@@ -88,6 +88,9 @@ def prepare(jobs: list[Job], sweep_dir: Path) -> None:
             seen_ckpt.add(ckpt)
             load_or_train(cfg)
 
+
+# <sweep dir>/schedule.json: each job's device, start and end, each process's milestones (runner.jobs.run.schedule_of)
+SCHEDULE_FILE = "schedule.json"
 
 SUMMARY_COLUMNS = ["job", "multiplier", "data", "model", "quant", "backend", "status", "recorded_at", "accuracy",
                    "fp32_accuracy", "fakequant_accuracy", "finetuned_accuracy", "agreement_fakequant", "latency_ms_median",
@@ -208,15 +211,11 @@ def print_help() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from runner.compare import preflight
-    from runner.console import console
-    from runner.data import data_digest
     from runner.evaluate import check_eval_config
-    from runner.store import check_store
-    from runner.errors import config_number
     from runner.train import check_train_config
-    from runner.workers import close_launcher_pools, devices_of, launch_chunks
+    from runner.workers import devices_of
 
+    clock0 = time.monotonic()  # the sweep's schedule counts from here
     argv = command_line(argv)
     if asks_for_help(argv):
         print_help()
@@ -229,12 +228,40 @@ def main(argv: list[str] | None = None) -> int:
         check_common(c)
         check_eval_config(c.eval)
         check_train_config(c)
+    devices = devices_of(cfgs, "sweep")
+    # the workers start now: their interpreter, torch, CUDA context and imports overlap what follows here
+    pool = start_pool(jobs, devices, shard_setting(cfgs[0], "sweep")) if launcher_of(overrides) == "basic" else None
+    try:
+        return _main(jobs, cfgs, overrides, devices, pool, clock0)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def baselines_exist(jobs: list[Job]) -> bool:
+    """Whether every planned job's baseline is there already (given weights, or a checkpoint not to be
+    retrained): the pool's workers may then build their sessions while this process records the references."""
+    from runner.train import checkpoint_path, pretrained
+
+    return all(pretrained(job.cfg.model) or (checkpoint_path(job.cfg).exists() and not job.cfg.train.get("force"))
+               for job in jobs if job.plan is not None)
+
+
+def _main(jobs: list[Job], cfgs: list[DictConfig], overrides: list[str], devices: list[str], pool,
+          clock0: float) -> int:
+    from runner.compare import preflight
+    from runner.console import console
+    from runner.data import data_digest
+    from runner.errors import config_number
+    from runner.provenance import atomic_write_json
+    from runner.store import check_store
+    from runner.workers import close_launcher_pools, launch_chunks
+
     for data in {str(c.data): c.data for c in cfgs}.values():
         data_digest(data)  # missing or unreadable data files: one message now, not a failed row per job
     for results_file in dict.fromkeys(str(c.results_file) for c in cfgs):
         check_store(Path(results_file))  # a damaged results file stops the sweep here, not in every job
     preflight(cfgs)  # backend/device, model and layers, the model on the data: once, not a failed row per job
-    devices = devices_of(cfgs, "sweep")
     shard = shard_setting(cfgs[0], "sweep")
     # 0: one launched task per job; a typo (-1, 2.5) stops here, not after the reference rows
     chunk_size = config_number(cfgs[0].sweep.get("chunk_size") or 0, "sweep.chunk_size", minimum=0)
@@ -244,11 +271,18 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     console.print(f"[bold]sweep:[/] {len(jobs)} jobs -> {sweep_dir}")
     plan_all(jobs)
+    if pool is not None and baselines_exist(jobs):
+        pool.send(pool_tasks(jobs))  # the workers pre-warm while this process records the reference rows
     stopped = False  # by a user error before any job ran (a damaged checkpoint): no summary, no sweep dir
     try:
         prepare(jobs, sweep_dir)
         if launcher_of(overrides) == "basic":
-            run_jobs(jobs, f"sweep: {len(jobs)} jobs", devices=devices, shard=shard)
+            schedule = run_jobs(jobs, f"sweep: {len(jobs)} jobs", devices=devices, shard=shard, pool=pool,
+                                clock0=clock0)
+            atomic_write_json(sweep_dir / SCHEDULE_FILE, schedule)
+            if len(devices) > 1:  # where each device's time went (benchmarks/ddp_gpu.sh prints it)
+                print(f"sweep schedule (seconds since the sweep began; {sweep_dir / SCHEDULE_FILE}):\n"
+                      + "\n".join(format_schedule(schedule)), flush=True)
         elif chunk_size > 0:
             launch_chunks([job.overrides for job in jobs], cfgs, overrides, sweep_dir,
                           lambda args: run_hydra_command("sweep", args, run_job))

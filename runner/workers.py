@@ -9,13 +9,26 @@ through one shared counter, so each runs exactly once; rows go through the store
 every writer's do. A worker sees only its GPU (CUDA_VISIBLE_DEVICES, set before CUDA starts in it), so its
 jobs lease nothing.
 
+Started early (Pool): a command that knows it will spread jobs starts the workers as soon as it knows its
+devices (runner.sweep: right after composing, before its data, checks, plans and reference rows), so a
+worker's interpreter, torch import, CUDA context and runner's modules overlap that prelude instead of
+following it; its tasks come later (Pool.run, or Pool.send as soon as the jobs are planned and their
+baselines exist). run_tasks is the pool started and run at once.
+
 Pre-warm: a started worker first builds its session for the next job's configuration (run_tasks'
 `prepare` on that job's args: data, baseline, calibration, models, references, the first calls of a
 retraining and an evaluation), then for one job of each other setup left (Task.setup: another
 signedness's calibration and references), so its first job of any setup costs what a later one does.
+This process pre-warms the same way before its first pooled job: every process's jobs then cost alike,
+so "whoever is free takes the next job" spreads equal jobs evenly (8 over 4 devices: 2 each, also with a
+worker a little late) instead of this process's long first job leaving the last job to a worker.
 One whose pre-warm fails goes on cold (the old estimate below), and this process does the jobs meanwhile.
 Its tasks reach it through a pipe fed from a thread, not with its start: this process would otherwise
 wait, at the start, until the worker had read them.
+
+Timing: every outcome carries its job's start and end (time.monotonic(), one clock for the host's
+processes) and the pool each process's milestones (up: torch imported; tasks: received; ready: pre-warmed),
+which runner.jobs.run.run_jobs turns into the schedule a sweep writes (schedule.json) and prints.
 
 The claim rule (worker_claims, fed by claim_estimates): this process takes the next job whenever it is
 free; a worker takes one only when it is expected to finish it before this process, working through the
@@ -68,6 +81,8 @@ class Outcome:
     error: str = ""
     device: str = ""
     worker: int | None = None  # 0: this process, 1..: the worker of devices[worker]; None: never run
+    started: float | None = None  # time.monotonic() at the job's start and end (None: not run, or unknown)
+    ended: float | None = None
 
 
 def _cuda_count() -> int:
@@ -172,9 +187,10 @@ def claim_estimates(parent: Pace, worker: Pace, worker_start_s: float) -> tuple[
       current job has run (a lower bound: its first job's time includes the one-off warm-up and says
       nothing of the next), with nothing left of it.
     - A cold worker's first job: this process's first job (the same one-off warm-up; its time per job where
-      that is longer: the first may have failed at once) plus the worker's start (worker_start_s: from the
-      pool's start to its being ready), standing in for the set-up its first job also does (data,
-      baseline, calibration, references), which this process did before the pool began.
+      that is longer: the first may have failed at once) plus the worker's start (worker_start_s: from its
+      tasks' being sent to its having them; about 0 for a worker started early and waiting), standing in
+      for the set-up its first job also does (data, baseline, calibration, references), which this process
+      did before the pool began.
     - A worker's later jobs, and every job of a pre-warmed one: the mean of its own after its first (or its
       pre-warm), until then this process's time per job. With that, worker_claims holds whenever a job is
       left (t_p <= t_left + r * t_p): a warm worker takes the next job as soon as it is ready, also while
@@ -250,29 +266,55 @@ def _failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
 
 
+# A process's milestones in the pool's shared array of doubles (3 per device, time.monotonic(); 0: not yet):
+# up (interpreter, torch and the warm imports done), tasks (received), ready (pre-warmed: it claims from then)
+_UP, _TASKS, _READY = range(3)
+MILESTONES = ("up", "tasks", "ready")
+
+
 def _serve(wid: int, device: str, fn: Callable, tasks_conn, counter, owner, conn, threads: int,
-           parent_times, ready, pool_start: float, prepare: Callable | None = None) -> None:
-    """A worker process: its tasks (from tasks_conn), its pre-warm (prepare), then jobs while the claim rule
-    gives it one and until none is left, each reported as it ends through its own pipe (a worker that dies
-    mid-message breaks only its own). pool_start: the parent's time.monotonic() when it started the workers
-    (the clock is the host's, shared by processes)."""
+           parent_times, ready, stamps, go, prepare: Callable | None = None, imports: tuple = ()) -> None:
+    """A worker process: while its tasks are not there yet, torch, the CUDA context and `imports` (the jobs'
+    modules); then its tasks (from tasks_conn, with the time they were sent), its pre-warm (prepare), then jobs
+    while the claim rule gives it one and until none is left, each reported as it ends through its own pipe (a
+    worker that dies mid-message breaks only its own). Milestones go to `stamps` (the clock is the host's
+    time.monotonic(), shared by processes). It claims nothing before the parent runs the jobs (go[0]): a job
+    taken while the parent still records the reference rows would record them itself."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the pool on Ctrl-C (the whole group gets it)
     _see_only(device)
+    import importlib
+
     import torch
 
     torch.set_num_threads(threads)
+    if _gpu_index(device) is not None:
+        from runner.session import warm_up_cuda
+
+        warm_up_cuda()  # the CUDA context and the libraries' first calls, in a thread, while the rest imports
+    for name in imports:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001  (a job that needs it reports the failure)
+            pass
+    stamps[3 * wid + _UP] = time.monotonic()
     try:
-        tasks = tasks_conn.recv()
-    except EOFError:  # none came (runner.workers._send_later): nothing to do here
+        tasks, sent = tasks_conn.recv()
+    except EOFError:  # none came (Pool.close, runner.workers._send_later): nothing to do here
         os._exit(0)
     tasks_conn.close()
-    start_s = time.monotonic() - pool_start  # spawn, interpreter, imports, the tasks unpickled
+    got = stamps[3 * wid + _TASKS] = time.monotonic()
+    # what the worker's start cost beyond its tasks being there (spawn, interpreter, imports, the tasks
+    # unpickled): about 0 when it was up and waiting for them (a pool started early)
+    start_s = max(0.0, got - sent)
     own = list(_NO_TIMES)
     if prepare is not None:
         own[_FIRST] = _prewarm(prepare, tasks, counter, device)
+    stamps[3 * wid + _READY] = time.monotonic()
     ready[wid] = 1  # after the pre-warm: one still in it when the jobs are all done is stopped at once
 
     def may(remaining: int) -> bool:
+        if not go[0]:
+            return False
         now = time.monotonic()
         estimates = claim_estimates(_pace(parent_times, now), _pace(own, now), start_s)
         return estimates is not None and worker_claims(remaining, *estimates)
@@ -287,8 +329,9 @@ def _serve(wid: int, device: str, fn: Callable, tasks_conn, counter, owner, conn
             raised = False
         except Exception as exc:  # noqa: BLE001  (one job's crash must not take the others' worker)
             status, error, raised = "failed", _failure(exc), True
-        _ended(own, time.monotonic() - t0)
-        conn.send((i, status, error, raised))
+        t1 = time.monotonic()
+        _ended(own, t1 - t0)
+        conn.send((i, status, error, raised, t0, t1))
     conn.close()
     # Everything is reported and every row written atomically: skip the interpreter's teardown (a CUDA
     # context's takes about a second, a stall at the end of the sweep).
@@ -296,7 +339,7 @@ def _serve(wid: int, device: str, fn: Callable, tasks_conn, counter, owner, conn
 
 
 def _prewarm(prepare: Callable, tasks: list[Task], counter, device: str) -> float:
-    """prepare(*args) of the next unclaimed task (the one this worker would take first), then of the next
+    """prepare(*args) of the next unclaimed task (the one this process would take first), then of the next
     task of each other setup left in the queue (up to PREWARM_SETUPS in all): a warm worker is costed as
     this process's time per job, which a job of a setup it has not built (another signedness: its own
     calibration and references) would overrun. Returns the seconds, which stand for the first job's
@@ -345,13 +388,14 @@ class _Board:
         self.outcomes: dict[int, Outcome] = {}
         self.stop = threading.Event()
 
-    def finish(self, num: int, status: str, error: str, raised: bool, wid: int | None) -> None:
+    def finish(self, num: int, status: str, error: str, raised: bool, wid: int | None,
+               started: float | None = None, ended: float | None = None) -> None:
         """raised: the job did not return (it raised, or its worker died): on_failure records it."""
         device = "" if wid is None else self.devices[wid]
         with self.lock:
             if num in self.outcomes:
                 return
-            self.outcomes[num] = Outcome(num, status, error, device, wid)
+            self.outcomes[num] = Outcome(num, status, error, device, wid, started, ended)
             if raised and self.on_failure is not None:
                 self.on_failure(self.tasks[num], error)
             self.advance(1, job=num, status=status, device=device)
@@ -363,11 +407,157 @@ class _Board:
         while open_ and not self.stop.is_set():
             for conn in wait(list(open_), timeout=poll_s):
                 try:
-                    num, status, error, raised = conn.recv()
+                    num, status, error, raised, started, ended = conn.recv()
                 except (EOFError, OSError):  # the worker ended (its last message, if cut short, is lost)
                     open_.pop(conn)
                     continue
-                self.finish(num, status, error, raised, open_[conn])
+                self.finish(num, status, error, raised, open_[conn], started, ended)
+
+
+class Pool:
+    """The worker processes of `devices[1:]`, started now, before their tasks are known (up to `capacity` of
+    them, handed over with send or run): each imports torch, starts its GPU and imports `imports` meanwhile.
+    This process serves devices[0] in run. fn, prepare: as run_tasks takes them. A pool runs once; close()
+    (also after run) stops what is left of it."""
+
+    def __init__(self, fn: Callable, devices: list[str], capacity: int, prepare: Callable | None = None,
+                 imports: tuple = ()):
+        import torch.multiprocessing as mp
+
+        self.fn, self.devices, self.capacity, self.prepare = fn, list(devices), int(capacity), prepare
+        ctx = mp.get_context("spawn")
+        self.counter = ctx.Value("i", 0)
+        self.owner = ctx.Array("i", [-1] * self.capacity, lock=False)
+        # this process's job times (read by the workers' claim rule, under the counter's lock); which workers
+        # are pre-warmed (one that took no job then leaves by itself at the end); every process's milestones
+        self.times = ctx.Array("d", _NO_TIMES, lock=False)
+        self.ready = ctx.Array("b", len(self.devices), lock=False)
+        self.stamps = ctx.Array("d", 3 * len(self.devices), lock=False)
+        self.go = ctx.Array("b", 1, lock=False)  # set by run: the workers may claim
+        self.threads = _threads_each(self.devices)
+        self.procs, self.conns, self.feeds = {}, {}, {}
+        self.tasks: list[Task] | None = None
+        self.start = time.monotonic()
+        with _sigint_ignored():  # inherited through exec: a Ctrl-C while a worker starts is the parent's alone
+            for wid, device in enumerate(self.devices[1:], start=1):
+                receive, send = ctx.Pipe(duplex=False)
+                tasks_in, tasks_out = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_serve, args=(wid, device, fn, tasks_in, self.counter, self.owner, send,
+                                                        self.threads, self.times, self.ready, self.stamps,
+                                                        self.go, prepare, tuple(imports)),
+                                   name=f"approx-run-worker-{wid}-{device}", daemon=True)
+                proc.start()
+                send.close()  # the worker's end only: its death is then the end of this pipe
+                tasks_in.close()
+                self.procs[wid], self.conns[receive], self.feeds[wid] = proc, wid, tasks_out
+
+    def send(self, tasks: list[Task]) -> None:
+        """The tasks to every worker, from threads (this process goes on at once); once."""
+        if self.tasks is not None:
+            return
+        if len(tasks) > self.capacity:
+            raise ValueError(f"{len(tasks)} tasks for a pool of {self.capacity}")
+        self.tasks = list(tasks)
+        sent = time.monotonic()
+        for feed in self.feeds.values():
+            _send_later(feed, (self.tasks, sent))
+        self.feeds = {}
+
+    def close(self) -> None:
+        """The workers stopped: after run, what is left of them; before it (the jobs went another way, or the
+        command stopped before them), at once: they claimed nothing (go) and write nothing before a job."""
+        for feed in self.feeds.values():
+            feed.close()  # EOF: a worker waiting for its tasks exits
+        self.feeds = {}
+        with self.counter.get_lock():
+            self.counter.value = max(self.counter.value, len(self.tasks or ()))
+        _stop(self.procs, 0.0)
+        for conn in self.conns:
+            conn.close()
+        self.conns = {}
+
+    def milestones(self) -> dict[int, dict[str, float]]:
+        """worker id -> {up, tasks, ready: time.monotonic()} of what it reached (this process: ready only)."""
+        out = {}
+        for wid in range(len(self.devices)):
+            got = {name: self.stamps[3 * wid + k] for k, name in enumerate(MILESTONES) if self.stamps[3 * wid + k]}
+            out[wid] = got
+        return out
+
+    def run(self, tasks: list[Task], advance: Callable, on_failure: Callable | None = None,
+            join_timeout_s: float = JOIN_TIMEOUT_S, poll_s: float = 0.1) -> list[Outcome]:
+        """run_tasks on this pool (tasks: those sent already, if any were)."""
+        import torch
+
+        from runner import gpus
+
+        self.send(tasks)
+        tasks = self.tasks
+        counter, owner, times, ready, procs, conns = (self.counter, self.owner, self.times, self.ready,
+                                                      self.procs, self.conns)
+        devices = self.devices
+        board = _Board(tasks, devices, advance, on_failure)
+        reader = threading.Thread(target=board.read, args=(conns, poll_s), name="approx-run-pool-reader",
+                                  daemon=True)
+        reader.start()
+        self.go[0] = 1
+        own_threads = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        index = _gpu_index(devices[0])
+        interrupted = True
+        try:
+            with gpus.pinned(index) if index is not None else nullcontext():
+                if index is not None:
+                    torch.cuda.set_device(index)
+                if self.prepare is not None:  # as the workers do: every process's jobs then cost alike
+                    first = _prewarm(self.prepare, tasks, counter, devices[0])
+                    with counter.get_lock():
+                        times[_FIRST] = first
+                self.stamps[_READY] = time.monotonic()
+                ready[0] = 1
+                while (i := _claim(counter, owner, len(tasks), 0, times=times)) is not None:
+                    try:
+                        status, error = _status(self.fn(*tasks[i].args))
+                        raised = False
+                    except Exception as exc:  # noqa: BLE001
+                        status, error, raised = "failed", _failure(exc), True
+                    with counter.get_lock():
+                        started, ended = times[_SINCE], time.monotonic()
+                        _ended(times, ended - started)
+                    board.finish(i, status, error, raised, 0, started, ended)
+            _wait_for_workers(board, procs, reader, poll_s)
+            interrupted = False
+        finally:  # also on Ctrl-C / SIGTERM: nothing more starts, the workers stop, finished rows stay
+            with counter.get_lock():
+                counter.value = len(tasks)
+            torch.set_num_threads(own_threads)
+            # Every job reported (or an interrupt): a worker still alive has no job left. One that started (the
+            # claim rule gave it none) sees that within CLAIM_POLL_S and exits by itself; one still starting or
+            # pre-warming (torch's import, the CUDA context, its session: seconds, longer than a short sweep's
+            # jobs; it writes nothing) is not waited for.
+            # Otherwise the workers all ended already.
+            if interrupted or len(board.outcomes) == len(tasks):
+                if not interrupted:
+                    _stop({w: p for w, p in procs.items() if ready[w]}, IDLE_EXIT_S)
+                _stop(procs, 0.0)
+            else:
+                _stop(procs, join_timeout_s)
+            reader.join(join_timeout_s)  # reads what the workers sent before they ended
+            board.stop.set()
+            reader.join(join_timeout_s)
+            for conn in conns:
+                conn.close()
+            self.conns = {}
+        for num in range(len(tasks)):
+            if num in board.outcomes:
+                continue
+            wid = owner[num]
+            if wid > 0:  # a job its worker took and never reported: the worker died with it
+                board.finish(num, "failed", f"its worker on {devices[wid]} ended (exit code {procs[wid].exitcode}) "
+                             "during the job", True, wid)
+            else:
+                board.finish(num, "failed", "not run", True, None)
+        return [board.outcomes[n] for n in range(len(tasks))]
 
 
 def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Callable,
@@ -376,86 +566,14 @@ def run_tasks(fn: Callable, tasks: list[Task], devices: list[str], advance: Call
     """fn(*task.args) for every task, over `devices` (this process serves the first). fn is a module-level
     function (the workers import it by name); it returns a dict with "status" (and "error"), or raises:
     the task is then failed. advance(1, **info) after each task, in this process; on_failure(task, error)
-    for a task that did not return (it raised, or its worker died). prepare: a module-level function a
-    worker calls on a task's args before it takes any (its pre-warm: fn's set-up for them, kept for its
-    jobs; its result is ignored, its failure leaves the worker cold). Returns the outcomes in task order."""
-    import torch
-    import torch.multiprocessing as mp
-
-    from runner import gpus
-
-    board = _Board(tasks, devices, advance, on_failure)
-    ctx = mp.get_context("spawn")
-    counter, owner = ctx.Value("i", 0), ctx.Array("i", [-1] * len(tasks), lock=False)
-    # this process's job times (read by the workers' claim rule, under the counter's lock); which workers
-    # have started (one that took no job then leaves by itself at the end)
-    times, ready = ctx.Array("d", _NO_TIMES, lock=False), ctx.Array("b", len(devices), lock=False)
-    threads = _threads_each(devices)
-    procs, conns = {}, {}
-    pool_start = time.monotonic()
-    with _sigint_ignored():  # inherited through exec: a Ctrl-C while a worker starts is the parent's alone
-        for wid, device in enumerate(devices[1:], start=1):
-            receive, send = ctx.Pipe(duplex=False)
-            tasks_in, tasks_out = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_serve, args=(wid, device, fn, tasks_in, counter, owner, send, threads,
-                                                    times, ready, pool_start, prepare),
-                               name=f"approx-run-worker-{wid}-{device}", daemon=True)
-            proc.start()
-            send.close()  # the worker's end only: its death is then the end of this pipe
-            tasks_in.close()
-            _send_later(tasks_out, tasks)
-            procs[wid], conns[receive] = proc, wid
-    reader = threading.Thread(target=board.read, args=(conns, poll_s), name="approx-run-pool-reader", daemon=True)
-    reader.start()
-    own_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    index = _gpu_index(devices[0])
-    interrupted = True
+    for a task that did not return (it raised, or its worker died). prepare: a module-level function every
+    process calls on a task's args before it takes any (its pre-warm: fn's set-up for them, kept for its
+    jobs; its result is ignored, its failure leaves the process cold). Returns the outcomes in task order."""
+    pool = Pool(fn, devices, len(tasks), prepare=prepare)
     try:
-        with gpus.pinned(index) if index is not None else nullcontext():
-            if index is not None:
-                torch.cuda.set_device(index)
-            while (i := _claim(counter, owner, len(tasks), 0, times=times)) is not None:
-                try:
-                    status, error = _status(fn(*tasks[i].args))
-                    raised = False
-                except Exception as exc:  # noqa: BLE001
-                    status, error, raised = "failed", _failure(exc), True
-                with counter.get_lock():
-                    _ended(times, time.monotonic() - times[_SINCE])
-                board.finish(i, status, error, raised, 0)
-        _wait_for_workers(board, procs, reader, poll_s)
-        interrupted = False
-    finally:  # also on Ctrl-C / SIGTERM: nothing more starts, the workers stop, finished rows stay
-        with counter.get_lock():
-            counter.value = len(tasks)
-        torch.set_num_threads(own_threads)
-        # Every job reported (or an interrupt): a worker still alive has no job left. One that started (the
-        # claim rule gave it none) sees that within CLAIM_POLL_S and exits by itself; one still starting or
-        # pre-warming (torch's import, the CUDA context, its session: seconds, longer than a short sweep's
-        # jobs; it writes nothing) is not waited for.
-        # Otherwise the workers all ended already.
-        if interrupted or len(board.outcomes) == len(tasks):
-            if not interrupted:
-                _stop({w: p for w, p in procs.items() if ready[w]}, IDLE_EXIT_S)
-            _stop(procs, 0.0)
-        else:
-            _stop(procs, join_timeout_s)
-        reader.join(join_timeout_s)  # reads what the workers sent before they ended
-        board.stop.set()
-        reader.join(join_timeout_s)
-        for conn in conns:
-            conn.close()
-    for num in range(len(tasks)):
-        if num in board.outcomes:
-            continue
-        wid = owner[num]
-        if wid > 0:  # a job its worker took and never reported: the worker died with it
-            board.finish(num, "failed", f"its worker on {devices[wid]} ended (exit code {procs[wid].exitcode}) "
-                         "during the job", True, wid)
-        else:
-            board.finish(num, "failed", "not run", True, None)
-    return [board.outcomes[n] for n in range(len(tasks))]
+        return pool.run(tasks, advance, on_failure, join_timeout_s, poll_s)
+    finally:
+        pool.close()
 
 
 @contextmanager

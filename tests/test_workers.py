@@ -184,12 +184,13 @@ def _marked_job(i: int, marks: str, parent: int, how: str = ""):
 
 
 def _prewarm(i: int, marks: str, parent: int, how: str = ""):
-    """A pre-warm on task i's args: marks it beside the jobs' marks; how: raise, or die (the process)."""
+    """A pre-warm on task i's args: marks it beside the jobs' marks; how: raise, or die (a worker's process;
+    this one's death would be the command's)."""
     Path(marks).with_name("prewarm").mkdir(exist_ok=True)
     Path(marks).with_name("prewarm").joinpath(f"{i}-{os.getpid()}").touch()
     if how == "raise":
         raise RuntimeError("no data here")
-    if how == "die":
+    if how == "die" and os.getpid() != parent:
         os._exit(5)
 
 
@@ -202,8 +203,9 @@ def test_pre_warmed_worker_claims_during_the_first_job(tmp_path):
                        prepare=_prewarm)
     assert [o.status for o in outcomes] == ["ok"] * 6 and outcomes[0].worker == 0, outcomes
     assert 1 in {o.worker for o in outcomes} and time.monotonic() - t0 < 25  # job 0 did not wait out its limit
-    prewarmed = _runs(tmp_path / "prewarm")  # once, in the worker, on the args of a job left then
-    assert len(prewarmed) == 1 and list(prewarmed.values())[0] != [os.getpid()]
+    # once in each process (this one too, before its first job), on the args of a job left then
+    pids = sorted(pid for pids in _runs(tmp_path / "prewarm").values() for pid in pids)
+    assert len(pids) == 2 and os.getpid() in pids
     runs = _runs(marks)
     assert sorted(runs) == list(range(6)) and all(len(p) == 1 for p in runs.values())
 
@@ -257,14 +259,17 @@ def test_a_slow_worker_start_does_not_hold_this_process(tmp_path):
 
 
 def test_pre_warm_builds_each_setup_once(tmp_path):
-    """A worker pre-warms the next job's setup and then one job of each other setup left, once each."""
+    """A process pre-warms the next job's setup and then one job of each other setup left, once each."""
     tasks, marks = _tasks_of(tmp_path, 6, "")
     tasks = [Task(t.num, t.args, setup="ab"[t.num >= 3]) for t in tasks]
     outcomes = _within(120, run_tasks, _marked_job, tasks, ["cpu", "cpu"], lambda n=1, **info: None,
                        prepare=_prewarm)
     assert [o.status for o in outcomes] == ["ok"] * 6, outcomes
-    prewarmed = sorted(_runs(tmp_path / "prewarm"))
-    assert len(prewarmed) == 2 and sum(i >= 3 for i in prewarmed) == 1, prewarmed
+    by_pid: dict[int, list[int]] = {}  # each process (this one and the worker) built each setup once
+    for i, pids in _runs(tmp_path / "prewarm").items():
+        for pid in pids:
+            by_pid.setdefault(pid, []).append(i)
+    assert len(by_pid) == 2 and all(len(v) == 2 and sum(i >= 3 for i in v) == 1 for v in by_pid.values()), by_pid
 
 
 def test_resolve_devices(monkeypatch):
@@ -336,6 +341,16 @@ def test_sweep_on_two_cpu_workers_gives_in_process_rows(tmp_path, checkpoints):
     summary = _summary(tmp_path / "two")
     assert summary["status"].tolist() == ["ok"] * 4 + ["failed"]
     assert summary["error"].iloc[4] and "broken.txt" in summary["multiplier"].iloc[4]
+    # the schedule: every job on one of the two processes, its start and end in seconds since the sweep began
+    import json
+
+    sched = json.loads(next((tmp_path / "two" / "results" / "sweep").glob("*/schedule.json")).read_text())
+    assert sorted(j["job"] for j in sched["jobs"]) == list(range(5))
+    assert all(j["device"] == "cpu" and j["worker"] in (0, 1) and 0 < j["started_s"] <= j["ended_s"]
+               for j in sched["jobs"]), sched
+    assert [p["worker"] for p in sched["processes"]] == [0, 1] and sched["processes"][0]["ready_s"] > 0
+    assert sum(len(p["jobs"]) for p in sched["processes"]) == 5
+    assert "sweep schedule (seconds since the sweep began" in out
 
 
 @needs_cpp

@@ -84,42 +84,124 @@ def run_job(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None, 
     return result
 
 
-def run_jobs(jobs: list[Job], title: str, devices: list[str] | None = None, shard: bool = True) -> None:
+def pool_tasks(jobs: list[Job]):
+    """The pool's tasks of the jobs (runner.workers.Task: run_job's args), in order."""
+    from runner import workers
+
+    # jobs sharing fake-quant rows share calibration and references: one set-up to pre-warm
+    return [workers.Task(job.num, (job.cfg, job.out_dir, job.overrides, True, job.plan),
+                         job.plan.row_keys["fakequant"] if job.plan else "") for job in jobs]
+
+
+def start_pool(jobs: list[Job], devices: list[str] | None, shard: bool = True):
+    """The worker pool for these jobs, started now (runner.workers.Pool: its workers import torch, start their
+    GPU and import the jobs' modules while this process composes, checks, plans and records the references),
+    or None when the jobs will run in this process (one device, one job) or may be few enough to be sharded
+    (run_jobs decides that once they are planned, and starts a pool then if they are not)."""
+    from runner import workers
+
+    if devices is None or len(devices) < 2 or len(jobs) < 2:
+        return None
+    if shard and device_shares(len(jobs), devices) is not None:
+        return None
+    return workers.Pool(run_job, devices, len(jobs), prepare=prepare_job, imports=POOL_IMPORTS)
+
+
+# what a pool's workers import while they wait for their tasks (the jobs' modules: torch's submodules, the
+# C++/CUDA extension, the models)
+POOL_IMPORTS = ("runner.compare", "runner.finetune")
+
+
+def run_jobs(jobs: list[Job], title: str, devices: list[str] | None = None, shard: bool = True, pool=None,
+             clock0: float | None = None) -> dict:
     """The jobs in this process, each in its own run dir (config.yaml, job.json); with several devices,
     spread over a worker per device (runner.workers), this process serving the first; or, when the jobs
     with work to do are fewer than the devices (shard, sharded_jobs), each of them over its share of the
-    devices at once, its images sharded (run_sharded)."""
+    devices at once, its images sharded (run_sharded). pool: one started early for these jobs (start_pool),
+    used or closed here. Returns the schedule (schedule_of): each job's device and its start and end in
+    seconds since clock0 (a time.monotonic(); default: this call's start), and when each process was ready."""
     from runner import workers
     from runner.console import console, fmt_seconds, progress_bar
     from runner.provenance import write_config_yaml
 
+    clock0 = time.monotonic() if clock0 is None else clock0
     shares = sharded_jobs(jobs, devices) if shard else {}
     pooled = not shares and devices is not None and len(devices) > 1 and len(jobs) > 1
+    if pool is not None and not pooled:
+        pool.close()
+        pool = None
+    here = devices[0] if devices else ""
+    timed: list[dict] = []
     tasks = []
     console.print(title, highlight=False)  # the count of evaluations, before the first starts
     t0 = time.perf_counter()
-    with progress_bar(title, total=len(jobs)) as advance:
-        for i, job in enumerate(jobs):
-            job.out_dir.mkdir(parents=True, exist_ok=True)
-            write_config_yaml(job.out_dir / "config.yaml", job.cfg)
-            if job.num in shares:  # below, all at once
-                continue
+    try:
+        with progress_bar(title, total=len(jobs)) as advance:
+            for i, job in enumerate(jobs):
+                job.out_dir.mkdir(parents=True, exist_ok=True)
+                write_config_yaml(job.out_dir / "config.yaml", job.cfg)
+                if job.num in shares:  # below, all at once
+                    continue
+                if pooled:
+                    continue
+                started = time.monotonic()
+                result = run_job(job.cfg, job.out_dir, overrides=job.overrides, quiet=True, plan=job.plan)
+                timed.append({"job": job.num, "device": here, "worker": 0, "status": result.get("status"),
+                              "started": started, "ended": time.monotonic()})
+                if i == 0 and len(jobs) > 1 and not shares and result.get("status") != "skipped":
+                    # the first job also loads data, calibrates and runs the references: an upper bound per job
+                    first = time.perf_counter() - t0
+                    console.print(f"first evaluation (with the set-up) {fmt_seconds(first)}: the {len(jobs)} take "
+                                  f"at most about {fmt_seconds(first * len(jobs))}", highlight=False)
+                advance(1, **(job.label or {"job": job.num, "status": result.get("status")}))
+            if shares:
+                run_sharded([job for job in jobs if job.num in shares], shares, advance, timed)
             if pooled:
-                # jobs sharing fake-quant rows share calibration and references: one set-up to pre-warm
-                setup = job.plan.row_keys["fakequant"] if job.plan else ""
-                tasks.append(workers.Task(job.num, (job.cfg, job.out_dir, job.overrides, True, job.plan), setup))
-                continue
-            result = run_job(job.cfg, job.out_dir, overrides=job.overrides, quiet=True, plan=job.plan)
-            if i == 0 and len(jobs) > 1 and not shares and result.get("status") != "skipped":
-                # the first job also loads data, calibrates and runs the references: an upper bound per job
-                first = time.perf_counter() - t0
-                console.print(f"first evaluation (with the set-up) {fmt_seconds(first)}: the {len(jobs)} take at "
-                              f"most about {fmt_seconds(first * len(jobs))}", highlight=False)
-            advance(1, **(job.label or {"job": job.num, "status": result.get("status")}))
-        if shares:
-            run_sharded([job for job in jobs if job.num in shares], shares, advance)
-        if tasks:
-            workers.run_tasks(run_job, tasks, devices, advance, on_failure=record_failure, prepare=prepare_job)
+                tasks = pool_tasks(jobs)
+                pool = pool or workers.Pool(run_job, devices, len(tasks), prepare=prepare_job, imports=POOL_IMPORTS)
+                outcomes = pool.run(tasks, advance, on_failure=record_failure)
+                tasks = pool.tasks  # those sent early, if they were (the same jobs, in order)
+                timed += [{"job": tasks[o.num].num, "device": o.device, "worker": o.worker, "status": o.status,
+                           "started": o.started, "ended": o.ended} for o in outcomes]
+    finally:
+        if pool is not None:
+            pool.close()
+    return schedule_of(timed, devices or [here], clock0, pool.milestones() if pool is not None else {})
+
+
+def schedule_of(timed: list[dict], devices: list[str], clock0: float, milestones: dict) -> dict:
+    """The schedule of a command's jobs, in seconds since clock0: per job its device, worker (0: this process)
+    and start and end; per process its device, its milestones (up: imports done, tasks: received, ready:
+    pre-warmed and claiming) and the jobs it ran."""
+    def rel(t):
+        return None if t is None else round(t - clock0, 3)
+
+    jobs = [{**{k: v for k, v in t.items() if k not in ("started", "ended")},
+             "started_s": rel(t["started"]), "ended_s": rel(t["ended"])} for t in timed]
+    jobs.sort(key=lambda j: (j["started_s"] is None, j["started_s"] or 0, j["job"]))
+    processes = []
+    for wid, device in enumerate(devices):
+        mine = [j["job"] for j in jobs if j.get("worker") == wid and j["device"] == device]
+        processes.append({"worker": wid, "device": device,
+                          **{f"{k}_s": rel(v) for k, v in milestones.get(wid, {}).items()}, "jobs": mine})
+    return {"jobs": jobs, "processes": processes}
+
+
+def format_schedule(schedule: dict) -> list[str]:
+    """One line per process of a schedule (schedule_of): where its time went, in seconds since the start."""
+    by_job = {j["job"]: j for j in schedule["jobs"]}
+    lines = []
+    for p in schedule["processes"]:
+        marks = ", ".join(f"{k[:-2]} {p[k]:.1f}" for k in ("up_s", "tasks_s", "ready_s") if p.get(k) is not None)
+        runs = ", ".join(f"job {n} {by_job[n]['started_s']:.1f}-{by_job[n]['ended_s']:.1f}"
+                         for n in p["jobs"] if by_job[n]["started_s"] is not None)
+        who = "this process" if p["worker"] == 0 else f"worker {p['worker']}"
+        lines.append(f"  {p['device'] or 'here'} ({who}): {len(p['jobs'])} jobs"
+                     f"{'; ' + marks if marks else ''}{': ' + runs if runs else ''}")
+    sharded = [j for j in schedule["jobs"] if j.get("worker") is None and j["started_s"] is not None]
+    for j in sharded:
+        lines.append(f"  {j['device']} (sharded): job {j['job']} {j['started_s']:.1f}-{j['ended_s']:.1f}")
+    return lines
 
 
 def prepare_job(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None, quiet: bool = True,
@@ -204,14 +286,14 @@ def evaluate_sharded(cfg: DictConfig, out_dir: Path) -> dict:
     return compare.run(cfg, out_dir, quiet=True)
 
 
-def run_sharded(jobs: list[Job], shares: dict[int, list[str]], advance) -> None:
+def run_sharded(jobs: list[Job], shares: dict[int, list[str]], advance, timed: list | None = None) -> None:
     """The jobs at once, each as a process group over its devices (one thread waits on each); each job's
     job.json, and a failed row for one whose rank died. Ctrl-C or SIGTERM (a KeyboardInterrupt here) stops
     every rank, then goes on up: nothing is recorded for the jobs stopped, every finished row stays."""
     import threading
 
     stop, lock = threading.Event(), threading.Lock()
-    threads = [threading.Thread(target=_sharded_job, args=(job, shares[job.num], advance, lock, stop),
+    threads = [threading.Thread(target=_sharded_job, args=(job, shares[job.num], advance, lock, stop, timed),
                                 name=f"approx-run-job-{job.num}", daemon=True) for job in jobs]
     for t in threads:
         t.start()
@@ -226,11 +308,11 @@ def run_sharded(jobs: list[Job], shares: dict[int, list[str]], advance) -> None:
         raise
 
 
-def _sharded_job(job: Job, devices: list[str], advance, lock, stop) -> None:
+def _sharded_job(job: Job, devices: list[str], advance, lock, stop, timed: list | None = None) -> None:
     from runner import compare, distributed
     from runner.provenance import atomic_write_json
 
-    t0 = time.time()
+    t0, started = time.time(), time.monotonic()
     try:
         ranks = distributed.spawn_ranks("runner.jobs.run:evaluate_sharded", job.cfg, job.out_dir, devices, stop)
         failure = None if ranks.ok or ranks.interrupted else ranks.failure()
@@ -251,4 +333,7 @@ def _sharded_job(job: Job, devices: list[str], advance, lock, stop) -> None:
         "status": status, "error": error, "overrides": job.overrides, "elapsed_s": round(time.time() - t0, 3),
         "devices": ";".join(devices)})
     with lock:
+        if timed is not None:
+            timed.append({"job": job.num, "device": ";".join(devices), "worker": None, "status": status,
+                          "started": started, "ended": time.monotonic()})
         advance(1, **(job.label or {"job": job.num, "status": status}))

@@ -176,7 +176,7 @@ def run_variants(variants, args, results):
             res["check_lines"] = lines
             for line in lines[:10]:
                 print("  " + line)
-            print(f"check {v:14s} {res['check']} ({time.time() - t0:.1f} s)", flush=True)
+            print(f"check {v:16s} {res['check']} ({time.time() - t0:.1f} s)", flush=True)
             for key, model, op, shape, tname, lut, signed, dist in cases:
                 nb, m, n, k = shape
                 if (model, op, tname, dist) not in inputs:
@@ -269,11 +269,11 @@ def main():
     if not args.child:
         print(f"\nT MAC/s (median of {args.repeat} after {args.warmup} warm-ups), {args.images} images; "
               f"columns: product, table, codes")
-        print(f"{'variant':14s} {'check':9s} " + " ".join(f"{k:>17s}" for k in keys))
+        print(f"{'variant':16s} {'check':9s} " + " ".join(f"{k:>17s}" for k in keys))
         for v in variants:
             r = results[v]
             cells = " ".join(f"{r['tmacs'][k]:17.3f}" if k in r["tmacs"] else f"{'-':>17s}" for k in keys)
-            print(f"{v:14s} {r['check'] or 'FAILED':9s} {cells}" + (f"  {r['error']}" if r["error"] else ""))
+            print(f"{v:16s} {r['check'] or 'FAILED':9s} {cells}" + (f"  {r['error']}" if r["error"] else ""))
         for name, row in bmm.items():
             print(f"{name:24s} " + "  ".join(f"{k}: {t:.2f}" for k, t in row.items()) + "  (T FLOP-pairs/s)")
         print(f"({time.time() - t0:.0f} s)")

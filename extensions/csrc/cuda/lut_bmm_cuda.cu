@@ -18,7 +18,33 @@
 //   * thread (tm, tn) of a TM x TN grid (TM * TN <= 256) sums R = 4 rows x C = 4 columns in int32
 //     registers: per tap 2 code loads, 16 table reads and 16 adds (wrapping like lut_linear's int32
 //     accumulators). TM x TN is chosen on the host per shape so the tiles cover M and N with the least
-//     padding (197 tokens: 10 x 25 threads, tiles of 40 x 100, 1.5 % padding instead of 23 % with 64 x 64).
+//     padding, idle threads counted as work (197 x 197: 51 x 5 threads, tiles of 204 x 20).
+//
+// The bound (S16, the common mode). Each MAC is one shared-memory read of the int16 effective table
+// (256 rows x 258 entries, 129 KiB, one copy per SM) at a data-dependent address. Shared memory serves a
+// warp's read in as many passes as its most-loaded bank (32 banks of 4 bytes) has distinct words; for 32
+// uniformly random addresses the expected worst bank load is ~3.5 (32 balls in 32 bins), so an SM completes
+// about 32 / 3.5 ~ 9 table reads a clock: on an H100 SXM (132 SMs x 1.98 GHz) ~2.4 T reads/s for random codes.
+// The 2 T MAC/s bar is ~85 % of that, so a kernel must be purely lookup bound: few instructions per MAC (the
+// sm_90 build of the group variants below: one IMAD for the address, row code * 516 + column offset; one
+// LDS.S16; half an IADD3, two taps' products added at once; code unpacking amortised over the R x C outputs:
+// ~3.3 instructions per MAC against 4 schedulers x 32 lanes a clock), enough warps resident to hide the
+// conflicts' latency, and staging of codes that overlaps the lookups. Concentrated codes (real activations,
+// P's probabilities) do better than the bound: lanes reading the same 4-byte word are served in one pass.
+//
+// Variants (approx::lut_bmm_variant, by index; checks.h kBmmVariants names them; lut_bmm runs 0 = base):
+//   base         the kernel above: 256 threads an SM (the table takes the block's shared memory), codes staged
+//                byte by byte with one global load in flight a thread.
+//   gG...        lut_bmm_groups_kernel: G groups of 256 threads (G = 1..4: 256 to 1024 threads an SM) share
+//                the table, each group runs its own tiles with its own staging buffers and named barrier, so
+//                one group's staging overlaps the others' lookups; a thread issues 4-8 staging loads before
+//                storing (32-bit words where K % 4 == 0); per tap R x C outputs from one R- and one C-byte
+//                code load, row byte offsets formed once per tap.
+//   _pad         the tile grid may leave up to a quarter of a group's threads idle where that pads less
+//                (P.V, 197 x 64: tiles of 200 x 64 instead of 256 x 64, 1.5 % padding instead of 30 %).
+//   _r4c8/_r2c8  R x C outputs a thread other than 4 x 4; _k64: 64 taps a staged chunk instead of 32;
+//   _rowlanes    a warp's lanes along rows (they share b's codes: concentrated a codes broadcast).
+// Every variant computes the same int32 sums (the same products, int32 adds wrap alike in any order).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -274,12 +300,15 @@ __device__ __forceinline__ void stage(uint8_t* __restrict dst, const uint8_t* __
   }
 }
 
-template <int MODE, int G, int R, int C, int KC>
+template <int MODE, int G, int R, int C, int KC, bool COLS>
 __device__ __forceinline__ void run_groups(const Args& p, uint8_t* smem) {
   const int tid = threadIdx.x, g = tid / kGroupThreads, lt = tid - g * kGroupThreads;
   const int TM = p.TM, TN = p.TN, Mt = TM * R, Nt = TN * C;
-  const int tm = lt / TN, tn = lt - (lt / TN) * TN;
-  const bool active = tm < TM;
+  // lanes along columns (COLS: consecutive threads take consecutive tn, as the base kernel) or along rows
+  // (consecutive tm: a warp's lanes share b's codes and differ in a's, so concentrated a codes -- P's -- give
+  // identical addresses, which broadcast)
+  const int tm = COLS ? lt / TN : lt % TM, tn = COLS ? lt % TN : lt / TM;
+  const bool active = lt < TM * TN;
   int16_t* S = reinterpret_cast<int16_t*>(smem);
   uint16_t* U = reinterpret_cast<uint16_t*>(smem);
   if (MODE == S16) {
@@ -371,16 +400,16 @@ __device__ __forceinline__ void run_groups(const Args& p, uint8_t* smem) {
   }
 }
 
-template <int G, int R, int C, int KC>
+template <int G, int R, int C, int KC, bool COLS>
 __global__ void __launch_bounds__(G* kGroupThreads, 1) lut_bmm_groups_kernel(Args p) {
   extern __shared__ __align__(16) uint8_t smem[];
   const bool fits16 = p.flags[0] != 0, fitsu16 = p.is_unsigned && p.flags[1] != 0;
   if (fitsu16 && !fits16)
-    run_groups<U16, G, R, C, KC>(p, smem);
+    run_groups<U16, G, R, C, KC, COLS>(p, smem);
   else if (fits16)
-    run_groups<S16, G, R, C, KC>(p, smem);
+    run_groups<S16, G, R, C, KC, COLS>(p, smem);
   else
-    run_groups<G32, G, R, C, KC>(p, smem);
+    run_groups<G32, G, R, C, KC, COLS>(p, smem);
 }
 
 // The thread grid (TM rows x TN columns of threads, TM * TN <= 256) whose tiles pad M and N least: the work
@@ -409,9 +438,9 @@ struct Variant {
   int G, R, C, KC, floor;
 };
 
-template <int G, int R, int C, int KC>
+template <int G, int R, int C, int KC, bool COLS = true>
 constexpr Variant make_variant(int floor) {
-  return {lut_bmm_groups_kernel<G, R, C, KC>, G, R, C, KC, floor};
+  return {lut_bmm_groups_kernel<G, R, C, KC, COLS>, G, R, C, KC, floor};
 }
 
 const Variant kVariants[] = {
@@ -425,6 +454,8 @@ const Variant kVariants[] = {
     make_variant<4, 2, 8, 32>(192),           // g4_r2c8_pad: 2 x 8 outputs a thread
     make_variant<2, 4, 4, 64>(192),           // g2_k64_pad: 64 taps a chunk
     make_variant<3, 4, 4, 32>(192),           // g3_pad: 768 threads
+    make_variant<2, 4, 4, 32, false>(192),    // g2_pad_rowlanes: a warp's lanes along rows
+    make_variant<4, 4, 4, 32, false>(192),    // g4_pad_rowlanes
 };
 static_assert(sizeof(kVariants) / sizeof(kVariants[0]) == approx_checks::kBmmVariantCount,
               "kVariants and checks.h kBmmVariants list the same variants");

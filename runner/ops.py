@@ -136,6 +136,32 @@ def lut_bmm(a, b, lut, *, backend="cpp"):
     return _compiled("lut_bmm", backend, a)(a, b, lut)
 
 
+def lut_bmm_variants():
+    """Names of lut_bmm's kernel variants (the CUDA kernel's layouts, approx::lut_bmm_variants), index 0 being what
+    lut_bmm runs; () where the compiled extension predates them. A benchmarking aid (benchmarks/cuda_attention.py)."""
+    if _ext.extension_error() is not None or not hasattr(torch.ops.approx, "lut_bmm_variants"):
+        return ()
+    return tuple(torch.ops.approx.lut_bmm_variants())
+
+
+def lut_bmm_variant(a, b, lut, variant, *, backend="cuda"):
+    """lut_bmm through one kernel variant, by name or index into lut_bmm_variants(). Every variant computes the
+    same sums; the CPU kernel ("cpp") runs every valid one. Unknown names are a UserError here, unknown indices a
+    RuntimeError of the op (its check is shared by every backend)."""
+    _check_backend(backend)
+    if backend == "python":
+        raise UserError("lut_bmm_variant selects a compiled kernel: backend=cpp or cuda")
+    op = _compiled("lut_bmm_variant", backend, a)
+    if isinstance(variant, str):
+        names = lut_bmm_variants()
+        if variant not in names:
+            raise UserError(f"unknown lut_bmm variant '{variant}'; valid: {', '.join(names)}")
+        variant = names.index(variant)
+    elif isinstance(variant, bool) or not isinstance(variant, int):
+        raise UserError(f"lut_bmm variant must be a name or an int index, got {type(variant).__name__}")
+    return op(a, b, lut, variant)
+
+
 def lut_conv2d(a, w, lut, stride=1, padding=0, dilation=1, groups=1, *, backend="cpp", algo="auto"):
     """int32 [B, N, Ho, Wo] conv2d of codes through the multiplier LUT (PyTorch conv shape rules)."""
     _check_backend(backend)
@@ -236,6 +262,8 @@ def _register_fakes():
 
     if hasattr(torch.ops.approx, "lut_bmm"):  # an older build: backend=cpp/cuda says to rebuild
         torch.library.register_fake("approx::lut_bmm")(lut_bmm_fake)
+    if hasattr(torch.ops.approx, "lut_bmm_variant"):
+        torch.library.register_fake("approx::lut_bmm_variant")(lambda a, b, lut, variant: lut_bmm_fake(a, b, lut))
 
     @torch.library.register_fake("approx::lut_grad_a")
     def _(a, w, grad, slope):

@@ -141,6 +141,22 @@ inline BmmShape check_bmm(const at::Tensor& a, const at::Tensor& b, const at::Te
   return {a.size(0), a.size(1), b.size(1), a.size(2)};
 }
 
+// approx::lut_bmm_variant's variants: the CUDA kernel's layouts (cuda/lut_bmm_cuda.cu says what each is), by
+// index. lut_bmm runs variant 0; the CPU backend has one kernel, which every valid index runs. One list for
+// every backend, so an index is validated alike everywhere (tests/ops/test_lut_bmm.py checks it on the CPU).
+inline constexpr const char* kBmmVariants[] = {
+    "base",        "g1",          "g1_pad",     "g2_pad", "g4",
+    "g4_pad",      "g2_r4c8_pad", "g4_r2c8_pad", "g2_k64_pad", "g3_pad",
+    "g2_pad_rowlanes", "g4_pad_rowlanes"};
+inline constexpr int64_t kBmmVariantCount = (int64_t)(sizeof(kBmmVariants) / sizeof(kBmmVariants[0]));
+
+inline void check_bmm_variant(int64_t v) {
+  if (v >= 0 && v < kBmmVariantCount) return;
+  std::string names;
+  for (int64_t i = 0; i < kBmmVariantCount; ++i) names += (i ? ", " : "") + I(i) + " " + kBmmVariants[i];
+  TORCH_CHECK(false, "lut_bmm: unknown variant " + I(v) + "; variants: " + names);
+}
+
 struct ConvShape {
   int64_t B, C, H, W, N, Cg, kh, kw, sh, sw, ph, pw, dh, dw, groups, Ho, Wo, K;
 };

@@ -15,6 +15,11 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include <string>
+#include <vector>
+
+#include "checks.h"
+
 // `import runner._C` only loads the library: the ops register through the static initialisers
 // of TORCH_LIBRARY / TORCH_LIBRARY_IMPL, so the module itself is empty (no pybind).
 extern "C" PyMODINIT_FUNC PyInit__C(void) {
@@ -32,6 +37,13 @@ TORCH_LIBRARY(approx, m) {
   //   out[i, m, n] = sum_k product(a[i, m, k], b[i, n, k])   int32 [B, M, N], wrapping like lut_linear.
   // One kernel per backend, no algo: no operand is constant, so there is no table to expand ahead.
   m.def("lut_bmm(Tensor a, Tensor b, Tensor lut) -> Tensor");
+  // Internal (benchmarks/cuda_attention.py, tests): lut_bmm through one of the CUDA kernel's layouts, by index
+  // into lut_bmm_variants() (checks.h kBmmVariants; 0 is what lut_bmm runs). Same result for every variant;
+  // the CPU kernel runs every valid index. An unknown index is an error on every backend.
+  m.def("lut_bmm_variant(Tensor a, Tensor b, Tensor lut, int variant) -> Tensor");
+  m.def("lut_bmm_variants() -> str[]", []() {
+    return std::vector<std::string>(std::begin(approx_checks::kBmmVariants), std::end(approx_checks::kBmmVariants));
+  });
   // The variants of the backend of `a`'s device for these shapes (a [M, K] and w [N, K]: linear;
   // a and w 4-d: conv with the given stride, padding, dilation, groups): their names, the device
   // memory each one's prepared tables take (-1 where the variant does not run the shape), why not

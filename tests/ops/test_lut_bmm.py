@@ -6,6 +6,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from runner import ops, ops_autograd, reference
+from runner.errors import UserError
 from runner.multipliers.core import exact_lut
 
 from .conftest import backend_params, codes, random_lut, weights
@@ -109,6 +110,53 @@ def test_compiled_rejects_bad_input_like_the_reference(gen, backend, device):
         with pytest.raises(RuntimeError, match="lut_bmm") as err:
             ops.lut_bmm(*args, backend=backend)
         assert str(ref_err.value).split(":")[1].split()[:2] == str(err.value).split("lut_bmm:")[1].split()[:2]
+
+
+def _variants_or_skip():
+    names = ops.lut_bmm_variants()
+    if not names or not hasattr(torch.ops.approx, "lut_bmm_variant"):
+        pytest.skip("runner._C predates lut_bmm_variant")
+    return names
+
+
+def test_variant_selector_validates_names_and_indices(gen):
+    """approx::lut_bmm_variant (the CUDA kernel's layouts, for benchmarks): the list starts with what lut_bmm runs,
+    names and indices select, and an unknown one is an error naming the valid ones, on the CPU as on CUDA (one
+    check in checks.h); every valid variant on the CPU is the one CPU kernel."""
+    names = _variants_or_skip()
+    assert names[0] == "base" and len(set(names)) == len(names) > 1
+    a, b, lut = _operands(gen, (2, 5, 3, 9), True)
+    want = reference.reference_lut_bmm(a, b, lut)
+    for v in (0, len(names) - 1, names[1]):
+        assert torch.equal(ops.lut_bmm_variant(a, b, lut, v, backend="cpp"), want)
+    for bad in (-1, len(names)):
+        with pytest.raises(RuntimeError, match=rf"lut_bmm: unknown variant {bad}; variants: 0 {names[0]}, 1 {names[1]}"):
+            ops.lut_bmm_variant(a, b, lut, bad, backend="cpp")
+    with pytest.raises(UserError, match="unknown lut_bmm variant 'nope'; valid: " + ", ".join(names)):
+        ops.lut_bmm_variant(a, b, lut, "nope", backend="cpp")
+    with pytest.raises(UserError, match="name or an int"):
+        ops.lut_bmm_variant(a, b, lut, 1.0, backend="cpp")
+    with pytest.raises(UserError, match="compiled kernel"):
+        ops.lut_bmm_variant(a, b, lut, 0, backend="python")
+    with pytest.raises(RuntimeError, match="lut_bmm: codes `b` must be int8"):  # the op's input checks still run
+        ops.lut_bmm_variant(a, b.to(torch.uint8), lut, 0, backend="cpp")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or not hasattr(torch.ops.approx, "lut_bmm"), reason="no CUDA")
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 17, 9, 33), (3, 197, 197, 64), (2, 197, 64, 197),
+                                   (1, 300, 257, 40), (1, 3, 2, 300)])
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
+def test_cuda_variants_equal_reference(gen, shape, signed):
+    """Every layout of the CUDA kernel, each table range (S16, U16, G32 modes), against the reference."""
+    names = _variants_or_skip()
+    a, b, _ = _operands(gen, shape, signed)
+    for kind in TABLES:
+        lut = _table(gen, kind)
+        want = ops.lut_bmm(a, b, lut, backend="cpp")
+        for v in names:
+            out = ops.lut_bmm_variant(a.cuda(), b.cuda(), lut.cuda(), v, backend="cuda").cpu()
+            assert torch.equal(out, want), (kind, v)
 
 
 def test_fakes_give_the_output_shapes():

@@ -158,6 +158,15 @@ at::Tensor lut_bmm_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tenso
   return out;
 }
 
+// lut_bmm_variant: the variants are the CUDA kernel's layouts; here every valid one is the one kernel.
+at::Tensor lut_bmm_variant_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& lut, int64_t variant) {
+  approx_checks::check_bmm_variant(variant);
+  return lut_bmm_cpu(a, b, lut);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(approx, CPU, m) { m.impl("lut_bmm", &lut_bmm_cpu); }
+TORCH_LIBRARY_IMPL(approx, CPU, m) {
+  m.impl("lut_bmm", &lut_bmm_cpu);
+  m.impl("lut_bmm_variant", &lut_bmm_variant_cpu);
+}

@@ -18,7 +18,33 @@
 //   * thread (tm, tn) of a TM x TN grid (TM * TN <= 256) sums R = 4 rows x C = 4 columns in int32
 //     registers: per tap 2 code loads, 16 table reads and 16 adds (wrapping like lut_linear's int32
 //     accumulators). TM x TN is chosen on the host per shape so the tiles cover M and N with the least
-//     padding (197 tokens: 10 x 25 threads, tiles of 40 x 100, 1.5 % padding instead of 23 % with 64 x 64).
+//     padding, idle threads counted as work (197 x 197: 51 x 5 threads, tiles of 204 x 20).
+//
+// The bound (S16, the common mode). Each MAC is one shared-memory read of the int16 effective table
+// (256 rows x 258 entries, 129 KiB, one copy per SM) at a data-dependent address. Shared memory serves a
+// warp's read in as many passes as its most-loaded bank (32 banks of 4 bytes) has distinct words; for 32
+// uniformly random addresses the expected worst bank load is ~3.5 (32 balls in 32 bins), so an SM completes
+// about 32 / 3.5 ~ 9 table reads a clock: on an H100 SXM (132 SMs x 1.98 GHz) ~2.4 T reads/s for random codes.
+// The 2 T MAC/s bar is ~85 % of that, so a kernel must be purely lookup bound: few instructions per MAC (the
+// sm_90 build of the group variants below: one IMAD for the address, row code * 516 + column offset; one
+// LDS.S16; half an IADD3, two taps' products added at once; code unpacking amortised over the R x C outputs:
+// ~3.3 instructions per MAC against 4 schedulers x 32 lanes a clock), enough warps resident to hide the
+// conflicts' latency, and staging of codes that overlaps the lookups. Concentrated codes (real activations,
+// P's probabilities) do better than the bound: lanes reading the same 4-byte word are served in one pass.
+//
+// Variants (approx::lut_bmm_variant, by index; checks.h kBmmVariants names them; lut_bmm runs 0 = base):
+//   base         the kernel above: 256 threads an SM (the table takes the block's shared memory), codes staged
+//                byte by byte with one global load in flight a thread.
+//   gG...        lut_bmm_groups_kernel: G groups of 256 threads (G = 1..4: 256 to 1024 threads an SM) share
+//                the table, each group runs its own tiles with its own staging buffers and named barrier, so
+//                one group's staging overlaps the others' lookups; a thread issues 4-8 staging loads before
+//                storing (32-bit words where K % 4 == 0); per tap R x C outputs from one R- and one C-byte
+//                code load, row byte offsets formed once per tap.
+//   _pad         the tile grid may leave up to a quarter of a group's threads idle where that pads less
+//                (P.V, 197 x 64: tiles of 200 x 64 instead of 256 x 64, 1.5 % padding instead of 30 %).
+//   _r4c8/_r2c8  R x C outputs a thread other than 4 x 4; _k64: 64 taps a staged chunk instead of 32;
+//   _rowlanes    a warp's lanes along rows (they share b's codes: concentrated a codes broadcast).
+// Every variant computes the same int32 sums (the same products, int32 adds wrap alike in any order).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -77,6 +103,7 @@ struct Args {
   long long mtiles, ntiles, tiles;
   unsigned xmask;  // code ^ xmask = row of E (0x80 for int8 a)
   bool is_unsigned;
+  bool words;  // K % 4 == 0 and a, b 4-byte aligned: codes staged as 32-bit words (variants 1..)
 };
 
 template <int MODE>
@@ -186,25 +213,260 @@ __global__ void __launch_bounds__(kThreads) lut_bmm_kernel(Args p) {
     run<G32>(p, smem);
 }
 
+// ---- variants 1.. (approx::lut_bmm_variant): thread groups sharing one table ------------------------------
+// A block of G groups of 256 threads (G = 1..4: 256..1024 threads an SM, where the base kernel has 256); the
+// block loads the table once, each group then loops over its own tiles with its own staging buffers and a
+// named barrier (bar.sync 1 + g, 256 threads), so while one group stages codes from global memory the others
+// look up. Per thread R x C outputs; per tap the R row codes and C column codes are one 16/32/64-bit load
+// each, turned into byte offsets once (row(a) * row stride + table base, column * entry size), so each MAC is
+// one IADD (address), one LDS.U16/S16 (or LDG through L1 in G32) and one IADD / IMAD (accumulate). b's codes
+// are staged as column indices (b + 128) in S16 / G32, raw in U16; codes are read as 32-bit words from global
+// memory where K and the pointers allow (K % 4 == 0).
+constexpr int kGroupThreads = 256;
+
+template <int N>
+struct Codes {  // N (2, 4 or 8) consecutive staged bytes, one load
+  uint32_t w[(N + 3) / 4];
+  __device__ __forceinline__ void load(const uint8_t* p) {
+    if constexpr (N == 8) {
+      const uint2 v = *reinterpret_cast<const uint2*>(p);
+      w[0] = v.x, w[1] = v.y;
+    } else if constexpr (N == 4) {
+      w[0] = *reinterpret_cast<const uint32_t*>(p);
+    } else {
+      static_assert(N == 2, "R and C are 2, 4 or 8");
+      w[0] = *reinterpret_cast<const uint16_t*>(p);
+    }
+  }
+  __device__ __forceinline__ uint32_t operator[](int j) const { return (w[j >> 2] >> (8 * (j & 3))) & 255u; }
+};
+
+__device__ __forceinline__ void group_sync(int g, int G) {
+  if (G == 1)
+    __syncthreads();
+  else
+    asm volatile("bar.sync %0, %1;" ::"r"(g + 1), "r"(kGroupThreads) : "memory");
+}
+
+// Stage taps [k0, k0 + KC) of `rows` rows starting at row0 of src ([*, K] bytes, `total` rows) transposed into
+// dst[kk][r], each byte ^ x; rows past `total` and taps past kn are 0 ^ x (a valid table index, never stored).
+// A thread issues NB global loads before it stores any (their latencies overlap; one at a time, a chunk's
+// staging took ~20 serial round trips to L2 a thread).
+template <int KC>
+__device__ __forceinline__ void stage(uint8_t* __restrict dst, const uint8_t* __restrict src, long long row0,
+                                      int rows, long long total, int K, int k0, int kn, uint32_t x, bool words,
+                                      int lt) {
+  if (words) {  // K % 4 == 0 and src 4-byte aligned: a word = 4 taps of one row; kn % 4 == 0 (kn = min(KC, K - k0))
+    constexpr int QW = KC / 4, NB = 4;
+    const uint32_t x4 = x * 0x01010101u;
+    const int n = rows * QW;
+    for (int e0 = lt; e0 < n; e0 += NB * kGroupThreads) {
+      uint32_t v[NB];
+#pragma unroll
+      for (int j = 0; j < NB; ++j) {
+        const int e = e0 + j * kGroupThreads, r = e / QW, q = e - r * QW;
+        const long long m = row0 + r;
+        v[j] = 0;
+        if (e < n && m < total && 4 * q < kn) v[j] = __ldg(reinterpret_cast<const uint32_t*>(src + m * K + k0 + 4 * q));
+      }
+#pragma unroll
+      for (int j = 0; j < NB; ++j) {
+        const int e = e0 + j * kGroupThreads, r = e / QW, q = e - r * QW;
+        if (e >= n) break;
+        const uint32_t w = v[j] ^ x4;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) dst[(4 * q + i) * rows + r] = (uint8_t)(w >> (8 * i));
+      }
+    }
+  } else {
+    constexpr int NB = 8;
+    const int n = rows * KC;
+    for (int e0 = lt; e0 < n; e0 += NB * kGroupThreads) {
+      uint32_t v[NB];
+#pragma unroll
+      for (int j = 0; j < NB; ++j) {
+        const int e = e0 + j * kGroupThreads, r = e / KC, kk = e - r * KC;
+        const long long m = row0 + r;
+        v[j] = 0;
+        if (e < n && m < total && kk < kn) v[j] = __ldg(src + m * K + k0 + kk);
+      }
+#pragma unroll
+      for (int j = 0; j < NB; ++j) {
+        const int e = e0 + j * kGroupThreads, r = e / KC, kk = e - r * KC;
+        if (e >= n) break;
+        dst[kk * rows + r] = (uint8_t)(v[j] ^ x);
+      }
+    }
+  }
+}
+
+template <int MODE, int G, int R, int C, int KC, bool COLS>
+__device__ __forceinline__ void run_groups(const Args& p, uint8_t* smem) {
+  const int tid = threadIdx.x, g = tid / kGroupThreads, lt = tid - g * kGroupThreads;
+  const int TM = p.TM, TN = p.TN, Mt = TM * R, Nt = TN * C;
+  // lanes along columns (COLS: consecutive threads take consecutive tn, as the base kernel) or along rows
+  // (consecutive tm: a warp's lanes share b's codes and differ in a's, so concentrated a codes -- P's -- give
+  // identical addresses, which broadcast)
+  const int tm = COLS ? lt / TN : lt % TM, tn = COLS ? lt % TN : lt / TM;
+  const bool active = lt < TM * TN;
+  int16_t* S = reinterpret_cast<int16_t*>(smem);
+  uint16_t* U = reinterpret_cast<uint16_t*>(smem);
+  if (MODE == S16) {
+    for (int e = tid; e < 65536; e += G * kGroupThreads)
+      S[(e >> 8) * kS16Stride + (e & 255)] = (int16_t)__ldg(p.E + e);
+  } else if (MODE == U16) {
+    for (int e = tid; e < 256 * 129; e += G * kGroupThreads) {
+      const int r = e / 129, m = e - r * 129;
+      U[r * kU16Stride + m] = (uint16_t)__ldg(p.lut + r * 256 + m);
+    }
+  }
+  __syncthreads();  // the table is stored (every group reads all of it)
+  uint8_t* as = smem + kTableBytes + g * (2 * KC * kMaxTile);  // this group's [KC][Mt] row codes, row(a) form
+  uint8_t* bs = as + KC * kMaxTile;                            // [KC][Nt] b codes (column index or raw)
+  const uint32_t bx = MODE == U16 ? 0u : 0x80u;
+  // byte offsets: row stride and entry size of the table in use
+  constexpr uint32_t kRowBytes = MODE == S16 ? kS16Stride * 2 : MODE == U16 ? kU16Stride * 2 : 256 * 4;
+  constexpr uint32_t kEntry = MODE == G32 ? 4 : 2;
+  const char* tbase = MODE == G32 ? reinterpret_cast<const char*>(p.E) : reinterpret_cast<const char*>(smem);
+  const long long per_batch = p.mtiles * p.ntiles;
+  for (long long t = (long long)blockIdx.x * G + g; t < p.tiles; t += (long long)gridDim.x * G) {
+    const long long i = t / per_batch, rem = t - i * per_batch;
+    const long long m0 = (rem / p.ntiles) * Mt, n0 = (rem - (rem / p.ntiles) * p.ntiles) * Nt;
+    const uint8_t* ai = p.a + (i * p.M) * p.K;
+    const uint8_t* bi = reinterpret_cast<const uint8_t*>(p.b) + (i * p.N) * p.K;
+    uint32_t acc[R][C];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int c = 0; c < C; ++c) acc[r][c] = 0;
+    for (int k0 = 0; k0 < p.K; k0 += KC) {
+      const int kn = min(KC, p.K - k0);
+      group_sync(g, G);  // the group's reads of the previous chunk (or tile) are done
+      stage<KC>(as, ai, m0, Mt, p.M, p.K, k0, kn, p.xmask, p.words, lt);
+      stage<KC>(bs, bi, n0, Nt, p.N, p.K, k0, kn, bx, p.words, lt);
+      group_sync(g, G);
+      if (active) {
+        const uint8_t* ap = as + tm * R;
+        const uint8_t* bp = bs + tn * C;
+#pragma unroll(G <= 2 ? 2 : 1)  // two taps: their products summed by one IADD3; 1024 threads have 64 registers
+        for (int kk = 0; kk < kn; ++kk) {
+          Codes<R> ac;
+          Codes<C> bc;
+          ac.load(ap + kk * Mt);
+          bc.load(bp + kk * Nt);
+          uint32_t col[C];
+          int sgn[C];
+#pragma unroll
+          for (int c = 0; c < C; ++c) {
+            if (MODE == U16) {
+              const int bv = (int)(int8_t)(uint8_t)bc[c];
+              col[c] = (uint32_t)(bv < 0 ? -bv : bv) * kEntry;
+              sgn[c] = (bv > 0) - (bv < 0);
+            } else {
+              col[c] = bc[c] * kEntry;
+              sgn[c] = 1;
+            }
+          }
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            const char* row = tbase + ac[r] * kRowBytes;
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+              if (MODE == S16) {
+                acc[r][c] += (uint32_t)(int32_t)*reinterpret_cast<const int16_t*>(row + col[c]);
+              } else if (MODE == U16) {
+                acc[r][c] += (uint32_t)*reinterpret_cast<const uint16_t*>(row + col[c]) * (uint32_t)sgn[c];
+              } else {
+                acc[r][c] += (uint32_t)__ldg(reinterpret_cast<const int32_t*>(row + col[c]));
+              }
+            }
+          }
+        }
+      }
+    }
+    if (active) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const long long m = m0 + tm * R + r;
+        if (m >= p.M) break;
+        int32_t* o = p.out + (i * p.M + m) * p.N;
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+          const long long n = n0 + tn * C + c;
+          if (n < p.N) o[n] = (int32_t)acc[r][c];
+        }
+      }
+    }
+  }
+}
+
+template <int G, int R, int C, int KC, bool COLS>
+__global__ void __launch_bounds__(G* kGroupThreads, 1) lut_bmm_groups_kernel(Args p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const bool fits16 = p.flags[0] != 0, fitsu16 = p.is_unsigned && p.flags[1] != 0;
+  if (fitsu16 && !fits16)
+    run_groups<U16, G, R, C, KC, COLS>(p, smem);
+  else if (fits16)
+    run_groups<S16, G, R, C, KC, COLS>(p, smem);
+  else
+    run_groups<G32, G, R, C, KC, COLS>(p, smem);
+}
+
 // The thread grid (TM rows x TN columns of threads, TM * TN <= 256) whose tiles pad M and N least: the work
-// computed (padded rows x padded columns, idle threads counted) over the useful work. Ties go to the larger
-// tile (fewer code loads per MAC).
-void choose_grid(int64_t M, int64_t N, int& TM, int& TN) {
+// computed (padded rows x padded columns) over the useful work, times floor / (TM * TN) where fewer than
+// `floor` threads work (the base kernel counts every idle thread: floor 256; the "_pad" variants let up to a
+// quarter idle: floor 192, so 197 x 64 gets 200 x 64 tiles of 200 threads instead of 256 x 64 ones). Ties go
+// to the larger grid (fewer code loads per MAC).
+void choose_grid(int64_t M, int64_t N, int Rr, int Cc, int floor, int& TM, int& TN) {
   double best = 1e300;
-  for (int tn = 1; tn <= kMaxTile / C; ++tn)
-    for (int tm = std::min(kThreads / tn, kMaxTile / R); tm >= 1; --tm) {
-      const int64_t mt = (int64_t)tm * R, nt = (int64_t)tn * C;
+  TM = TN = 0;
+  for (int tn = 1; tn <= kMaxTile / Cc; ++tn)
+    for (int tm = std::min(kThreads / tn, kMaxTile / Rr); tm >= 1; --tm) {
+      const int64_t mt = (int64_t)tm * Rr, nt = (int64_t)tn * Cc;
       const double rows = (double)((M + mt - 1) / mt * mt), cols = (double)((N + nt - 1) / nt * nt);
-      const double cost = rows * cols * kThreads / ((double)tm * tn);
+      const double cost = rows * cols * std::max(1.0, (double)floor / ((double)tm * tn));
       if (cost < best * (1 - 1e-9) || (cost <= best * (1 + 1e-9) && tm * tn > TM * TN)) {
         best = cost, TM = tm, TN = tn;
       }
     }
 }
 
-at::Tensor lut_bmm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& lut) {
+// The variants by index (checks.h kBmmVariants names them in this order). Shared memory: the int16 table and
+// per group two staging buffers of KC x 256 bytes.
+struct Variant {
+  void (*kernel)(Args);
+  int G, R, C, KC, floor;
+};
+
+template <int G, int R, int C, int KC, bool COLS = true>
+constexpr Variant make_variant(int floor) {
+  return {lut_bmm_groups_kernel<G, R, C, KC, COLS>, G, R, C, KC, floor};
+}
+
+const Variant kVariants[] = {
+    {lut_bmm_kernel, 1, R, C, KC, 256},  // base: the kernel above
+    make_variant<1, 4, 4, 32>(256),           // g1: the base kernel's tiling, the groups kernel's inner loop and staging
+    make_variant<1, 4, 4, 32>(192),           // g1_pad
+    make_variant<2, 4, 4, 32>(192),           // g2_pad: 512 threads
+    make_variant<4, 4, 4, 32>(256),           // g4: 1024 threads
+    make_variant<4, 4, 4, 32>(192),           // g4_pad
+    make_variant<2, 4, 8, 32>(192),           // g2_r4c8_pad: 4 x 8 outputs a thread
+    make_variant<4, 2, 8, 32>(192),           // g4_r2c8_pad: 2 x 8 outputs a thread
+    make_variant<2, 4, 4, 64>(192),           // g2_k64_pad: 64 taps a chunk
+    make_variant<3, 4, 4, 32>(192),           // g3_pad: 768 threads
+    make_variant<2, 4, 4, 32, false>(192),    // g2_pad_rowlanes: a warp's lanes along rows
+    make_variant<4, 4, 4, 32, false>(192),    // g4_pad_rowlanes
+};
+static_assert(sizeof(kVariants) / sizeof(kVariants[0]) == approx_checks::kBmmVariantCount,
+              "kVariants and checks.h kBmmVariants list the same variants");
+
+constexpr int smem_bytes(int G, int KCc) { return kTableBytes + G * 2 * KCc * kMaxTile; }
+
+at::Tensor lut_bmm_run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& lut, int64_t variant) {
   const auto s = approx_checks::check_bmm(a, b, lut, c10::DeviceType::CUDA);
+  approx_checks::check_bmm_variant(variant);
   TORCH_CHECK(s.K < (1ll << 30), "lut_bmm: K must be below 2^30 on CUDA");
+  const Variant& v = kVariants[variant];
   const c10::cuda::CUDAGuard guard(a.device());
   at::Tensor out = at::empty({s.B, s.M, s.N}, a.options().dtype(at::kInt));
   if (out.numel() == 0) return out;
@@ -224,26 +486,40 @@ at::Tensor lut_bmm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tens
   p.flags = flags.data_ptr<int>();
   p.out = out.data_ptr<int32_t>();
   p.B = s.B, p.M = s.M, p.N = s.N, p.K = (int)s.K;
-  choose_grid(s.M, s.N, p.TM, p.TN);
-  p.mtiles = (s.M + p.TM * R - 1) / (p.TM * R);
-  p.ntiles = (s.N + p.TN * C - 1) / (p.TN * C);
+  choose_grid(s.M, s.N, v.R, v.C, v.floor, p.TM, p.TN);
+  p.mtiles = (s.M + p.TM * v.R - 1) / (p.TM * v.R);
+  p.ntiles = (s.N + p.TN * v.C - 1) / (p.TN * v.C);
   p.tiles = s.B * p.mtiles * p.ntiles;
   p.xmask = is_unsigned ? 0u : 0x80u;
   p.is_unsigned = is_unsigned;
+  p.words = s.K % 4 == 0 && reinterpret_cast<uintptr_t>(p.a) % 4 == 0 && reinterpret_cast<uintptr_t>(p.b) % 4 == 0;
   int dev = 0, sms = 0, optin = 0;
   C10_CUDA_CHECK(cudaGetDevice(&dev));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  TORCH_CHECK(kSmem <= optin, "lut_bmm: the CUDA kernel needs " + std::to_string(kSmem) +
-                                  " bytes of shared memory per block, the device allows " + std::to_string(optin));
+  const int smem = variant == 0 ? kSmem : smem_bytes(v.G, v.KC);
+  TORCH_CHECK(smem <= optin, "lut_bmm: the CUDA kernel (variant " + std::string(approx_checks::kBmmVariants[variant]) +
+                                 ") needs " + std::to_string(smem) + " bytes of shared memory per block, the device allows " +
+                                 std::to_string(optin));
   // per call: cheap next to a launch, and right when the process moves to another device
-  C10_CUDA_CHECK(cudaFuncSetAttribute(lut_bmm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  const int64_t grid = std::min<int64_t>(p.tiles, sms);
-  lut_bmm_kernel<<<(unsigned)grid, kThreads, kSmem, stream>>>(p);
+  C10_CUDA_CHECK(cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int64_t grid = std::min<int64_t>((p.tiles + v.G - 1) / v.G, sms);
+  v.kernel<<<(unsigned)grid, v.G * kGroupThreads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
 
+at::Tensor lut_bmm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& lut) {
+  return lut_bmm_run(a, b, lut, 0);
+}
+
+at::Tensor lut_bmm_variant_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& lut, int64_t variant) {
+  return lut_bmm_run(a, b, lut, variant);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(approx, CUDA, m) { m.impl("lut_bmm", &lut_bmm_cuda); }
+TORCH_LIBRARY_IMPL(approx, CUDA, m) {
+  m.impl("lut_bmm", &lut_bmm_cuda);
+  m.impl("lut_bmm_variant", &lut_bmm_variant_cuda);
+}

@@ -2,7 +2,12 @@
 convolutions that expanded_window does not take, at several batch sizes: which variant wins where.
 
     python benchmarks/cuda_algos.py [--batches 1,256,10000] [--repeat 10] [--out FILE.json]
-        [--algos A,B,...] [--shapes conv1,...]
+        [--algos A,B,...] [--shapes conv1,...] [--check]
+
+--shapes takes shape names and groups of them: `lenet` (the default: LeNet-5 and the small extra
+convolutions), `r50` (ResNet-50's distinct 1x1 convs, per image), `vit` (ViT-B/16's Linear layers,
+197 tokens an image). --check compares every variant's whole output with `direct`'s (exact), and
+`direct`'s first image (linear: first 16 rows) with the python reference.
 
 Per (shape, batch, algo): median of `repeat` timings with CUDA events after warm-up, rotating
 among 3 input sets, a sleep kernel queued before each (runner.bench.device_timer), prepared tables
@@ -36,6 +41,19 @@ SHAPES = {
     "fc_n8": ((200,), (8, 200), None, None, None),
     "fc_n16": ((400,), (16, 400), None, None, None),
 }
+GROUPS = {"lenet": list(SHAPES)}
+# ResNet-50 (torchvision): every distinct 1x1 conv, input per image (C, H, W); stride 2: the downsamples
+R50_1X1 = [(64, 56, 64, 1), (64, 56, 256, 1), (256, 56, 64, 1), (256, 56, 128, 1), (256, 56, 512, 2),
+           (128, 28, 512, 1), (512, 28, 128, 1), (512, 28, 256, 1), (512, 28, 1024, 2),
+           (256, 14, 1024, 1), (1024, 14, 256, 1), (1024, 14, 512, 1), (1024, 14, 2048, 2),
+           (512, 7, 2048, 1), (2048, 7, 512, 1)]
+for c, hw, n, st in R50_1X1:
+    SHAPES[f"r50_{c}x{hw}_{n}" + ("_s2" if st == 2 else "")] = ((c, hw, hw), (n, c, 1, 1), st, 0, 1)
+GROUPS["r50"] = [k for k in SHAPES if k.startswith("r50_")]
+# ViT-B/16: 197 tokens an image (rows = batch x 197), K -> N
+for name, k, n in (("qkv", 768, 2304), ("proj", 768, 768), ("fc1", 768, 3072), ("fc2", 3072, 768)):
+    SHAPES[f"vit_{name}"] = ((197, k), (n, k), None, None, None)
+GROUPS["vit"] = [k for k in SHAPES if k.startswith("vit_")]
 
 
 def call(name, a, w, lut, algo):
@@ -43,6 +61,15 @@ def call(name, a, w, lut, algo):
     if stride is None:
         return torch.ops.approx.lut_linear(a, w, lut, algo)
     return torch.ops.approx.lut_conv2d(a, w, lut, [stride] * 2, [padding] * 2, [1, 1], groups, algo)
+
+
+def reference(name, a, w, lut):
+    from runner.reference import reference_lut_conv2d, reference_lut_linear
+
+    _, _, stride, padding, groups = SHAPES[name]
+    if stride is None:
+        return reference_lut_linear(a, w, lut)
+    return reference_lut_conv2d(a, w, lut, stride, padding, 1, groups)
 
 
 def macs(out, w):
@@ -65,7 +92,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--algos", default=None, help="default: every variant the kernels list, and auto")
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default="lenet", help="names, or groups: lenet, r50, vit")
+    ap.add_argument("--check", action="store_true", help="every variant against direct, direct against the reference")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import runner._C  # noqa: F401
@@ -79,12 +107,25 @@ def main():
     rows = []
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print(f"{'shape':9} {'batch':>6} {'algo':17} {'median us':>10} {'G MAC/s':>9}  note")
-    for name in args.shapes.split(","):
+    names = [n for g in args.shapes.split(",") for n in GROUPS.get(g, [g])]
+    bad_checks = 0
+    for name in names:
         ashape, wshape = SHAPES[name][:2]
         for batch in (int(b) for b in args.batches.split(",")):
             w = torch.randint(-127, 128, wshape, generator=gen, dtype=torch.int8, device="cuda")
             inputs = [torch.randint(0, 256, (batch, *ashape), generator=gen, dtype=torch.uint8,
                                     device="cuda") for _ in range(3)]
+            if SHAPES[name][2] is None:  # linear: tokens x features per image -> rows
+                inputs = [x.reshape(-1, ashape[-1]) for x in inputs]
+            base = None
+            if args.check:
+                base = call(name, inputs[0], w.clone(), lut, "direct")
+                head = inputs[0][:16] if SHAPES[name][2] is None else inputs[0][:1]
+                want = reference(name, head.cpu(), w.cpu(), lut.cpu())
+                ok = torch.equal(base[:head.shape[0]].cpu(), want)
+                bad_checks += not ok
+                print(f"{name:9} {batch:6} check direct vs reference ({head.shape[0]} rows/images): "
+                      f"{'equal' if ok else 'DIFFERENT'}", flush=True)
             for algo in args.algos.split(","):
                 wa = w.clone()  # own weights: tables are cached per weights tensor
                 row = dict(shape=name, batch=batch, algo=algo)
@@ -94,6 +135,10 @@ def main():
                     rows.append({**row, "supported": False, "note": str(exc).splitlines()[0]})
                     print(f"{name:9} {batch:6} {algo:17} {'-':>10} {'-':>9}  {rows[-1]['note'][:60]}")
                     continue
+                if base is not None:
+                    ok = torch.equal(out, base)
+                    bad_checks += not ok
+                    print(f"{name:9} {batch:6} check {algo} vs direct: {'equal' if ok else 'DIFFERENT'}", flush=True)
                 for i in range(args.warmup):
                     call(name, inputs[i % 3], wa, lut, algo)
                 ts = [timer(lambda: call(name, inputs[i % 3], wa, lut, algo))
@@ -105,6 +150,8 @@ def main():
                              "gmacs": n / med / 1e3, "macs": n, "note": note})
                 print(f"{name:9} {batch:6} {algo:17} {med:10.1f} {n / med / 1e3:9.1f}  {note}",
                       flush=True)
+    if args.check:
+        print(f"checks: {'all equal' if bad_checks == 0 else f'{bad_checks} DIFFERENT'}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,

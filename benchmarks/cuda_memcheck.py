@@ -17,9 +17,10 @@ from runner.reference import reference_lut_conv2d, reference_lut_linear
 CONVS = [((3, *a), w, 1, 0, 1) for _, kind, a, w in LENET5_LAYERS if kind == "conv"] + [
     ((2, 8, 11, 9), (12, 4, 3, 3), 2, 1, 2),
     ((2, 3, 9, 11), (20, 3, 3, 3), 1, 1, 1),
+    ((3, 12, 9, 7), (37, 12, 1, 1), 2, 1, 1),   # 1x1, stride 2, padding (expanded_gemm, expanded_window)
 ]
 LINEARS = [(3, *w[::-1]) for _, kind, _, w in LENET5_LAYERS if kind == "linear"] + [
-    (37, 100, 17), (5, 33, 3), (700, 84, 10)]
+    (37, 100, 17), (5, 33, 3), (700, 84, 10), (1100, 130, 45)]
 
 
 def main():

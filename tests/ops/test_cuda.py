@@ -114,6 +114,9 @@ LINEAR_SHAPES = [
     (33, 1000, 8),
     (2500, 120, 84),
     (129, 9, 17),
+    # expanded_gemm: ViT's qkv width at few rows; K not a multiple of 4, N of 8
+    (37, 768, 2304),
+    (1100, 130, 45),
 ]
 
 
@@ -158,6 +161,9 @@ CONV_CASES = [
     ((2, 6, 11, 9), (6, 5, 5), 2, 2, 2, 6),
     ((5, 3, 40, 37), (3, 3, 3), (2, 1), (1, 0), 1, 3),
     ((1, 2, 9, 9), (2, 7, 7), 1, 3, 1, 2),
+    # expanded_gemm (1x1, one group): ResNet-50's 1024 -> 256; stride 2 with padding, odd sizes
+    ((2, 1024, 5, 5), (256, 1, 1), 1, 0, 1, 1),
+    ((3, 21, 9, 7), (37, 1, 1), 2, 1, 1, 1),
 ]
 
 
@@ -219,6 +225,59 @@ def test_every_rows_configuration(shape, lutkind):
             ops.lut_linear(ad, wd, ld, bad)
 
 
+GEMM_CASES = [
+    # linear (M, K, N) or conv ((B, C, H, W), N, stride, padding)
+    (1100, 37, 70),                 # two row tiles of 1024, K % 4 != 0
+    (700, 1001, 9),                 # 251 stages through two slots, N below one channel tile
+    (3, 8, 33),
+    ((5, 12, 20, 20), 50, 1, 0),    # 2000 rows over several images
+    ((3, 24, 33, 31), 40, 2, 1),    # stride 2, padding: padded pixels read code 0
+    ((70, 9, 3, 3), 65, 1, 0),      # 9-pixel images: a tile spans many
+]
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
+@pytest.mark.parametrize("lutkind", ["int16", "wide"])
+@pytest.mark.parametrize("case", range(len(GEMM_CASES)))
+def test_every_gemm_configuration(case, lutkind, signed):
+    """auto times expanded_gemm at 2, 4 and 8 rows a thread (row tiles of 256, 512, 1024), so each
+    must be exact: int16 products (shared-memory table slices) and int32 ones (the E32 path)."""
+    shape = GEMM_CASES[case]
+    gen = torch.Generator().manual_seed(500 + case * 4 + (lutkind == "wide") * 2 + signed)
+    lut = make_lut(gen, lutkind)
+    if isinstance(shape[0], tuple):
+        (b, c, h, wd_), n, stride, pad = shape
+        a, w = make_codes(gen, (b, c, h, wd_), signed), make_weights(gen, (n, c, 1, 1), signed)
+        want = reference_lut_conv2d(a, w, lut, stride, pad, 1, 1)
+        args = ([stride] * 2, [pad] * 2, [1, 1], 1)
+        call = lambda ad, wd, ld, algo: ops.lut_conv2d(ad, wd, ld, *args, algo)  # noqa: E731
+    else:
+        m, k, n = shape
+        a, w = make_codes(gen, (m, k), signed), make_weights(gen, (n, k), signed)
+        want = reference_lut_linear(a, w, lut)
+        call = lambda ad, wd, ld, algo: ops.lut_linear(ad, wd, ld, algo)  # noqa: E731
+    ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
+    for algo in ("expanded_gemm", "expanded_gemm_r2", "expanded_gemm_r4", "expanded_gemm_r8"):
+        got = poisoned_call(lambda: call(ad, wd, ld, algo), tuple(want.shape))
+        check_equal(got, want, f"{shape} {lutkind} signed={signed} {algo}")
+    EXERCISED.add("expanded_gemm")
+
+
+def test_gemm_declines():
+    lut = torch.zeros((256, 256), dtype=torch.int32, device=DEV)
+    a = torch.zeros((4, 8), dtype=torch.int8, device=DEV)
+    for bad in ("expanded_gemm_r3", "expanded_gemm_r16", "expanded_gemm_r8x"):
+        with pytest.raises(RuntimeError, match="bad algo"):
+            ops.lut_linear(a, torch.zeros((3, 8), dtype=torch.int8, device=DEV), lut, bad)
+    x = torch.zeros((1, 4, 6, 6), dtype=torch.uint8, device=DEV)
+    with pytest.raises(RuntimeError, match="expanded_gemm.*1x1 conv of one group"):  # 3x3
+        ops.lut_conv2d(x, torch.zeros((4, 4, 3, 3), dtype=torch.int8, device=DEV), lut, [1, 1], [0, 0], [1, 1], 1,
+                       "expanded_gemm")
+    with pytest.raises(RuntimeError, match="expanded_gemm.*1x1 conv of one group"):  # grouped 1x1
+        ops.lut_conv2d(x, torch.zeros((4, 2, 1, 1), dtype=torch.int8, device=DEV), lut, [1, 1], [0, 0], [1, 1], 2,
+                       "expanded_gemm")
+
+
 def test_every_variant_is_exercised():
     """The shape tests above ran every variant of the kernels' table at least once (they run
     first: pytest keeps file order)."""
@@ -227,7 +286,7 @@ def test_every_variant_is_exercised():
     assert set(backend_algos("cuda")) <= EXERCISED, set(backend_algos("cuda")) - EXERCISED
 
 
-@pytest.mark.parametrize("algo", ["direct", "expanded_rows", "expanded_pairs", "expanded_l2"])
+@pytest.mark.parametrize("algo", ["direct", "expanded_rows", "expanded_pairs", "expanded_l2", "expanded_gemm"])
 def test_workspace_is_what_the_kernels_allocate(algo):
     """approx::lut_algos' workspace_bytes (what bench reports) is the device memory a layer's first
     call keeps allocated for its prepared tables (fc3's shape: every table kind, pairs included)."""

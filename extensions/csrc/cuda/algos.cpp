@@ -59,6 +59,13 @@ const std::vector<Algo>& algos() {
        },
        // int32 products: its fallback path reads T from L2 and is not a contender
        [](const Params& p, int fmt) { return fmt == 1 ? one(p, fmt) : std::vector<Config>{}; }},
+      // reads no T: builds its table slices from Et16 (no table budget); int32 products take a slow
+      // path, so it is a contender only where the products may fit int16
+      {"expanded_gemm", false, false, gemm_why_not,
+       [](const Params& p, const ConvGeo&, int fmt, const Config& c, cudaStream_t s) {
+         launch_gemm(p, fmt, c, s);
+       },
+       gemm_candidates},
       {"expanded_smem", true, true,
        [](const Params& p, const ConvGeo&) {
          return smem_applies(p) ? std::string()
@@ -116,6 +123,14 @@ Choice parse_choice(const std::string& name, const char* op) {
       if (std::string(t[i].name) == "expanded_rows") c.algo = static_cast<int>(i);
     return c;
   }
+  if (name.rfind("expanded_gemm_r", 0) == 0) {
+    Choice c{kAuto};
+    const std::string err = parse_gemm_config(name, c.cfg);
+    TORCH_CHECK(err.empty(), op, ": ", err);
+    for (size_t i = 0; i < t.size(); ++i)
+      if (std::string(t[i].name) == "expanded_gemm") c.algo = static_cast<int>(i);
+    return c;
+  }
   std::string valid = "auto, expanded";
   for (const Algo& a : t) valid += std::string(", ") + a.name;
   TORCH_CHECK(false, op, ": unknown algo '", name, "'; valid: ", valid);
@@ -128,6 +143,7 @@ std::string choice_name(const Choice& c) {
   if (std::string(a.name) == "expanded_window")
     return std::string(a.name) + (c.cfg.rx ? "_x" + std::to_string(c.cfg.rx) : "") +
            (c.cfg.cc ? "_c" + std::to_string(c.cfg.cc) : "");
+  if (std::string(a.name) == "expanded_gemm") return gemm_config_name(c.cfg);
   return std::string(a.name) == "expanded_rows" ? rows_config_name(c.cfg) : a.name;
 }
 
@@ -183,6 +199,7 @@ void run_choice(const Choice& c, Params p, const Prepared& pr, const ConvGeo& cg
   p.flags = pr.p.flags;
   p.E32 = pr.p.E32;
   p.E16 = pr.p.E16;
+  p.Et16 = pr.p.Et16;
   p.kinfo = pr.p.kinfo;
   p.T = pr.p.T;
   p.Tpairs = pr.p.Tpairs;

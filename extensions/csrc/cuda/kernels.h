@@ -24,7 +24,7 @@ inline int sm_count() { return device_attr(cudaDevAttrMultiProcessorCount); }
 inline int max_smem_optin() { return device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin); }
 
 // ---- tables.cu: one layer's prepared tables
-// Effective products (E32/E16), fit flags, conv tap table and, for the expanded algorithms, the
+// Effective products (E32/E16, and E16 transposed), fit flags, conv tap table and, for the expanded algorithms, the
 // weight-expanded table T (allocated in the int32 size) and, for linear layers of <= 16
 // channels, its pair-major copy.
 struct Prepared {
@@ -36,7 +36,7 @@ struct Prepared {
   std::vector<cudaStream_t> users;  // other streams it was used on (cached entries)
 };
 
-int64_t prep_bytes(const Params& p);   // E32, E16, flags, tap table (every algorithm)
+int64_t prep_bytes(const Params& p);   // E32, E16, Et16, flags, tap table (every algorithm)
 int64_t table_bytes(const Params& p);  // T, int32 layout
 bool pairs_applies(const Params& p);   // linear, <= 16 channels: T's pair-major copy is built too
 int64_t pairs_bytes(const Params& p);
@@ -81,6 +81,11 @@ void launch_rows(const Params& p, int fmt, Config c, cudaStream_t stream);
 std::string parse_rows_config(const std::string& name, Config& c);  // "" or what is wrong
 std::string rows_config_name(const Config& c);
 void launch_pairs(const Params& p, int fmt, cudaStream_t stream);           // pairs.cu
+std::string gemm_why_not(const Params& p, const ConvGeo& cg);               // gemm.cu ("" : runs)
+std::vector<Config> gemm_candidates(const Params& p, int fmt);
+void launch_gemm(const Params& p, int fmt, Config c, cudaStream_t stream);
+std::string parse_gemm_config(const std::string& name, Config& c);  // "" or what is wrong
+std::string gemm_config_name(const Config& c);
 std::string depthwise_why_not(const Params& p, const ConvGeo& cg);         // depthwise.cu ("" : runs)
 void launch_depthwise(const Params& p, const ConvGeo& cg, cudaStream_t stream);
 

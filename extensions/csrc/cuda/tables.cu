@@ -15,10 +15,11 @@ namespace approx_cuda {
 namespace {
 
 // ------------------------------------------------------------------------------------------------
-// Prep: effective products, int16 fit flags, conv tap table.
+// Prep: effective products (and their int16 transpose Et16), int16 fit flags, conv tap table.
 __global__ void __launch_bounds__(kThreads) prep_kernel(const int32_t* __restrict__ lut, int uns,
                                                         int32_t* __restrict__ E32,
-                                                        int16_t* __restrict__ E16, int* flags,
+                                                        int16_t* __restrict__ E16,
+                                                        int16_t* __restrict__ Et16, int* flags,
                                                         int4* __restrict__ kinfo, int nk, int K,
                                                         int kh, int kw, int dh, int dw, int H,
                                                         int W) {
@@ -40,6 +41,7 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(const int32_t* __restric
     const int sv = static_cast<int>(v);
     E32[r0 * 256 + e] = sv;
     E16[r0 * 256 + e] = static_cast<int16_t>(sv);
+    Et16[wi * 256 + r0 + r] = static_cast<int16_t>(sv);
     ok &= (sv >= -32768 && sv <= 32767);
   }
   ok = __syncthreads_and(ok);
@@ -103,7 +105,8 @@ __global__ void build_pairs_kernel(Params p, int np) {
 
 constexpr int64_t kOffE32 = 256;
 constexpr int64_t kOffE16 = kOffE32 + 256 * 256 * 4;
-constexpr int64_t kOffKinfo = kOffE16 + 256 * 256 * 2;
+constexpr int64_t kOffEt16 = kOffE16 + 256 * 256 * 2;
+constexpr int64_t kOffKinfo = kOffEt16 + 256 * 256 * 2;
 
 }  // namespace
 
@@ -128,6 +131,7 @@ std::shared_ptr<Prepared> prepare(const Params& geo, const at::Tensor& lut, cons
   p.flags = reinterpret_cast<int*>(base);
   p.E32 = reinterpret_cast<int32_t*>(base + kOffE32);
   p.E16 = reinterpret_cast<int16_t*>(base + kOffE16);
+  p.Et16 = reinterpret_cast<int16_t*>(base + kOffEt16);
   p.kinfo = nk ? reinterpret_cast<int4*>(base + kOffKinfo) : nullptr;
   p.T = need_table ? base + off_t : nullptr;
   p.Tpairs = pa_bytes ? base + off_t + t_bytes : nullptr;
@@ -135,7 +139,8 @@ std::shared_ptr<Prepared> prepare(const Params& geo, const at::Tensor& lut, cons
   pr->stream = stream;
   prep_kernel<<<kPrepBlocks, kThreads, 0, stream>>>(
       lut.data_ptr<int32_t>(), p.xmask == 0, const_cast<int32_t*>(p.E32),
-      const_cast<int16_t*>(p.E16), const_cast<int*>(p.flags), const_cast<int4*>(p.kinfo),
+      const_cast<int16_t*>(p.E16), const_cast<int16_t*>(p.Et16), const_cast<int*>(p.flags),
+      const_cast<int4*>(p.kinfo),
       static_cast<int>(nk), p.K, cg.kh, cg.kw, cg.dh, cg.dw, p.H, p.W);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (need_table) {

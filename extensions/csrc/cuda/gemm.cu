@@ -1,0 +1,320 @@
+// expanded_gemm: linear layers and 1x1 convolutions (any stride and padding, one group) as a
+// GEMM-like tiling, for large K and N (ResNet-50's 1x1 convs, ViT's Linear layers).
+//
+// Block tile: BM = 128 * R rows x 32 output channels (R = 2, 4 or 8 rows a thread), 512 threads.
+// Threads form quads (4 lanes); quad g owns rows g + 128 * i (i < R), lane j of it channels
+// 8j..8j+7 of the tile, as 4 int16 pairs (offset binary, gather.cuh): R x 8 int32 accumulators.
+// Taps go in stages of 4 (2 tap pairs). Per stage the block builds the table slice
+// T[k][a][32 channels] of its 4 taps in shared memory, straight from Et16 (E transposed: the 256
+// products of one weight value are 512 contiguous bytes, so a 16-byte load gives 8 codes of one
+// channel), two channels' values interleaved into one 32-bit word per code by byte_perm. No
+// weight-expanded table T in global memory, hence no table budget: ViT's 768x3072 layers (T over
+// 1 GiB) run too. Each code of a row is read once from shared memory per stage (as part of a
+// 32-bit word of 4 taps) and used for 32 channels; each table word read gives 2 products.
+//
+// Shared memory per stage: 4 taps x 256 codes x 32 channels x 2 B = 64 KiB; two slots (the next
+// stage is built while this one is summed) = 128 KiB, plus the staged codes 2 x BM x 4 B (8 KiB
+// at R = 8): 136 KiB, one block an SM (its 512 threads take <= 128 registers each).
+// Table traffic: 512 B per (tap, channel) written and, from Et16 (128 KiB, L1/L2-resident),
+// read, against BM products per (tap, channel) read: 0.5 B per MAC at BM = 1024.
+//
+// Layout of a slot: [tap pair tp][code a][tap parity e][16 words: channel pairs 0..15], 128 B
+// per (tp, a). Bank conflicts: lane j of a quad reads the 16 bytes of its 4 pairs (LDS.128), so a
+// quad reads 64 contiguous bytes of one code's row; a 128-bit load is served a quarter warp at a
+// time, i.e. two quads with unrelated (random) codes. Quads of even g read tap 2tp first (half
+// e = 0), quads of odd g tap 2tp + 1 first (half e = 1), then the other: at every load the two
+// quads of a quarter warp read opposite 64-byte halves of 128-byte lines, all 32 banks, whatever
+// their codes (conflict-free by construction, not by luck). The codes of a quad's row are read
+// as one broadcast word per stage. Building: a warp stores 32 words of one (tp, a) (lane =
+// (e, pair)): 32 banks.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "launch.cuh"
+
+namespace approx_cuda {
+namespace {
+
+constexpr int kGemmThreads = 512;
+constexpr int kGemmBN = 32;                    // channels a block
+constexpr int kGemmSlot = 2 * 256 * 128;       // bytes of one stage's table (4 taps)
+
+// Where a row's codes are: linear: a + m * K; conv: the input pixel of image b at tap 0 (channel
+// 0), or -1 where it lies in the padding (every tap reads code 0 there).
+__device__ __forceinline__ long long gemm_row_base(const Params& p, long long m) {
+  if (!p.conv) return m * p.K;
+  const long long b = m / p.HoWo;
+  const int pix = static_cast<int>(m - b * p.HoWo);
+  const int oy = pix / p.Wo, ox = pix - oy * p.Wo;
+  const int iy = oy * p.sh - p.ph, ix = ox * p.sw - p.pw;
+  if (iy < 0 || iy >= p.H || ix < 0 || ix >= p.W) return -1;
+  return b * p.C * (long long)p.H * p.W + (long long)iy * p.W + ix;
+}
+
+// Codes of taps k0..k0+3 of a row, as LUT rows (one per byte); taps past K read code 0.
+__device__ __forceinline__ uint32_t gemm_codes(const Params& p, long long base, int k0) {
+  const uint32_t xm = 0x01010101u * p.xmask;
+  if (!p.conv) return static_cast<uint32_t>(load_codes<4>(p, p.a + base, k0));
+  uint32_t w = 0;
+  if (base >= 0) {
+    const long long hw = (long long)p.H * p.W;
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      if (k0 + c < p.K) w |= (uint32_t)__ldg(p.a + base + (k0 + c) * hw) << (8 * c);
+  }
+  return w ^ xm;
+}
+
+// Writes channels nb..nb+7 (those below N) of row m.
+__device__ __forceinline__ void gemm_store(const Params& p, long long m, int nb, const uint32_t (&v)[8]) {
+  if (nb >= p.N) return;
+  if (!p.conv) {
+    store8(p.out + m * p.N + nb, nb, p.N, (p.N & 3) == 0, v);
+    return;
+  }
+  const long long b = m / p.HoWo, pix = m - b * p.HoWo;
+  int32_t* o = p.out + (b * p.Ntot + nb) * p.HoWo + pix;
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+    if (nb + c < p.N) o[c * p.HoWo] = static_cast<int32_t>(v[c]);
+}
+
+template <int R>
+__device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
+  constexpr int TH = kGemmThreads, BM = TH / 4 * R, LR = (BM + TH - 1) / TH;
+  const int t = threadIdx.x, g = t >> 2, j = t & 3, par = g & 1;
+  const int warp = t >> 5, lane = t & 31;
+  const long long m0 = (long long)blockIdx.x * BM;
+  const int n0 = blockIdx.y * kGemmBN;
+  const int nst = (p.K + 3) / 4;
+  uint32_t* cod = reinterpret_cast<uint32_t*>(smem + 2 * kGemmSlot);  // [2][BM] code words
+
+  // the rows whose codes this thread stages (row t + TH * u of the tile)
+  long long cbase[LR];
+  bool cload[LR];
+#pragma unroll
+  for (int u = 0; u < LR; ++u) {
+    const long long m = m0 + t + TH * u;
+    cload[u] = t + TH * u < BM;
+    cbase[u] = m < p.M ? gemm_row_base(p, m) : (p.conv ? -1 : 0);
+    if (!p.conv && m >= p.M) cload[u] = false;  // stays 0: rows past M are never stored
+  }
+  auto codes_of = [&](int q, uint32_t (&cw)[LR]) {
+#pragma unroll
+    for (int u = 0; u < LR; ++u) cw[u] = cload[u] ? gemm_codes(p, cbase[u], 4 * q) : 0u;
+  };
+  auto put_codes = [&](int slot, const uint32_t (&cw)[LR]) {
+#pragma unroll
+    for (int u = 0; u < LR; ++u)
+      if (t + TH * u < BM) cod[slot * BM + t + TH * u] = cw[u];
+  };
+
+  // Table build: a stage is 64 (tp, 8-code block) pieces x 32 lanes (e = lane >> 4, pair
+  // pr = lane & 15); warp w builds pieces w + 16u, u < 4: u = 0, 1 tap pair 0, u = 2, 3 tap pair 1.
+  const int e = lane >> 4, pr = lane & 15;
+  const int nlo = n0 + 2 * pr, nhi = nlo + 1;
+  const int4 zero = make_int4(0, 0, 0, 0);
+  auto load_half = [&](int q, int half, int4 (&A)[2], int4 (&B)[2]) {
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      const int piece = warp + 16 * (2 * half + v), tp = piece >> 5, ab = piece & 31;
+      const int k = 4 * q + 2 * tp + e;
+      A[v] = B[v] = zero;
+      if (k < p.K) {
+        if (nlo < p.N)
+          A[v] = __ldg(reinterpret_cast<const int4*>(p.Et16 + ((int)__ldg(p.w + (long long)nlo * p.K + k) + 128) * 256 + ab * 8));
+        if (nhi < p.N)
+          B[v] = __ldg(reinterpret_cast<const int4*>(p.Et16 + ((int)__ldg(p.w + (long long)nhi * p.K + k) + 128) * 256 + ab * 8));
+      }
+    }
+  };
+  auto store_half = [&](int slot, int half, const int4 (&A)[2], const int4 (&B)[2]) {
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      const int piece = warp + 16 * (2 * half + v), tp = piece >> 5, ab = piece & 31;
+      uint32_t* dst = reinterpret_cast<uint32_t*>(smem + slot * kGemmSlot) +
+                      ((tp * 256 + ab * 8) * 2 + e) * 16 + pr;
+      const uint32_t a4[4] = {(uint32_t)A[v].x ^ 0x80008000u, (uint32_t)A[v].y ^ 0x80008000u,
+                              (uint32_t)A[v].z ^ 0x80008000u, (uint32_t)A[v].w ^ 0x80008000u};
+      const uint32_t b4[4] = {(uint32_t)B[v].x, (uint32_t)B[v].y, (uint32_t)B[v].z, (uint32_t)B[v].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        dst[(2 * i) * 32] = __byte_perm(a4[i], b4[i], 0x5410);      // code ab*8 + 2i
+        dst[(2 * i + 1) * 32] = __byte_perm(a4[i], b4[i], 0x7632);  // code ab*8 + 2i + 1
+      }
+    }
+  };
+
+  bool live[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) live[i] = m0 + g + 128 * i < p.M;
+  uint32_t s[R][4], h[R][4], cr[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) s[i][jj] = h[i][jj] = 0;
+  const int off0 = (par * 4 + j) * 16, off1 = ((par ^ 1) * 4 + j) * 16;
+  auto sum_pair = [&](const uint8_t* tb, int tp) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      if (!live[i]) continue;
+      const int i0 = static_cast<int>((cr[i] >> (16 * tp)) & 255), i1 = static_cast<int>((cr[i] >> (16 * tp + 8)) & 255);
+      add_row<int16_t>(reinterpret_cast<const int4*>(tb + tp * 32768 + i0 * 128 + off0), s[i], h[i]);
+      add_row<int16_t>(reinterpret_cast<const int4*>(tb + tp * 32768 + i1 * 128 + off1), s[i], h[i]);
+    }
+  };
+
+  {  // stage 0
+    uint32_t cw[LR];
+    int4 A[2], B[2];
+    codes_of(0, cw);
+    load_half(0, 0, A, B);
+    store_half(0, 0, A, B);
+    load_half(0, 1, A, B);
+    store_half(0, 1, A, B);
+    put_codes(0, cw);
+  }
+  __syncthreads();
+  const uint32_t swap = par ? 0x2301u : 0x3210u;  // odd quads: taps of a pair swapped (e = par ^ step)
+  for (int q = 0; q < nst; ++q) {
+    const int slot = q & 1;
+    const bool nxt = q + 1 < nst;
+    const uint8_t* tb = smem + slot * kGemmSlot;
+    uint32_t cw[LR];
+    int4 A[2], B[2];
+    if (nxt) {
+      codes_of(q + 1, cw);
+      load_half(q + 1, 0, A, B);
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) cr[i] = __byte_perm(cod[slot * BM + g + 128 * i], 0, swap);
+    sum_pair(tb, 0);
+    if (nxt) {  // slot ^ 1 was last read in stage q - 1, before the barrier that ended it
+      store_half(slot ^ 1, 0, A, B);
+      load_half(q + 1, 1, A, B);
+    }
+    sum_pair(tb, 1);
+    if (nxt) {
+      store_half(slot ^ 1, 1, A, B);
+      put_codes(slot ^ 1, cw);
+    }
+    __syncthreads();
+  }
+  const uint32_t taps = static_cast<uint32_t>(4 * nst);
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    if (!live[i]) continue;
+    uint32_t v[8];
+    finish_row<int16_t>(s[i], h[i], taps, v);
+    gemm_store(p, m0 + g + 128 * i, n0 + 8 * j, v);
+  }
+}
+
+// int32 products: E32 straight from L1/L2, one lookup per MAC (correct, not fast; auto does not
+// time it where the format is known to be int32).
+template <int R>
+__device__ __forceinline__ void gemm32_body(const Params& p) {
+  constexpr int BM = kGemmThreads / 4 * R;
+  const int t = threadIdx.x, g = t >> 2, j = t & 3;
+  const long long m0 = (long long)blockIdx.x * BM;
+  const int nb = blockIdx.y * kGemmBN + 8 * j;
+  if (nb >= p.N) return;
+  for (int i = 0; i < R; ++i) {
+    const long long m = m0 + g + 128 * i;
+    if (m >= p.M) break;
+    const long long base = gemm_row_base(p, m);
+    uint32_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int k0 = 0; k0 < p.K; k0 += 4) {
+      const uint32_t cw = gemm_codes(p, base, k0);
+      for (int kk = 0; kk < 4 && k0 + kk < p.K; ++kk) {
+        const int32_t* er = p.E32 + ((cw >> (8 * kk)) & 255) * 256 + 128;
+#pragma unroll
+        for (int c = 0; c < 8; ++c)
+          if (nb + c < p.N) v[c] += static_cast<uint32_t>(__ldg(er + __ldg(p.w + (long long)(nb + c) * p.K + k0 + kk)));
+      }
+    }
+    gemm_store(p, m, nb, v);
+  }
+}
+
+template <int R, int MODE>
+__global__ void __launch_bounds__(kGemmThreads, 1) gemm_kernel(Params p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))
+    gemm16_body<R>(p, smem);
+  else
+    gemm32_body<R>(p);
+}
+
+int64_t gemm_blocks(const Params& p, int r) {
+  return (p.M + 128LL * r - 1) / (128LL * r) * ((p.N + kGemmBN - 1) / kGemmBN);
+}
+
+// Without a timed trial: the tallest tile that still gives every SM a block.
+Config gemm_default(const Params& p) {
+  for (int r : {8, 4})
+    if (gemm_blocks(p, r) >= sm_count()) return Config{r};
+  return Config{2};
+}
+
+template <int R, int MODE>
+void launch_gemm_t(const Params& p, cudaStream_t stream) {
+  constexpr int BM = kGemmThreads / 4 * R;
+  const size_t smem = 2 * kGemmSlot + 2 * BM * 4;
+  auto kern = gemm_kernel<R, MODE>;
+  set_smem(kern, smem);
+  const int64_t bx = (p.M + BM - 1) / BM;
+  TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
+  kern<<<dim3(static_cast<unsigned>(bx), (p.N + kGemmBN - 1) / kGemmBN), kGemmThreads, smem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <int MODE>
+void launch_gemm_m(const Params& p, int r, cudaStream_t stream) {
+  if (r == 8) launch_gemm_t<8, MODE>(p, stream);
+  else if (r == 4) launch_gemm_t<4, MODE>(p, stream);
+  else launch_gemm_t<2, MODE>(p, stream);
+}
+
+}  // namespace
+
+std::string gemm_why_not(const Params& p, const ConvGeo& cg) {
+  if (p.conv && (cg.kh != 1 || cg.kw != 1 || p.G != 1))
+    return "needs a linear layer or a 1x1 conv of one group";
+  if ((p.N + kGemmBN - 1) / kGemmBN > 65535) return "needs at most 65535 x 32 output channels";
+  return "";
+}
+
+std::vector<Config> gemm_candidates(const Params& p, int fmt) {
+  if (fmt == 2) return {};  // int32 products: the slow path
+  std::vector<Config> out{gemm_default(p)};
+  for (int r : {8, 4, 2})  // taller tiles only where the shorter ones' rows do not fit one
+    if (r != out[0].r && (r == 2 || p.M > 64LL * r)) out.push_back(Config{r});
+  return out;
+}
+
+void launch_gemm(const Params& p, int fmt, Config c, cudaStream_t stream) {
+  if (c.r == 0) c = gemm_default(p);
+  if (fmt == 1) launch_gemm_m<1>(p, c.r, stream);
+  else if (fmt == 2) launch_gemm_m<2>(p, c.r, stream);
+  else launch_gemm_m<0>(p, c.r, stream);
+}
+
+// "expanded_gemm_r<R>": R = 2, 4 or 8 rows a thread (tiles of 256, 512 or 1024 rows).
+std::string parse_gemm_config(const std::string& name, Config& c) {
+  int r = 0, n = 0;
+  const bool ok = std::sscanf(name.c_str(), "expanded_gemm_r%d%n", &r, &n) == 1 &&
+                  name[n] == 0 && (r == 2 || r == 4 || r == 8);
+  if (!ok) return "bad algo '" + name + "': expanded_gemm_r<2, 4 or 8>";
+  c = Config{r};
+  return "";
+}
+
+std::string gemm_config_name(const Config& c) {
+  return c.r ? "expanded_gemm_r" + std::to_string(c.r) : "expanded_gemm";
+}
+
+}  // namespace approx_cuda

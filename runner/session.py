@@ -170,10 +170,19 @@ class Session:
         return best[1], self._prefixes[best]
 
     def _chain_ok(self, model: nn.Module, first: torch.Tensor, start: str, device: torch.device) -> bool:
-        key = ("chain", id(model), start)
+        """Whether the model's forward is the chain of its stages, checked once per model (two passes over one
+        batch): split anywhere, the stages run in the same order, so the answer holds for every stage that holds a
+        layer; a layer in no stage runs the model whole."""
+        key = ("chain", id(model))
         if key not in self._memo:  # the model stays referenced, so its id is not reused
             self._memo[key] = (chain_matches(model, first.to(device), start), model)
-        return self._memo[key][0]
+        if not self._memo[key][0]:
+            return False
+        try:
+            stage_position(model, start)
+        except ValueError:
+            return False
+        return True
 
 
 def _bytes(tensors) -> int:

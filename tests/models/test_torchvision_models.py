@@ -250,3 +250,24 @@ def test_a_model_whose_forward_is_no_chain_runs_whole():
             return self.b(self.a(x)) + x
 
     assert not chain_matches(Skip(), torch.rand(2, 3, 4, 4), "b")
+
+
+def test_the_chain_is_checked_once_per_model(monkeypatch):
+    """The check that a model's forward is its stages' chain (two passes over a batch) runs once per model, not
+    once per layer a sensitivity table starts at; a layer in no stage still runs the model whole."""
+    import runner.session as session_mod
+    from runner.session import Prefix, Session
+
+    torch.manual_seed(0)
+    model = build("resnet18", num_classes=10).eval()
+    x = torch.rand(8, 3, 16, 16)
+    with torch.no_grad():
+        whole = model(x)
+    checks = []
+    real = session_mod.chain_matches
+    monkeypatch.setattr(session_mod, "chain_matches", lambda *a: checks.append(a[2]) or real(*a))
+    sess, cpu = Session(), torch.device("cpu")
+    for start in ("layer1.0.conv2", "layer2.0.conv1", "layer3.1.conv2", "fc"):
+        assert torch.equal(sess.logits_from(model, x, 4, cpu, start, Prefix("m", ((start, "fp32", None),))), whole)
+    assert checks == ["layer1.0.conv2"]
+    assert not sess._chain_ok(model, x[:4], "no.such.layer", cpu)

@@ -261,6 +261,8 @@ class _ConvOps:
 
 
 class _LinearOps:
+    linear_layer = True  # runner.models.stages_of: a torchvision model flattens before its first Linear, converted or not
+
     def _float_op(self, x, w, b):
         return F.linear(x, w, b)
 

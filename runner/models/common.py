@@ -82,7 +82,7 @@ def stages_of(model: nn.Module) -> list[tuple[str, nn.Module]]:
         if name == "input_norm":
             continue
         for step in _chain(child, f"{name}."):
-            if not flattened and isinstance(step[1], nn.Linear):
+            if not flattened and (isinstance(step[1], nn.Linear) or getattr(step[1], "linear_layer", False)):
                 steps.append(("", _Flatten()))
                 flattened = True
             steps.append(step)

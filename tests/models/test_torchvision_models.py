@@ -271,3 +271,18 @@ def test_the_chain_is_checked_once_per_model(monkeypatch):
         assert torch.equal(sess.logits_from(model, x, 4, cpu, start, Prefix("m", ((start, "fp32", None),))), whole)
     assert checks == ["layer1.0.conv2"]
     assert not sess._chain_ok(model, x[:4], "no.such.layer", cpu)
+
+
+@pytest.mark.parametrize("arch,layer", [("resnet18", "layer2.0.conv1"), ("mobilenet_v3_small", "features.4.block.0.0")])
+def test_converted_models_are_their_stages_chain(arch, layer):
+    """A sensitivity or search starts converted models at a layer from the kept prefix only where the stages'
+    chain is the model's forward: it must be for converted torchvision models too (their classifier's Linear is
+    a converted layer, before which the chain flattens), or every evaluation runs the whole model."""
+    from runner.layers import approximate
+    from runner.models import chain_matches
+
+    torch.manual_seed(0)
+    model = build(arch, num_classes=10).eval()
+    x = torch.rand(4, 3, 32, 32)
+    fq, approx = approximate(model, "exact", x, backend="python")
+    assert chain_matches(model, x, layer) and chain_matches(fq, x, layer) and chain_matches(approx, x, layer)

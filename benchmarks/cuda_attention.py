@@ -1,10 +1,10 @@
 """GPU timings of approx::lut_bmm, attention's LUT matmuls, per kernel variant, on ViT-B/16 shapes.
 
-    python benchmarks/cuda_attention.py [--images 64] [--repeat 10] [--warmup 2] [--variants g2_pad,g4_pad]
+    python benchmarks/cuda_attention.py [--images 64] [--repeat 10] [--warmup 2] [--variants g2_pad,g3_pad]
                                         [--models vit_b16,vit_small] [--out FILE.json]
 
 The variants are the CUDA kernel's layouts (approx::lut_bmm_variants; runner.ops.lut_bmm_variant selects one,
-cuda/lut_bmm_cuda.cu describes them; "base" is what lut_bmm runs). In one process:
+cuda/lut_bmm_cuda.cu describes them; the first, "g2_r4c8_pad", is what lut_bmm runs). In one process:
 
 1. Checks, per variant, bit for bit: against the pure reference (runner.reference) and the current kernel
    (ops.lut_bmm on CUDA) on small random shapes (batch 1, odd M / N / K, K not a multiple of 32 or of 4,
@@ -39,7 +39,7 @@ import traceback
 import torch
 
 from runner import ops, reference
-from runner.bench import ATTENTION_SHAPES, attention_matmul_shapes, device_timer
+from runner.bench import ATTENTION_SHAPES, attention_matmul_shapes, device_timer, matmul_codes
 from runner.multipliers.core import exact_lut
 from runner.ops_autograd import sign_magnitude_table
 
@@ -79,24 +79,8 @@ def table_for(op, lut, signed):
 
 
 def operands(op, shape, signed, dist, gen):
-    """Codes on the GPU (generated there: the 64-image P is 30 M elements)."""
-    nb, m, n, k = shape
-    kw = dict(generator=gen, device="cuda")
-    if dist == "uniform":
-        a = torch.randint(-128, 128, (nb, m, k), **kw).to(torch.int8)
-        b = torch.randint(-128, 128, (nb, n, k), **kw).to(torch.int8)
-        if op == "av":
-            hi, dt = (128, torch.int8) if signed else (256, torch.uint8)
-            a = torch.randint(0, hi, (nb, m, k), **kw).to(dt)
-        return a, b
-    std = {"attention": 32.0, "narrow": 8.0}[dist]
-    normal = lambda s: (torch.randn(s, **kw) * std).round_().clamp_(-127, 127).to(torch.int8)  # noqa: E731
-    a, b = normal((nb, m, k)), normal((nb, n, k))
-    if op == "av":
-        p = torch.softmax(torch.randn((nb, m, k), **kw) * (2.0 if dist == "attention" else 1.0), dim=-1)
-        qmax = 127 if signed else 255
-        a = (p / p.amax() * qmax).round_().to(torch.int8 if signed else torch.uint8)
-    return a, b
+    """Codes on the GPU (generated there: the 64-image P is 30 M elements), as `approx-run bench` draws them."""
+    return matmul_codes(op, shape, dist, gen, signed=signed, device="cuda")
 
 
 _CHECKS = []

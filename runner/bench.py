@@ -1,5 +1,5 @@
 """Benchmarks. Op level (this part): every LeNet-5 layer shape through each LUT backend, and attention's LUT
-matmuls (bench_matmuls).
+matmuls (bench_matmuls, with uniform and attention-like codes).
 
 `bench_ops` times the approx ops alone on synthetic codes, one row per (backend, algo, layer,
 batch, code distribution): min / median / mean microseconds over `repeats` calls after `warmup`
@@ -277,7 +277,7 @@ def bench_train(model, multiplier, qcfg, data, backends, *, batch_size, repeats,
 _SHOWN = {
     "ops": ("backend", "algo", "layer", "batch", "dist", "threads", "median_us", "gmacs"),
     "algos": ("backend", "algo", "layer", "batch", "supported", "median_us", "gmacs", "workspace_mib", "auto_pick", "note"),
-    "matmuls": ("backend", "model", "op", "batch", "B", "M", "N", "K", "threads", "median_us", "tmacs"),
+    "matmuls": ("backend", "model", "op", "codes", "batch", "B", "M", "N", "K", "threads", "median_us", "tmacs"),
     "model": ("path", "backend", "device", "images", "threads", "median_ms", "images_per_s", "x_pytorch_time"),
     "layers": ("backend", "layer", "kind", "kernel", "stride", "input_shape", "median_us", "gmacs", "fp32_gmacs",
                "x_fp32_time", "limit_fraction", "auto_pick"),
@@ -298,11 +298,47 @@ def attention_matmul_shapes(images, heads, tokens, head_dim):
     return {"qk": (nb, tokens, tokens, head_dim), "av": (nb, tokens, head_dim, tokens)}
 
 
+# Code distributions of attention's products: "uniform", every code equally likely (on the GPU the most
+# shared-memory bank conflicts: the worst case); "attention", codes like real ones (concentrated: lanes reading the
+# same table word are served at once); "narrow", more concentrated still (benchmarks/cuda_attention.py times it).
+MATMUL_CODES = ("uniform", "attention")
+
+
+def matmul_codes(op, shape, dist, gen, *, signed=True, device="cpu"):
+    """lut_bmm's codes (a, b) of one attention product, op "qk" (a = Q, b = K) or "av" (a = P, b = V^T), of shape
+    (B, M, N, K), drawn from `gen` on `device`. "uniform": Q, K, V uniform over int8, P uniform over its range;
+    "attention": Q, K, V from a normal of std 32 codes, rounded and clamped to +-127, P a softmax over the tokens
+    of normal logits x 2, scaled so its largest entry is the top code; "narrow": std 8 codes, logits x 1. P's codes
+    are 0..127 (int8) on a signed table (signed=True), 0..255 (uint8) on an unsigned one. bench_matmuls and
+    benchmarks/cuda_attention.py both draw their codes here."""
+    nb, m, n, k = shape
+    kw = dict(generator=gen, device=device)
+    if dist == "uniform":
+        a = torch.randint(-128, 128, (nb, m, k), **kw).to(torch.int8)
+        b = torch.randint(-128, 128, (nb, n, k), **kw).to(torch.int8)
+        if op == "av":
+            hi, dt = (128, torch.int8) if signed else (256, torch.uint8)
+            a = torch.randint(0, hi, (nb, m, k), **kw).to(dt)
+        return a, b
+    if dist not in ("attention", "narrow"):
+        raise ValueError(f"unknown code distribution '{dist}'; valid: uniform, attention, narrow")
+    std = {"attention": 32.0, "narrow": 8.0}[dist]
+    normal = lambda s: (torch.randn(s, **kw) * std).round_().clamp_(-127, 127).to(torch.int8)  # noqa: E731
+    a, b = normal((nb, m, k)), normal((nb, n, k))
+    if op == "av":
+        p = torch.softmax(torch.randn((nb, m, k), **kw) * (2.0 if dist == "attention" else 1.0), dim=-1)
+        qmax = 127 if signed else 255
+        a = (p / p.amax() * qmax).round_().to(torch.int8 if signed else torch.uint8)
+    return a, b
+
+
 def bench_matmuls(backends, batches=(64,), repeats=20, warmup=3, *, python_max_macs=20_000_000, python_repeats=2,
                   seed=0) -> pd.DataFrame:
     """Time approx::lut_bmm on attention's shapes (ATTENTION_SHAPES) per backend with the exact signed table:
-    signed codes for Q, K, V, probabilities as codes 0..127 (their range on a signed multiplier). One row per
-    (backend, model, op, images): min / median / mean microseconds, T MAC/s from the median."""
+    signed codes for Q, K, V, probabilities as codes 0..127 (their range on a signed multiplier), drawn per
+    MATMUL_CODES distribution (`codes`: uniform, attention; matmul_codes) from a CPU generator seeded with `seed`,
+    so every backend times the same codes. One row per (backend, model, op, codes, images): min / median / mean
+    microseconds, T MAC/s from the median."""
     lut = exact_lut(True)
     rows = []
     for backend in backends:
@@ -311,24 +347,25 @@ def bench_matmuls(backends, batches=(64,), repeats=20, warmup=3, *, python_max_m
         lut_d = lut.to(device)
         for model, (heads, tokens, head_dim) in ATTENTION_SHAPES.items():
             for images in batches:
-                for op, (nb, m, n, k) in attention_matmul_shapes(images, heads, tokens, head_dim).items():
+                for op, shape in attention_matmul_shapes(images, heads, tokens, head_dim).items():
+                    nb, m, n, k = shape
                     macs = nb * m * n * k
                     reps, warm = repeats, warmup
                     if backend == "python":
                         if macs > python_max_macs:
                             continue
                         reps, warm = min(repeats, python_repeats), min(warmup, 1)
-                    gen = torch.Generator().manual_seed(seed)
-                    a = torch.randint(0 if op == "av" else -128, 128, (nb, m, k), generator=gen, dtype=torch.int8)
-                    b = torch.randint(-128, 128, (nb, n, k), generator=gen, dtype=torch.int8)
-                    a, b = a.to(device), b.to(device)
-                    fn = lambda: ops.lut_bmm(a, b, lut_d, backend=backend)  # noqa: E731
-                    t = _timed(timer, fn, warm, reps, macs)
-                    rows.append(dict(
-                        backend=backend, model=model, op=op, batch=images, heads=heads, tokens=tokens,
-                        head_dim=head_dim, B=nb, M=m, N=n, K=k, device=str(device), threads=torch.get_num_threads(),
-                        **t, tmacs=macs / t["median_us"] / 1e6 if t["median_us"] > 0 else float("nan"),
-                    ))
+                    for codes in MATMUL_CODES:
+                        gen = torch.Generator().manual_seed(seed)
+                        a, b = (t.to(device) for t in matmul_codes(op, shape, codes, gen))
+                        fn = lambda: ops.lut_bmm(a, b, lut_d, backend=backend)  # noqa: E731
+                        t = _timed(timer, fn, warm, reps, macs)
+                        rows.append(dict(
+                            backend=backend, model=model, op=op, codes=codes, batch=images, heads=heads,
+                            tokens=tokens, head_dim=head_dim, B=nb, M=m, N=n, K=k, device=str(device),
+                            threads=torch.get_num_threads(), **t,
+                            tmacs=macs / t["median_us"] / 1e6 if t["median_us"] > 0 else float("nan"),
+                        ))
     return pd.DataFrame(rows)
 
 

@@ -2,6 +2,7 @@
 import json
 
 import pandas as pd
+import torch
 
 from tests.conftest import has_cpp, run_cli
 
@@ -29,6 +30,7 @@ def test_bench_command_writes_tables(tmp_path):
     mm = pd.read_csv(run_dir / "matmuls.csv")
     assert (mm.tmacs > 0).all() and (mm.macs == mm.B * mm.M * mm.N * mm.K).all()
     assert set(zip(mm.model, mm.op)) >= {("vit_small", "qk"), ("vit_small", "av")}
+    assert set(mm.codes) == {"uniform", "attention"}
     if has_cpp():  # the ViT-B/16 shapes are past python_max_macs
         assert set(mm.loc[mm.backend == "cpp", "model"]) == {"vit_b16", "vit_small"}
     meta = json.loads((run_dir / "run.json").read_text())
@@ -51,6 +53,43 @@ def test_bench_matmul_shapes_and_config_checks():
         b = OmegaConf.merge(base, {"matmuls": True, "matmul_batches": bad})
         with pytest.raises(UserError, match="matmul_batches"):
             check_bench_config(b)
+
+
+def test_bench_matmuls_times_uniform_and_attention_codes(monkeypatch):
+    """bench_matmuls' table has a `codes` row of each distribution per (backend, model, op, batch), and the codes
+    it times under "attention" are concentrated like attention's (Q, K std ~32 codes; P mostly small
+    probabilities) where the "uniform" ones span the whole range; the same seeded codes on every call."""
+    from runner import bench, ops
+
+    seen = []  # (a, b) of each timed case, in row order
+
+    def fake_lut_bmm(a, b, lut, *, backend):
+        if not seen or seen[-1][0] is not a:
+            seen.append((a, b))
+        return torch.zeros(a.shape[0], a.shape[1], b.shape[1], dtype=torch.int32)
+
+    monkeypatch.setattr(ops, "lut_bmm", fake_lut_bmm)
+    df = bench.bench_matmuls(["python"], batches=(1,), repeats=1, warmup=0, python_max_macs=10**9)
+    assert list(df.codes) == ["uniform", "attention"] * (len(df) // 2) and len(seen) == len(df) == 8
+    assert set(zip(df.model, df.op, df.codes)) == {(m, o, c) for m in bench.ATTENTION_SHAPES for o in ("qk", "av")
+                                                   for c in ("uniform", "attention")}
+    assert "codes" in bench._SHOWN["matmuls"]
+    for (_, row), (a, b) in zip(df.iterrows(), seen):
+        assert a.dtype == b.dtype == torch.int8 and (tuple(a.shape), tuple(b.shape)) == ((row.B, row.M, row.K),
+                                                                                        (row.B, row.N, row.K))
+        a, b = a.float(), b.float()
+        assert 60 < b.std() < 85 if row.codes == "uniform" else 25 < b.std() < 40  # K, V
+        if row.op == "qk":
+            assert 60 < a.std() < 85 if row.codes == "uniform" else 25 < a.std() < 40
+        else:  # P: codes 0..127
+            assert a.min() >= 0 and a.max() <= 127
+            if row.codes == "uniform":
+                assert 55 < a.mean() < 72
+            else:
+                assert a.max() == 127 and a.mean() < 15 and (a == 0).float().mean() > 0.3
+    again = bench.matmul_codes("av", (2, 5, 6, 7), "attention", torch.Generator().manual_seed(0))
+    assert all(torch.equal(x, y) for x, y in
+               zip(again, bench.matmul_codes("av", (2, 5, 6, 7), "attention", torch.Generator().manual_seed(0))))
 
 
 def test_bench_rejects_unknown_backend(tmp_path):

@@ -11,38 +11,68 @@
 //       U16  unsigned tables whose products exceed int16 (mul8u: up to 65025): the magnitude table
 //            lut[a][0..128] as uint16 (66 KiB), the sign of b applied with one multiply-add per MAC;
 //       G32  anything else (tables with products beyond 16 bits): E32 read through L1/L2 (__ldg).
-//   * persistent blocks (one per SM: the int16 table is 129 KiB) load the table once and loop over
-//     tiles (batch, row block, column block); per tile and chunk of KC taps the block stages its codes
-//     transposed in shared memory ([KC][rows], [KC][cols]), so a thread's 4 rows' (4 columns') codes of a
-//     tap are one 32-bit load;
-//   * thread (tm, tn) of a TM x TN grid (TM * TN <= 256) sums R = 4 rows x C = 4 columns in int32
-//     registers: per tap 2 code loads, 16 table reads and 16 adds (wrapping like lut_linear's int32
-//     accumulators). TM x TN is chosen on the host per shape so the tiles cover M and N with the least
-//     padding, idle threads counted as work (197 x 197: 51 x 5 threads, tiles of 204 x 20).
+//   * persistent blocks (one per SM: the int16 table is 129 KiB) of G groups of 256 threads: the block loads the
+//     table once, then each group loops over its own tiles (batch, row block, column block) with its own staging
+//     buffers and named barrier, so one group's staging of codes from global memory overlaps the others'
+//     lookups. Per tile and chunk of KC taps a group stages its codes transposed in shared memory ([KC][rows],
+//     [KC][cols]); a thread issues 4-8 global loads before it stores any (32-bit words where K % 4 == 0 and the
+//     pointers are aligned);
+//   * thread (tm, tn) of a TM x TN grid (TM * TN <= 256) sums R rows x C columns in int32 registers (wrapping
+//     like lut_linear's int32 accumulators): per tap one R-byte and one C-byte code load, turned into byte
+//     offsets once, then R x C table reads and adds. TM x TN is chosen on the host per shape so the tiles cover M
+//     and N with the least padding, up to a quarter of the group idle where that pads less.
+//
+// The default (variant 0, what lut_bmm runs): g2_r4c8_pad, G = 2 (512 threads an SM), R x C = 4 x 8, KC = 32;
+// 197 x 197 (Q.K^T) in tiles of 200 x 40 (50 x 5 threads), 197 x 64 (P.V) in tiles of 200 x 32 (50 x 4); 161 KiB
+// of shared memory a block; ptxas (nvcc 13.0, sm_90): 128 registers a thread, 8 bytes spilled.
 //
 // The bound (S16, the common mode). Each MAC is one shared-memory read of the int16 effective table
 // (256 rows x 258 entries, 129 KiB, one copy per SM) at a data-dependent address. Shared memory serves a
 // warp's read in as many passes as its most-loaded bank (32 banks of 4 bytes) has distinct words; for 32
 // uniformly random addresses the expected worst bank load is ~3.5 (32 balls in 32 bins), so an SM completes
-// about 32 / 3.5 ~ 9 table reads a clock: on an H100 SXM (132 SMs x 1.98 GHz) ~2.4 T reads/s for random codes.
-// The 2 T MAC/s bar is ~85 % of that, so a kernel must be purely lookup bound: few instructions per MAC (the
-// sm_90 build of the group variants below: one IMAD for the address, row code * 516 + column offset; one
-// LDS.S16; half an IADD3, two taps' products added at once; code unpacking amortised over the R x C outputs:
-// ~3.3 instructions per MAC against 4 schedulers x 32 lanes a clock), enough warps resident to hide the
-// conflicts' latency, and staging of codes that overlaps the lookups. Concentrated codes (real activations,
-// P's probabilities) do better than the bound: lanes reading the same 4-byte word are served in one pass.
+// about 32 / 3.5 ~ 9 table reads a clock: on 132 SMs x 1.98 GHz (H100 SXM, H200) ~2.37 T reads/s for uniformly
+// random codes. A kernel near it must be purely lookup bound: few instructions per MAC (sm_90: one IMAD for
+// the address, row code * 516 + column offset; one LDS.S16; half an IADD3, two taps' products added at once;
+// code unpacking amortised over the R x C outputs), enough warps resident to hide the conflicts' latency, and
+// staging of codes that overlaps the lookups. Concentrated codes (real activations, P's probabilities) do
+// better than the bound: lanes reading the same 4-byte word are served in one pass.
 //
-// Variants (approx::lut_bmm_variant, by index; checks.h kBmmVariants names them; lut_bmm runs 0 = base):
-//   base         the kernel above: 256 threads an SM (the table takes the block's shared memory), codes staged
-//                byte by byte with one global load in flight a thread.
-//   gG...        lut_bmm_groups_kernel: G groups of 256 threads (G = 1..4: 256 to 1024 threads an SM) share
-//                the table, each group runs its own tiles with its own staging buffers and named barrier, so
-//                one group's staging overlaps the others' lookups; a thread issues 4-8 staging loads before
-//                storing (32-bit words where K % 4 == 0); per tap R x C outputs from one R- and one C-byte
-//                code load, row byte offsets formed once per tap.
+// Measured (NVIDIA H200, 132 SMs at 1980 MHz; `python3 benchmarks/cuda_attention.py`, 2026-11-28; median of 10
+// CUDA-event timings after 2 warm-ups; every variant bit-exact against the reference and the cpp kernel),
+// T MAC/s on ViT-B/16 at 64 images (768 matrices of 197 x 197 x 64), exact tables; codes uniform ("unif"),
+// attention-like ("attn": Q, K, V normal of std 32 codes, P a softmax) and narrow (std 8):
+//                      qk s8 unif/attn/narrow  av s8 unif/attn/narrow  av u8 unif/attn/narrow
+//   g2_r4c8_pad        1.840  1.932  2.177     1.830  2.565  2.273     1.799  2.516  2.162
+//   g1_pad             1.693  1.757  1.948     1.372  1.741  1.612     1.354  1.723  1.551
+//   g2_pad             1.812  1.888  2.131     1.631  2.297  1.994     1.609  2.227  1.893
+//   g2_k64_pad         1.844  1.920  2.164     1.655  2.375  2.040     1.630  2.292  1.930
+//   g3_pad             1.869  1.950  2.200     1.693  2.204  2.088     1.665  2.199  1.988
+//   g2_pad_rowlanes    1.567  1.670  2.217     1.588  2.139  2.126     1.503  2.134  2.107
+//   retired: base      1.271  1.308  1.406     0.962  1.106  1.061     0.954  1.096  1.041
+//            g1        1.683  1.748  1.944     1.044  1.269  1.182     1.034  1.254  1.147
+//            g4        1.091  1.064  1.072     0.815  0.936  0.889     0.810  0.926  0.871
+//            g4_pad    1.086  1.068  1.075     1.230  1.218  1.199     1.228  1.209  1.194
+//            g4_r2c8_pad 1.198 1.171 1.157     1.183  1.176  1.170     1.196  1.156  1.149
+//            g4_pad_rowlanes 0.974 0.957 0.964 1.156  1.138  1.135     1.158  1.139  1.151
+//   torch.bmm (cuBLAS) on the same shapes, T FLOP-pairs/s: fp32 qk 9.76, av 13.70; bf16 qk 14.10, av 21.11.
+// The default with uniform codes, 1.84 T MAC/s, is 78 % of the ~2.37 T reads/s bound; with attention-like codes
+// it runs 1.93 (Q.K^T) and 2.57 (P.V), so one attention layer's two products (equal MACs) together run at
+// 2 / (1 / 1.932 + 1 / 2.565) = 2.20 T MAC/s. (It beats g3_pad and g2_k64_pad on P.V by 0.19-0.36 T MAC/s at
+// attention-like codes and trails them on Q.K^T by at most 0.03.)
+//
+// History: the first kernel (`base`, retired 2026-11-28) ran one block of 256 threads an SM with 4 x 4 outputs a
+// thread, staged codes byte by byte with one global load in flight a thread (~20 serial round trips to L2 a
+// chunk) and counted every idle thread in its tile grid (P.V's 197 rows in tiles of 256); it reached 1.27-1.41
+// T MAC/s on Q.K^T and 0.95-1.11 on P.V. Retired with it on the same measurements, losing everywhere: g1 (base's
+// tiling with the groups kernel's loop and staging) and the 1024-thread layouts g4, g4_pad, g4_r2c8_pad,
+// g4_pad_rowlanes (64 registers a thread; 0.81-1.23 T MAC/s).
+//
+// Variants (approx::lut_bmm_variant, by index; checks.h kBmmVariants names them; lut_bmm runs 0 = g2_r4c8_pad):
+// each is lut_bmm_groups_kernel with
+//   gG           G groups of 256 threads (G = 1..3: 256 to 768 threads an SM) sharing the table;
 //   _pad         the tile grid may leave up to a quarter of a group's threads idle where that pads less
-//                (P.V, 197 x 64: tiles of 200 x 64 instead of 256 x 64, 1.5 % padding instead of 30 %).
-//   _r4c8/_r2c8  R x C outputs a thread other than 4 x 4; _k64: 64 taps a staged chunk instead of 32;
+//                (P.V, 197 x 64: tiles of 200 rows instead of 256, 1.5 % padding instead of 30 %);
+//   _r4c8        4 x 8 outputs a thread (4 x 4 otherwise); _k64: 64 taps a staged chunk instead of 32;
 //   _rowlanes    a warp's lanes along rows (they share b's codes: concentrated a codes broadcast).
 // Every variant computes the same int32 sums (the same products, int32 adds wrap alike in any order).
 #include <ATen/ATen.h>
@@ -59,14 +89,11 @@
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int R = 4, C = 4;      // rows x columns per thread
-constexpr int KC = 32;           // taps per staged chunk
-constexpr int kMaxTile = 256;    // rows or columns of a tile at most (TM, TN in [1, 64])
-constexpr int kS16Stride = 258;  // int16 entries per shared row in S16 mode
-constexpr int kU16Stride = 130;  // uint16 entries per shared row in U16 mode (129 used)
+constexpr int kGroupThreads = 256;  // threads of a group (G groups a block)
+constexpr int kMaxTile = 256;       // rows or columns of a tile at most
+constexpr int kS16Stride = 258;     // int16 entries per shared row in S16 mode
+constexpr int kU16Stride = 130;     // uint16 entries per shared row in U16 mode (129 used)
 constexpr int kTableBytes = 256 * kS16Stride * 2;
-constexpr int kSmem = kTableBytes + 2 * KC * kMaxTile;
 
 enum Mode { S16 = 0, U16 = 1, G32 = 2 };
 
@@ -103,139 +130,29 @@ struct Args {
   long long mtiles, ntiles, tiles;
   unsigned xmask;  // code ^ xmask = row of E (0x80 for int8 a)
   bool is_unsigned;
-  bool words;  // K % 4 == 0 and a, b 4-byte aligned: codes staged as 32-bit words (variants 1..)
+  bool words;  // K % 4 == 0 and a, b 4-byte aligned: codes staged as 32-bit words
 };
 
-template <int MODE>
-__device__ __forceinline__ void run(const Args& p, uint8_t* smem) {
-  const int tid = threadIdx.x;
-  const int TM = p.TM, TN = p.TN, Mt = TM * R, Nt = TN * C;
-  const int tm = tid / TN, tn = tid - (tid / TN) * TN;
-  const bool active = tm < TM;
-  int16_t* S = reinterpret_cast<int16_t*>(smem);
-  uint16_t* U = reinterpret_cast<uint16_t*>(smem);
-  uint8_t* as = smem + kTableBytes;   // [KC][Mt] codes, row(a) form
-  uint8_t* bs = as + KC * kMaxTile;   // [KC][Nt] b codes (raw int8 bytes)
-  if (MODE == S16) {
-    for (int e = tid; e < 65536; e += kThreads) S[(e >> 8) * kS16Stride + (e & 255)] = (int16_t)__ldg(p.E + e);
-  } else if (MODE == U16) {
-    for (int e = tid; e < 256 * 129; e += kThreads) {
-      const int r = e / 129, m = e - r * 129;
-      U[r * kU16Stride + m] = (uint16_t)__ldg(p.lut + r * 256 + m);
-    }
-  }
-  for (long long t = blockIdx.x; t < p.tiles; t += gridDim.x) {
-    const long long i = t / (p.mtiles * p.ntiles), rem = t - i * p.mtiles * p.ntiles;
-    const long long m0 = (rem / p.ntiles) * Mt, n0 = (rem - (rem / p.ntiles) * p.ntiles) * Nt;
-    const uint8_t* ai = p.a + (i * p.M) * p.K;
-    const int8_t* bi = p.b + (i * p.N) * p.K;
-    uint32_t acc[R][C];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int c = 0; c < C; ++c) acc[r][c] = 0;
-    for (int k0 = 0; k0 < p.K; k0 += KC) {
-      const int kn = min(KC, p.K - k0);
-      __syncthreads();  // the previous chunk's (or tile's) reads are done; the table is stored
-      // consecutive threads read consecutive taps of a row (coalesced), and store them transposed
-      for (int e = tid; e < Mt * KC; e += kThreads) {
-        const int r = e / KC, kk = e - r * KC;
-        const long long m = m0 + r;
-        uint8_t v = 0;
-        if (m < p.M && kk < kn) v = ai[m * p.K + k0 + kk];
-        as[kk * Mt + r] = (uint8_t)(v ^ p.xmask);
-      }
-      for (int e = tid; e < Nt * KC; e += kThreads) {
-        const int c = e / KC, kk = e - c * KC;
-        const long long n = n0 + c;
-        int8_t v = 0;
-        if (n < p.N && kk < kn) v = bi[n * p.K + k0 + kk];
-        bs[kk * Nt + c] = (uint8_t)v;
-      }
-      __syncthreads();
-      if (active) {
-        for (int kk = 0; kk < kn; ++kk) {
-          const uint32_t aw = *reinterpret_cast<const uint32_t*>(as + kk * Mt + tm * R);
-          const uint32_t bw = *reinterpret_cast<const uint32_t*>(bs + kk * Nt + tn * C);
-          int col[C], sgn[C];
-#pragma unroll
-          for (int c = 0; c < C; ++c) {
-            const int bv = (int)(int8_t)((bw >> (8 * c)) & 255);
-            if (MODE == U16) {
-              col[c] = bv < 0 ? -bv : bv;
-              sgn[c] = (bv > 0) - (bv < 0);
-            } else {
-              col[c] = bv + 128;
-              sgn[c] = 1;
-            }
-          }
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            const int row = (int)((aw >> (8 * r)) & 255);
-#pragma unroll
-            for (int c = 0; c < C; ++c) {
-              if (MODE == S16) {
-                acc[r][c] += (uint32_t)(int32_t)S[row * kS16Stride + col[c]];
-              } else if (MODE == U16) {
-                acc[r][c] += (uint32_t)U[row * kU16Stride + col[c]] * (uint32_t)sgn[c];
-              } else {
-                acc[r][c] += (uint32_t)__ldg(p.E + row * 256 + col[c]);
-              }
-            }
-          }
-        }
-      }
-    }
-    if (active) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const long long m = m0 + tm * R + r;
-        if (m >= p.M) break;
-        int32_t* o = p.out + (i * p.M + m) * p.N;
-#pragma unroll
-        for (int c = 0; c < C; ++c) {
-          const long long n = n0 + tn * C + c;
-          if (n < p.N) o[n] = (int32_t)acc[r][c];
-        }
-      }
-    }
-  }
-}
-
-__global__ void __launch_bounds__(kThreads) lut_bmm_kernel(Args p) {
-  extern __shared__ __align__(16) uint8_t smem[];
-  const bool fits16 = p.flags[0] != 0, fitsu16 = p.is_unsigned && p.flags[1] != 0;
-  if (fitsu16 && !fits16)
-    run<U16>(p, smem);
-  else if (fits16)
-    run<S16>(p, smem);
-  else
-    run<G32>(p, smem);
-}
-
-// ---- variants 1.. (approx::lut_bmm_variant): thread groups sharing one table ------------------------------
-// A block of G groups of 256 threads (G = 1..4: 256..1024 threads an SM, where the base kernel has 256); the
-// block loads the table once, each group then loops over its own tiles with its own staging buffers and a
-// named barrier (bar.sync 1 + g, 256 threads), so while one group stages codes from global memory the others
-// look up. Per thread R x C outputs; per tap the R row codes and C column codes are one 16/32/64-bit load
-// each, turned into byte offsets once (row(a) * row stride + table base, column * entry size), so each MAC is
-// one IADD (address), one LDS.U16/S16 (or LDG through L1 in G32) and one IADD / IMAD (accumulate). b's codes
-// are staged as column indices (b + 128) in S16 / G32, raw in U16; codes are read as 32-bit words from global
-// memory where K and the pointers allow (K % 4 == 0).
-constexpr int kGroupThreads = 256;
+// ---- lut_bmm_groups_kernel: thread groups sharing one table ------------------------------------------------
+// A block of G groups of 256 threads (G = 1..3: 256..768 threads an SM); the block loads the table once, each
+// group then loops over its own tiles with its own staging buffers and a named barrier (bar.sync 1 + g, 256
+// threads), so while one group stages codes from global memory the others look up. Per thread R x C outputs;
+// per tap the R row codes and C column codes are one 32/64-bit load each, turned into byte offsets once
+// (row(a) * row stride + table base, column * entry size), so each MAC is one IADD (address), one LDS.U16/S16
+// (or LDG through L1 in G32) and one IADD / IMAD (accumulate). b's codes are staged as column indices (b + 128)
+// in S16 / G32, raw in U16; codes are read as 32-bit words from global memory where K and the pointers allow
+// (K % 4 == 0).
 
 template <int N>
-struct Codes {  // N (2, 4 or 8) consecutive staged bytes, one load
+struct Codes {  // N (4 or 8) consecutive staged bytes, one load
   uint32_t w[(N + 3) / 4];
   __device__ __forceinline__ void load(const uint8_t* p) {
     if constexpr (N == 8) {
       const uint2 v = *reinterpret_cast<const uint2*>(p);
       w[0] = v.x, w[1] = v.y;
-    } else if constexpr (N == 4) {
-      w[0] = *reinterpret_cast<const uint32_t*>(p);
     } else {
-      static_assert(N == 2, "R and C are 2, 4 or 8");
-      w[0] = *reinterpret_cast<const uint16_t*>(p);
+      static_assert(N == 4, "R and C are 4 or 8");
+      w[0] = *reinterpret_cast<const uint32_t*>(p);
     }
   }
   __device__ __forceinline__ uint32_t operator[](int j) const { return (w[j >> 2] >> (8 * (j & 3))) & 255u; }
@@ -250,8 +167,8 @@ __device__ __forceinline__ void group_sync(int g, int G) {
 
 // Stage taps [k0, k0 + KC) of `rows` rows starting at row0 of src ([*, K] bytes, `total` rows) transposed into
 // dst[kk][r], each byte ^ x; rows past `total` and taps past kn are 0 ^ x (a valid table index, never stored).
-// A thread issues NB global loads before it stores any (their latencies overlap; one at a time, a chunk's
-// staging took ~20 serial round trips to L2 a thread).
+// A thread issues NB global loads before it stores any (their latencies overlap; one at a time, as the retired base
+// kernel did, a chunk's staging took ~20 serial round trips to L2 a thread).
 template <int KC>
 __device__ __forceinline__ void stage(uint8_t* __restrict dst, const uint8_t* __restrict src, long long row0,
                                       int rows, long long total, int K, int k0, int kn, uint32_t x, bool words,
@@ -304,7 +221,7 @@ template <int MODE, int G, int R, int C, int KC, bool COLS>
 __device__ __forceinline__ void run_groups(const Args& p, uint8_t* smem) {
   const int tid = threadIdx.x, g = tid / kGroupThreads, lt = tid - g * kGroupThreads;
   const int TM = p.TM, TN = p.TN, Mt = TM * R, Nt = TN * C;
-  // lanes along columns (COLS: consecutive threads take consecutive tn, as the base kernel) or along rows
+  // lanes along columns (COLS: consecutive threads take consecutive tn) or along rows
   // (consecutive tm: a warp's lanes share b's codes and differ in a's, so concentrated a codes -- P's -- give
   // identical addresses, which broadcast)
   const int tm = COLS ? lt / TN : lt % TM, tn = COLS ? lt % TN : lt / TM;
@@ -348,7 +265,7 @@ __device__ __forceinline__ void run_groups(const Args& p, uint8_t* smem) {
       if (active) {
         const uint8_t* ap = as + tm * R;
         const uint8_t* bp = bs + tn * C;
-#pragma unroll(G <= 2 ? 2 : 1)  // two taps: their products summed by one IADD3; 1024 threads have 64 registers
+#pragma unroll(G <= 2 ? 2 : 1)  // two taps: their products summed by one IADD3; 768 threads leave <= 80 registers
         for (int kk = 0; kk < kn; ++kk) {
           Codes<R> ac;
           Codes<C> bc;
@@ -414,14 +331,14 @@ __global__ void __launch_bounds__(G* kGroupThreads, 1) lut_bmm_groups_kernel(Arg
 
 // The thread grid (TM rows x TN columns of threads, TM * TN <= 256) whose tiles pad M and N least: the work
 // computed (padded rows x padded columns) over the useful work, times floor / (TM * TN) where fewer than
-// `floor` threads work (the base kernel counts every idle thread: floor 256; the "_pad" variants let up to a
-// quarter idle: floor 192, so 197 x 64 gets 200 x 64 tiles of 200 threads instead of 256 x 64 ones). Ties go
-// to the larger grid (fewer code loads per MAC).
+// `floor` threads work (floor 256 would count every idle thread; the "_pad" variants, all of them now, let up
+// to a quarter idle: floor 192, so 197 x 64 gets tiles of 200 rows instead of 256). Ties go to the larger grid
+// (fewer code loads per MAC).
 void choose_grid(int64_t M, int64_t N, int Rr, int Cc, int floor, int& TM, int& TN) {
   double best = 1e300;
   TM = TN = 0;
   for (int tn = 1; tn <= kMaxTile / Cc; ++tn)
-    for (int tm = std::min(kThreads / tn, kMaxTile / Rr); tm >= 1; --tm) {
+    for (int tm = std::min(kGroupThreads / tn, kMaxTile / Rr); tm >= 1; --tm) {
       const int64_t mt = (int64_t)tm * Rr, nt = (int64_t)tn * Cc;
       const double rows = (double)((M + mt - 1) / mt * mt), cols = (double)((N + nt - 1) / nt * nt);
       const double cost = rows * cols * std::max(1.0, (double)floor / ((double)tm * tn));
@@ -444,18 +361,12 @@ constexpr Variant make_variant(int floor) {
 }
 
 const Variant kVariants[] = {
-    {lut_bmm_kernel, 1, R, C, KC, 256},  // base: the kernel above
-    make_variant<1, 4, 4, 32>(256),           // g1: the base kernel's tiling, the groups kernel's inner loop and staging
-    make_variant<1, 4, 4, 32>(192),           // g1_pad
-    make_variant<2, 4, 4, 32>(192),           // g2_pad: 512 threads
-    make_variant<4, 4, 4, 32>(256),           // g4: 1024 threads
-    make_variant<4, 4, 4, 32>(192),           // g4_pad
-    make_variant<2, 4, 8, 32>(192),           // g2_r4c8_pad: 4 x 8 outputs a thread
-    make_variant<4, 2, 8, 32>(192),           // g4_r2c8_pad: 2 x 8 outputs a thread
-    make_variant<2, 4, 4, 64>(192),           // g2_k64_pad: 64 taps a chunk
-    make_variant<3, 4, 4, 32>(192),           // g3_pad: 768 threads
-    make_variant<2, 4, 4, 32, false>(192),    // g2_pad_rowlanes: a warp's lanes along rows
-    make_variant<4, 4, 4, 32, false>(192),    // g4_pad_rowlanes
+    make_variant<2, 4, 8, 32>(192),         // g2_r4c8_pad: 512 threads, 4 x 8 outputs a thread (lut_bmm's kernel)
+    make_variant<1, 4, 4, 32>(192),         // g1_pad: 256 threads
+    make_variant<2, 4, 4, 32>(192),         // g2_pad: 512 threads
+    make_variant<3, 4, 4, 32>(192),         // g3_pad: 768 threads
+    make_variant<2, 4, 4, 64>(192),         // g2_k64_pad: 64 taps a chunk
+    make_variant<2, 4, 4, 32, false>(192),  // g2_pad_rowlanes: a warp's lanes along rows
 };
 static_assert(sizeof(kVariants) / sizeof(kVariants[0]) == approx_checks::kBmmVariantCount,
               "kVariants and checks.h kBmmVariants list the same variants");
@@ -497,7 +408,7 @@ at::Tensor lut_bmm_run(const at::Tensor& a, const at::Tensor& b, const at::Tenso
   C10_CUDA_CHECK(cudaGetDevice(&dev));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  const int smem = variant == 0 ? kSmem : smem_bytes(v.G, v.KC);
+  const int smem = smem_bytes(v.G, v.KC);
   TORCH_CHECK(smem <= optin, "lut_bmm: the CUDA kernel (variant " + std::string(approx_checks::kBmmVariants[variant]) +
                                  ") needs " + std::to_string(smem) + " bytes of shared memory per block, the device allows " +
                                  std::to_string(optin));
@@ -510,7 +421,7 @@ at::Tensor lut_bmm_run(const at::Tensor& a, const at::Tensor& b, const at::Tenso
 }
 
 at::Tensor lut_bmm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& lut) {
-  return lut_bmm_run(a, b, lut, 0);
+  return lut_bmm_run(a, b, lut, 0);  // g2_r4c8_pad
 }
 
 at::Tensor lut_bmm_variant_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& lut, int64_t variant) {

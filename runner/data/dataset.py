@@ -168,12 +168,12 @@ class Images:
         """uint8 [n, C, S, S] of this view's images idx (all when None), uncropped."""
         rows = self._rows(idx)
         if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and np.all(np.diff(rows) == 1):
-            block = self.array[rows[0]:rows[-1] + 1]  # one sequential read
-        else:
-            order = np.argsort(rows, kind="stable")  # reads in file order, then back to the asked order
-            block = np.empty((len(rows), *self.array.shape[1:]), dtype=np.uint8)
-            block[order] = self.array[rows[order]]
-        return torch.from_numpy(np.array(block))  # a copy: the memmap is read-only
+            # one sequential read, copied: the memmap is read-only
+            return torch.from_numpy(np.array(self.array[rows[0]:rows[-1] + 1]))
+        order = np.argsort(rows, kind="stable")  # reads in file order, then back to the asked order
+        block = np.empty((len(rows), *self.array.shape[1:]), dtype=np.uint8)
+        block[order] = self.array[rows[order]]
+        return torch.from_numpy(block)  # gathered into a new array already: no second copy
 
     def _crop(self, raw: torch.Tensor) -> torch.Tensor:
         s, c = raw.shape[-1], self.crop_size

@@ -4,7 +4,7 @@ cuBLAS's first matmul (each synchronised), then the same calls again.
     python benchmarks/cuda_first_calls.py      # on the GPU machine; run it a few times (the first run
                                                # also reads the libraries from disk)
 
-approx-run starts these in a background thread for the GPU commands (runner.session.warm_up_cuda)."""
+approx-run starts these in a background thread for the GPU commands (runner.gpus.warm_up_cuda)."""
 import time
 
 import torch

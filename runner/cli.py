@@ -98,7 +98,7 @@ def _main(argv: list[str]) -> int:
         print_usage(sys.stderr)
         return 2
     if command in GPU_COMMANDS and wants_cuda(args):
-        from runner.session import warm_up_cuda
+        from runner.gpus import warm_up_cuda
 
         warm_up_cuda()  # overlaps the composition, the data and the CPU-side set-up that follow
     try:

@@ -23,7 +23,8 @@ from runner import operand
 from runner.energy import energy, layer_macs
 from runner.evaluate import check_eval_config, run_timed, run_timed_sharded
 from runner.jobs.plan import Plan
-from runner.layers import LayerSwaps, auto_picks, convert_model, quantized_layers, select_layers
+from runner.layer_swaps import LayerSwaps
+from runner.layers import auto_picks, convert_model, quantized_layers, select_layers
 from runner.models import build_model
 from runner.multipliers import metrics_of, resolve_per_layer
 from runner.ops import BACKEND_DEVICE, check_algo

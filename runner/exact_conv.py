@@ -36,6 +36,15 @@ def exact_conv2d(codes: torch.Tensor, weight_codes: torch.Tensor, stride, paddin
     return acc.to(torch.int64) if integer else acc
 
 
+def exact_linear(codes: torch.Tensor, weight_codes: torch.Tensor) -> torch.Tensor:
+    """[M, N] sums of codes [M, K] times weight_codes [N, K], exact, in the float dtype they are exact in
+    (exact_dtype); on a GPU through the integer GEMM where it fits."""
+    dtype = exact_dtype(codes.shape[-1], codes.dtype == torch.int8)
+    if codes.is_cuda and int_mm_fits(codes, weight_codes):
+        return int_mm(codes, weight_codes).to(dtype)
+    return codes.to(dtype) @ weight_codes.to(dtype).t()
+
+
 def unfold(x: torch.Tensor, kernel, dilation, padding, stride) -> torch.Tensor:
     """F.unfold(x, ...) ([B, C*kh*kw, Ho*Wo], padding zeros) as one strided copy of the padded input. On a GPU
     F.unfold launches an im2col kernel per image: 512 launches per training step of LeNet-5 at batch 256."""

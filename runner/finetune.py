@@ -29,10 +29,10 @@ from runner.code_map import fit_code_maps
 from runner.console import console, progress_bar
 from runner.errors import UserError, config_number
 from runner.layer_checks import check_non_finite_inputs
-from runner.layers import _Approx, _FakeQuant, learn_act_scales, quantized_layers, recalibrate, set_grad_mode
+from runner.layers import _Approx, _FakeQuant, learn_act_scales, quantized_layers, set_grad_mode
 from runner.ops_autograd import GRADS
 from runner.provenance import atomic_write_bytes
-from runner.quant import QuantConfig
+from runner.quant import QuantConfig, calibrate
 from runner.store import write_csv
 from runner.train_step import TrainStep, read_input_flags
 
@@ -543,3 +543,26 @@ def row_columns(fcfg: FinetuneConfig, meta: dict, path: Path) -> dict:
             "finetune_batch_per_device": meta.get("batch_per_device", int(fcfg.batch_size)),
             "finetune_lr_scaling": meta.get("lr_scaling", "none"),
             "finetune_lr_effective": meta.get("lr_effective", float(fcfg.lr))}
+
+
+@torch.no_grad()
+def recalibrate(model: nn.Module, calib_x: torch.Tensor, qcfg: QuantConfig, seed: int = 0, device="cpu") -> dict:
+    """New static activation scales for a converted model after its weights changed (retraining), layer by
+    layer in forward order, so each layer is observed with the new scales of the layers before it. The
+    observing forwards run requant=float: in integer mode a layer's input arrives already clamped to its old
+    range, so a range could never grow."""
+    stats = {}
+    if qcfg.activation == "dynamic":
+        return stats
+    layers = quantized_layers(model)
+    modes = {name: layer.requant for name, layer in layers.items()}
+    try:
+        for layer in layers.values():
+            layer.requant = "float"
+        for name, layer in layers.items():
+            stats.update(calibrate(model, calib_x, qcfg, device=device, seed=seed, layers={name: layer}))
+            layer.set_act_amax(stats[name])
+    finally:
+        for name, layer in layers.items():
+            layer.requant = modes[name]
+    return stats

@@ -21,12 +21,12 @@ from runner.attention import MatMul, explicit_attention, use_matmuls
 from runner.attention.quantized import ApproxMatMul, FakeQuantMatMul, QuantizedMatMul
 from runner.code_map import identity_code_map
 from runner.errors import UserError
-from runner.exact_conv import exact_conv2d, exact_dtype, int_mm, int_mm_fits
+from runner.exact_conv import exact_conv2d, exact_linear
 from runner.float64_steps import float64_steps
 from runner.layer_checks import NonFiniteInputCheck, check_accumulator, check_finite, reduction_length
 from runner.linking import clamps_keep_codes, find_consumers
 from runner.pooling import pair_pools
-from runner.models import fold_input_normalization
+from runner.models import fold_input_normalization, set_module
 from runner.quant import (ActStats, QuantConfig, act_qrange, act_scale_from_amax, calibrate, dequantized_bias,
                           dynamic_amax, fake_quant_act, fake_quant_act_lsq, fake_quant_weight_ste, quant_layers,
                           quantize_act, quantize_bias, quantize_weight, requant_multiplier, weight_clip, weight_scale)
@@ -280,10 +280,7 @@ class _LinearOps:
 
     def _exact_acc(self, codes, weight_codes):
         """[M, N] (finish's channel dim 1); forward restores the leading dims."""
-        dtype = exact_dtype(codes.shape[-1], codes.dtype == torch.int8)
-        if codes.is_cuda and int_mm_fits(codes, weight_codes):  # exact either way; the integer GEMM is ~20x faster
-            return int_mm(codes.reshape(-1, codes.shape[-1]), weight_codes).to(dtype)
-        return codes.reshape(-1, codes.shape[-1]).to(dtype) @ weight_codes.to(dtype).t()
+        return exact_linear(codes.reshape(-1, codes.shape[-1]), weight_codes)
 
 
 class _FakeQuant(_Quantized):
@@ -408,11 +405,6 @@ def auto_picks(model: nn.Module) -> dict[str, str]:
     return {name: m.auto_pick() for name, m in model.named_modules() if isinstance(m, _Approx)}
 
 
-def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
-
-
 def select_layers(model: nn.Module, layers) -> list[str]:
     """The Conv2d/Linear layer names to convert: all when `layers` is None/"all"/empty, else those named. A name
     is a module path (layer1.0.conv1) or a glob over them ('layer3.*', '*.shortcut.*'); each glob's matches come
@@ -475,9 +467,9 @@ def convert_model(model: nn.Module, multipliers, qcfg: QuantConfig, stats: dict[
     check_signedness({n: per_layer[n] for n in converted}, stats)
     out = copy.deepcopy(model)
     for name in converted:
-        new = _converted(out.get_submodule(name), name, per_layer[name], qcfg, stats, backend, algo,
+        new = converted_layer(out.get_submodule(name), name, per_layer[name], qcfg, stats, backend, algo,
                          fake or name not in names)
-        _set_module(out, name, new)
+        set_module(out, name, new)
     pair_pools(out)
     float64_steps(out)  # the CPU's and a GPU's float32 kernels round them differently: a last bit can change a code
     link_consumers(out)
@@ -485,7 +477,7 @@ def convert_model(model: nn.Module, multipliers, qcfg: QuantConfig, stats: dict[
     return out.eval()
 
 
-def _converted(layer: nn.Module, name: str, multiplier, qcfg: QuantConfig, stats: dict[str, ActStats], backend: str,
+def converted_layer(layer: nn.Module, name: str, multiplier, qcfg: QuantConfig, stats: dict[str, ActStats], backend: str,
                algo: str, fake: bool) -> nn.Module:
     """The fake-quant (fake) or LUT layer that replaces the float `layer` named `name`."""
     st = None if qcfg.activation == "dynamic" else stats[name]
@@ -497,49 +489,6 @@ def _converted(layer: nn.Module, name: str, multiplier, qcfg: QuantConfig, stats
     if fake:
         return (FakeQuantConv2d if conv else FakeQuantLinear)(layer, multiplier.signed, qcfg, st, name=name)
     return (ApproxConv2d if conv else ApproxLinear)(layer, multiplier, qcfg, st, backend, algo, name=name)
-
-
-class LayerSwaps:
-    """One converted model for the evaluations that each approximate other layers of it, every other layer
-    fake-quant (model.other_layers=fakequant: sensitivity, search). Converting the whole model per evaluation
-    copies every layer, quantizes every weight and traces the forward (half a second for a ResNet-50 on a CPU,
-    more than its evaluation from the kept prefix on a GPU); here the layers under test are swapped in as LUT
-    layers and the previous evaluation's put back as the fake-quant layers they were. The model's structure,
-    and so its consumer links, do not depend on which layers are swapped: traced once.
-    `fake_model`: convert_model(..., fake=True, others="fakequant") of `folded`, the model every layer of which
-    is fake-quant under the evaluations' signedness (copied: the reference model itself stays as it is)."""
-
-    def __init__(self, fake_model: nn.Module, folded: nn.Module, qcfg: QuantConfig, stats: dict[str, ActStats],
-                 backend: str, algo: str):
-        self.model = copy.deepcopy(fake_model)
-        self.folded, self.qcfg, self.stats, self.backend, self.algo = folded, qcfg, stats, backend, algo
-        self._fake: dict[str, nn.Module] = {}  # a swapped-in layer's name: the fake-quant layer it replaced
-        self._links = find_consumers(self.model, lambda m: isinstance(m, _Quantized))  # link_consumers' own
-
-    def install(self, multipliers: dict, layers: list[str]) -> nn.Module:
-        """The model with `layers` (names) as LUT layers of their multipliers, every other layer fake-quant; a
-        layer that stays swapped keeps its LUT layer (set_multiplier loads another table into it)."""
-        check_signedness({n: multipliers[n] for n in layers}, self.stats)
-        for name in [n for n in self._fake if n not in layers]:
-            _set_module(self.model, name, self._fake.pop(name))
-        for name in layers:
-            current = self.model.get_submodule(name)
-            if name in self._fake and current.signed == multipliers[name].signed:
-                continue
-            if current.signed != multipliers[name].signed:
-                raise ValueError(f"LayerSwaps: {name} is fake-quant with signed={current.signed}, its multiplier "
-                                 f"{multipliers[name].name} is not: the swaps serve one signedness per layer")
-            new = _converted(self.folded.get_submodule(name), name, multipliers[name], self.qcfg, self.stats,
-                             self.backend, self.algo, fake=False)
-            self._fake[name] = current
-            _set_module(self.model, name, new.to(_device_of(current)))
-        link_consumers(self.model, self._links)
-        return self.model.eval()
-
-
-def _device_of(module: nn.Module) -> torch.device:
-    return next((t.device for t in module.parameters()), None) or \
-        next((t.device for t in module.buffers()), torch.device("cpu"))
 
 
 def link_consumers(model: nn.Module, links: dict | None = None) -> None:
@@ -555,11 +504,17 @@ def link_consumers(model: nn.Module, links: dict | None = None) -> None:
         object.__setattr__(m, "_consumer", None)
         m._link_clamps, m._requant_cache = (), None
     if links is None:
-        links = find_consumers(model, lambda m: isinstance(m, _Quantized))
+        links = consumer_links(model)
     for name, (consumer, clamps) in links.items():
         if not layers[consumer].dynamic:
             object.__setattr__(layers[name], "_consumer", layers[consumer])
             layers[name]._link_clamps = clamps
+
+
+def consumer_links(model: nn.Module) -> dict:
+    """find_consumers over the model's Conv2d/Linear layers: what link_consumers applies (traced once, reusable
+    while the model's structure stays: runner.layer_swaps)."""
+    return find_consumers(model, lambda m: isinstance(m, _Quantized))
 
 
 def integer_links(model: nn.Module) -> dict[str, str]:
@@ -626,26 +581,3 @@ def set_grad_mode(model: nn.Module, grad: str, slope_window: int = 1) -> None:
     for m in model.modules():
         if isinstance(m, (_Approx, ApproxMatMul)):
             m.set_grad(grad, slope_window)
-
-
-@torch.no_grad()
-def recalibrate(model: nn.Module, calib_x: torch.Tensor, qcfg: QuantConfig, seed: int = 0, device="cpu") -> dict:
-    """New static activation scales for a converted model after its weights changed (retraining), layer by
-    layer in forward order, so each layer is observed with the new scales of the layers before it. The
-    observing forwards run requant=float: in integer mode a layer's input arrives already clamped to its old
-    range, so a range could never grow."""
-    stats = {}
-    if qcfg.activation == "dynamic":
-        return stats
-    layers = quantized_layers(model)
-    modes = {name: layer.requant for name, layer in layers.items()}
-    try:
-        for layer in layers.values():
-            layer.requant = "float"
-        for name, layer in layers.items():
-            stats.update(calibrate(model, calib_x, qcfg, device=device, seed=seed, layers={name: layer}))
-            layer.set_act_amax(stats[name])
-    finally:
-        for name, layer in layers.items():
-            layer.requant = modes[name]
-    return stats

@@ -216,31 +216,3 @@ def reset() -> None:
     """Forget everything (tests; a command that changed checkpoints on disk)."""
     global _SESSION
     _SESSION = None
-
-
-def warm_up_cuda():
-    """Start the GPU's libraries in a background thread while this thread composes configs, reads tables,
-    loads data and calibrates on the CPU. The CUDA context, cuDNN's and cuBLAS's first calls are a
-    large share of a short GPU sweep (benchmarks/cuda_first_calls.py times them); torch releases the GIL inside its ops, so most of it overlaps. Any
-    failure is left to the first real use, which reports it. Returns the thread (None when switched off
-    with APPROX_RUN_NO_WARMUP=1)."""
-    import os
-    import threading
-
-    if os.environ.get("APPROX_RUN_NO_WARMUP") == "1":  # to measure what it saves
-        return None
-
-    def work():
-        try:
-            if not torch.cuda.is_available():
-                return
-            x = torch.zeros(4, 1, 8, 8, device="cuda")
-            y = torch.nn.functional.conv2d(x, torch.zeros(2, 1, 3, 3, device="cuda"))
-            torch.nn.functional.linear(y.flatten(1), torch.zeros(3, y[0].numel(), device="cuda"))
-            torch.cuda.synchronize()
-        except Exception:  # noqa: BLE001
-            pass
-
-    thread = threading.Thread(target=work, name="approx-run-cuda-warm-up", daemon=True)
-    thread.start()
-    return thread

@@ -255,7 +255,7 @@ def _main(jobs: list[Job], cfgs: list[DictConfig], overrides: list[str], devices
     from runner.errors import config_number
     from runner.provenance import atomic_write_json
     from runner.store import check_store
-    from runner.workers import close_launcher_pools, launch_chunks
+    from runner.jobs.chunks import close_launcher_pools, launch_chunks
 
     for data in {str(c.data): c.data for c in cfgs}.values():
         data_digest(data)  # missing or unreadable data files: one message now, not a failed row per job

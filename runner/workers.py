@@ -1,45 +1,35 @@
-"""The jobs of one command spread over several devices of a host, and chunks of them in one task of a
-cluster launcher.
+"""The jobs of one command spread over several devices of a host (cluster chunks: runner.jobs.chunks).
 
 A pool of devices [d0, d1, ...]: this process serves d0 itself (its session already holds the data, the
-baseline and the reference predictions the command made before its jobs, so with one device nothing
-changes) and one long-lived worker process per other device, started with the spawn method (CUDA cannot
-fork), pulls jobs too. A worker keeps its own session (runner.session) for all its jobs. Jobs are claimed
-through one shared counter, so each runs exactly once; rows go through the store's lock (runner.store), as
-every writer's do. A worker sees only its GPU (CUDA_VISIBLE_DEVICES, set before CUDA starts in it), so its
-jobs lease nothing.
+baseline and the reference predictions) and one long-lived worker process per other device, started with the
+spawn method (CUDA cannot fork), pulls jobs too, keeping its own session (runner.session) for all its jobs.
+Jobs are claimed through one shared counter, so each runs exactly once; rows go through the store's lock
+(runner.store). A worker sees only its GPU (CUDA_VISIBLE_DEVICES, set before CUDA starts in it).
 
 Started early (Pool): a command that knows it will spread jobs starts the workers as soon as it knows its
-devices (runner.sweep: right after composing, before its data, checks, plans and reference rows), so a
-worker's interpreter, torch import, CUDA context and runner's modules overlap that prelude instead of
-following it; its tasks come later (Pool.run, or Pool.send as soon as the jobs are planned and their
-baselines exist). run_tasks is the pool started and run at once.
+devices (runner.sweep: right after composing), so a worker's interpreter, torch import, CUDA context and
+modules overlap the command's prelude; its tasks come later (Pool.run, or Pool.send once the jobs are planned
+and their baselines exist), through a pipe fed from a thread. run_tasks is the pool started and run at once.
 
-Pre-warm: a started worker first builds its session for the next job's configuration (run_tasks'
-`prepare` on that job's args: data, baseline, calibration, models, references, the first calls of a
-retraining and an evaluation), then for one job of each other setup left (Task.setup: another
-signedness's calibration and references), so its first job of any setup costs what a later one does.
-This process pre-warms the same way before its first pooled job: every process's jobs then cost alike,
-so "whoever is free takes the next job" spreads equal jobs evenly (8 over 4 devices: 2 each, also with a
-worker a little late) instead of this process's long first job leaving the last job to a worker.
-One whose pre-warm fails goes on cold (the old estimate below), and this process does the jobs meanwhile.
-Its tasks reach it through a pipe fed from a thread, not with its start: this process would otherwise
-wait, at the start, until the worker had read them.
+Pre-warm: a started worker first builds its session for the next job's configuration (run_tasks' `prepare`:
+data, baseline, calibration, models, references, the first calls of a retraining and an evaluation), then for
+one job of each other setup left (Task.setup), so its first job of any setup costs what a later one does. This
+process pre-warms the same way before its first pooled job, so "whoever is free takes the next job" spreads
+equal jobs evenly (8 over 4 devices: 2 each, also with a worker a little late). One whose pre-warm fails goes
+on cold, and this process does the jobs meanwhile.
 
-Timing: every outcome carries its job's start and end (time.monotonic(), one clock for the host's
-processes) and the pool each process's milestones (up: torch imported; tasks: received; ready: pre-warmed),
-which runner.jobs.run.run_jobs turns into the schedule a sweep writes (schedule.json) and prints.
+Timing: every outcome carries its job's start and end (time.monotonic()) and the pool each process's
+milestones (up: torch imported; tasks: received; ready: pre-warmed), which runner.jobs.run.run_jobs turns into
+the schedule a sweep writes (schedule.json) and prints.
 
-The claim rule (worker_claims, fed by claim_estimates): this process takes the next job whenever it is
-free; a worker takes one only when it is expected to finish it before this process, working through the
-rest of the queue alone, would have finished them all. A pre-warmed worker is costed as this process's
-time per job, so it takes a job as soon as it is warm; a cold one's first job carries its warm-up while
-this process's session is warm, so with short jobs it takes none and the sweep takes what it takes on one
-device.
+The claim rule (worker_claims, fed by claim_estimates): this process takes the next job whenever it is free;
+a worker takes one only when it is expected to finish it before this process, working through the rest of
+the queue alone, would have finished them all. A pre-warmed worker is costed as this process's time per job;
+a cold one's first job carries its warm-up, so with short jobs it takes none.
 
-Ending: a worker exits when no job is left; one that died (killed, out of memory, a crash in a kernel) has
-its job reported failed with the reason; the parent never waits on a worker without bound. Ctrl-C or
-SIGTERM: no job is started any more, the workers are stopped, and every finished row stays recorded."""
+Ending: a worker exits when no job is left; one that died (killed, out of memory, a crash in a kernel) has its
+job reported failed with the reason; the parent never waits on a worker without bound. Ctrl-C or SIGTERM: no
+job is started any more, the workers are stopped, and every finished row stays recorded."""
 from __future__ import annotations
 
 import os
@@ -53,6 +43,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from runner.errors import UserError
+from runner.jobs.claims import Pace, claim_estimates, worker_claims
 
 # How long the end of the pool waits for a worker's process and for the reader of their reports.
 JOIN_TIMEOUT_S = 10.0
@@ -151,65 +142,6 @@ def _threads_each(devices: list[str]) -> int:
     return max(1, (os.cpu_count() or 1) // len(devices))
 
 
-# ---------------------------------------------------------------- the claim rule
-
-@dataclass(frozen=True)
-class Pace:
-    """What is measured of one process's jobs so far, in seconds: its first job (which carries the
-    one-off warm-up), the mean of its jobs after the first, and how long its current job has run (None:
-    no job running)."""
-    first_s: float | None = None
-    steady_s: float | None = None
-    busy_s: float | None = None
-
-
-def worker_claims(remaining: int, parent_left_s: float, parent_job_s: float, worker_job_s: float) -> bool:
-    """Whether a worker takes the next of `remaining` unclaimed jobs: iff
-        worker_job_s <= parent_left_s + remaining * parent_job_s,
-    i.e. remaining >= (worker_job_s - parent_left_s) / parent_job_s, where parent_left_s is what is left
-    of this process's current job and parent_job_s its time per job. The right side is when this process
-    alone would have finished the whole queue; the worker's job ends before that, and this process then
-    has one job less (parent_left_s + (remaining - 1) * parent_job_s), so a claim never makes the sweep
-    end later, by the estimates. A tie claims: a worker as fast as this process takes the last job while
-    this process is still busy."""
-    return remaining >= 1 and worker_job_s <= parent_left_s + remaining * parent_job_s
-
-
-def claim_estimates(parent: Pace, worker: Pace, worker_start_s: float) -> tuple[float, float, float] | None:
-    """(parent_left_s, parent_job_s, worker_job_s) for worker_claims, from what is measured so far, or None
-    (the worker waits) while this process's first job runs and the worker is cold: that job's length is the
-    one figure that tells short jobs behind a long one-off warm-up (retraining for one epoch) from long jobs,
-    and a guess before it would have a cold worker take jobs in exactly the sweeps where that makes them
-    slower. worker.first_s: its first job, or its pre-warm, which stands for it (the one-off costs, paid
-    without a job): a pre-warmed worker's first job is then a later one.
-
-    - This process's time per job: the mean of its jobs after the first; until one has ended, how long its
-      current job has run (a lower bound: its first job's time includes the one-off warm-up and says
-      nothing of the next), with nothing left of it.
-    - A cold worker's first job: this process's first job (the same one-off warm-up; its time per job where
-      that is longer: the first may have failed at once) plus the worker's start (worker_start_s: from its
-      tasks' being sent to its having them; about 0 for a worker started early and waiting), standing in
-      for the set-up its first job also does (data, baseline, calibration, references), which this process
-      did before the pool began.
-    - A worker's later jobs, and every job of a pre-warmed one: the mean of its own after its first (or its
-      pre-warm), until then this process's time per job. With that, worker_claims holds whenever a job is
-      left (t_p <= t_left + r * t_p): a warm worker takes the next job as soon as it is ready, also while
-      this process's first job runs (t_p: that job's time so far)."""
-    if parent.first_s is None and worker.first_s is None:
-        return None
-    busy = parent.busy_s
-    if parent.steady_s is not None:
-        parent_job = parent.steady_s
-        parent_left = 0.0 if busy is None else max(0.0, parent_job - busy)
-    else:
-        parent_job, parent_left = (busy or 0.0), 0.0
-    if worker.first_s is None:
-        worker_job = max(parent.first_s, parent_job) + worker_start_s
-    else:
-        worker_job = worker.steady_s if worker.steady_s is not None else parent_job
-    return parent_left, parent_job, worker_job
-
-
 # One process's job times in an array of doubles (shared for this process, so every worker reads them):
 # first job (-1: none ended), sum and count of the later ones, monotonic start of the current job (0: none).
 _FIRST, _REST_SUM, _REST_N, _SINCE = range(4)
@@ -288,7 +220,7 @@ def _serve(wid: int, device: str, fn: Callable, tasks_conn, counter, owner, conn
 
     torch.set_num_threads(threads)
     if _gpu_index(device) is not None:
-        from runner.session import warm_up_cuda
+        from runner.gpus import warm_up_cuda
 
         warm_up_cuda()  # the CUDA context and the libraries' first calls, in a thread, while the rest imports
     for name in imports:
@@ -612,99 +544,9 @@ def _stop(procs: dict, timeout_s: float) -> None:
             proc.join(5.0)
 
 
-def close_launcher_pools() -> None:
-    """Stop the worker processes a joblib launcher leaves behind (loky keeps them for reuse, idle for up to
-    300 s). They end when the interpreter runs threading's exit hooks; a command that exits with
-    os._exit (runner.cli, once torch is imported) would otherwise wait for them in multiprocessing's exit hook."""
-    reusable = sys.modules.get("joblib.externals.loky.reusable_executor")
-    executor = getattr(reusable, "_executor", None)
-    if executor is not None:
-        executor.shutdown(wait=True)
-
-
-
-# ---------------------------------------------------------------- chunks: many jobs per cluster task
-
-CHUNKS_FILE = "chunks.json"
-
-
-def write_chunks(sweep_dir, jobs: list[list[str]], chunk_size: int) -> int:
-    """Cut the jobs (their override lists, numbered in order) into chunks of `chunk_size` for a launcher
-    that starts one task per chunk (submitit: one SLURM array task keeps its session for a whole chunk),
-    beside the jobs' configs, where every task reads it. Returns the number of chunks."""
-    from pathlib import Path
-
-    from runner.provenance import atomic_write_json
-
-    if chunk_size < 1:
-        raise UserError(f"sweep.chunk_size={chunk_size}: give a positive number of jobs per task (or 0: one task "
-                        "per job).")
-    numbered = [{"num": num, "overrides": list(job)} for num, job in enumerate(jobs)]
-    chunks = [numbered[i:i + chunk_size] for i in range(0, len(numbered), chunk_size)]
-    atomic_write_json(Path(sweep_dir) / CHUNKS_FILE, {"chunk_size": chunk_size, "chunks": chunks})
-    return len(chunks)
-
-
-def launch_chunks(jobs: list[list[str]], cfgs: list, overrides: list[str], sweep_dir, multirun: Callable) -> None:
-    """A sweep's jobs through a Hydra launcher, sweep.chunk_size jobs per launched task: each task
-    (run_chunk) runs its chunk in one process with one session, instead of one process, one data load
-    and one calibration per job. The jobs' configs are written here, so a task composes only its chunk
-    number. multirun(args): the sweep command's Hydra multirun over args."""
-    from pathlib import Path
-
-    from runner.provenance import write_config_yaml
-
-    sweep_dir = Path(sweep_dir)
-    for num, cfg in enumerate(cfgs):
-        (sweep_dir / str(num)).mkdir(parents=True, exist_ok=True)
-        write_config_yaml(sweep_dir / str(num) / "config.yaml", cfg)
-    n = write_chunks(sweep_dir, jobs, int(cfgs[0].sweep.chunk_size))
-    # one job's overrides (a task's own config is composed from them; its jobs bring their own configs),
-    # the launcher's, and the chunk axis; the tasks' directories apart from the jobs' numbered ones
-    base = [o for o in jobs[0] if not o.startswith("sweep.multiplier=")]
-    launcher = [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))]
-    multirun(["-m", *base, *launcher, "sweep.chunk=" + ",".join(map(str, range(n))),
-              "hydra.sweep.subdir=chunk${hydra.job.num}"])
-
-
 def shard_setting(cfg: DictConfig, section: str) -> bool:
     """`<section>.shard` (sweep, sensitivity) as a bool; anything else is refused before any work."""
     value = cfg[section].get("shard", True)
     if not isinstance(value, bool):
         raise UserError(f"{section}.shard={value!r}: choose true or false.")
     return value
-
-
-def run_chunk(chunk: int, sweep_dir, run_jobs: Callable) -> dict:
-    """One launched task: the jobs of its chunk, from the configs the sweep wrote, through
-    run_jobs(jobs, title, devices=...) (runner.jobs.run.run_jobs) in this process, on this host's devices as
-    sweep.devices says."""
-    from pathlib import Path
-
-    from omegaconf import OmegaConf
-
-    from runner.jobs.plan import Job
-
-    sweep_dir = Path(sweep_dir)
-    picked = read_chunk(sweep_dir, chunk)
-    jobs = [Job(j["num"], j["overrides"], OmegaConf.load(sweep_dir / str(j["num"]) / "config.yaml"),
-                sweep_dir / str(j["num"])) for j in picked]
-    run_jobs(jobs, f"sweep chunk {chunk}: {len(jobs)} jobs", devices=devices_of([j.cfg for j in jobs], "sweep"),
-             shard=shard_setting(jobs[0].cfg, "sweep"))
-    return {"status": "ok", "jobs": [j.num for j in jobs]}
-
-
-def read_chunk(sweep_dir, chunk: int) -> list[dict]:
-    """The jobs ({num, overrides}) of one chunk written by write_chunks."""
-    import json
-    from pathlib import Path
-
-    path = Path(sweep_dir) / CHUNKS_FILE
-    try:
-        chunks = json.loads(path.read_text())["chunks"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise UserError(f"sweep.chunk={chunk}: cannot read the sweep's chunk list {path} ({exc}); "
-                        "sweep.chunk is set per task by `approx-run sweep`, not by hand.") from None
-    if not 0 <= chunk < len(chunks):
-        raise UserError(f"sweep.chunk={chunk}: the sweep has {len(chunks)} chunk(s) ({path}).")
-    return chunks[chunk]

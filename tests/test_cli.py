@@ -147,7 +147,7 @@ def test_wants_cuda(args, expected):
 
 def test_cuda_warm_up_is_harmless_without_a_gpu(monkeypatch):
     """The warm-up thread ends quietly where there is no GPU: the real use reports that, once."""
-    from runner.session import warm_up_cuda
+    from runner.gpus import warm_up_cuda
 
     thread = warm_up_cuda()
     thread.join(60)

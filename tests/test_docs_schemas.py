@@ -10,7 +10,7 @@ def cpp_schemas() -> list[str]:
     cpp = (REPO / "extensions" / "csrc" / "ops.cpp").read_text()
     block = cpp[cpp.index("TORCH_LIBRARY(approx, m)"):]
     return ["".join(re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(1))).replace('\\"', '"')
-            for m in re.finditer(r'm\.def\(\s*((?:"(?:[^"\\]|\\.)*"\s*)+)\)', block)]
+            for m in re.finditer(r'm\.def\(\s*((?:"(?:[^"\\]|\\.)*"\s*)+)[,)]', block)]  # `, impl)`: a def with its kernel
 
 
 def _flat(text: str) -> str:

@@ -171,7 +171,8 @@ def test_train_epochs_recalibrates_at_the_end(mode):
 
     from runner.data import Dataset
     from runner.finetune import train_epochs
-    from runner.layers import quantized_models, recalibrate
+    from runner.finetune import recalibrate
+    from runner.layers import quantized_models
     from runner.models import LeNet5
     from runner.multipliers import resolve
     from runner.quant import QuantConfig

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from runner._ext import backend_status
-from runner.layers import learn_act_scales, quantized_models, recalibrate, set_grad_mode
+from runner.finetune import recalibrate
+from runner.layers import learn_act_scales, quantized_models, set_grad_mode
 from runner.multipliers import resolve
 from runner.quant import QuantConfig
 

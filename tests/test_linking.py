@@ -185,7 +185,8 @@ def test_layer_swaps_compute_what_a_fresh_conversion_does(requant):
     evaluation after evaluation, the logits and links of a model converted for that evaluation alone: the layer
     of the previous evaluation is put back as the fake-quant layer it was, two layers at once work, and a layer
     that stays swapped takes the next table."""
-    from runner.layers import LayerSwaps, fold_input_normalization
+    from runner.layer_swaps import LayerSwaps
+    from runner.layers import fold_input_normalization
 
     model = _model("vgg", "mnist5k")
     calib = torch.rand(16, 1, 28, 28, generator=torch.Generator().manual_seed(2))

@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 from runner.errors import UserError
-from runner.workers import Task, read_chunk, resolve_devices, run_tasks, write_chunks
+from runner.jobs.chunks import read_chunk, write_chunks
+from runner.workers import Task, resolve_devices, run_tasks
 from tests.conftest import has_cpp
 from tests.test_sweep import FAST, _run, _summary
 

@@ -64,10 +64,10 @@ def run_job(cfg: DictConfig, out_dir: Path, overrides: list[str] | None = None, 
 
     t0 = time.time()
     if overrides is None and cfg.get("sweep", {}).get("chunk") is not None:  # a launcher task of many jobs
-        from runner import workers
+        from runner.jobs import chunks
 
         _limit_threads()
-        return workers.run_chunk(int(cfg.sweep.chunk), Path(out_dir).parent, run_jobs)
+        return chunks.run_chunk(int(cfg.sweep.chunk), Path(out_dir).parent, run_jobs)
     if overrides is None:  # launched by Hydra (a parallel or cluster launcher)
         from hydra.core.hydra_config import HydraConfig
 

@@ -13,8 +13,8 @@ import inspect
 from torch import nn
 
 from runner.errors import UserError
-from runner.models.common import (Normalize, PadWith, chain_matches, fold_batchnorm, fold_input_normalization, run_from,
-                                  run_until, stage_position, stages_of)
+from runner.models.common import (chain_matches, fold_batchnorm, fold_input_normalization, Normalize, PadWith,
+                                  run_from, run_until, set_module, stage_position, stages_of)
 from runner.models.lenet import LeNet5
 
 # model name -> its class or factory (what configs/model/<name>.yaml names in _target_)

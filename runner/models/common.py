@@ -142,7 +142,8 @@ def chain_matches(model: nn.Module, x: torch.Tensor, layer: str) -> bool:
         return False
 
 
-def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
+def set_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Put `new` at the dotted module path `name` of model."""
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, new)
 
@@ -248,10 +249,10 @@ def fold_input_normalization(model: nn.Module, example: torch.Tensor | None = No
         if bn.running_mean is None or bn.running_var is None:
             continue
         fold_batchnorm(folded.get_submodule(conv_name), bn)
-        _set_module(folded, bn_name, nn.Identity())
+        set_module(folded, bn_name, nn.Identity())
     if norm_name is not None and len(readers) == 1:
         reader = folded.get_submodule(readers[0])
         if isinstance(reader, nn.Conv2d) and reader.groups == 1 and reader.padding_mode == "zeros" \
                 and not isinstance(reader.padding, str):
-            _set_module(folded, norm_name, _fold_normalize(reader, folded.get_submodule(norm_name)))
+            set_module(folded, norm_name, _fold_normalize(reader, folded.get_submodule(norm_name)))
     return folded

@@ -1,9 +1,9 @@
-"""The claim rule of the worker pool (runner.workers.worker_claims, claim_estimates): a worker takes a job
+"""The claim rule of the worker pool (runner.jobs.claims.worker_claims, claim_estimates): a worker takes a job
 only where that ends the queue sooner, checked as pure functions and on a simulated two-process clock
 (the pool itself: tests/test_workers.py)."""
 import pytest
 
-from runner.workers import Pace, claim_estimates, worker_claims
+from runner.jobs.claims import Pace, claim_estimates, worker_claims
 
 
 def test_claim_rule_threshold():

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from runner.data.dataset import loaded
 from runner.errors import config_number
 from runner.layer_checks import check_non_finite_inputs
 
@@ -90,22 +91,20 @@ def run_timed(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.
     # time in every pass, so memory holds one batch (its per-batch times exclude the read, its passes do not)
     lazy = not isinstance(x, torch.Tensor)
     batches = [x[i:i + batch_size] if lazy else x[i:i + batch_size].to(device) for i in range(0, len(x), batch_size)]
-    load = (lambda b: b.to(device)) if lazy else (lambda b: b)
     clock = Clock(device)
     if logits is None:  # the first pass yields the predictions and is the first warm-up pass
-        logits = torch.cat([model(load(b)).float().cpu() for b in batches])
+        logits = torch.cat([model(b).float().cpu() for b in loaded(batches, device)])
         check_non_finite_inputs(model)
         warmup -= 1
     if not repeats:
         warmup = 0
     for _ in range(max(0, warmup)):
-        for b in batches:
-            model(load(b))
+        for b in loaded(batches, device):
+            model(b)
     batch_ms, pass_ms = [], []
     for _ in range(repeats):
         t_pass = clock.start()
-        for b in batches:
-            b = load(b)
+        for b in loaded(batches, device):
             t0 = clock.start()
             model(b)
             batch_ms.append(clock.ms_since(t0))

@@ -20,6 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from runner.data.dataset import loaded
 from runner.layer_checks import check_non_finite_inputs
 from runner.attention import matmul_layers, use_matmuls
 from runner.models import chain_matches, fold_input_normalization, run_from, run_until, stage_position
@@ -124,7 +125,7 @@ class Session:
         model = model.eval().to(device)
         batches = [x[i:i + batch_size] for i in range(0, len(x), batch_size)]
         if start is None or prefix is None or not batches or not self._chain_ok(model, batches[0], start, device):
-            logits = torch.cat([model(b.to(device)).float().cpu() for b in batches])
+            logits = torch.cat([model(b).float().cpu() for b in loaded(batches, device)])
             check_non_finite_inputs(model)
             return logits
         key = (prefix, start, device.type, batch_size, len(x))
@@ -137,8 +138,9 @@ class Session:
         after, earlier = self._earlier_prefix(model, key)
         budget, used, out = prefix_budget(device), 0, []
         kept = []
-        for i, b in enumerate(batches):  # one batch at a time: this evaluation's logits and, while they fit, its prefix
-            a = run_until(model, earlier[i] if earlier else b.to(device), start, after=after)
+        inputs = earlier if earlier else loaded(batches, device)
+        for a in inputs:  # one batch at a time: this evaluation's logits and, while they fit, its prefix
+            a = run_until(model, a, start, after=after)
             out.append(run_from(model, a, start).float().cpu())
             used += a.numel() * a.element_size()
             kept = kept + [a] if kept is not None and used <= budget else None

@@ -312,3 +312,43 @@ def test_train_limit_and_excluded_images(tree, tmp_path, decodes):
     assert len({imagefolder.digest(c) for c in (cfg, excluded, cfg_of(root, tmp_path, skip_bad=True))}) == 3
     with pytest.raises(UserError, match="data.exclude_images"):
         left_out(data, OmegaConf.create({"data": cfg_of(root, tmp_path, exclude_images=str(tmp_path / "no.txt"))}))
+
+
+def test_loaded_reads_ahead_in_order(tmp_path):
+    """The evaluation loops' reader: on a GPU (any device but the CPU) a lazily read set's next batch is read in
+    a thread while the current one computes; the batches come out in order with the same values as Images.to,
+    and a read that fails raises in the loop. On the CPU, and for tensors, each batch is simply moved."""
+    from runner.data.dataset import Images, loaded
+
+    rng = np.random.default_rng(0)
+    array = rng.integers(0, 256, (10, 3, 6, 6), dtype=np.uint8)
+    x = Images(array, None, 4)
+    batches = [x[i:i + 3] for i in range(0, 10, 3)]
+    want = [b.to() for b in batches]
+    got = list(loaded(batches, torch.device("meta")))  # not the CPU: the read-ahead path; meta keeps it device-free
+    assert [g.shape for g in got] == [w.shape for w in want] and all(g.device.type == "meta" for g in got)
+    order = []
+
+    class Recorded(Images):
+        def host_pixels(self):
+            order.append(int(self._rows()[0]))
+            return super().host_pixels()
+
+    rec = [Recorded(array, np.arange(i, min(i + 3, 10)), 4) for i in range(0, 10, 3)]
+    assert [int(b.shape[0]) for b in loaded(rec, torch.device("meta"))] == [3, 3, 3, 1]
+    assert order == [0, 3, 6, 9]
+    assert all(torch.equal(g, w) for g, w in zip(loaded(batches, torch.device("cpu")), want))
+
+    class Echo(Images):  # what the read-ahead hands to each batch's `to`: that batch's own pixels
+        def to(self, device=None, dtype=None, pixels=None, **kwargs):
+            return pixels
+
+    echo = [Echo(array, np.arange(i, min(i + 3, 10)), 4) for i in range(0, 10, 3)]
+    assert all(torch.equal(g, b.host_pixels()) for g, b in zip(loaded(echo, torch.device("meta")), echo))
+
+    class Broken(Images):
+        def host_pixels(self):
+            raise OSError("read failed")
+
+    with pytest.raises(OSError, match="read failed"):
+        list(loaded([Broken(array, None, 4)], torch.device("meta")))

@@ -153,6 +153,43 @@ def test_tiled_edges(gen, lut_kind):
         assert torch.equal(ops.lut_linear(a, w, lut, algo="tiled"), reference.reference_lut_linear(a, w, lut))
 
 
+def edge16_lut(gen):
+    """An int16 table whose columns hold -32768 (the one int16 whose negation is not one): for unsigned
+    codes a negative weight's product is +32768, so those columns need the int32 format."""
+    lut = random_lut(gen, -(2**15), 2**15)
+    lut[torch.randint(0, 256, (64,), generator=gen), ::2] = -(2**15)
+    return lut
+
+
+@pytest.mark.skipif(not any(b == "cpp" for b, _ in BACKENDS), reason="runner._C not built")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("lut_kind", ["lut16", "lut32", "edge16"])
+def test_tiled_threads_and_formats(gen, threads, lut_kind):
+    """cpp tiled forced, bit-exact, on 1 and 2 threads (the second thread's first tile is not the call's
+    first): channels per group not a multiple of 32 (40: a 32- and an 8-wide tile; 20, 72, 100), taps
+    not a multiple of 16 or 8 (27, 75: a partial last chunk in both formats), groups whose rows are not
+    a multiple of 8, rows few (3, 9) and many (338 a group), int16 products, int32 ones, and -32768 in
+    the table (its negation, for unsigned codes and negative weights, needs int32)."""
+    lut = edge16_lut(gen) if lut_kind == "edge16" else LUTS[lut_kind](gen)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for signed in (True, False):
+            for ashape, n, k, stride, padding, groups in [((2, 6, 9, 9), 80, 3, 1, 0, 2),
+                                                          ((2, 6, 13, 13), 40, 3, 1, 1, 2),
+                                                          ((1, 3, 5, 5), 72, 5, 2, 2, 1)]:
+                a, w = codes(gen, ashape, signed), weights(gen, (n, ashape[1] // groups, k, k))
+                want = reference.reference_lut_conv2d(a, w, lut, stride, padding, 1, groups)
+                got = ops.lut_conv2d(a, w, lut, stride, padding, 1, groups, algo="tiled")
+                assert torch.equal(got, want), (signed, ashape, n, groups)
+            for m, k, n in [(3, 27, 40), (200, 75, 100)]:
+                a, w = codes(gen, (m, k), signed), weights(gen, (n, k))
+                got = ops.lut_linear(a, w, lut, algo="tiled")
+                assert torch.equal(got, reference.reference_lut_linear(a, w, lut)), (signed, m, k, n)
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.skipif(not any(b == "cpp" for b, _ in BACKENDS), reason="runner._C not built")
 @pytest.mark.parametrize("isa", ["avx2", "base"])
 def test_cpu_isa_variants(isa):

@@ -15,11 +15,19 @@
 #                agreement_fakequant is 1.000 (the exact table equals fake-quant on every image); its time
 #   sensitivity  54 layers x 4 tables on data.limit=5000 (eval.repeats=0: accuracy only): the run with the prefix
 #                cache takes at most 0.6x the time of sensitivity.prefix_cache=false, and the two sensitivity.csv
-#                tables are identical (the `cmp` line prints "rows identical")
+#                tables are identical (the `cmp` line prints "rows identical"). The uncached run is about 770 s on
+#                an H200 (3.3 s an evaluation, 53 s of set-up; benchmarks/README.md), over one 10-minute device
+#                call: SENS=nocache in two calls, the second with the first's $OUT/r-nocache carried back into
+#                $OUT (it resumes from the rows recorded there: add the two `real` lines, take one set-up off), then
+#                SENS=cache. Each progress line is in $OUT/sens-*.log as it is written, so a call cut short keeps
+#                its count and time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
 mkdir -p "$out"
+# the data cache (7.5 GB for 50,000 images) and the checkpoints apart from $OUT, which a device call brings back
+work=${WORK:-/tmp/imagenet-work}
+mkdir -p "$work"
 export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
@@ -30,7 +38,7 @@ nproc
 data=${DATA:-/tmp/imagenet-gen}
 run="python3 -m runner.cli"
 D="data=imagefolder data.root=$data model=torchvision model.arch=resnet50 model.weights=$data/resnet50_random.pt \
- paths.checkpoints=$out/ckpt"
+ paths.checkpoints=$work/ckpt"
 M="$D backend=cuda"  # train takes no backend
 step=${STEP:-all}
 
@@ -66,7 +74,7 @@ PY
 fi
 
 if [ "$step" = all ] || [ "$step" = cache ]; then
-  rm -rf "$out/ckpt/data-cache"
+  rm -rf "$work/ckpt/data-cache"
   # the decode alone: compare with eval.paths=[pytorch] on one image would still evaluate; `train` with given
   # weights loads the data (the decode) and says there is nothing to train
   { time $run train $D paths.results=$out/r-cache ; } > "$out/decode.log" 2>&1

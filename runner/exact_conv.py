@@ -45,17 +45,24 @@ def exact_linear(codes: torch.Tensor, weight_codes: torch.Tensor) -> torch.Tenso
     return codes.to(dtype) @ weight_codes.to(dtype).t()
 
 
-def unfold(x: torch.Tensor, kernel, dilation, padding, stride) -> torch.Tensor:
-    """F.unfold(x, ...) ([B, C*kh*kw, Ho*Wo], padding zeros) as one strided copy of the padded input. On a GPU
-    F.unfold launches an im2col kernel per image: 512 launches per training step of LeNet-5 at batch 256."""
+def windows(x: torch.Tensor, kernel, dilation, padding, stride) -> torch.Tensor:
+    """[B, C, kh, kw, Ho, Wo]: every kernel window of x (padding zeros) as a strided view of the padded input,
+    nothing copied yet."""
     (kh, kw), (dh, dw), (ph, pw), (sh, sw) = (as_pair(v, name) for v, name in
                                               ((kernel, "kernel"), (dilation, "dilation"), (padding, "padding"),
                                                (stride, "stride")))
     ho, wo = conv_output_size(x.shape[2], x.shape[3], kh, kw, (sh, sw), (ph, pw), (dh, dw))
-    xp = F.pad(x, (pw, pw, ph, ph)).contiguous()
+    xp = (F.pad(x, (pw, pw, ph, ph)) if ph or pw else x).contiguous()
     b, c = xp.shape[:2]
     sb, sc, sy, sx = xp.stride()
-    view = xp.as_strided((b, c, kh, kw, ho, wo), (sb, sc, sy * dh, sx * dw, sy * sh, sx * sw))
+    return xp.as_strided((b, c, kh, kw, ho, wo), (sb, sc, sy * dh, sx * dw, sy * sh, sx * sw))
+
+
+def unfold(x: torch.Tensor, kernel, dilation, padding, stride) -> torch.Tensor:
+    """F.unfold(x, ...) ([B, C*kh*kw, Ho*Wo], padding zeros) as one strided copy of the padded input. On a GPU
+    F.unfold launches an im2col kernel per image: 512 launches per training step of LeNet-5 at batch 256."""
+    view = windows(x, kernel, dilation, padding, stride)
+    b, c, kh, kw, ho, wo = view.shape
     return view.reshape(b, c * kh * kw, ho * wo)
 
 
@@ -120,20 +127,14 @@ def int_mm_conv2d(codes: torch.Tensor, weight_codes: torch.Tensor, stride, paddi
     """int32 conv2d (one group) of 8-bit codes as rows of taps (channels-last im2col in the codes' own byte, an
     eighth of float64's traffic) and int_mm, a slice of the batch at a time so the copied taps stay below
     max_elements. Padding taps read code 0, as every other path's."""
-    (kh, kw) = weight_codes.shape[2:]
-    (sh, sw), (ph, pw), (dh, dw) = (as_pair(v, name) for v, name in
-                                    ((stride, "stride"), (padding, "padding"), (dilation, "dilation")))
-    ho, wo = conv_output_size(codes.shape[2], codes.shape[3], kh, kw, (sh, sw), (ph, pw), (dh, dw))
-    b, c, n = codes.shape[0], codes.shape[1], weight_codes.shape[0]
-    w = weight_codes.reshape(n, -1)
-    xp = F.pad(codes, (pw, pw, ph, ph)) if ph or pw else codes.contiguous()
-    sb, sc, sy, sx = xp.stride()
-    step = max(1, max_elements // max(1, c * kh * kw * ho * wo))
+    view = windows(codes, tuple(weight_codes.shape[2:]), dilation, padding, stride)  # [B, C, kh, kw, Ho, Wo]
+    b, ho, wo = view.shape[0], view.shape[4], view.shape[5]
+    n, taps = weight_codes.shape[0], weight_codes[0].numel()
+    w = weight_codes.reshape(n, taps)
+    step = max(1, max_elements // max(1, taps * ho * wo))
     outs = []
     for i in range(0, b, step):
-        part = xp[i:i + step]
-        rows = part.as_strided((part.shape[0], ho, wo, c, kh, kw), (sb, sy * sh, sx * sw, sc, sy * dh, sx * dw),
-                               part.storage_offset())
-        acc = int_mm(rows.reshape(-1, c * kh * kw), w)
+        part = view[i:i + step]
+        acc = int_mm(part.permute(0, 4, 5, 1, 2, 3).reshape(-1, taps), w)  # a row per output pixel, taps in w's order
         outs.append(acc.view(part.shape[0], ho, wo, n).permute(0, 3, 1, 2))
     return torch.cat(outs) if outs else codes.new_zeros((0, n, ho, wo), dtype=torch.int32)

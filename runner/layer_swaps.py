@@ -36,13 +36,13 @@ class LayerSwaps:
             set_module(self.model, name, self._fake.pop(name))
         for name in layers:
             current = self.model.get_submodule(name)
-            if name in self._fake and current.signed == multipliers[name].signed:
-                continue
             if current.signed != multipliers[name].signed:
-                raise ValueError(f"LayerSwaps: {name} is fake-quant with signed={current.signed}, its multiplier "
-                                 f"{multipliers[name].name} is not: the swaps serve one signedness per layer")
+                raise ValueError(f"LayerSwaps: {name} has signed={current.signed}, its multiplier "
+                                 f"{multipliers[name].name} does not: the swaps serve one signedness per layer")
+            if name in self._fake:  # swapped in by an earlier evaluation: set_multiplier loads this one's table
+                continue
             new = converted_layer(self.folded.get_submodule(name), name, multipliers[name], self.qcfg, self.stats,
-                             self.backend, self.algo, fake=False)
+                                  self.backend, self.algo, fake=False)
             self._fake[name] = current
             set_module(self.model, name, new.to(_device_of(current)))
         link_consumers(self.model, self._links)

@@ -15,8 +15,8 @@
 #                agreement_fakequant is 1.000 (the exact table equals fake-quant on every image); its time
 #   sensitivity  54 layers x 4 tables on data.limit=5000 (eval.repeats=0: accuracy only): the run with the prefix
 #                cache takes at most 0.6x the time of sensitivity.prefix_cache=false, and the two sensitivity.csv
-#                tables are identical (the `cmp` line prints "rows identical"). The uncached run is about 770 s on
-#                an H200 (3.3 s an evaluation, 53 s of set-up; benchmarks/README.md), over one 10-minute device
+#                tables are identical (the `cmp` line prints "rows identical"). The uncached run is about 700-810 s on
+#                an H200 (3.0-3.5 s an evaluation, 53 s of set-up; benchmarks/README.md), over one 10-minute device
 #                call: SENS=nocache in two calls, the second with the first's $OUT/r-nocache carried back into
 #                $OUT (it resumes from the rows recorded there: add the two `real` lines, take one set-up off), then
 #                SENS=cache. Each progress line is in $OUT/sens-*.log as it is written, so a call cut short keeps

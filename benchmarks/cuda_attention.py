@@ -1,10 +1,10 @@
 """GPU timings of approx::lut_bmm, attention's LUT matmuls, per kernel variant, on ViT-B/16 shapes.
 
-    python benchmarks/cuda_attention.py [--images 64] [--repeat 10] [--warmup 2] [--variants g2_pad,g3_pad]
+    python benchmarks/cuda_attention.py [--images 64] [--repeat 10] [--warmup 2] [--variants g3_k64_pad,g3_pad]
                                         [--models vit_b16,vit_small] [--out FILE.json]
 
 The variants are the CUDA kernel's layouts (approx::lut_bmm_variants; runner.ops.lut_bmm_variant selects one,
-cuda/lut_bmm_cuda.cu describes them; the first, "g2_r4c8_pad", is what lut_bmm runs). In one process:
+cuda/lut_bmm_cuda.cu describes them; the first is what lut_bmm runs). In one process:
 
 1. Checks, per variant, bit for bit: against the pure reference (runner.reference) and the current kernel
    (ops.lut_bmm on CUDA) on small random shapes (batch 1, odd M / N / K, K not a multiple of 32 or of 4,

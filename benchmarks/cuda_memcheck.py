@@ -6,24 +6,29 @@ reference):
 Shapes: the LeNet-5 layers at batch 3, a grouped strided conv, a padded 3x3 conv, odd linear
 widths; int16 and int32 LUTs (both table formats), signed and unsigned codes. Every variant that
 approx::lut_algos says applies runs, with the prepared-table cache on (the default) and, for
-`auto`, its timed trial.
+`auto`, its timed trial. Then lut_bmm (its timed pick) and every approx::lut_bmm variant on batched
+matmuls whose M, N and K end mid-tile, with K a multiple of 4 (codes staged as words) and not;
+`--bmm-only` runs these alone.
 """
+import sys
+
 import torch
 
 from runner.bench import LENET5_LAYERS
-from runner.ops import algo_table, lut_conv2d, lut_linear
-from runner.reference import reference_lut_conv2d, reference_lut_linear
+from runner.ops import algo_table, lut_bmm, lut_bmm_variant, lut_bmm_variants, lut_conv2d, lut_linear
+from runner.reference import reference_lut_bmm, reference_lut_conv2d, reference_lut_linear
 
 CONVS = [((3, *a), w, 1, 0, 1) for _, kind, a, w in LENET5_LAYERS if kind == "conv"] + [
     ((2, 8, 11, 9), (12, 4, 3, 3), 2, 1, 2),
     ((2, 3, 9, 11), (20, 3, 3, 3), 1, 1, 1),
     ((3, 12, 9, 7), (37, 12, 1, 1), 2, 1, 1),   # 1x1, stride 2, padding (expanded_gemm, expanded_window)
 ]
+BMMS = [(3, 37, 41, 64), (2, 197, 197, 68), (2, 197, 64, 197), (1, 5, 300, 7)]  # (B, M, N, K)
 LINEARS = [(3, *w[::-1]) for _, kind, _, w in LENET5_LAYERS if kind == "linear"] + [
     (37, 100, 17), (5, 33, 3), (700, 84, 10), (1100, 130, 45)]
 
 
-def main():
+def main(bmm_only=False):
     gen = torch.Generator().manual_seed(0)
     ran = set()
     for signed in (True, False):
@@ -32,7 +37,7 @@ def main():
             lut = torch.randint(-hi, hi, (256, 256), generator=gen, dtype=torch.int64).to(torch.int32)
             lo = (-128, 128) if signed else (0, 256)
             dt = torch.int8 if signed else torch.uint8
-            for m, k, n in LINEARS:
+            for m, k, n in [] if bmm_only else LINEARS:
                 a = torch.randint(*lo, (m, k), generator=gen, dtype=torch.int64).to(dt)
                 w = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
                 want = reference_lut_linear(a, w, lut)
@@ -41,7 +46,7 @@ def main():
                     got = lut_linear(ad, wd, ld, backend="cuda", algo=algo).cpu()
                     assert torch.equal(got, want), (m, k, n, algo)
                     ran.add(algo)
-            for ashape, wshape, stride, pad, groups in CONVS:
+            for ashape, wshape, stride, pad, groups in [] if bmm_only else CONVS:
                 a = torch.randint(*lo, ashape, generator=gen, dtype=torch.int64).to(dt)
                 w = torch.randint(-127, 128, wshape, generator=gen, dtype=torch.int8)
                 want = reference_lut_conv2d(a, w, lut, stride, pad, 1, groups)
@@ -52,9 +57,18 @@ def main():
                     got = lut_conv2d(ad, wd, ld, *args, backend="cuda", algo=algo).cpu()
                     assert torch.equal(got, want), (ashape, wshape, algo)
                     ran.add(algo)
+            for bsz, m, n, k in BMMS:
+                a = torch.randint(*lo, (bsz, m, k), generator=gen, dtype=torch.int64).to(dt)
+                b = torch.randint(-128, 128, (bsz, n, k), generator=gen, dtype=torch.int64).to(torch.int8)
+                want = reference_lut_bmm(a, b, lut)
+                ad, bd, ld = a.cuda(), b.cuda(), lut.cuda()
+                assert torch.equal(lut_bmm(ad, bd, ld, backend="cuda").cpu(), want), (m, n, k, "lut_bmm")
+                for v in lut_bmm_variants():
+                    assert torch.equal(lut_bmm_variant(ad, bd, ld, v, backend="cuda").cpu(), want), (m, n, k, v)
+                    ran.add(f"lut_bmm {v}")
     torch.cuda.synchronize()
     print("memcheck run: every result equals the reference; variants run:", ", ".join(sorted(ran)))
 
 
 if __name__ == "__main__":
-    main()
+    main(bmm_only="--bmm-only" in sys.argv[1:])

@@ -6,7 +6,7 @@
 # extension built with CUDA, hydra/omegaconf wheels in .whl):
 #
 #     bash benchmarks/imagenet_gpu.sh            # all steps, logs and `time` lines under $OUT (./gpu-out)
-#     STEP=cache|compare|sensitivity bash benchmarks/imagenet_gpu.sh
+#     STEP=cache|compare|sensitivity|sensitivity-wait bash benchmarks/imagenet_gpu.sh
 #
 # What each step should show:
 #   cache        the 50,000 JPEGs decode into the uint8 cache in under 2 minutes on 16 cores (the `real` line
@@ -15,12 +15,15 @@
 #                agreement_fakequant is 1.000 (the exact table equals fake-quant on every image); its time
 #   sensitivity  54 layers x 4 tables on data.limit=5000 (eval.repeats=0: accuracy only): the run with the prefix
 #                cache takes at most 0.6x the time of sensitivity.prefix_cache=false, and the two sensitivity.csv
-#                tables are identical (the `cmp` line prints "rows identical"). The uncached run is about 700-810 s on
-#                an H200 (3.0-3.5 s an evaluation, 53 s of set-up; benchmarks/README.md), over one 10-minute device
-#                call: SENS=nocache in two calls, the second with the first's $OUT/r-nocache carried back into
-#                $OUT (it resumes from the rows recorded there: add the two `real` lines, take one set-up off), then
-#                SENS=cache. Each progress line is in $OUT/sens-*.log as it is written, so a call cut short keeps
-#                its count and time.
+#                tables are identical (the `cmp` line prints "rows identical"). The uncached run is about 700-810 s
+#                on an H200 (3.0-3.5 s an evaluation, 53 s of set-up; benchmarks/README.md), over one 10-minute device
+#                call. On a 2-GPU host, SENS_PAR=1 runs the two side by side, each alone on its GPU and in its own
+#                process session, so they outlive the call that starts them (WAIT_S=0 returns at once); then
+#                STEP=sensitivity-wait in the next call, on the same machine, waits for both and compares. On one
+#                GPU: SENS=nocache in two calls, the second with the first's $OUT/r-nocache carried back into $OUT
+#                (it resumes from the rows recorded there: add the two `real` lines, take one set-up off), then
+#                SENS=cache. Each progress line is in sens-*.log as it is written, so a call cut short keeps its
+#                count and time. PER_CLASS=6 generates the 6,000 images this step needs instead of 50,000.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
@@ -42,8 +45,10 @@ D="data=imagefolder data.root=$data model=torchvision model.arch=resnet50 model.
 M="$D backend=cuda"  # train takes no backend
 step=${STEP:-all}
 
-if [ ! -f "$data/resnet50_random.pt" ]; then  # 1000 classes x 50 JPEGs of ImageNet's typical sizes, seeded
-  python3 - "$data" <<'PY'
+# 1000 classes x PER_CLASS JPEGs (50 as ImageNet's val; the sensitivity step needs only 5,000 of them, so a
+# device call that times only it may generate 6 a class), of ImageNet's typical sizes, seeded
+if [ ! -f "$data/resnet50_random.pt" ]; then
+  python3 - "$data" "${PER_CLASS:-50}" <<'PY'
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -52,17 +57,17 @@ import numpy as np
 import torch
 from PIL import Image
 
-root = Path(sys.argv[1])
+root, per_class = Path(sys.argv[1]), int(sys.argv[2])
 
 def write(c):
     rng = np.random.default_rng(c)
     folder = root / "val" / f"n{c:08d}"
     folder.mkdir(parents=True, exist_ok=True)
-    for k in range(50):
+    for k in range(per_class):
         h, w = int(rng.integers(300, 501)), int(rng.integers(333, 501))
         base = rng.integers(0, 256, (h // 8 + 1, w // 8 + 1, 3), dtype=np.uint8)  # smooth-ish, as photos
         img = Image.fromarray(base).resize((w, h), Image.BILINEAR)
-        img.save(folder / f"ILSVRC2012_val_{c * 50 + k:08d}.JPEG", quality=90)
+        img.save(folder / f"ILSVRC2012_val_{c * per_class + k:08d}.JPEG", quality=90)
 
 with ProcessPoolExecutor() as pool:
     list(pool.map(write, range(1000), chunksize=8))
@@ -96,21 +101,52 @@ if [ "$step" = all ] || [ "$step" = sensitivity ]; then
   S="$E sensitivity.multipliers=$T sensitivity.plot=false"
   # the cache first (train with given weights only loads the data), so neither timed run pays for decoding
   $run train $D paths.results=$out/r-warm > "$out/sens-warm.log" 2>&1
-  # SENS=nocache|cache runs one of the two (each is some 4 minutes: two device calls of 10 minutes at most)
-  for c in ${SENS:-nocache cache}; do
-    { time $run sensitivity $M $S sensitivity.prefix_cache=$([ $c = cache ] && echo true || echo false) \
-        paths.results=$out/r-$c ; } > "$out/sens-$c.log" 2>&1
-    grep -h "evaluations in\|^real" "$out/sens-$c.log"
-  done
-  [ -d "$out/r-nocache" ] && [ -d "$out/r-cache" ] || exit 0
-  python3 - "$out" <<'PY'
+  if [ "${SENS_PAR:-0}" = 1 ]; then
+    # Side by side on a 2-GPU host, each run alone on its GPU (cache on 0, no cache on 1), each in its own
+    # process session: a device call that ends first leaves them running, and STEP=sensitivity-wait (the next
+    # call, on the same machine) waits for them, then compares. Results and logs under $WORK, copied to $OUT.
+    for c in nocache cache; do
+      gpu=$([ $c = cache ] && echo 0 || echo 1)
+      pc=$([ $c = cache ] && echo true || echo false)
+      CUDA_VISIBLE_DEVICES=$gpu setsid bash -c "{ time $run sensitivity $M $S sensitivity.prefix_cache=$pc \
+          paths.results=$work/r-$c ; } > $work/sens-$c.log 2>&1" < /dev/null &
+      echo $! > "$work/sens-$c.pid"
+    done
+  else
+    # SENS=nocache|cache runs one of the two
+    for c in ${SENS:-nocache cache}; do
+      { time $run sensitivity $M $S sensitivity.prefix_cache=$([ $c = cache ] && echo true || echo false) \
+          paths.results=$out/r-$c ; } > "$out/sens-$c.log" 2>&1
+      grep -h "evaluations in\|^real" "$out/sens-$c.log"
+    done
+  fi
+fi
+
+if [ "$step" = all ] || [ "$step" = sensitivity ] || [ "$step" = sensitivity-wait ]; then
+  res=$out
+  if [ -f "$work/sens-cache.pid" ]; then  # SENS_PAR=1: wait as long as this call may, copying what is there
+    res=$work
+    for c in cache nocache; do
+      while kill -0 "$(cat "$work/sens-$c.pid")" 2>/dev/null && [ $SECONDS -lt ${WAIT_S:-100000} ]; do
+        cp "$work/sens-$c.log" "$out/" 2>/dev/null; sleep 5
+      done
+      cp "$work/sens-$c.log" "$out/" 2>/dev/null
+      grep -h "evaluations in\|^real" "$out/sens-$c.log"
+    done
+    cp -r "$work/r-cache" "$work/r-nocache" "$out/" 2>/dev/null
+  fi
+  [ -d "$res/r-nocache" ] && [ -d "$res/r-cache" ] || exit 0
+  python3 - "$res" <<'PY'
 import sys
 from pathlib import Path
 
 import pandas as pd
 
 out = Path(sys.argv[1])
-a, b = (pd.read_csv(next((out / d).glob("sensitivity/*/sensitivity.csv"))) for d in ("r-nocache", "r-cache"))
+try:
+    a, b = (pd.read_csv(next((out / d).glob("sensitivity/*/sensitivity.csv"))) for d in ("r-nocache", "r-cache"))
+except StopIteration:
+    sys.exit("cmp: a sensitivity.csv is missing (a run not finished)")
 cols = [c for c in a.columns if c in ("layer", "multiplier", "accuracy", "loss_pts", "status")]
 same = a[cols].sort_values(["layer", "multiplier"]).reset_index(drop=True).equals(
     b[cols].sort_values(["layer", "multiplier"]).reset_index(drop=True))

@@ -142,11 +142,11 @@ inline BmmShape check_bmm(const at::Tensor& a, const at::Tensor& b, const at::Te
 }
 
 // approx::lut_bmm_variant's variants: the CUDA kernel's layouts (cuda/lut_bmm_cuda.cu says what each is), by
-// index. lut_bmm runs variant 0 (g2_r4c8_pad); the CPU backend has one kernel, which every valid index runs.
-// One list for every backend, so an index is validated alike everywhere (tests/ops/test_lut_bmm.py checks it on
-// the CPU).
-inline constexpr const char* kBmmVariants[] = {"g2_r4c8_pad", "g1_pad",     "g2_pad",
-                                               "g3_pad",      "g2_k64_pad", "g2_pad_rowlanes"};
+// index. lut_bmm on CUDA picks among the first four by timing them on a shape's first call (variant 0 inside a
+// CUDA graph capture); the CPU backend has one kernel, which every valid index runs. One list for every backend,
+// so an index is validated alike everywhere (tests/ops/test_lut_bmm.py checks it on the CPU).
+inline constexpr const char* kBmmVariants[] = {"g2_r4c8_k64_pad", "g3_k64_pad",  "g2_r8c4_k64_pad",
+                                               "g2_r4c8_k64_rowlanes", "g2_r4c8_pad", "g3_pad"};
 inline constexpr int64_t kBmmVariantCount = (int64_t)(sizeof(kBmmVariants) / sizeof(kBmmVariants[0]));
 
 inline void check_bmm_variant(int64_t v) {

@@ -124,7 +124,7 @@ def test_variant_selector_validates_names_and_indices(gen):
     names and indices select, and an unknown one is an error naming the valid ones, on the CPU as on CUDA (one
     check in checks.h); every valid variant on the CPU is the one CPU kernel."""
     names = _variants_or_skip()
-    assert names[0] == "g2_r4c8_pad" and len(set(names)) == len(names) > 1
+    assert names[0] == "g2_r4c8_k64_pad" and len(set(names)) == len(names) > 1
     a, b, lut = _operands(gen, (2, 5, 3, 9), True)
     want = reference.reference_lut_bmm(a, b, lut)
     for v in (0, len(names) - 1, names[1]):
@@ -157,6 +157,26 @@ def test_cuda_variants_equal_reference(gen, shape, signed):
         for v in names:
             out = ops.lut_bmm_variant(a.cuda(), b.cuda(), lut.cuda(), v, backend="cuda").cpu()
             assert torch.equal(out, want), (kind, v)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or not hasattr(torch.ops.approx, "lut_bmm"), reason="no CUDA")
+def test_cuda_lut_bmm_times_its_pick_outside_graph_capture_only(gen):
+    """lut_bmm on CUDA times its candidate layouts on a shape's first call and keeps the pick; a shape first seen
+    inside a CUDA graph capture runs variant 0 untimed (a timing would synchronise the capturing stream)."""
+    a, b, lut = _operands(gen, (1, 29, 31, 44), True)
+    want = ops.lut_bmm(a, b, lut, backend="cpp")
+    ad, bd, ld = a.cuda(), b.cuda(), lut.cuda()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.lut_bmm(ad, bd, ld, backend="cuda")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), want)
+    a, b, _ = _operands(gen, (2, 45, 37, 68), True)
+    want = ops.lut_bmm(a, b, lut, backend="cpp")
+    for _ in range(2):  # the timed first call, then the kept pick
+        assert torch.equal(ops.lut_bmm(a.cuda(), b.cuda(), ld, backend="cuda").cpu(), want)
 
 
 def test_fakes_give_the_output_shapes():

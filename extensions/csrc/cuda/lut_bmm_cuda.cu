@@ -22,9 +22,12 @@
 //     offsets once, then R x C table reads and adds. TM x TN is chosen on the host per shape so the tiles cover M
 //     and N with the least padding, up to a quarter of the group idle where that pads less.
 //
-// The default (variant 0, what lut_bmm runs): g2_r4c8_pad, G = 2 (512 threads an SM), R x C = 4 x 8, KC = 32;
-// 197 x 197 (Q.K^T) in tiles of 200 x 40 (50 x 5 threads), 197 x 64 (P.V) in tiles of 200 x 32 (50 x 4); 161 KiB
-// of shared memory a block; ptxas (nvcc 13.0, sm_90): 128 registers a thread, 8 bytes spilled.
+// What lut_bmm runs: on a shape's first call it times the first four variants and keeps the fastest (pick(),
+// below); no layout wins every shape. On ViT-B/16 it picks g2_r8c4_k64_pad for Q.K^T (197 x 197, K = 64: tiles of
+// 200 x 40, 25 x 10 threads of 8 x 4 outputs) and g2_r4c8_k64_pad for P.V (197 x 64, K = 197: tiles of 200 x 32,
+// 50 x 4 threads of 4 x 8), both G = 2 (512 threads an SM), 64 taps a staged chunk; 193 KiB of shared memory a
+// block; ptxas (nvcc 13.0, sm_90): 128 registers a thread, at most 8 bytes spilled. Inside a CUDA graph capture
+// (nothing can be timed) variant 0 runs.
 //
 // The bound (S16, the common mode). Each MAC is one shared-memory read of the int16 effective table
 // (256 rows x 258 entries, 129 KiB, one copy per SM) at a data-dependent address. Shared memory serves a
@@ -37,42 +40,39 @@
 // staging of codes that overlaps the lookups. Concentrated codes (real activations, P's probabilities) do
 // better than the bound: lanes reading the same 4-byte word are served in one pass.
 //
-// Measured (NVIDIA H200, 132 SMs at 1980 MHz; `python3 benchmarks/cuda_attention.py`, 2026-11-28; median of 10
-// CUDA-event timings after 2 warm-ups; every variant bit-exact against the reference and the cpp kernel),
+// Measured (NVIDIA H100 80GB HBM3, 132 SMs at 1980 MHz; `python3 benchmarks/cuda_attention.py`, 2026-11-28, one
+// device call; median of 10 CUDA-event timings after 2 warm-ups; every variant bit-exact against the reference and
+// the cpp kernel, and 0 errors under compute-sanitizer memcheck (benchmarks/cuda_memcheck.py --bmm-only)),
 // T MAC/s on ViT-B/16 at 64 images (768 matrices of 197 x 197 x 64), exact tables; codes uniform ("unif"),
 // attention-like ("attn": Q, K, V normal of std 32 codes, P a softmax) and narrow (std 8):
-//                      qk s8 unif/attn/narrow  av s8 unif/attn/narrow  av u8 unif/attn/narrow
-//   g2_r4c8_pad        1.840  1.932  2.177     1.830  2.565  2.273     1.799  2.516  2.162
-//   g1_pad             1.693  1.757  1.948     1.372  1.741  1.612     1.354  1.723  1.551
-//   g2_pad             1.812  1.888  2.131     1.631  2.297  1.994     1.609  2.227  1.893
-//   g2_k64_pad         1.844  1.920  2.164     1.655  2.375  2.040     1.630  2.292  1.930
-//   g3_pad             1.869  1.950  2.200     1.693  2.204  2.088     1.665  2.199  1.988
-//   g2_pad_rowlanes    1.567  1.670  2.217     1.588  2.139  2.126     1.503  2.134  2.107
-//   retired: base      1.271  1.308  1.406     0.962  1.106  1.061     0.954  1.096  1.041
-//            g1        1.683  1.748  1.944     1.044  1.269  1.182     1.034  1.254  1.147
-//            g4        1.091  1.064  1.072     0.815  0.936  0.889     0.810  0.926  0.871
-//            g4_pad    1.086  1.068  1.075     1.230  1.218  1.199     1.228  1.209  1.194
-//            g4_r2c8_pad 1.198 1.171 1.157     1.183  1.176  1.170     1.196  1.156  1.149
-//            g4_pad_rowlanes 0.974 0.957 0.964 1.156  1.138  1.135     1.158  1.139  1.151
-//   torch.bmm (cuBLAS) on the same shapes, T FLOP-pairs/s: fp32 qk 9.76, av 13.70; bf16 qk 14.10, av 21.11.
-// The default with uniform codes, 1.84 T MAC/s, is 78 % of the ~2.37 T reads/s bound; with attention-like codes
-// it runs 1.93 (Q.K^T) and 2.57 (P.V), so one attention layer's two products (equal MACs) together run at
-// 2 / (1 / 1.932 + 1 / 2.565) = 2.20 T MAC/s. (It beats g3_pad and g2_k64_pad on P.V by 0.19-0.36 T MAC/s at
-// attention-like codes and trails them on Q.K^T by at most 0.03.)
+//                          qk s8 unif/attn/narrow  av s8 unif/attn/narrow  av u8 unif/attn/narrow
+//   g2_r4c8_k64_pad        1.868  1.957  2.233     1.899  2.765  2.406     1.868  2.711  2.268
+//   g3_k64_pad             1.845  1.920  2.174     1.711  2.263  2.107     1.684  2.253  2.011
+//   g2_r8c4_k64_pad        2.016  2.157  2.550     1.888  2.624  2.333     1.873  2.519  2.242
+//   g2_r4c8_k64_rowlanes   1.578  1.691  2.322     1.817  2.495  2.466     1.707  2.486  2.446
+//   g2_r4c8_pad            1.821  1.907  2.151     1.889  2.669  2.361     1.855  2.615  2.236
+//   g3_pad                 1.870  1.943  2.187     1.693  2.231  2.078     1.666  2.223  1.979
+//   torch.bmm (cuBLAS) on the same shapes, T FLOP-pairs/s: fp32 qk 9.63, av 13.48; bf16 qk 14.04, av 20.94.
+// So lut_bmm's picks run Q.K^T at 2.02 (uniform) / 2.16 (attention-like) and P.V at 1.90 / 2.77; one attention
+// layer's two products (equal MACs) together at 1.96 / 2.42 T MAC/s. Uniform Q.K^T is 85 % of the ~2.37 T reads/s
+// bound. Why 8 x 4 beats 4 x 8 on Q.K^T only is measured, not derived: both load 12 code bytes per 32 products.
 //
-// History: the first kernel (`base`, retired 2026-11-28) ran one block of 256 threads an SM with 4 x 4 outputs a
-// thread, staged codes byte by byte with one global load in flight a thread (~20 serial round trips to L2 a
-// chunk) and counted every idle thread in its tile grid (P.V's 197 rows in tiles of 256); it reached 1.27-1.41
-// T MAC/s on Q.K^T and 0.95-1.11 on P.V. Retired with it on the same measurements, losing everywhere: g1 (base's
-// tiling with the groups kernel's loop and staging) and the 1024-thread layouts g4, g4_pad, g4_r2c8_pad,
-// g4_pad_rowlanes (64 registers a thread; 0.81-1.23 T MAC/s).
+// History. The first kernel (`base`) ran one block of 256 threads an SM with 4 x 4 outputs a thread, staged codes
+// byte by byte with one global load in flight a thread and counted every idle thread in its tile grid (P.V's 197
+// rows in tiles of 256): 1.27-1.41 T MAC/s on Q.K^T, 0.95-1.11 on P.V (H200). Retired with it: g1 and the
+// 1024-thread layouts g4, g4_pad, g4_r2c8_pad, g4_pad_rowlanes (0.81-1.23 on the H200); then, on the H100 in the
+// call before the table above (previous build), g1_pad (qk 1.69-1.94, av 1.37-1.74), g2_pad (1.81-2.12,
+// 1.63-2.25), g2_k64_pad (1.85-2.18, 1.66-2.35), g2_pad_rowlanes (1.52-2.11, 1.56-2.08) and two "_async" layouts
+// that copied the next chunk's codes ahead with cp.async and transposed them shared-to-shared: Q.K^T slower
+// (g2_r4c8_async 1.75 / 1.82 / 2.05 against g2_r4c8_pad's 1.80 / 1.89 / 2.13): the staging stall they hide is
+// smaller than the copies and the spills (336 bytes) they cost. lut_bmm ran g2_r4c8_pad until 2026-11-28.
 //
-// Variants (approx::lut_bmm_variant, by index; checks.h kBmmVariants names them; lut_bmm runs 0 = g2_r4c8_pad):
+// Variants (approx::lut_bmm_variant, by index; checks.h kBmmVariants names them; lut_bmm picks among 0-3):
 // each is lut_bmm_groups_kernel with
-//   gG           G groups of 256 threads (G = 1..3: 256 to 768 threads an SM) sharing the table;
+//   gG           G groups of 256 threads (G = 2 or 3: 512 or 768 threads an SM) sharing the table;
 //   _pad         the tile grid may leave up to a quarter of a group's threads idle where that pads less
 //                (P.V, 197 x 64: tiles of 200 rows instead of 256, 1.5 % padding instead of 30 %);
-//   _r4c8        4 x 8 outputs a thread (4 x 4 otherwise); _k64: 64 taps a staged chunk instead of 32;
+//   _rRcC        R x C outputs a thread (4 x 4 otherwise); _k64: 64 taps a staged chunk instead of 32;
 //   _rowlanes    a warp's lanes along rows (they share b's codes: concentrated a codes broadcast).
 // Every variant computes the same int32 sums (the same products, int32 adds wrap alike in any order).
 #include <ATen/ATen.h>
@@ -83,9 +83,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 
 #include "../checks.h"
+#include "kernels.h"
 
 namespace {
 
@@ -228,9 +232,38 @@ __device__ __forceinline__ void run_groups(const Args& p, uint8_t* smem) {
   const bool active = lt < TM * TN;
   int16_t* S = reinterpret_cast<int16_t*>(smem);
   uint16_t* U = reinterpret_cast<uint16_t*>(smem);
+  uint8_t* as = smem + kTableBytes + g * (2 * KC * kMaxTile);  // this group's [KC][Mt] row codes, row(a) form
+  uint8_t* bs = as + KC * kMaxTile;                            // [KC][Nt] b codes (column index or raw)
+  const long long per_batch = p.mtiles * p.ntiles, tstride = (long long)gridDim.x * G;
+  // tile t's batch and first row and column
+  auto coords = [&](long long t, long long& i, long long& m0, long long& n0) {
+    i = t / per_batch;
+    const long long rem = t - i * per_batch, mt = rem / p.ntiles;
+    m0 = mt * Mt, n0 = (rem - mt * p.ntiles) * Nt;
+  };
+  const long long first = (long long)blockIdx.x * G + g;
   if (MODE == S16) {
-    for (int e = tid; e < 65536; e += G * kGroupThreads)
-      S[(e >> 8) * kS16Stride + (e & 255)] = (int16_t)__ldg(p.E + e);
+    // 16-byte loads, 8 in flight a thread before any store: one serial L2 round trip per entry group of the
+    // table would keep the block from its first lookup for tens of microseconds
+    constexpr int kQuads = 65536 / 4, kBatch = 8;
+    const int4* E4 = reinterpret_cast<const int4*>(p.E);
+    for (int q0 = tid; q0 < kQuads; q0 += kBatch * G * kGroupThreads) {
+      int4 v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int q = q0 + j * G * kGroupThreads;
+        if (q < kQuads) v[j] = __ldg(E4 + q);
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int q = q0 + j * G * kGroupThreads;
+        if (q >= kQuads) break;
+        // row q / 64, entries 4 (q % 64) .. + 3: a 4-byte aligned pair of words (rows are 516 bytes)
+        uint32_t* d = reinterpret_cast<uint32_t*>(S + (q >> 6) * kS16Stride + 4 * (q & 63));
+        d[0] = (uint32_t)(uint16_t)v[j].x | (uint32_t)(uint16_t)v[j].y << 16;
+        d[1] = (uint32_t)(uint16_t)v[j].z | (uint32_t)(uint16_t)v[j].w << 16;
+      }
+    }
   } else if (MODE == U16) {
     for (int e = tid; e < 256 * 129; e += G * kGroupThreads) {
       const int r = e / 129, m = e - r * 129;
@@ -238,17 +271,14 @@ __device__ __forceinline__ void run_groups(const Args& p, uint8_t* smem) {
     }
   }
   __syncthreads();  // the table is stored (every group reads all of it)
-  uint8_t* as = smem + kTableBytes + g * (2 * KC * kMaxTile);  // this group's [KC][Mt] row codes, row(a) form
-  uint8_t* bs = as + KC * kMaxTile;                            // [KC][Nt] b codes (column index or raw)
   const uint32_t bx = MODE == U16 ? 0u : 0x80u;
   // byte offsets: row stride and entry size of the table in use
   constexpr uint32_t kRowBytes = MODE == S16 ? kS16Stride * 2 : MODE == U16 ? kU16Stride * 2 : 256 * 4;
   constexpr uint32_t kEntry = MODE == G32 ? 4 : 2;
   const char* tbase = MODE == G32 ? reinterpret_cast<const char*>(p.E) : reinterpret_cast<const char*>(smem);
-  const long long per_batch = p.mtiles * p.ntiles;
-  for (long long t = (long long)blockIdx.x * G + g; t < p.tiles; t += (long long)gridDim.x * G) {
-    const long long i = t / per_batch, rem = t - i * per_batch;
-    const long long m0 = (rem / p.ntiles) * Mt, n0 = (rem - (rem / p.ntiles) * p.ntiles) * Nt;
+  for (long long t = first; t < p.tiles; t += tstride) {
+    long long i, m0, n0;
+    coords(t, i, m0, n0);
     const uint8_t* ai = p.a + (i * p.M) * p.K;
     const uint8_t* bi = reinterpret_cast<const uint8_t*>(p.b) + (i * p.N) * p.K;
     uint32_t acc[R][C];
@@ -361,71 +391,145 @@ constexpr Variant make_variant(int floor) {
 }
 
 const Variant kVariants[] = {
-    make_variant<2, 4, 8, 32>(192),         // g2_r4c8_pad: 512 threads, 4 x 8 outputs a thread (lut_bmm's kernel)
-    make_variant<1, 4, 4, 32>(192),         // g1_pad: 256 threads
-    make_variant<2, 4, 4, 32>(192),         // g2_pad: 512 threads
-    make_variant<3, 4, 4, 32>(192),         // g3_pad: 768 threads
-    make_variant<2, 4, 4, 64>(192),         // g2_k64_pad: 64 taps a chunk
-    make_variant<2, 4, 4, 32, false>(192),  // g2_pad_rowlanes: a warp's lanes along rows
+    make_variant<2, 4, 8, 64>(192),         // g2_r4c8_k64_pad: 512 threads, 4 x 8 outputs a thread, 64 taps a chunk
+    make_variant<3, 4, 4, 64>(192),         // g3_k64_pad: 768 threads, 4 x 4 outputs a thread
+    make_variant<2, 8, 4, 64>(192),         // g2_r8c4_k64_pad: 8 x 4 outputs a thread
+    make_variant<2, 4, 8, 64, false>(192),  // g2_r4c8_k64_rowlanes: a warp's lanes along rows
+    make_variant<2, 4, 8, 32>(192),         // g2_r4c8_pad: 32 taps a chunk
+    make_variant<3, 4, 4, 32>(192),         // g3_pad
 };
 static_assert(sizeof(kVariants) / sizeof(kVariants[0]) == approx_checks::kBmmVariantCount,
               "kVariants and checks.h kBmmVariants list the same variants");
+// lut_bmm's candidates: the first kAutoCandidates variants, timed on the first call of each shape (below)
+constexpr int kAutoCandidates = 4;
 
 constexpr int smem_bytes(int G, int KCc) { return kTableBytes + G * 2 * KCc * kMaxTile; }
 
-at::Tensor lut_bmm_run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& lut, int64_t variant) {
-  const auto s = approx_checks::check_bmm(a, b, lut, c10::DeviceType::CUDA);
-  approx_checks::check_bmm_variant(variant);
-  TORCH_CHECK(s.K < (1ll << 30), "lut_bmm: K must be below 2^30 on CUDA");
-  const Variant& v = kVariants[variant];
-  const c10::cuda::CUDAGuard guard(a.device());
-  at::Tensor out = at::empty({s.B, s.M, s.N}, a.options().dtype(at::kInt));
-  if (out.numel() == 0) return out;
-  if (s.K == 0) return out.zero_();
-  auto stream = c10::cuda::getCurrentCUDAStream();
+// One call's operands, effective table and flags, prepared once whichever variants then run on them.
+struct Call {
+  at::Tensor out, E, flags;
+  Args p;
+  int sms = 0, optin = 0;
+  cudaStream_t stream;
+};
+
+Call prepare_call(const at::Tensor& a, const at::Tensor& b, const at::Tensor& lut, const approx_checks::BmmShape& s) {
+  Call c;
+  c.stream = c10::cuda::getCurrentCUDAStream();
+  c.out = at::empty({s.B, s.M, s.N}, a.options().dtype(at::kInt));
+  if (c.out.numel() == 0 || s.K == 0) return c;
   const bool is_unsigned = a.scalar_type() == at::kByte;
-  at::Tensor E = at::empty({256, 256}, lut.options());
-  at::Tensor flags = at::ones({2}, lut.options());
-  prep_kernel<<<256, 256, 0, stream>>>(lut.data_ptr<int32_t>(), E.data_ptr<int32_t>(), flags.data_ptr<int>(),
-                                       is_unsigned);
+  c.E = at::empty({256, 256}, lut.options());
+  c.flags = at::ones({2}, lut.options());
+  prep_kernel<<<256, 256, 0, c.stream>>>(lut.data_ptr<int32_t>(), c.E.data_ptr<int32_t>(), c.flags.data_ptr<int>(),
+                                         is_unsigned);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  Args p{};
+  Args& p = c.p;
   p.a = reinterpret_cast<const uint8_t*>(a.data_ptr());
   p.b = b.data_ptr<int8_t>();
   p.lut = lut.data_ptr<int32_t>();
-  p.E = E.data_ptr<int32_t>();
-  p.flags = flags.data_ptr<int>();
-  p.out = out.data_ptr<int32_t>();
+  p.E = c.E.data_ptr<int32_t>();
+  p.flags = c.flags.data_ptr<int>();
+  p.out = c.out.data_ptr<int32_t>();
   p.B = s.B, p.M = s.M, p.N = s.N, p.K = (int)s.K;
-  choose_grid(s.M, s.N, v.R, v.C, v.floor, p.TM, p.TN);
-  p.mtiles = (s.M + p.TM * v.R - 1) / (p.TM * v.R);
-  p.ntiles = (s.N + p.TN * v.C - 1) / (p.TN * v.C);
-  p.tiles = s.B * p.mtiles * p.ntiles;
   p.xmask = is_unsigned ? 0u : 0x80u;
   p.is_unsigned = is_unsigned;
   p.words = s.K % 4 == 0 && reinterpret_cast<uintptr_t>(p.a) % 4 == 0 && reinterpret_cast<uintptr_t>(p.b) % 4 == 0;
-  int dev = 0, sms = 0, optin = 0;
+  int dev = 0;
   C10_CUDA_CHECK(cudaGetDevice(&dev));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  const int smem = smem_bytes(v.G, v.KC);
-  TORCH_CHECK(smem <= optin, "lut_bmm: the CUDA kernel (variant " + std::string(approx_checks::kBmmVariants[variant]) +
-                                 ") needs " + std::to_string(smem) + " bytes of shared memory per block, the device allows " +
-                                 std::to_string(optin));
-  // per call: cheap next to a launch, and right when the process moves to another device
-  C10_CUDA_CHECK(cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const int64_t grid = std::min<int64_t>((p.tiles + v.G - 1) / v.G, sms);
-  v.kernel<<<(unsigned)grid, v.G * kGroupThreads, smem, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&c.optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return c;
 }
 
-at::Tensor lut_bmm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& lut) {
-  return lut_bmm_run(a, b, lut, 0);  // g2_r4c8_pad
+void launch(const Call& c, int64_t variant) {
+  const Variant& v = kVariants[variant];
+  Args p = c.p;
+  choose_grid(p.M, p.N, v.R, v.C, v.floor, p.TM, p.TN);
+  p.mtiles = (p.M + p.TM * v.R - 1) / (p.TM * v.R);
+  p.ntiles = (p.N + p.TN * v.C - 1) / (p.TN * v.C);
+  p.tiles = p.B * p.mtiles * p.ntiles;
+  const int smem = smem_bytes(v.G, v.KC);
+  TORCH_CHECK(smem <= c.optin, "lut_bmm: the CUDA kernel (variant " +
+                                   std::string(approx_checks::kBmmVariants[variant]) + ") needs " +
+                                   std::to_string(smem) + " bytes of shared memory per block, the device allows " +
+                                   std::to_string(c.optin));
+  // per call: cheap next to a launch, and right when the process moves to another device
+  C10_CUDA_CHECK(cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int64_t grid = std::min<int64_t>((p.tiles + v.G - 1) / v.G, c.sms);
+  v.kernel<<<(unsigned)grid, v.G * kGroupThreads, smem, c.stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+bool empty_call(const Call& c, const approx_checks::BmmShape& s) {
+  if (c.out.numel() == 0) return true;
+  if (s.K == 0) c.out.zero_();
+  return s.K == 0;
 }
 
 at::Tensor lut_bmm_variant_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& lut, int64_t variant) {
-  return lut_bmm_run(a, b, lut, variant);
+  const auto s = approx_checks::check_bmm(a, b, lut, c10::DeviceType::CUDA);
+  approx_checks::check_bmm_variant(variant);
+  TORCH_CHECK(s.K < (1ll << 30), "lut_bmm: K must be below 2^30 on CUDA");
+  const c10::cuda::CUDAGuard guard(a.device());
+  const Call c = prepare_call(a, b, lut, s);
+  if (!empty_call(c, s)) launch(c, variant);
+  return c.out;
+}
+
+// lut_bmm's pick per (device, B, M, N, K, code type, word staging): no one layout wins every shape (ViT-B/16 on
+// an H100: g2_r4c8_k64_pad leads on P.V, g3_k64_pad may on Q.K^T; lut_bmm_cuda.cu's table), and every variant
+// sums the same int32s, so the pick changes the time only. The first call of a key times the candidates as
+// autotune.cpp does for the convolutions: each once to warm up, then the best of 3 CUDA-event timings of two
+// back-to-back runs. Inside a CUDA graph capture nothing can be timed: variant 0 runs.
+using BmmKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, bool, bool>;
+std::mutex g_pick_mu;
+std::map<BmmKey, int64_t> g_picks;
+
+int64_t pick(const Call& c) {
+  int dev = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  const Args& p = c.p;
+  const BmmKey key{dev, p.B, p.M, p.N, p.K, p.is_unsigned, p.words};
+  {
+    std::lock_guard<std::mutex> lock(g_pick_mu);
+    const auto it = g_picks.find(key);
+    if (it != g_picks.end()) return it->second;
+  }
+  if (approx_cuda::capturing()) return 0;
+  cudaEvent_t e0, e1;
+  C10_CUDA_CHECK(cudaEventCreate(&e0));
+  C10_CUDA_CHECK(cudaEventCreate(&e1));
+  int64_t best = 0;
+  float best_ms = 1e30f;
+  for (int64_t v = 0; v < kAutoCandidates; ++v) {
+    if (smem_bytes(kVariants[v].G, kVariants[v].KC) > c.optin) continue;
+    launch(c, v);
+    for (int r = 0; r < 3; ++r) {
+      C10_CUDA_CHECK(cudaEventRecord(e0, c.stream));
+      launch(c, v);
+      launch(c, v);
+      C10_CUDA_CHECK(cudaEventRecord(e1, c.stream));
+      C10_CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      C10_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      if (ms < best_ms) best_ms = ms, best = v;
+    }
+  }
+  C10_CUDA_CHECK(cudaEventDestroy(e0));
+  C10_CUDA_CHECK(cudaEventDestroy(e1));
+  std::lock_guard<std::mutex> lock(g_pick_mu);
+  g_picks.emplace(key, best);
+  return best;
+}
+
+at::Tensor lut_bmm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& lut) {
+  const auto s = approx_checks::check_bmm(a, b, lut, c10::DeviceType::CUDA);
+  TORCH_CHECK(s.K < (1ll << 30), "lut_bmm: K must be below 2^30 on CUDA");
+  const c10::cuda::CUDAGuard guard(a.device());
+  const Call c = prepare_call(a, b, lut, s);
+  if (!empty_call(c, s)) launch(c, pick(c));
+  return c.out;
 }
 
 }  // namespace

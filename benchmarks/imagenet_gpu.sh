@@ -19,7 +19,8 @@
 #                on an H200 (3.0-3.5 s an evaluation, 53 s of set-up; benchmarks/README.md), over one 10-minute device
 #                call. On a 2-GPU host, SENS_PAR=1 runs the two side by side, each alone on its GPU and in its own
 #                process session, so they outlive the call that starts them (WAIT_S=0 returns at once); then
-#                STEP=sensitivity-wait in the next call, on the same machine, waits for both and compares. On one
+#                STEP=sensitivity-wait in the next call, on the same machine (sent at once: a machine left idle
+#                past the device's idle window goes back, and the runs with it), waits for both and compares. On one
 #                GPU: SENS=nocache in two calls, the second with the first's $OUT/r-nocache carried back into $OUT
 #                (it resumes from the rows recorded there: add the two `real` lines, take one set-up off), then
 #                SENS=cache. Each progress line is in sens-*.log as it is written, so a call cut short keeps its
@@ -47,7 +48,7 @@ step=${STEP:-all}
 
 # 1000 classes x PER_CLASS JPEGs (50 as ImageNet's val; the sensitivity step needs only 5,000 of them, so a
 # device call that times only it may generate 6 a class), of ImageNet's typical sizes, seeded
-if [ ! -f "$data/resnet50_random.pt" ]; then
+if [ ! -f "$data/resnet50_random.pt" ] && [ "$step" != sensitivity-wait ]; then  # waiting generates nothing
   python3 - "$data" "${PER_CLASS:-50}" <<'PY'
 import sys
 from concurrent.futures import ProcessPoolExecutor

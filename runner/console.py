@@ -34,26 +34,34 @@ def progress_bar(description: str, total: int):
 
             yield advance
         return
-    state = {"done": 0, "next": 0, "t0": time.perf_counter()}
+    state = {"done": 0, "next": 0, "t0": time.perf_counter(), "first": None}
     step = max(1, total // 10)
 
     def advance(n: int = 1, **info):
         state["done"] += n
+        elapsed = time.perf_counter() - state["t0"]
+        if state["first"] is None:
+            state["first"] = (state["done"], elapsed)
         if state["done"] >= state["next"] or state["done"] == total:
             state["next"] = state["done"] + step
             extra = " ".join(f"{k}={v}" for k, v in info.items())
-            elapsed = time.perf_counter() - state["t0"]
-            print(f"{description}: {state['done']}/{total} ({elapsed:.1f}s{eta(elapsed, state['done'], total)}) "
-                  f"{extra}".rstrip(), flush=True)
+            print(f"{description}: {state['done']}/{total} "
+                  f"({elapsed:.1f}s{eta(elapsed, state['done'], total, state['first'])}) {extra}".rstrip(), flush=True)
 
     yield advance
 
 
-def eta(elapsed: float, done: int, total: int) -> str:
-    """', about 12m left' from the mean time of the steps done so far ('' when none is done or all are)."""
+def eta(elapsed: float, done: int, total: int, first: tuple[int, float] | None = None) -> str:
+    """', about 12m left' from the mean time of the steps done so far ('' when none is done or all are).
+    first: (steps, seconds) at the first advance; once more steps are done, the mean is of those after it,
+    since the first step of a command carries its set-up (data, calibration: a minute on ImageNet, where an
+    evaluation takes seconds) and would stretch every later estimate."""
     if done <= 0 or done >= total:
         return ""
-    left = elapsed / done * (total - done)
+    if first is not None and done > first[0]:
+        left = (elapsed - first[1]) / (done - first[0]) * (total - done)
+    else:
+        left = elapsed / done * (total - done)
     return f", about {fmt_seconds(left)} left"
 
 

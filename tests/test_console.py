@@ -38,3 +38,19 @@ def test_progress_lines_say_how_long_is_left(monkeypatch, capsys):
     assert lines[0] == "sensitivity: 4 evaluations: 1/4 (10.0s, about 30s left)"
     assert lines[-1] == "sensitivity: 4 evaluations: 4/4 (40.0s)"
     assert con.eta(600, 1, 10) == ", about 1.5h left" and con.eta(3, 0, 10) == ""
+
+
+def test_progress_estimates_leave_the_first_steps_set_up_out(monkeypatch, capsys):
+    """A command's first evaluation carries its set-up: the later lines estimate from the evaluations after it."""
+    from runner import console as con
+
+    monkeypatch.setattr(con, "is_interactive", lambda: False)
+    clock = iter([0.0, 100.0, 102.0, 104.0, 106.0, 108.0])  # a 100 s first step, then 2 s each
+    monkeypatch.setattr(con.time, "perf_counter", lambda: next(clock))
+    with con.progress_bar("sensitivity: 5 evaluations", total=5) as advance:
+        for _ in range(5):
+            advance(1)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "sensitivity: 5 evaluations: 1/5 (100.0s, about 7m left)"  # nothing better known yet
+    assert lines[1] == "sensitivity: 5 evaluations: 2/5 (102.0s, about 6s left)"
+    assert lines[3] == "sensitivity: 5 evaluations: 4/5 (106.0s, about 2s left)"

@@ -4,7 +4,7 @@
                                         [--models vit_b16,vit_small] [--out FILE.json]
 
 The variants are the CUDA kernel's layouts (approx::lut_bmm_variants; runner.ops.lut_bmm_variant selects one,
-cuda/lut_bmm_cuda.cu describes them; the first is what lut_bmm runs). In one process:
+cuda/lut_bmm_cuda.cu describes them; lut_bmm times the first four and keeps the fastest). In one process:
 
 1. Checks, per variant, bit for bit: against the pure reference (runner.reference) and the current kernel
    (ops.lut_bmm on CUDA) on small random shapes (batch 1, odd M / N / K, K not a multiple of 32 or of 4,

@@ -137,8 +137,9 @@ def lut_bmm(a, b, lut, *, backend="cpp"):
 
 
 def lut_bmm_variants():
-    """Names of lut_bmm's kernel variants (the CUDA kernel's layouts, approx::lut_bmm_variants), index 0 being what
-    lut_bmm runs; () where the compiled extension predates them. A benchmarking aid (benchmarks/cuda_attention.py)."""
+    """Names of lut_bmm's kernel variants (the CUDA kernel's layouts, approx::lut_bmm_variants): the first four are
+    the ones lut_bmm times on a shape's first call, index 0 what it runs inside a CUDA graph capture; () where the
+    compiled extension predates them. A benchmarking aid (benchmarks/cuda_attention.py)."""
     if _ext.extension_error() is not None or not hasattr(torch.ops.approx, "lut_bmm_variants"):
         return ()
     return tuple(torch.ops.approx.lut_bmm_variants())

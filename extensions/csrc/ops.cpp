@@ -38,7 +38,8 @@ TORCH_LIBRARY(approx, m) {
   // One kernel per backend, no algo: no operand is constant, so there is no table to expand ahead.
   m.def("lut_bmm(Tensor a, Tensor b, Tensor lut) -> Tensor");
   // Internal (benchmarks/cuda_attention.py, tests): lut_bmm through one of the CUDA kernel's layouts, by index
-  // into lut_bmm_variants() (checks.h kBmmVariants; 0 is what lut_bmm runs). Same result for every variant;
+  // into lut_bmm_variants() (checks.h kBmmVariants; lut_bmm times 0-3 and keeps the fastest per shape, 0 in a
+  // CUDA graph capture). Same result for every variant;
   // the CPU kernel runs every valid index. An unknown index is an error on every backend.
   m.def("lut_bmm_variant(Tensor a, Tensor b, Tensor lut, int variant) -> Tensor");
   m.def("lut_bmm_variants() -> str[]", []() {

@@ -23,7 +23,9 @@
 #                past the device's idle window goes back, and the runs with it), waits for both and compares. On one
 #                GPU: SENS=nocache in two calls, the second with the first's $OUT/r-nocache carried back into $OUT
 #                (it resumes from the rows recorded there: add the two `real` lines, take one set-up off), then
-#                SENS=cache. Each progress line is in sens-*.log as it is written, so a call cut short keeps its
+#                SENS=cache. SENS_PAR=seq runs the two one after the other (cache first) in one background
+#                process session on GPU 0 and half the cores, then STEP=sensitivity-wait as above: each run has
+#                its GPU alone, and the other GPU and cores are free for other work. Each progress line is in sens-*.log as it is written, so a call cut short keeps its
 #                count and time. PER_CLASS=6 generates the 6,000 images this step needs instead of 50,000.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -102,14 +104,22 @@ if [ "$step" = all ] || [ "$step" = sensitivity ]; then
   S="$E sensitivity.multipliers=$T sensitivity.plot=false"
   # the cache first (train with given weights only loads the data), so neither timed run pays for decoding
   $run train $D paths.results=$out/r-warm > "$out/sens-warm.log" 2>&1
-  if [ "${SENS_PAR:-0}" = 1 ]; then
+  half=$(( $(nproc) / 2 ))
+  if [ "${SENS_PAR:-0}" = seq ]; then
+    # One after the other (cache first) on GPU 0 and the first half of the cores, in one background process
+    # session, as SENS_PAR=1's runs: each run has the GPU to itself, and GPU 1 and the other cores stay free for
+    # other work in the same calls. STEP=sensitivity-wait as for SENS_PAR=1.
+    cmd() { echo "{ time $run sensitivity $M $S sensitivity.prefix_cache=$2 paths.results=$work/r-$1 ; } > $work/sens-$1.log 2>&1"; }
+    CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=$half setsid taskset -c "0-$((half - 1))" bash -c \
+        "$(cmd cache true); $(cmd nocache false)" < /dev/null &
+    echo $! > "$work/sens-cache.pid"; cp "$work/sens-cache.pid" "$work/sens-nocache.pid"
+  elif [ "${SENS_PAR:-0}" = 1 ]; then
     # Side by side on a 2-GPU host, each run alone on its GPU (cache on 0, no cache on 1), each in its own
     # process session: a device call that ends first leaves them running, and STEP=sensitivity-wait (the next
     # call, on the same machine) waits for them, then compares. Results and logs under $WORK, copied to $OUT.
     # Each on its own half of the cores as well: both calibrate on the CPU with every thread they have, and a
     # first try without this (2x H100, 32 cores) ran each set-up at 100 s instead of 53 and every evaluation
     # slower, the two processes' compute threads spinning on the same cores.
-    half=$(( $(nproc) / 2 ))
     for c in nocache cache; do
       gpu=$([ $c = cache ] && echo 0 || echo 1)
       pc=$([ $c = cache ] && echo true || echo false)

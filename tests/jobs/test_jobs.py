@@ -96,3 +96,27 @@ def test_a_run_dir_with_only_its_config_is_removed_with_its_empty_parents(tmp_pa
     (root / "compare" / "2026-01-01_00-00-02").mkdir(parents=True)   # another run's dir: the parent stays
     other.mkdir()
     assert remove_if_bare(other, root) and (root / "compare").is_dir()
+
+
+def test_run_jobs_estimates_the_total_from_the_second_evaluation(tmp_path, monkeypatch, capsys):
+    """The first job carries the command's set-up (56 s against 3 s an evaluation for a ResNet-50 on a GPU), so
+    its time times the count is only an upper bound; the second job's time gives the estimate."""
+    import time
+
+    from omegaconf import OmegaConf
+
+    import runner.jobs.run as run_mod
+
+    pace = iter([2.6, 0.05, 0.05, 0.05])
+
+    def fake_job(cfg, out_dir, **_):
+        time.sleep(next(pace))
+        return {"status": "ok"}
+
+    monkeypatch.setattr(run_mod, "run_job", fake_job)
+    jobs = [Job(i, [], OmegaConf.create({"i": i}), tmp_path / str(i)) for i in range(4)]
+    run_mod.run_jobs(jobs, "demo: 4 evaluations")
+    out = capsys.readouterr().out
+    upper = re.search(r"take at most about (\S+)", out).group(1)
+    estimate = re.search(r"second evaluation \S+: the 4 take about (\S+)", out).group(1)
+    assert (upper, estimate) == ("10s", "3s")  # 4 x 2.6 s against 2.6 + 3 x 0.05 s

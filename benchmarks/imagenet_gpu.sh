@@ -139,7 +139,10 @@ if [ "$step" = all ] || [ "$step" = sensitivity ] || [ "$step" = sensitivity-wai
       cp "$work/sens-$c.log" "$out/" 2>/dev/null
       grep -h "evaluations in\|^real" "$out/sens-$c.log"
     done
-    cp -r "$work/r-cache" "$work/r-nocache" "$out/" 2>/dev/null
+    # the two tables only: a device call brings back a few files, and each run dir holds many
+    for c in cache nocache; do
+      cp "$work"/r-$c/sensitivity/*/sensitivity.csv "$out/sensitivity-$c.csv" 2>/dev/null
+    done
   fi
   [ -d "$res/r-nocache" ] && [ -d "$res/r-cache" ] || exit 0
   python3 - "$res" <<'PY'

@@ -186,16 +186,21 @@ def test_compare_uses_given_weights_as_the_baseline_and_exact_matches_fakequant(
         session.reset()
 
 
+def resnet18_and_logits(images):
+    """A seeded 10-class torchvision resnet18 in eval mode, 16x16 inputs, and its whole forward's logits."""
+    torch.manual_seed(0)
+    model = build("resnet18", num_classes=10).eval()
+    x = torch.rand(images, 3, 16, 16)
+    with torch.no_grad():
+        return model, x, model(x)
+
+
 def test_prefix_cache_gives_the_whole_models_logits_and_runs_the_prefix_once(monkeypatch):
     """A torchvision model started at a layer from its kept prefix: the logits equal a whole forward bit for bit,
     the layers before that block do not run again, and past the memory budget nothing is kept (still equal)."""
     from runner.session import Prefix, Session
 
-    torch.manual_seed(0)
-    model = build("resnet18", num_classes=10).eval()
-    x = torch.rand(12, 3, 16, 16)
-    with torch.no_grad():
-        whole = model(x)
+    model, x, whole = resnet18_and_logits(12)
     calls = []
     model.conv1.register_forward_hook(lambda *a: calls.append(1))
     sess = Session()
@@ -213,11 +218,7 @@ def test_prefix_cache_gives_the_whole_models_logits_and_runs_the_prefix_once(mon
 def test_a_later_layer_continues_the_kept_prefix_of_an_earlier_one():
     from runner.session import Prefix, Session
 
-    torch.manual_seed(0)
-    model = build("resnet18", num_classes=10).eval()
-    x = torch.rand(12, 3, 16, 16)
-    with torch.no_grad():
-        whole = model(x)
+    model, x, whole = resnet18_and_logits(12)
     runs = {"conv1": 0, "layer1.0": 0, "layer2.0": 0}
     for name in runs:
         model.get_submodule(name).register_forward_hook(lambda *a, n=name: runs.__setitem__(n, runs[n] + 1))
@@ -258,11 +259,7 @@ def test_the_chain_is_checked_once_per_model(monkeypatch):
     import runner.session as session_mod
     from runner.session import Prefix, Session
 
-    torch.manual_seed(0)
-    model = build("resnet18", num_classes=10).eval()
-    x = torch.rand(8, 3, 16, 16)
-    with torch.no_grad():
-        whole = model(x)
+    model, x, whole = resnet18_and_logits(8)
     checks = []
     real = session_mod.chain_matches
     monkeypatch.setattr(session_mod, "chain_matches", lambda *a: checks.append(a[2]) or real(*a))

@@ -22,6 +22,9 @@ CONVS = [((3, *a), w, 1, 0, 1) for _, kind, a, w in LENET5_LAYERS if kind == "co
     ((2, 8, 11, 9), (12, 4, 3, 3), 2, 1, 2),
     ((2, 3, 9, 11), (20, 3, 3, 3), 1, 1, 1),
     ((3, 12, 9, 7), (37, 12, 1, 1), 2, 1, 1),   # 1x1, stride 2, padding (expanded_gemm, expanded_window)
+    ((2, 6, 13, 11), (6, 1, 3, 3), 1, 1, 6),    # depthwise 3x3 (depthwise, depthwise_rows)
+    ((37, 4, 14, 14), (4, 1, 3, 3), 2, 1, 4),   # depthwise stride 2: tiles spanning many images
+    ((2, 3, 9, 10), (3, 1, 3, 3), 2, 0, 3),     # depthwise stride 2, no padding
 ]
 BMMS = [(3, 37, 41, 64), (2, 197, 197, 68), (2, 197, 64, 197), (1, 5, 300, 7)]  # (B, M, N, K)
 LINEARS = [(3, *w[::-1]) for _, kind, _, w in LENET5_LAYERS if kind == "linear"] + [

@@ -30,6 +30,13 @@ const std::vector<Algo>& algos() {
          launch_depthwise(p, cg, s);
        },
        one},
+      // 3x3 depthwise at stride 1 or 2: one table read per code and kernel row (three products as
+      // int16); with int32 products it still runs (16-byte entries) but auto does not time it
+      {"depthwise_rows", false, false, depthwise_rows_why_not,
+       [](const Params& p, const ConvGeo& cg, int fmt, const Config&, cudaStream_t s) {
+         launch_depthwise_rows(p, cg, fmt, s);
+       },
+       [](const Params& p, int fmt) { return fmt == 2 ? std::vector<Config>{} : one(p, fmt); }},
       {"expanded_window", true, true,
        [](const Params& p, const ConvGeo& cg) {
          return window_smem(p, cg, 0) ? std::string()

@@ -88,5 +88,7 @@ std::string parse_gemm_config(const std::string& name, Config& c);  // "" or wha
 std::string gemm_config_name(const Config& c);
 std::string depthwise_why_not(const Params& p, const ConvGeo& cg);         // depthwise.cu ("" : runs)
 void launch_depthwise(const Params& p, const ConvGeo& cg, cudaStream_t stream);
+std::string depthwise_rows_why_not(const Params& p, const ConvGeo& cg);    // depthwise_rows.cu
+void launch_depthwise_rows(const Params& p, const ConvGeo& cg, int fmt, cudaStream_t stream);
 
 }  // namespace approx_cuda

@@ -1,0 +1,113 @@
+"""CUDA depthwise variants on 3x3 depthwise shapes (MobileNetV2's): bit-exact against the python
+reference with poisoned outputs, every variant approx::lut_algos says applies (depthwise_rows among
+them), stride 1 and 2, padding 0 and 1, odd planes, int16 and int32 products, signed and unsigned
+codes; and which shapes depthwise_rows takes.
+
+Marked `cuda` (deselected by default; run with `-m cuda` on a GPU machine)."""
+import pytest
+import torch
+
+pytestmark = pytest.mark.cuda
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from tests.ops.test_cuda import (  # noqa: E402  (skips itself without CUDA kernels)
+    ALGOS, DEV, EXERCISED, _reported_pick, check_equal, make_codes, make_lut, make_weights, poisoned_call)
+
+from runner.ops import algo_table  # noqa: E402
+from runner.reference import reference_lut_conv2d  # noqa: E402
+
+ops = torch.ops.approx
+
+# (B, C, H, W), stride, padding; weights (C, 1, 3, 3), groups C
+CASES = {
+    "7x7": ((2, 3, 7, 7), 1, 1),                # 7 outputs a row: 7 a thread; a tile spans images
+    "7x7_s2": ((2, 3, 7, 7), 2, 1),
+    "13x11": ((1, 4, 13, 11), 1, 0),            # odd plane: tiles end mid-row
+    "13x11_s2": ((1, 4, 13, 11), 2, 0),
+    "13x11_s2_p1": ((3, 2, 13, 11), 2, 1),
+    "112": ((2, 2, 112, 112), 1, 1),            # MobileNetV2's first depthwise layer
+    "112_s2": ((2, 2, 112, 112), 2, 1),
+    "28": ((3, 5, 28, 28), 1, 1),
+    "14_s2_b37": ((37, 3, 14, 14), 2, 1),       # 7x7 outputs: a tile spans 36 images
+    "4x3_b40": ((40, 2, 4, 3), 1, 1),           # planes smaller than the kernel's reach
+    "1x1": ((5, 2, 1, 1), 1, 1),                # one output per image, all padding but the centre
+    "wide_s2": ((2, 1, 9, 600), 2, 1),          # rows wider than a tile's 256 tasks
+    "pad_y": ((2, 3, 9, 9), 1, (1, 0)),         # padding along y only
+}
+
+
+def _pair(v):
+    return [v, v] if isinstance(v, int) else list(v)
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
+@pytest.mark.parametrize("lutkind", ["int16", "wide"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_depthwise_3x3_matches_reference(case, lutkind, signed):
+    (b, c, h, wd_), stride, padding = CASES[case]
+    gen = torch.Generator().manual_seed(4000 + list(CASES).index(case) * 4 + (lutkind == "wide") * 2 + signed)
+    a = make_codes(gen, (b, c, h, wd_), signed)
+    w = make_weights(gen, (c, 1, 3, 3), signed)
+    lut = make_lut(gen, lutkind)
+    want = reference_lut_conv2d(a, w, lut, stride, padding, 1, c)
+    args = (_pair(stride), _pair(padding), [1, 1], c)
+    ad, wdv, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
+    applies = [r["algo"] for r in algo_table(ad, wdv, ld, *args, backend="cuda") if r["applies"]]
+    assert "depthwise_rows" in applies
+    algos = list(dict.fromkeys(ALGOS + applies))
+    EXERCISED.update(algos)
+    for algo in algos:
+        got = poisoned_call(lambda: ops.lut_conv2d(ad, wdv, ld, *args, algo), tuple(want.shape))
+        check_equal(got, want, f"lut_conv2d {case} {lutkind} signed={signed} algo={algo}")
+
+
+def test_depthwise_rows_shapes_and_auto_with_int32_products():
+    """depthwise_rows runs 3x3 depthwise convs of dilation 1 at stride 1 or 2 with padding <= 1 and
+    says why not for every other shape. With int32 products (a 'wide' LUT) an explicit call is
+    still exact (16-byte table entries), but auto does not time it there."""
+    gen = torch.Generator().manual_seed(31)
+    a = make_codes(gen, (4, 6, 15, 15), True)
+    ad = a.to(DEV)
+    lut16 = make_lut(gen, "int16").to(DEV)
+
+    def row(w, stride=1, padding=1, dilation=1, groups=6):
+        rows = algo_table(ad, w.to(DEV), lut16, stride, padding, dilation, groups, backend="cuda")
+        return {r["algo"]: r for r in rows}["depthwise_rows"]
+
+    w3, w5 = make_weights(gen, (6, 1, 3, 3), True), make_weights(gen, (6, 1, 5, 5), True)
+    for stride in (1, 2):
+        for padding in (0, 1, (1, 0)):
+            assert row(w3, stride, padding)["applies"], (stride, padding)
+    assert "3x3" in row(w5)["note"]
+    assert "3x3" in row(w3, dilation=2)["note"]
+    assert "stride" in row(w3, stride=3)["note"] and "stride" in row(w3, stride=(1, 2))["note"]
+    assert "padding" in row(w3, padding=2)["note"]
+    assert "depthwise" in row(make_weights(gen, (6, 2, 3, 3), True), groups=3)["note"]
+
+    lut32 = make_lut(gen, "wide")
+    want = reference_lut_conv2d(a, w3, lut32, 1, 1, 1, 6)
+    args = ([1, 1], [1, 1], [1, 1], 6)
+    wd, l32 = w3.to(DEV), lut32.to(DEV)
+    check_equal(ops.lut_conv2d(ad, wd, l32, *args, "depthwise_rows"), want, "depthwise_rows, int32 products")
+    check_equal(ops.lut_conv2d(ad, wd, l32, *args, "auto"), want, "auto, int32 products")
+    assert _reported_pick(ad, wd, l32, 1, 1, 1, 6) not in ("", "depthwise_rows")
+
+
+@pytest.mark.parametrize("lutkind", ["int16", "wide"])
+def test_depthwise_rows_reads_the_table_format_on_the_device(lutkind):
+    """Weights written in place between calls build uncached tables whose format the host does not
+    know (Prepared::fmt 0): the kernel reads the fit flags on the device and must stay exact."""
+    gen = torch.Generator().manual_seed(32 + (lutkind == "wide"))
+    a = make_codes(gen, (3, 4, 13, 11), False)
+    w = make_weights(gen, (4, 1, 3, 3), False)
+    lut = make_lut(gen, lutkind)
+    ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
+    for stride in (1, 2):
+        want = reference_lut_conv2d(a, w, lut, stride, 1, 1, 4)
+        args = ([stride, stride], [1, 1], [1, 1], 4)
+        for _ in range(3):  # the first call caches (format known); later ones see the weights change
+            wd.add_(0)
+            got = poisoned_call(lambda: ops.lut_conv2d(ad, wd, ld, *args, "depthwise_rows"), tuple(want.shape))
+            check_equal(got, want, f"depthwise_rows stride {stride} {lutkind}, format read on the device")

@@ -346,6 +346,35 @@ def test_sharded_evaluation_reads_a_lazy_set(tmp_path):
     assert ranks.result["computed_here"] == 12
 
 
+def _calibration_rank(cfg, out_dir):
+    """A rank of test_ranks_take_rank_0s_calibration: each rank offers other images; every rank's statistics."""
+    import torch.distributed as dist
+
+    from runner.quant import QuantConfig
+    from runner.session import Session
+
+    rank = dist.get_rank()
+    x = torch.rand(64, 3, 8, 8, generator=torch.Generator().manual_seed(rank))
+    _, stats = Session().calibration(_lazy_case()[1], Path("ckpt"), x, QuantConfig(), 0)
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, {n: vars(s) for n, s in stats.items()})
+    return every
+
+
+@pytest.mark.processes
+def test_ranks_take_rank_0s_calibration(tmp_path):
+    """Rank 0 alone calibrates and the others take its statistics (they would differ here: each rank offers other
+    images), equal to a one-process calibration on rank 0's images."""
+    from runner.quant import QuantConfig
+    from runner.session import Session
+
+    ranks = distributed.spawn_ranks("tests.test_distributed:_calibration_rank", {}, tmp_path, ["cpu", "cpu"])
+    assert ranks.ok, ranks.failure()
+    x0 = torch.rand(64, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    _, one = Session().calibration(_lazy_case()[1], Path("ckpt"), x0, QuantConfig(), 0)
+    assert ranks.result[0] == ranks.result[1] == {n: vars(s) for n, s in one.items()}
+
+
 def test_digest_of_a_state_with_an_expanded_tensor():
     """A buffer broadcast from a scalar (stride 0) hashes as its values do: the end-of-training check of the ranks'
     states used to fail on it (ResNet-8 under finetune.devices)."""

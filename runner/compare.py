@@ -374,9 +374,10 @@ def _run(cfg: DictConfig, out_dir: Path | None, common: dict, quiet: bool = Fals
     spent = energy(multipliers, approx_layers, macs)
     # every fake-quant layer's histogram: the fake-quant model (its key) is shared by runs that approximate
     # different layers of it (sensitivity). On the evaluation's device: 512 ImageNet images through a fake-quant
-    # ResNet-50 took three minutes of a 16-core host's CPU, seconds on its GPU
+    # ResNet-50 took three minutes of a 16-core host's CPU, seconds on its GPU. Rank 0 alone records them
     hists = sess.memo(("operand", keys["fakequant"]), lambda: operand.operand_histograms(
-        fq, list(quantized_layers(fq, weights_only=True)), data.train_x, qcfg, int(cfg.seed), device))
+        fq, list(quantized_layers(fq, weights_only=True)), data.train_x, qcfg, int(cfg.seed),
+        device)) if distributed.is_main() else {}
     op_cols, op_layers = operand.metrics(multipliers, {n: hists[n] for n in approx_layers if n in hists}, macs)
     extra["fakequant"]["mult_energy_rel"] = 1.0  # exact int8 multiplies everywhere
     extra["approx"].update({"mult_energy_rel": spent["mult_energy_rel"], **op_cols})

@@ -18,7 +18,9 @@ Layer rows (PREFIX_layers.csv), per layer and batch, on the input the layer rece
   what=fp32    the same layer in PyTorch fp32 (BatchNorm folded in), cuDNN.
 Model rows (PREFIX_models.csv), per model and batch: the approx model (auto), the fp32 model in eval mode with
 its BatchNorms (cuDNN defaults, which run convs in TF32; with cudnn.benchmark on; and fp32_strict: TF32 off),
-x_fp32 = time / fp32 time (defaults), x_fp32_strict = time / fp32_strict time.
+x_fp32 = time / fp32 time (defaults), x_fp32_strict = time / fp32_strict time; on a GPU also each of fp32,
+fp32_strict and approx replayed from a CUDA graph (`*_graph`, runner.graphs, as compare's timed passes run), with
+x_fp32_graph / x_fp32_strict_graph over the graphed fp32 paths.
 Timing: CUDA events (runner.bench.device_timer: a sleep kernel queued first, so the events time the device's
 work), `--warmup` calls, median of `--repeat`, rotating among 3 input sets so repeats do not run from a warm
 L2; prepared tables cached per (weights, LUT), as in a model's forward.
@@ -42,6 +44,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from runner.bench import device_timer  # noqa: E402
+from runner.graphs import GraphedForward  # noqa: E402
 from runner.bench_layers import layer_geometry, layer_inputs  # noqa: E402
 
 # name: (zoo model, input channels, image size)
@@ -174,6 +177,10 @@ def bench_model(name, args, dev, mult, qcfg, rows_l, rows_m):
         tf32 = torch.backends.cudnn.allow_tf32
         runs = [("fp32", model, False, tf32), ("fp32_cudnn_benchmark", model, True, tf32),
                 ("fp32_strict", model, False, False), ("approx", approx, False, tf32)]
+        if dev.type == "cuda":  # each forward replayed from a CUDA graph, as compare's timed passes run it
+            runs += [("fp32_graph", GraphedForward(model), False, tf32),
+                     ("fp32_strict_graph", GraphedForward(model), False, False),
+                     ("approx_graph", GraphedForward(approx), False, tf32)]
         times = {}
         for path, m, bench_on, allow_tf32 in runs:
             with torch.backends.cudnn.flags(enabled=True, benchmark=bench_on, deterministic=False,
@@ -185,6 +192,9 @@ def bench_model(name, args, dev, mult, qcfg, rows_l, rows_m):
         for r in rows_m[-len(runs):]:
             r["x_fp32"] = r["median_ms"] * 1e3 / times["fp32"]
             r["x_fp32_strict"] = r["median_ms"] * 1e3 / times["fp32_strict"]
+            if "fp32_graph" in times:
+                r["x_fp32_graph"] = r["median_ms"] * 1e3 / times["fp32_graph"]
+                r["x_fp32_strict_graph"] = r["median_ms"] * 1e3 / times["fp32_strict_graph"]
             print(f"{name:12} {batch:6} {r['path']:22} {r['median_ms']:10.3f} {r['x_fp32']:7.2f} "
                   f"{r['x_fp32_strict']:7.2f}", flush=True)
         if args.profile and batch == max(args.model_batches) and dev.type == "cuda":

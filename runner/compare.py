@@ -154,6 +154,7 @@ def _row(path, timed, y, ref_preds, batch_size, device, threads) -> dict:
         "testset_ms_median": round(timed.total_ms_median, 3),
         "throughput_img_s": round(n / (timed.total_ms_median / 1e3), 1) if timed.pass_ms else None,
         "batch_size": batch_size, "threads": threads, "device": host_device(device),
+        "timed_as": timed.timed_as if timed.pass_ms else "",  # cuda_graph: the latencies are graph replays
     }
     return row
 
@@ -389,6 +390,7 @@ def _run(cfg: DictConfig, out_dir: Path | None, common: dict, quiet: bool = Fals
     order = ["pytorch", "fakequant"] + [p for p in ("approx", "approx_finetuned")
                                         if p in models and p in wanted and not prepare_only]
     n_batches = (len(x) + bs - 1) // bs
+    graphs = bool(cfg.eval.get("cuda_graph", True))
     world = distributed.rank_world()[1]
     # a sharded evaluation's rows say over which devices (the numbers are the one-device run's)
     sharded = {"eval_world_size": world, "eval_devices": distributed.rank_devices(device)} if world > 1 else {}
@@ -412,11 +414,11 @@ def _run(cfg: DictConfig, out_dir: Path | None, common: dict, quiet: bool = Fals
                 continue
             if world > 1:  # every rank runs its share of the batches; every rank gets every prediction
                 timed = run_timed_sharded(models[path], x, bs, device, warmup=int(cfg.eval.warmup) if record else 0,
-                                          repeats=int(cfg.eval.repeats) if record else 0)
+                                          repeats=int(cfg.eval.repeats) if record else 0, cuda_graph=graphs)
             else:
                 timed = run_timed(models[path], x, bs, device,
                                   warmup=int(cfg.eval.warmup) if record else 0,
-                                  repeats=int(cfg.eval.repeats) if record else 0,
+                                  repeats=int(cfg.eval.repeats) if record else 0, cuda_graph=graphs,
                                   logits=sess.logits_from(models[path], x, bs, device, start, prefix_key)
                                   if path in ("approx", "fakequant") and start else None)
             preds[path] = timed.predictions

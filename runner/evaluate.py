@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from runner.data.dataset import loaded
-from runner.errors import config_number
+from runner.graphs import GraphedForward
+from runner.errors import UserError, config_number
 from runner.layer_checks import check_non_finite_inputs
 
 
@@ -20,6 +21,7 @@ class Timed:
     logits: torch.Tensor          # float32 [N, classes] on CPU (from the first pass)
     batch_ms: list[float]         # every timed batch of every repeat
     pass_ms: list[float]          # each timed pass over the whole set
+    timed_as: str = "eager"       # "cuda_graph": the timed passes replayed CUDA graphs (runner.graphs)
 
     @property
     def latency_ms_median(self) -> float:
@@ -79,13 +81,17 @@ def check_eval_config(e) -> None:
     # from kept prefixes would otherwise still run every model whole once to time it)
     config_number(e.repeats, "eval.repeats", minimum=0)
     config_number(e.get("limit"), "eval.limit", minimum=1, optional=True)
+    if not isinstance(e.get("cuda_graph", True), bool):
+        raise UserError(f"eval.cuda_graph={e.get('cuda_graph')!r}: choose true or false.")
 
 
 @torch.no_grad()
 def run_timed(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.device,
-              warmup: int = 1, repeats: int = 3, logits: torch.Tensor | None = None) -> Timed:
+              warmup: int = 1, repeats: int = 3, logits: torch.Tensor | None = None, cuda_graph: bool = True) -> Timed:
     """logits: the model's outputs over x when the caller has them (computed from kept activations);
-    the timed passes still run the whole model."""
+    the timed passes still run the whole model. cuda_graph: on a GPU the warm-up and timed passes replay a CUDA
+    graph per batch shape (runner.graphs; the predictions come from the eager first pass either way), or run
+    eagerly where the model cannot be captured."""
     model = model.eval().to(device)
     # a tensor's batches move to the device once; a lazily read set (runner.data.Images) is read a batch at a
     # time in every pass, so memory holds one batch (its per-batch times exclude the read, its passes do not)
@@ -98,23 +104,31 @@ def run_timed(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.
         warmup -= 1
     if not repeats:
         warmup = 0
+    forward = model
+    if repeats and cuda_graph and device.type == "cuda":
+        forward = GraphedForward(model)
+        first = next(iter(loaded(batches[:1], device)))
+        for n in dict.fromkeys(min(batch_size, len(x) - i) for i in range(0, len(x), batch_size)):
+            forward.prepare(first[:n])  # captured before the timing, from the first batch's images
+        del first
     for _ in range(max(0, warmup)):
         for b in loaded(batches, device):
-            model(b)
+            forward(b)
     batch_ms, pass_ms = [], []
     for _ in range(repeats):
         t_pass = clock.start()
         for b in loaded(batches, device):
             t0 = clock.start()
-            model(b)
+            forward(b)
             batch_ms.append(clock.ms_since(t0))
         pass_ms.append(clock.ms_since(t_pass))
     check_non_finite_inputs(model)
-    return Timed(logits.argmax(1), logits, batch_ms, pass_ms)
+    timed_as = "cuda_graph" if forward is not model and forward.graphs and not forward.failure else "eager"
+    return Timed(logits.argmax(1), logits, batch_ms, pass_ms, timed_as)
 
 
 def run_timed_sharded(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.device,
-                      warmup: int = 1, repeats: int = 3) -> Timed:
+                      warmup: int = 1, repeats: int = 3, cuda_graph: bool = True) -> Timed:
     """run_timed over the ranks of a process group (runner.distributed): rank r runs the batches r, r + W, ...
     of the one-process run's batches, so every image is computed in the batch it would be in on one device
     (dynamic scales, which depend on the batch, give the same codes), and every rank gets every image's
@@ -133,17 +147,19 @@ def run_timed_sharded(model: nn.Module, x: torch.Tensor, batch_size: int, device
     else:  # a lazily read set (runner.data.Images): a view of this rank's images, still read a batch at a time
         part = x.take(torch.cat([torch.arange(i, min(i + batch_size, len(x))) for i in mine]) if mine
                       else torch.zeros(0, dtype=torch.int64))
-    timed = run_timed(model, part, batch_size, device, warmup=warmup, repeats=repeats) if mine else \
+    timed = run_timed(model, part, batch_size, device, warmup=warmup, repeats=repeats, cuda_graph=cuda_graph) \
+        if mine else \
         Timed(torch.zeros(0, dtype=torch.int64), torch.zeros(0), [], [0.0] * repeats)
     gathered = [None] * world
-    dist.all_gather_object(gathered, (timed.predictions, timed.batch_ms, timed.pass_ms))
+    dist.all_gather_object(gathered, (timed.predictions, timed.batch_ms, timed.pass_ms, timed.timed_as))
     chunks = {}
-    for r, (preds, _, _) in enumerate(gathered):
+    for r, (preds, *_) in enumerate(gathered):
         for j, i in enumerate(starts[r::world]):
             size = min(batch_size, len(x) - i)
             offset = j * batch_size  # every batch of a rank but its last is full
             chunks[i] = preds[offset:offset + size]
     predictions = torch.cat([chunks[i] for i in starts]) if starts else timed.predictions
-    batch_ms = [ms for _, b, _ in gathered for ms in b]
-    pass_ms = [max(p[k] for _, _, p in gathered) for k in range(len(timed.pass_ms))]
-    return Timed(predictions, timed.logits, batch_ms, pass_ms)
+    batch_ms = [ms for _, b, _, _ in gathered for ms in b]
+    pass_ms = [max(p[k] for _, _, p, _ in gathered) for k in range(len(timed.pass_ms))]
+    kinds = {how for _, b, _, how in gathered if b}  # the ranks that timed batches
+    return Timed(predictions, timed.logits, batch_ms, pass_ms, kinds.pop() if len(kinds) == 1 else "eager")

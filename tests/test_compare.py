@@ -72,7 +72,7 @@ def test_row_numbers_at_their_real_precision():
     preds = y.clone()
     preds[:201] = 1                                           # 799 of 1000 right
     timed = SimpleNamespace(predictions=preds, latency_ms_median=1.23456789, total_ms_median=12.3456789,
-                            pass_ms=[12.3456789])
+                            pass_ms=[12.3456789], timed_as="eager")
     row = _row("approx", timed, y, {"fakequant": y, "pytorch": preds}, 1000, "cpu", 2)
     assert (row["accuracy"], row["agreement_fakequant"], row["agreement_pytorch"]) == (0.799, 0.799, 1.0)
     assert repr(row["agreement_fakequant"]) == "0.799"
@@ -136,7 +136,7 @@ def _changed(value):
 # Settings that do not change a row's numbers (timing passes, where files lie, what to record, forcing a
 # retrain that gives the same weights) or that this configuration does not use (the zoo's recipe, the
 # retraining recipe of a data set when finetune is off, the shape keys the model takes from the data).
-NOT_IN_KEY = {"eval.warmup", "eval.repeats", "train.force", "train.eval_batch_size", "data.zoo_train_epochs",
+NOT_IN_KEY = {"eval.warmup", "eval.repeats", "eval.cuda_graph", "train.force", "train.eval_batch_size", "data.zoo_train_epochs",
               "data.vit_train_epochs", "data.vit_train_shift",
               "data.finetune_batch_size", "data.finetune_epochs", "data.finetune_warmup_epochs", "data.in_channels",
               "data.image_size", "data.num_classes", "finetune.force", "finetune.cuda_graph",

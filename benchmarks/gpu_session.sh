@@ -21,7 +21,7 @@ step() { echo "== $1"; shift; "$@"; echo "   (rc $?, $((SECONDS - t0)) s)"; }
 mode=${1:-check}
 case $mode in check|all)
   step "CUDA tests" bash -c "python3 -m pytest -m cuda -q -p no:cacheprovider tests/ops tests/test_layers.py \
-    tests/test_layers_training.py tests/reliability/test_numeric.py 2>&1 | tee '$out/cuda_tests.log' | tail -4"
+    tests/test_layers_training.py tests/reliability/test_numeric.py tests/test_graphs.py 2>&1 | tee '$out/cuda_tests.log' | tail -4"
   step "memcheck" bash -c "compute-sanitizer --tool memcheck --error-exitcode 1 python3 benchmarks/cuda_memcheck.py \
     > '$out/memcheck.log' 2>&1; tail -3 '$out/memcheck.log'"
   step "memcheck quantize" bash -c "PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \
@@ -46,6 +46,9 @@ esac
 case $mode in speed|all)
   step "layers" bash -c "python3 benchmarks/cuda_layers.py --repeat 30 --algos auto --out '$out/layers.json' 2>&1 \
     | tee '$out/layers.log' | tail -14"
+  step "zoo at batch 1,000, eager and graphed" bash -c "python3 benchmarks/zoo_gpu.py --models lenet5,resnet20 \
+    --layer-batches 1000 --model-batches 1000 --algos auto --out '$out/zoo' 2>&1 | grep -E '^(lenet5|resnet20) ' \
+    | tee '$out/zoo.log'"
   step "attention matmuls" bash -c "python3 benchmarks/cuda_attention.py --repeat 30 --out '$out/attention.json' 2>&1 \
     | tee '$out/attention.log' | tail -34"
   step "model + training" bash -c "python3 -m runner.cli bench bench.backends=[cuda] bench.ops=false \

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import importlib.metadata as metadata
 import sys
-import types
 import warnings
 from pathlib import Path
 
@@ -32,22 +31,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from peers import import_torchapprox  # noqa: E402
 from runner.models import LeNet5  # noqa: E402
 from train_step import MODES, PATHS, measure, report, time_step  # noqa: E402
-
-
-def import_torchapprox(src: str) -> types.SimpleNamespace:
-    """TorchApprox's modules from a source tree (its backend compiles on first import: a minute or two)."""
-    sys.path.insert(0, str(Path(src).resolve()))
-    try:
-        metadata.version("torchapprox")
-    except metadata.PackageNotFoundError:  # not installed: its __init__ asks the metadata for its version
-        real = metadata.version
-        metadata.version = lambda name: "source" if name == "torchapprox" else real(name)
-    import torchapprox.layers as tal
-    from torchapprox.utils.conversion import get_approx_modules, wrap_quantizable
-
-    return types.SimpleNamespace(tal=tal, get_approx_modules=get_approx_modules, wrap_quantizable=wrap_quantizable)
 
 
 def torchapprox_lenet(ta, mode: str, device: torch.device, seed: int = 0) -> torch.nn.Module:

@@ -105,13 +105,15 @@ if [ "$step" = all ] || [ "$step" = sensitivity ]; then
   # the cache first (train with given weights only loads the data), so neither timed run pays for decoding
   $run train $D paths.results=$out/r-warm > "$out/sens-warm.log" 2>&1
   half=$(( $(nproc) / 2 ))
+  # the command line of a background run (cache|nocache) for `bash -c`, its results and log under $WORK
+  cmd() { echo "{ time $run sensitivity $M $S sensitivity.prefix_cache=$([ $1 = cache ] && echo true || echo false) \
+    paths.results=$work/r-$1 ; } > $work/sens-$1.log 2>&1"; }
   if [ "${SENS_PAR:-0}" = seq ]; then
     # One after the other (cache first) on GPU 0 and the first half of the cores, in one background process
     # session, as SENS_PAR=1's runs: each run has the GPU to itself, and GPU 1 and the other cores stay free for
     # other work in the same calls. STEP=sensitivity-wait as for SENS_PAR=1.
-    cmd() { echo "{ time $run sensitivity $M $S sensitivity.prefix_cache=$2 paths.results=$work/r-$1 ; } > $work/sens-$1.log 2>&1"; }
     CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=$half setsid taskset -c "0-$((half - 1))" bash -c \
-        "$(cmd cache true); $(cmd nocache false)" < /dev/null &
+        "$(cmd cache); $(cmd nocache)" < /dev/null &
     echo $! > "$work/sens-cache.pid"; cp "$work/sens-cache.pid" "$work/sens-nocache.pid"
   elif [ "${SENS_PAR:-0}" = 1 ]; then
     # Side by side on a 2-GPU host, each run alone on its GPU (cache on 0, no cache on 1), each in its own
@@ -122,10 +124,8 @@ if [ "$step" = all ] || [ "$step" = sensitivity ]; then
     # slower, the two processes' compute threads spinning on the same cores.
     for c in nocache cache; do
       gpu=$([ $c = cache ] && echo 0 || echo 1)
-      pc=$([ $c = cache ] && echo true || echo false)
       cores=$([ $c = cache ] && echo "0-$((half - 1))" || echo "$half-$((2 * half - 1))")
-      CUDA_VISIBLE_DEVICES=$gpu OMP_NUM_THREADS=$half setsid taskset -c "$cores" bash -c "{ time $run sensitivity \
-          $M $S sensitivity.prefix_cache=$pc paths.results=$work/r-$c ; } > $work/sens-$c.log 2>&1" < /dev/null &
+      CUDA_VISIBLE_DEVICES=$gpu OMP_NUM_THREADS=$half setsid taskset -c "$cores" bash -c "$(cmd $c)" < /dev/null &
       echo $! > "$work/sens-$c.pid"
     done
   else

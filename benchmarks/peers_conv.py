@@ -67,26 +67,23 @@ def conv_shapes(batch: int, model: str = "resnet50") -> list[dict]:
     many convs share the shape and the first one's name."""
     import torchvision
 
+    from runner.bench_layers import layer_inputs
+    from runner.reference import conv_output_size
+
     net = getattr(torchvision.models, model)(weights=None).eval()
     seen: dict[tuple, dict] = {}
-    hooks = []
-    for name, m in net.named_modules():
-        if isinstance(m, torch.nn.Conv2d):
-            def hook(mod, inp, out, name=name):
-                key = (tuple(inp[0].shape[1:]), tuple(mod.weight.shape), mod.stride, mod.padding, mod.dilation,
-                       mod.groups)
-                if key in seen:
-                    seen[key]["count"] += 1
-                else:
-                    seen[key] = {"layer": name, "count": 1, "out_hw": tuple(out.shape[2:])}
-            hooks.append(m.register_forward_hook(hook))
-    with torch.no_grad():
-        net(torch.zeros(1, 3, 224, 224))
-    for h in hooks:
-        h.remove()
+    for name, a in layer_inputs(net, torch.zeros(1, 3, 224, 224)).items():
+        mod = net.get_submodule(name)
+        if not isinstance(mod, torch.nn.Conv2d):
+            continue
+        key = (tuple(a.shape[1:]), tuple(mod.weight.shape), mod.stride, mod.padding, mod.dilation, mod.groups)
+        if key in seen:
+            seen[key]["count"] += 1
+        else:
+            seen[key] = {"layer": name, "count": 1}
     shapes = []
     for i, ((chw, wshape, stride, padding, dilation, groups), v) in enumerate(seen.items()):
-        ho, wo = v["out_hw"]
+        ho, wo = conv_output_size(chw[1], chw[2], wshape[2], wshape[3], stride, padding, dilation)
         macs = batch * wshape[0] * ho * wo * math.prod(wshape[1:])
         shapes.append({"shape": i, "layer": v["layer"], "count": v["count"], "a_shape": (batch, *chw),
                        "w_shape": wshape, "stride": stride, "padding": padding, "dilation": dilation,

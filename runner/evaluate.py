@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from runner.data.dataset import loaded
-from runner.graphs import GraphedForward
 from runner.errors import UserError, config_number
+from runner.graphs import GraphedForward
 from runner.layer_checks import check_non_finite_inputs
 
 
@@ -108,7 +108,7 @@ def run_timed(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.
     if repeats and cuda_graph and device.type == "cuda":
         forward = GraphedForward(model)
         first = next(iter(loaded(batches[:1], device)))
-        for n in dict.fromkeys(min(batch_size, len(x) - i) for i in range(0, len(x), batch_size)):
+        for n in dict.fromkeys(len(b) for b in batches):  # the full batch's size, and the last one's
             forward.prepare(first[:n])  # captured before the timing, from the first batch's images
         del first
     for _ in range(max(0, warmup)):

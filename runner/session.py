@@ -20,6 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from runner import distributed
 from runner.data.dataset import loaded
 from runner.layer_checks import check_non_finite_inputs
 from runner.attention import matmul_layers, use_matmuls
@@ -90,8 +91,6 @@ class Session:
 
         key = (str(ckpt), cache_key(qcfg.as_dict()), seed, id(model), id(calib_x))
         if key not in self._calibrations:
-            from runner import distributed
-
             folded = fold_input_normalization(model, calib_x[:1])
             # Under several ranks rank 0 alone calibrates, with every core, and the others take its statistics:
             # four ranks calibrating on the CPU at once made a 4-GPU ResNet-18 retraining's set-up about three

@@ -29,8 +29,8 @@ LINEARS = [(3, *w[::-1]) for _, kind, _, w in LENET5_LAYERS if kind == "linear"]
 
 
 def gemm_configs(algos):
-    """The applicable algos plus expanded_gemm_r8w, a named configuration auto may pick (32-bit
-    weight loads where K % 4 == 0) that the algo table does not list."""
+    """The applicable algos plus expanded_gemm_r8w, a named configuration auto may pick (its own
+    table build) that the algo table does not list."""
     return algos + ["expanded_gemm_r8w"] if "expanded_gemm" in algos else algos
 
 

@@ -233,7 +233,7 @@ GEMM_CASES = [
     ((5, 12, 20, 20), 50, 1, 0),    # 2000 rows over several images
     ((3, 24, 33, 31), 40, 2, 1),    # stride 2, padding: padded pixels read code 0
     ((70, 9, 3, 3), 65, 1, 0),      # 9-pixel images: a tile spans many
-    (1300, 96, 45),                 # K % 4 == 0: expanded_gemm_r8w's 32-bit weight loads
+    (1300, 96, 45),                 # 2 row tiles of 1024, N below 2 channel tiles
 ]
 
 
@@ -242,7 +242,7 @@ GEMM_CASES = [
 @pytest.mark.parametrize("case", range(len(GEMM_CASES)))
 def test_every_gemm_configuration(case, lutkind, signed):
     """auto times expanded_gemm at 2, 4 and 8 rows a thread (row tiles of 256, 512, 1024) and
-    r8w (32-bit weight loads where K % 4 == 0, else the byte build), so each must be exact:
+    r8w (R = 8, weight bytes loaded once a half stage), so each must be exact:
     int16 products (shared-memory table slices) and int32 ones (the E32 path)."""
     shape = GEMM_CASES[case]
     gen = torch.Generator().manual_seed(500 + case * 4 + (lutkind == "wide") * 2 + signed)

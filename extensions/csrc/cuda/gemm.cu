@@ -37,12 +37,12 @@
 // lines each (8 a thread, the same 128 bytes re-read by all 16 warps: ~2048), and STS 512 -- on
 // the L1/shared data path the lookups use too. That path (~9000 of ~12900 cycles) is the bound;
 // rows a block cannot grow (R x 8 int32 accumulators a thread already fill half the registers),
-// so the build's wavefronts a stage must fall. expanded_gemm_r8w (W4) loads the 4 weight bytes
-// of a channel and stage as one 32-bit word a half stage (2 LDG.32 instead of 4 LDG.S8: ~1000
-// fewer wavefronts a stage, ~8% predicted); the Et16 wavefronts need a coalesced load (8 lanes
-// a line) and a transpose in registers, not done yet.
+// so the build's wavefronts a stage must fall. expanded_gemm_r8w (WH): a half stage's pieces
+// are all of one tap, so a lane loads its 2 weight bytes once a half, not once a piece (2
+// LDG.U8 instead of 4: ~1000 fewer wavefronts a stage, 1141 instead of 1179 instructions, ~8%
+// predicted). A 32-bit load of a channel's 4 taps was tried: ptxas spills at 128 registers. The
+// Et16 wavefronts need a coalesced load (8 lanes a line) and a transpose, not done yet.
 #include <algorithm>
-#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -97,9 +97,8 @@ __device__ __forceinline__ void gemm_store(const Params& p, long long m, int nb,
     if (nb + c < p.N) o[c * p.HoWo] = static_cast<int32_t>(v[c]);
 }
 
-// W4: the weight bytes of a stage's 4 taps of a channel as one 32-bit load (needs K % 4 == 0 and
-// a 4-byte aligned weight pointer; the launcher checks), loaded once a stage for both halves.
-template <int R, bool W4>
+// WH (expanded_gemm_r8w): a lane's 2 weight bytes loaded once a half stage, not once a piece.
+template <int R, bool WH>
 __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   constexpr int TH = kGemmThreads, BM = TH / 4 * R, LR = (BM + TH - 1) / TH;
   const int t = threadIdx.x, g = t >> 2, j = t & 3, par = g & 1;
@@ -134,27 +133,35 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   const int e = lane >> 4, pr = lane & 15;
   const int nlo = n0 + 2 * pr, nhi = nlo + 1;
   const int4 zero = make_int4(0, 0, 0, 0);
+  const long long wrow = p.K;  // weight row stride (bytes)
   auto load_half = [&](int q, int half, int4 (&A)[2], int4 (&B)[2]) {
-    // W4: the 4 weight bytes of channels nlo, nhi in stage q (reloaded a half: no register
-    // lives across the lookups)
-    uint32_t wlo = 0, whi = 0;
-    if constexpr (W4) {
-      const uint32_t* w32 = reinterpret_cast<const uint32_t*>(p.w);  // N * K < 2^31 (launcher)
-      if (nlo < p.N) wlo = __ldg(w32 + ((nlo * p.K) >> 2) + q);
-      if (nhi < p.N) whi = __ldg(w32 + ((nhi * p.K) >> 2) + q);
+    if constexpr (WH) {
+      // a half's pieces are all of tap pair `half` (piece >> 5 == half), so of the one tap
+      // k below: its 2 weight bytes loaded once, not once a piece; Et16 row of weight value w:
+      // w + 128 = its byte ^ 0x80.
+      const int k = 4 * q + 2 * half + e;
+      uint32_t rl = 0, rh = 0;
+      if (k < p.K) {
+        if (nlo < p.N) rl = __ldg(reinterpret_cast<const uint8_t*>(p.w) + nlo * wrow + k) ^ 128u;
+        if (nhi < p.N) rh = __ldg(reinterpret_cast<const uint8_t*>(p.w) + nhi * wrow + k) ^ 128u;
+      }
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+        const int ab = (warp + 16 * v) & 31;
+        A[v] = B[v] = zero;
+        if (k < p.K) {
+          if (nlo < p.N) A[v] = __ldg(reinterpret_cast<const int4*>(p.Et16 + rl * 256 + ab * 8));
+          if (nhi < p.N) B[v] = __ldg(reinterpret_cast<const int4*>(p.Et16 + rh * 256 + ab * 8));
+        }
+      }
+      return;
     }
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
       const int piece = warp + 16 * (2 * half + v), tp = piece >> 5, ab = piece & 31;
       const int k = 4 * q + 2 * tp + e;
       A[v] = B[v] = zero;
-      if (W4 && k < p.K) {  // (with K % 4 == 0 every tap of a stage is; the test keeps ptxas'
-                            // schedule, and registers, those of the byte build)
-        const int sh = 8 * (2 * tp + e);
-        const int wl = static_cast<int8_t>(wlo >> sh), wh = static_cast<int8_t>(whi >> sh);
-        if (nlo < p.N) A[v] = __ldg(reinterpret_cast<const int4*>(p.Et16 + (wl + 128) * 256 + ab * 8));
-        if (nhi < p.N) B[v] = __ldg(reinterpret_cast<const int4*>(p.Et16 + (wh + 128) * 256 + ab * 8));
-      } else if (k < p.K) {
+      if (k < p.K) {
         if (nlo < p.N)
           A[v] = __ldg(reinterpret_cast<const int4*>(p.Et16 + ((int)__ldg(p.w + (long long)nlo * p.K + k) + 128) * 256 + ab * 8));
         if (nhi < p.N)
@@ -271,11 +278,11 @@ __device__ __forceinline__ void gemm32_body(const Params& p) {
   }
 }
 
-template <int R, int MODE, bool W4>
+template <int R, int MODE, bool WH>
 __global__ void __launch_bounds__(kGemmThreads, 1) gemm_kernel(Params p) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))
-    gemm16_body<R, W4>(p, smem);
+    gemm16_body<R, WH>(p, smem);
   else
     gemm32_body<R>(p);
 }
@@ -291,11 +298,11 @@ Config gemm_default(const Params& p) {
   return Config{2};
 }
 
-template <int R, int MODE, bool W4>
+template <int R, int MODE, bool WH>
 void launch_gemm_t(const Params& p, cudaStream_t stream) {
   constexpr int BM = kGemmThreads / 4 * R;
   const size_t smem = 2 * kGemmSlot + 2 * BM * 4;
-  auto kern = gemm_kernel<R, MODE, W4>;
+  auto kern = gemm_kernel<R, MODE, WH>;
   set_smem(kern, smem);
   const int64_t bx = (p.M + BM - 1) / BM;
   TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
@@ -303,18 +310,10 @@ void launch_gemm_t(const Params& p, cudaStream_t stream) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Whether the W4 build applies: 4 taps of a channel are one aligned 32-bit word of the weights.
-bool gemm_w4_ok(const Params& p) {
-  return p.K % 4 == 0 && (reinterpret_cast<uintptr_t>(p.w) & 3) == 0 &&
-         static_cast<long long>(p.N) * p.K < (1LL << 31);
-}
-
 template <int MODE>
-void launch_gemm_m(const Params& p, int r, bool w4, cudaStream_t stream) {
-  if (w4) {  // expanded_gemm_r8w: the only W4 tile (where it does not apply, the byte build)
-    if (gemm_w4_ok(p)) launch_gemm_t<8, MODE, true>(p, stream);
-    else launch_gemm_t<8, MODE, false>(p, stream);
-  } else if (r == 8) launch_gemm_t<8, MODE, false>(p, stream);
+void launch_gemm_m(const Params& p, int r, bool wh, cudaStream_t stream) {
+  if (wh) launch_gemm_t<8, MODE, true>(p, stream);  // expanded_gemm_r8w: the only WH tile
+  else if (r == 8) launch_gemm_t<8, MODE, false>(p, stream);
   else if (r == 4) launch_gemm_t<4, MODE, false>(p, stream);
   else launch_gemm_t<2, MODE, false>(p, stream);
 }
@@ -333,7 +332,7 @@ std::vector<Config> gemm_candidates(const Params& p, int fmt) {
   std::vector<Config> out{gemm_default(p)};
   for (int r : {8, 4, 2})  // taller tiles only where the shorter ones' rows do not fit one
     if (r != out[0].r && (r == 2 || p.M > 64LL * r)) out.push_back(Config{r});
-  if (p.M > 512 && gemm_w4_ok(p)) {  // expanded_gemm_r8w
+  if (p.M > 512) {  // expanded_gemm_r8w
     Config c{8};
     c.cc = 1;
     out.push_back(c);
@@ -343,14 +342,14 @@ std::vector<Config> gemm_candidates(const Params& p, int fmt) {
 
 void launch_gemm(const Params& p, int fmt, Config c, cudaStream_t stream) {
   if (c.r == 0) c = gemm_default(p);
-  const bool w4 = c.cc == 1 && fmt != 2;
-  if (fmt == 1) launch_gemm_m<1>(p, c.r, w4, stream);
+  const bool wh = c.cc == 1;  // expanded_gemm_r8w (int32 products: the E32 path, as r8)
+  if (fmt == 1) launch_gemm_m<1>(p, c.r, wh, stream);
   else if (fmt == 2) launch_gemm_m<2>(p, c.r, false, stream);
-  else launch_gemm_m<0>(p, c.r, w4, stream);
+  else launch_gemm_m<0>(p, c.r, wh, stream);
 }
 
 // "expanded_gemm_r<R>": R = 2, 4 or 8 rows a thread (tiles of 256, 512 or 1024 rows);
-// "expanded_gemm_r8w": R = 8 with the W4 build (one 32-bit weight load a channel and stage).
+// "expanded_gemm_r8w": R = 8 with the WH build (weight bytes loaded once a half stage).
 std::string parse_gemm_config(const std::string& name, Config& c) {
   if (name == "expanded_gemm_r8w") {
     c = Config{8};

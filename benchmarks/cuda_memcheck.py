@@ -31,6 +31,12 @@ LINEARS = [(3, *w[::-1]) for _, kind, _, w in LENET5_LAYERS if kind == "linear"]
     (37, 100, 17), (5, 33, 3), (700, 84, 10), (1100, 130, 45)]
 
 
+def gemm_configs(algos):
+    """The applicable algos plus expanded_gemm_r8w, a named configuration auto may pick (its own
+    table build) that the algo table does not list."""
+    return algos + ["expanded_gemm_r8w"] if "expanded_gemm" in algos else algos
+
+
 def main(bmm_only=False):
     gen = torch.Generator().manual_seed(0)
     ran = set()
@@ -45,7 +51,8 @@ def main(bmm_only=False):
                 w = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
                 want = reference_lut_linear(a, w, lut)
                 ad, wd, ld = a.cuda(), w.cuda(), lut.cuda()
-                for algo in ["auto"] + [r["algo"] for r in algo_table(ad, wd, ld, backend="cuda") if r["applies"]]:
+                for algo in gemm_configs(["auto"] + [r["algo"] for r in algo_table(ad, wd, ld, backend="cuda")
+                                                      if r["applies"]]):
                     got = lut_linear(ad, wd, ld, backend="cuda", algo=algo).cpu()
                     assert torch.equal(got, want), (m, k, n, algo)
                     ran.add(algo)
@@ -55,8 +62,8 @@ def main(bmm_only=False):
                 want = reference_lut_conv2d(a, w, lut, stride, pad, 1, groups)
                 ad, wd, ld = a.cuda(), w.cuda(), lut.cuda()
                 args = (stride, pad, 1, groups)
-                for algo in ["auto"] + [r["algo"] for r in algo_table(ad, wd, ld, *args, backend="cuda")
-                                        if r["applies"]]:
+                for algo in gemm_configs(["auto"] + [r["algo"] for r in algo_table(ad, wd, ld, *args, backend="cuda")
+                                                      if r["applies"]]):
                     got = lut_conv2d(ad, wd, ld, *args, backend="cuda", algo=algo).cpu()
                     assert torch.equal(got, want), (ashape, wshape, algo)
                     ran.add(algo)

@@ -242,6 +242,7 @@ GEMM_CASES = [
     ((5, 12, 20, 20), 50, 1, 0),    # 2000 rows over several images
     ((3, 24, 33, 31), 40, 2, 1),    # stride 2, padding: padded pixels read code 0
     ((70, 9, 3, 3), 65, 1, 0),      # 9-pixel images: a tile spans many
+    (1300, 96, 45),                 # 2 row tiles of 1024, N below 2 channel tiles
 ]
 
 
@@ -249,8 +250,9 @@ GEMM_CASES = [
 @pytest.mark.parametrize("lutkind", ["int16", "wide"])
 @pytest.mark.parametrize("case", range(len(GEMM_CASES)))
 def test_every_gemm_configuration(case, lutkind, signed):
-    """auto times expanded_gemm at 2, 4 and 8 rows a thread (row tiles of 256, 512, 1024), so each
-    must be exact: int16 products (shared-memory table slices) and int32 ones (the E32 path)."""
+    """auto times expanded_gemm at 2, 4 and 8 rows a thread (row tiles of 256, 512, 1024) and
+    r8w (R = 8, weight bytes loaded once a half stage), so each must be exact:
+    int16 products (shared-memory table slices) and int32 ones (the E32 path)."""
     shape = GEMM_CASES[case]
     gen = torch.Generator().manual_seed(500 + case * 4 + (lutkind == "wide") * 2 + signed)
     lut = make_lut(gen, lutkind)
@@ -266,7 +268,7 @@ def test_every_gemm_configuration(case, lutkind, signed):
         want = reference_lut_linear(a, w, lut)
         call = lambda ad, wd, ld, algo: ops.lut_linear(ad, wd, ld, algo)  # noqa: E731
     ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
-    for algo in ("expanded_gemm", "expanded_gemm_r2", "expanded_gemm_r4", "expanded_gemm_r8"):
+    for algo in ("expanded_gemm", "expanded_gemm_r2", "expanded_gemm_r4", "expanded_gemm_r8", "expanded_gemm_r8w"):
         got = poisoned_call(lambda: call(ad, wd, ld, algo), tuple(want.shape))
         check_equal(got, want, f"{shape} {lutkind} signed={signed} {algo}")
     EXERCISED.add("expanded_gemm")
@@ -275,7 +277,8 @@ def test_every_gemm_configuration(case, lutkind, signed):
 def test_gemm_declines():
     lut = torch.zeros((256, 256), dtype=torch.int32, device=DEV)
     a = torch.zeros((4, 8), dtype=torch.int8, device=DEV)
-    for bad in ("expanded_gemm_r3", "expanded_gemm_r16", "expanded_gemm_r8x"):
+    for bad in ("expanded_gemm_r3", "expanded_gemm_r16", "expanded_gemm_r8x", "expanded_gemm_r4w",
+                "expanded_gemm_r8ww"):
         with pytest.raises(RuntimeError, match="bad algo"):
             ops.lut_linear(a, torch.zeros((3, 8), dtype=torch.int8, device=DEV), lut, bad)
     x = torch.zeros((1, 4, 6, 6), dtype=torch.uint8, device=DEV)

@@ -27,6 +27,21 @@
 // their codes (conflict-free by construction, not by luck). The codes of a quad's row are read
 // as one broadcast word per stage. Building: a warp stores 32 words of one (tp, a) (lane =
 // (e, pair)): 32 banks.
+//
+// Where R = 8's time goes (SASS of the stage loop, sm_90, a thread a stage): ~1180 instructions
+// for 256 products (32 LDS.128), ~4.6 a product: issue bound at 4 warp-instr/cycle ~4700 cycles
+// a stage an SM, LDS ~2050 (4 wavefronts a LDS.128). Measured 2.66 T MAC/s is ~12900 cycles a
+// stage; the R = 2/4/8 rates fit t = ~6500 + ~800 R cycles a stage, so the build is a fixed
+// ~6500: its global loads are scattered, one L1 wavefront per distinct 128-byte line: a stage's
+// Et16 LDG.128s touch 32 lines each (16 warps x 8 = 4096 wavefronts), its weight LDG.S8s 16
+// lines each (8 a thread, the same 128 bytes re-read by all 16 warps: ~2048), and STS 512 -- on
+// the L1/shared data path the lookups use too. That path (~9000 of ~12900 cycles) is the bound;
+// rows a block cannot grow (R x 8 int32 accumulators a thread already fill half the registers),
+// so the build's wavefronts a stage must fall. expanded_gemm_r8w (WH): a half stage's pieces
+// are all of one tap, so a lane loads its 2 weight bytes once a half, not once a piece (2
+// LDG.U8 instead of 4: ~1000 fewer wavefronts a stage, 1141 instead of 1179 instructions, ~8%
+// predicted). A 32-bit load of a channel's 4 taps was tried: ptxas spills at 128 registers. The
+// Et16 wavefronts need a coalesced load (8 lanes a line) and a transpose, not done yet.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -82,7 +97,8 @@ __device__ __forceinline__ void gemm_store(const Params& p, long long m, int nb,
     if (nb + c < p.N) o[c * p.HoWo] = static_cast<int32_t>(v[c]);
 }
 
-template <int R>
+// WH (expanded_gemm_r8w): a lane's 2 weight bytes loaded once a half stage, not once a piece.
+template <int R, bool WH>
 __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   constexpr int TH = kGemmThreads, BM = TH / 4 * R, LR = (BM + TH - 1) / TH;
   const int t = threadIdx.x, g = t >> 2, j = t & 3, par = g & 1;
@@ -117,7 +133,29 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   const int e = lane >> 4, pr = lane & 15;
   const int nlo = n0 + 2 * pr, nhi = nlo + 1;
   const int4 zero = make_int4(0, 0, 0, 0);
+  const long long wrow = p.K;  // weight row stride (bytes)
   auto load_half = [&](int q, int half, int4 (&A)[2], int4 (&B)[2]) {
+    if constexpr (WH) {
+      // a half's pieces are all of tap pair `half` (piece >> 5 == half), so of the one tap
+      // k below: its 2 weight bytes loaded once, not once a piece; Et16 row of weight value w:
+      // w + 128 = its byte ^ 0x80.
+      const int k = 4 * q + 2 * half + e;
+      uint32_t rl = 0, rh = 0;
+      if (k < p.K) {
+        if (nlo < p.N) rl = __ldg(reinterpret_cast<const uint8_t*>(p.w) + nlo * wrow + k) ^ 128u;
+        if (nhi < p.N) rh = __ldg(reinterpret_cast<const uint8_t*>(p.w) + nhi * wrow + k) ^ 128u;
+      }
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+        const int ab = (warp + 16 * v) & 31;
+        A[v] = B[v] = zero;
+        if (k < p.K) {
+          if (nlo < p.N) A[v] = __ldg(reinterpret_cast<const int4*>(p.Et16 + rl * 256 + ab * 8));
+          if (nhi < p.N) B[v] = __ldg(reinterpret_cast<const int4*>(p.Et16 + rh * 256 + ab * 8));
+        }
+      }
+      return;
+    }
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
       const int piece = warp + 16 * (2 * half + v), tp = piece >> 5, ab = piece & 31;
@@ -240,11 +278,11 @@ __device__ __forceinline__ void gemm32_body(const Params& p) {
   }
 }
 
-template <int R, int MODE>
+template <int R, int MODE, bool WH>
 __global__ void __launch_bounds__(kGemmThreads, 1) gemm_kernel(Params p) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))
-    gemm16_body<R>(p, smem);
+    gemm16_body<R, WH>(p, smem);
   else
     gemm32_body<R>(p);
 }
@@ -260,11 +298,11 @@ Config gemm_default(const Params& p) {
   return Config{2};
 }
 
-template <int R, int MODE>
+template <int R, int MODE, bool WH>
 void launch_gemm_t(const Params& p, cudaStream_t stream) {
   constexpr int BM = kGemmThreads / 4 * R;
   const size_t smem = 2 * kGemmSlot + 2 * BM * 4;
-  auto kern = gemm_kernel<R, MODE>;
+  auto kern = gemm_kernel<R, MODE, WH>;
   set_smem(kern, smem);
   const int64_t bx = (p.M + BM - 1) / BM;
   TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
@@ -273,10 +311,11 @@ void launch_gemm_t(const Params& p, cudaStream_t stream) {
 }
 
 template <int MODE>
-void launch_gemm_m(const Params& p, int r, cudaStream_t stream) {
-  if (r == 8) launch_gemm_t<8, MODE>(p, stream);
-  else if (r == 4) launch_gemm_t<4, MODE>(p, stream);
-  else launch_gemm_t<2, MODE>(p, stream);
+void launch_gemm_m(const Params& p, int r, bool wh, cudaStream_t stream) {
+  if (wh) launch_gemm_t<8, MODE, true>(p, stream);  // expanded_gemm_r8w: the only WH tile
+  else if (r == 8) launch_gemm_t<8, MODE, false>(p, stream);
+  else if (r == 4) launch_gemm_t<4, MODE, false>(p, stream);
+  else launch_gemm_t<2, MODE, false>(p, stream);
 }
 
 }  // namespace
@@ -293,27 +332,40 @@ std::vector<Config> gemm_candidates(const Params& p, int fmt) {
   std::vector<Config> out{gemm_default(p)};
   for (int r : {8, 4, 2})  // taller tiles only where the shorter ones' rows do not fit one
     if (r != out[0].r && (r == 2 || p.M > 64LL * r)) out.push_back(Config{r});
+  if (p.M > 512) {  // expanded_gemm_r8w
+    Config c{8};
+    c.cc = 1;
+    out.push_back(c);
+  }
   return out;
 }
 
 void launch_gemm(const Params& p, int fmt, Config c, cudaStream_t stream) {
   if (c.r == 0) c = gemm_default(p);
-  if (fmt == 1) launch_gemm_m<1>(p, c.r, stream);
-  else if (fmt == 2) launch_gemm_m<2>(p, c.r, stream);
-  else launch_gemm_m<0>(p, c.r, stream);
+  const bool wh = c.cc == 1;  // expanded_gemm_r8w (int32 products: the E32 path, as r8)
+  if (fmt == 1) launch_gemm_m<1>(p, c.r, wh, stream);
+  else if (fmt == 2) launch_gemm_m<2>(p, c.r, false, stream);
+  else launch_gemm_m<0>(p, c.r, wh, stream);
 }
 
-// "expanded_gemm_r<R>": R = 2, 4 or 8 rows a thread (tiles of 256, 512 or 1024 rows).
+// "expanded_gemm_r<R>": R = 2, 4 or 8 rows a thread (tiles of 256, 512 or 1024 rows);
+// "expanded_gemm_r8w": R = 8 with the WH build (weight bytes loaded once a half stage).
 std::string parse_gemm_config(const std::string& name, Config& c) {
+  if (name == "expanded_gemm_r8w") {
+    c = Config{8};
+    c.cc = 1;
+    return "";
+  }
   int r = 0, n = 0;
   const bool ok = std::sscanf(name.c_str(), "expanded_gemm_r%d%n", &r, &n) == 1 &&
                   name[n] == 0 && (r == 2 || r == 4 || r == 8);
-  if (!ok) return "bad algo '" + name + "': expanded_gemm_r<2, 4 or 8>";
+  if (!ok) return "bad algo '" + name + "': expanded_gemm_r<2, 4 or 8> or expanded_gemm_r8w";
   c = Config{r};
   return "";
 }
 
 std::string gemm_config_name(const Config& c) {
+  if (c.r == 8 && c.cc == 1) return "expanded_gemm_r8w";
   return c.r ? "expanded_gemm_r" + std::to_string(c.r) : "expanded_gemm";
 }
 

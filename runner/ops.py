@@ -51,8 +51,9 @@ def algo_table(a, w, lut, stride=1, padding=0, dilation=1, groups=1, *, backend=
     op = _compiled("lut_algos", backend, a)
     names, nbytes, notes, pick = op(a, w, lut, list(as_pair(stride, "stride")), list(as_pair(padding, "padding")),
                                     list(as_pair(dilation, "dilation")), groups)
-    # a configuration of a variant (expanded_rows_r2_c1, expanded_window_c16) belongs to its variant's row
-    base = next((v for v in ("expanded_rows", "expanded_window") if pick.startswith(v + "_")), pick)
+    # a configuration of a variant (expanded_rows_r2_c1, expanded_window_c16, expanded_gemm_r8w) belongs to
+    # its variant's row: the longest variant name it extends
+    base = max((n for n in names if pick == n or pick.startswith(n + "_")), key=len, default=pick)
     return [dict(algo=n, applies=b >= 0, workspace_bytes=b if b >= 0 else None, note=why, auto_pick=n == base,
                  auto_pick_name=pick if n == base else "")
             for n, b, why in zip(names, nbytes, notes)]

@@ -117,3 +117,17 @@ def test_costs_are_kept_per_batch_bucket_table_format_and_threads():
     finally:
         torch.set_num_threads(threads)
     assert pick(a, w, lut16) != ""
+
+
+@pytest.mark.parametrize("pick,row", [("expanded_gemm_r8w", "expanded_gemm"), ("expanded_gemm_r4", "expanded_gemm"),
+                                      ("expanded_window_x7_c18", "expanded_window"), ("direct", "direct"),
+                                      ("expanded_rows_r2_c1", "expanded_rows"), ("", None)])
+def test_algo_table_gives_a_configuration_its_variants_row(monkeypatch, pick, row):
+    # the kernels report a configuration's exact name; the table flags its variant's row and keeps the name there
+    names = ["direct", "expanded_l2", "expanded_gemm", "expanded_rows", "expanded_window"]
+    op = lambda *args: (names, [0] * len(names), [""] * len(names), pick)  # noqa: E731
+    monkeypatch.setattr(ops, "_compiled", lambda *args: op)
+    rows = ops.algo_table(torch.zeros(2, 3, dtype=torch.int8), torch.zeros(4, 3, dtype=torch.int8),
+                          torch.zeros(256, 256, dtype=torch.int32), backend="cuda")
+    flagged = [(r["algo"], r["auto_pick_name"]) for r in rows if r["auto_pick"]]
+    assert flagged == ([] if row is None else [(row, pick)])

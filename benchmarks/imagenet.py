@@ -122,22 +122,17 @@ def variants(args) -> None:
     import torchvision
 
     from runner import ops
-    from runner.bench_layers import lookup_limit
+    from runner.bench_layers import layer_inputs, lookup_limit
     from runner.evaluate import device_timer
     from runner.multipliers.core import exact_lut
 
     dev = torch.device("cuda" if args.backend == "cuda" else "cpu")
     model = getattr(torchvision.models, args.model)(weights=None).eval()
-    shapes = {}
-
-    def seen(mod, inp, _out):
-        shapes.setdefault((tuple(inp[0].shape), tuple(mod.weight.shape), mod.stride, mod.padding, mod.groups), 0)
-
-    hooks = [m.register_forward_hook(seen) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    modules = dict(model.named_modules())
     with torch.no_grad():
-        model(torch.zeros(args.batch, 3, 224, 224))
-    for h in hooks:
-        h.remove()
+        inputs = layer_inputs(model, torch.zeros(args.batch, 3, 224, 224))
+    convs = [(modules[name], x) for name, x in inputs.items() if isinstance(modules[name], torch.nn.Conv2d)]
+    shapes = dict.fromkeys((tuple(x.shape), tuple(m.weight.shape), m.stride, m.padding, m.groups) for m, x in convs)
     limit, timer = lookup_limit(dev), device_timer(dev)
     per = limit / args.threads if dev.type == "cpu" else limit
     lut = exact_lut(signed=False).to(dev)

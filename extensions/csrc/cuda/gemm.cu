@@ -364,14 +364,24 @@ std::string gemm_why_not(const Params& p, const ConvGeo& cg) {
 
 std::vector<Config> gemm_candidates(const Params& p, int fmt) {
   if (fmt == 2) return {};  // int32 products: the slow path
+  Config wh{8};  // expanded_gemm_r8w
+  wh.cc = 1;
+  if (gemm_kx(p)) {
+    // KxK convs: auto times the direct and window variants too, so at most three configs here
+    // (a first call of a large conv times each 7 times): the default tile, R = 4 (ResNet-50's
+    // layer4 at 7x7 outputs fills the SMs at R = 2-4, not 8) and r8w, in place of R = 8, which
+    // it beat on every 1x1 shape measured
+    std::vector<Config> out;
+    const Config d = gemm_default(p);
+    if (d.r != 8 || p.M <= 512) out.push_back(d);
+    if (d.r != 4 && p.M > 256) out.push_back(Config{4});
+    if (p.M > 512) out.push_back(wh);
+    return out;
+  }
   std::vector<Config> out{gemm_default(p)};
   for (int r : {8, 4, 2})  // taller tiles only where the shorter ones' rows do not fit one
     if (r != out[0].r && (r == 2 || p.M > 64LL * r)) out.push_back(Config{r});
-  if (p.M > 512) {  // expanded_gemm_r8w
-    Config c{8};
-    c.cc = 1;
-    out.push_back(c);
-  }
+  if (p.M > 512) out.push_back(wh);
   return out;
 }
 

@@ -9,7 +9,7 @@
 // the conv's tap table (one broadcast load each, no division), and each tap tests its own pixel
 // against the padding (a padded tap reads code 0, through the LUT like any code, as everywhere).
 // The stage loop's SASS is no longer than the 1x1 one's (sm_90, R = 8: 1142 instructions against
-// 1158, r8w 1102 against 1119; registers 127, no spills); the table build is the same code.
+// 1158, r8w 1102 against 1119; <= 128 registers, no spills); the table build is the same code.
 //
 // Block tile: BM = 128 * R rows x 32 output channels (R = 2, 4 or 8 rows a thread), 512 threads.
 // Threads form quads (4 lanes); quad g owns rows g + 128 * i (i < R), lane j of it channels
@@ -95,8 +95,8 @@ __device__ __forceinline__ GemmRow gemm_row(const Params& p, long long m) {
 // Codes of taps k0..k0+3 of a row, as LUT rows (one per byte); conv taps in the padding read
 // code 0, which goes through the LUT (the xmask) like any other code, as in every other kernel.
 // KX: tap k's {input offset, dy, dx, valid} comes from the tap table (tables.cu: Kpad >= k0 + 4
-// entries), the same address for every thread (one broadcast load), loaded right where it is
-// used: the 4 taps' entries held at once, or loaded tap-major for a thread's 2 rows, spilled
+// entries), the same address for every thread (one broadcast load), loaded where it is used:
+// holding the 4 taps' entries at once, or loading them tap-major for a thread's 2 rows, spilled
 // R = 8 at 128 registers. Taps past K read code 0, except KX, where their entries {0, 0, 0, 0}
 // read tap (0, 0, 0)'s code where that lies inside the image: any code serves, their table
 // slices being all zero, and one test fewer a tap is one register fewer.

@@ -5,8 +5,8 @@ convolutions that expanded_window does not take, at several batch sizes: which v
         [--algos A,B,...] [--shapes conv1,...] [--check]
 
 --shapes takes shape names and groups of them: `lenet` (the default: LeNet-5 and the small extra
-convolutions), `r50` (ResNet-50's distinct 1x1 convs, per image), `vit` (ViT-B/16's Linear layers,
-197 tokens an image). --check compares every variant's whole output with `direct`'s (exact), and
+convolutions), `r50` (ResNet-50's distinct 1x1 convs, per image), `r50k` (its 7x7 stem and distinct
+3x3 convs), `vit` (ViT-B/16's Linear layers, 197 tokens an image). --check compares every variant's whole output with `direct`'s (exact), and
 `direct`'s first image (linear: first 16 rows) with the python reference.
 
 Per (shape, batch, algo): median of `repeat` timings with CUDA events after warm-up, rotating
@@ -50,6 +50,12 @@ R50_1X1 = [(64, 56, 64, 1), (64, 56, 256, 1), (256, 56, 64, 1), (256, 56, 128, 1
 for c, hw, n, st in R50_1X1:
     SHAPES[f"r50_{c}x{hw}_{n}" + ("_s2" if st == 2 else "")] = ((c, hw, hw), (n, c, 1, 1), st, 0, 1)
 GROUPS["r50"] = [k for k in SHAPES if k.startswith("r50_")]
+# ResNet-50: its 7x7 stem and every distinct 3x3 conv (stride 2 in the first block of layers 2-4),
+# input per image (C, H, W)
+SHAPES["r50k_stem"] = ((3, 224, 224), (64, 3, 7, 7), 2, 3, 1)
+for c, hw, st in ((64, 56, 1), (128, 56, 2), (128, 28, 1), (256, 28, 2), (256, 14, 1), (512, 14, 2), (512, 7, 1)):
+    SHAPES[f"r50k_{c}x{hw}" + ("_s2" if st == 2 else "")] = ((c, hw, hw), (c, c, 3, 3), st, 1, 1)
+GROUPS["r50k"] = [k for k in SHAPES if k.startswith("r50k_")]
 # ViT-B/16: 197 tokens an image (rows = batch x 197), K -> N
 for name, k, n in (("qkv", 768, 2304), ("proj", 768, 768), ("fc1", 768, 3072), ("fc2", 3072, 768)):
     SHAPES[f"vit_{name}"] = ((197, k), (n, k), None, None, None)
@@ -92,7 +98,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--algos", default=None, help="default: every variant the kernels list, and auto")
-    ap.add_argument("--shapes", default="lenet", help="names, or groups: lenet, r50, vit")
+    ap.add_argument("--shapes", default="lenet", help="names, or groups: lenet, r50, r50k, vit")
     ap.add_argument("--check", action="store_true", help="every variant against direct, direct against the reference")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()

@@ -3,7 +3,7 @@ reference):
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 benchmarks/cuda_memcheck.py
 
-Shapes: the LeNet-5 layers at batch 3, a grouped strided conv, a padded 3x3 conv, odd linear
+Shapes: the LeNet-5 layers at batch 3, a grouped strided conv, padded 3x3 and 7x7 convs, odd linear
 widths; int16 and int32 LUTs (both table formats), signed and unsigned codes. Every variant that
 approx::lut_algos says applies runs, with the prepared-table cache on (the default) and, for
 `auto`, its timed trial. Then lut_bmm (its timed pick) and every approx::lut_bmm variant on batched
@@ -22,6 +22,10 @@ CONVS = [((3, *a), w, 1, 0, 1) for _, kind, a, w in LENET5_LAYERS if kind == "co
     ((2, 8, 11, 9), (12, 4, 3, 3), 2, 1, 2),
     ((2, 3, 9, 11), (20, 3, 3, 3), 1, 1, 1),
     ((3, 12, 9, 7), (37, 12, 1, 1), 2, 1, 1),   # 1x1, stride 2, padding (expanded_gemm, expanded_window)
+    # KxK (expanded_gemm's implicit im2col): a 7x7 stride 2 stem (K = 147, 1104 rows: two tiles of
+    # r8), a strided 3x3 with N past one channel tile
+    ((2, 3, 45, 47), (40, 3, 7, 7), 2, 3, 1),
+    ((3, 40, 13, 12), (70, 40, 3, 3), 2, 1, 1),
     ((2, 6, 13, 11), (6, 1, 3, 3), 1, 1, 6),    # depthwise 3x3 (depthwise, depthwise_rows)
     ((37, 4, 14, 14), (4, 1, 3, 3), 2, 1, 4),   # depthwise stride 2: tiles spanning many images
     ((2, 3, 9, 10), (3, 1, 3, 3), 2, 0, 3),     # depthwise stride 2, no padding
@@ -32,9 +36,11 @@ LINEARS = [(3, *w[::-1]) for _, kind, _, w in LENET5_LAYERS if kind == "linear"]
 
 
 def gemm_configs(algos):
-    """The applicable algos plus expanded_gemm_r8w, a named configuration auto may pick (its own
-    table build) that the algo table does not list."""
-    return algos + ["expanded_gemm_r8w"] if "expanded_gemm" in algos else algos
+    """The applicable algos plus expanded_gemm's configurations, which auto may pick and the algo
+    table does not list (each its own kernel; r8w its own table build)."""
+    if "expanded_gemm" not in algos:
+        return algos
+    return algos + ["expanded_gemm_r2", "expanded_gemm_r4", "expanded_gemm_r8", "expanded_gemm_r8w"]
 
 
 def main(bmm_only=False):

@@ -234,62 +234,6 @@ def test_every_rows_configuration(shape, lutkind):
             ops.lut_linear(ad, wd, ld, bad)
 
 
-GEMM_CASES = [
-    # linear (M, K, N) or conv ((B, C, H, W), N, stride, padding)
-    (1100, 37, 70),                 # two row tiles of 1024, K % 4 != 0
-    (700, 1001, 9),                 # 251 stages through two slots, N below one channel tile
-    (3, 8, 33),
-    ((5, 12, 20, 20), 50, 1, 0),    # 2000 rows over several images
-    ((3, 24, 33, 31), 40, 2, 1),    # stride 2, padding: padded pixels read code 0
-    ((70, 9, 3, 3), 65, 1, 0),      # 9-pixel images: a tile spans many
-    (1300, 96, 45),                 # 2 row tiles of 1024, N below 2 channel tiles
-]
-
-
-@pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
-@pytest.mark.parametrize("lutkind", ["int16", "wide"])
-@pytest.mark.parametrize("case", range(len(GEMM_CASES)))
-def test_every_gemm_configuration(case, lutkind, signed):
-    """auto times expanded_gemm at 2, 4 and 8 rows a thread (row tiles of 256, 512, 1024) and
-    r8w (R = 8, weight bytes loaded once a half stage), so each must be exact:
-    int16 products (shared-memory table slices) and int32 ones (the E32 path)."""
-    shape = GEMM_CASES[case]
-    gen = torch.Generator().manual_seed(500 + case * 4 + (lutkind == "wide") * 2 + signed)
-    lut = make_lut(gen, lutkind)
-    if isinstance(shape[0], tuple):
-        (b, c, h, wd_), n, stride, pad = shape
-        a, w = make_codes(gen, (b, c, h, wd_), signed), make_weights(gen, (n, c, 1, 1), signed)
-        want = reference_lut_conv2d(a, w, lut, stride, pad, 1, 1)
-        args = ([stride] * 2, [pad] * 2, [1, 1], 1)
-        call = lambda ad, wd, ld, algo: ops.lut_conv2d(ad, wd, ld, *args, algo)  # noqa: E731
-    else:
-        m, k, n = shape
-        a, w = make_codes(gen, (m, k), signed), make_weights(gen, (n, k), signed)
-        want = reference_lut_linear(a, w, lut)
-        call = lambda ad, wd, ld, algo: ops.lut_linear(ad, wd, ld, algo)  # noqa: E731
-    ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
-    for algo in ("expanded_gemm", "expanded_gemm_r2", "expanded_gemm_r4", "expanded_gemm_r8", "expanded_gemm_r8w"):
-        got = poisoned_call(lambda: call(ad, wd, ld, algo), tuple(want.shape))
-        check_equal(got, want, f"{shape} {lutkind} signed={signed} {algo}")
-    EXERCISED.add("expanded_gemm")
-
-
-def test_gemm_declines():
-    lut = torch.zeros((256, 256), dtype=torch.int32, device=DEV)
-    a = torch.zeros((4, 8), dtype=torch.int8, device=DEV)
-    for bad in ("expanded_gemm_r3", "expanded_gemm_r16", "expanded_gemm_r8x", "expanded_gemm_r4w",
-                "expanded_gemm_r8ww"):
-        with pytest.raises(RuntimeError, match="bad algo"):
-            ops.lut_linear(a, torch.zeros((3, 8), dtype=torch.int8, device=DEV), lut, bad)
-    x = torch.zeros((1, 4, 6, 6), dtype=torch.uint8, device=DEV)
-    with pytest.raises(RuntimeError, match="expanded_gemm.*1x1 conv of one group"):  # 3x3
-        ops.lut_conv2d(x, torch.zeros((4, 4, 3, 3), dtype=torch.int8, device=DEV), lut, [1, 1], [0, 0], [1, 1], 1,
-                       "expanded_gemm")
-    with pytest.raises(RuntimeError, match="expanded_gemm.*1x1 conv of one group"):  # grouped 1x1
-        ops.lut_conv2d(x, torch.zeros((4, 2, 1, 1), dtype=torch.int8, device=DEV), lut, [1, 1], [0, 0], [1, 1], 2,
-                       "expanded_gemm")
-
-
 def test_every_variant_is_exercised():
     """The shape tests above ran every variant of the kernels' table at least once (they run
     first: pytest keeps file order)."""

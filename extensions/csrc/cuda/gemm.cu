@@ -1,5 +1,15 @@
-// expanded_gemm: linear layers and 1x1 convolutions (any stride and padding, one group) as a
-// GEMM-like tiling, for large K and N (ResNet-50's 1x1 convs, ViT's Linear layers).
+// expanded_gemm: linear layers and convolutions of one group (any kernel size, stride, padding
+// and dilation) as a GEMM-like tiling, for large K and N (ResNet-50's convs, ViT's Linear layers).
+//
+// Convs are an implicit im2col: row m = output pixel (b, oy, ox), tap k = (c, ky, kx) with
+// k = (c * kh + ky) * kw + kx, so the weights [N][C][kh][kw] are already [N][K]. Only the code
+// staging differs from a linear layer's. 1x1: a row's taps are one input pixel's channels, the
+// pixel in the padding or not for all of them. KxK (the KX instantiation): a row keeps where its
+// tap (0, 0, 0) would read and that pixel's (iy, ix); a stage's 4 taps take {offset, dy, dx} from
+// the conv's tap table (one broadcast load each, no division), and each tap tests its own pixel
+// against the padding (a padded tap reads code 0, through the LUT like any code, as everywhere).
+// The stage loop's SASS is no longer than the 1x1 one's (sm_90, R = 8: 1142 instructions against
+// 1158, r8w 1102 against 1119; <= 128 registers, no spills); the table build is the same code.
 //
 // Block tile: BM = 128 * R rows x 32 output channels (R = 2, 4 or 8 rows a thread), 512 threads.
 // Threads form quads (4 lanes); quad g owns rows g + 128 * i (i < R), lane j of it channels
@@ -57,28 +67,58 @@ constexpr int kGemmThreads = 512;
 constexpr int kGemmBN = 32;                    // channels a block
 constexpr int kGemmSlot = 2 * 256 * 128;       // bytes of one stage's table (4 taps)
 
-// Where a row's codes are: linear: a + m * K; conv: the input pixel of image b at tap 0 (channel
-// 0), or -1 where it lies in the padding (every tap reads code 0 there).
-__device__ __forceinline__ long long gemm_row_base(const Params& p, long long m) {
-  if (!p.conv) return m * p.K;
+// Where a row's codes are. linear: base = m * K. 1x1 conv: base = the input pixel of image b
+// (channel 0), or -1 where it lies in the padding (every tap reads code 0 there). KxK conv: base
+// = where tap (0, 0, 0) would be and iyx its input pixel (row in the low 16 bits, column in the
+// high 16, signed: one register, not two, for R = 8's budget); both may lie in the padding,
+// which is tested per tap.
+struct GemmRow {
+  long long base;
+  int iyx;
+};
+
+template <bool KX>
+__device__ __forceinline__ GemmRow gemm_row(const Params& p, long long m) {
+  if (!p.conv) return GemmRow{m * p.K, 0};
   const long long b = m / p.HoWo;
   const int pix = static_cast<int>(m - b * p.HoWo);
   const int oy = pix / p.Wo, ox = pix - oy * p.Wo;
   const int iy = oy * p.sh - p.ph, ix = ox * p.sw - p.pw;
-  if (iy < 0 || iy >= p.H || ix < 0 || ix >= p.W) return -1;
-  return b * p.C * (long long)p.H * p.W + (long long)iy * p.W + ix;
+  const long long base = b * p.C * (long long)p.H * p.W + (long long)iy * p.W + ix;
+  // conv_params keeps iy and ix inside (-2^15, 2^15)
+  if (KX) return GemmRow{base, static_cast<int>((static_cast<unsigned>(iy) & 0xFFFFu) |
+                                                (static_cast<unsigned>(ix) << 16))};
+  const bool pad = iy < 0 || iy >= p.H || ix < 0 || ix >= p.W;
+  return GemmRow{pad ? -1 : base, 0};
 }
 
-// Codes of taps k0..k0+3 of a row, as LUT rows (one per byte); taps past K read code 0.
-__device__ __forceinline__ uint32_t gemm_codes(const Params& p, long long base, int k0) {
+// Codes of taps k0..k0+3 of a row, as LUT rows (one per byte); conv taps in the padding read
+// code 0, which goes through the LUT (the xmask) like any other code, as in every other kernel.
+// KX: tap k's {input offset, dy, dx, valid} comes from the tap table (tables.cu: Kpad >= k0 + 4
+// entries), the same address for every thread (one broadcast load), loaded where it is used:
+// holding the 4 taps' entries at once, or loading them tap-major for a thread's 2 rows, spilled
+// R = 8 at 128 registers. Taps past K read code 0, except KX, where their entries {0, 0, 0, 0}
+// read tap (0, 0, 0)'s code where that lies inside the image: any code serves, their table
+// slices being all zero, and one test fewer a tap is one register fewer.
+template <bool KX>
+__device__ __forceinline__ uint32_t gemm_codes(const Params& p, const GemmRow& r, int k0) {
   const uint32_t xm = 0x01010101u * p.xmask;
-  if (!p.conv) return static_cast<uint32_t>(load_codes<4>(p, p.a + base, k0));
+  if (!p.conv) return static_cast<uint32_t>(load_codes<4>(p, p.a + r.base, k0));
   uint32_t w = 0;
-  if (base >= 0) {
+  if constexpr (KX) {
+    const int iy0 = static_cast<int>(static_cast<short>(r.iyx & 0xFFFF)), ix0 = r.iyx >> 16;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int4 kc = __ldg(p.kinfo + k0 + c);
+      const int iy = iy0 + kc.y, ix = ix0 + kc.z;
+      if ((unsigned)iy < (unsigned)p.H && (unsigned)ix < (unsigned)p.W)
+        w |= (uint32_t)__ldg(p.a + r.base + kc.x) << (8 * c);
+    }
+  } else if (r.base >= 0) {
     const long long hw = (long long)p.H * p.W;
 #pragma unroll
     for (int c = 0; c < 4; ++c)
-      if (k0 + c < p.K) w |= (uint32_t)__ldg(p.a + base + (k0 + c) * hw) << (8 * c);
+      if (k0 + c < p.K) w |= (uint32_t)__ldg(p.a + r.base + (k0 + c) * hw) << (8 * c);
   }
   return w ^ xm;
 }
@@ -98,7 +138,9 @@ __device__ __forceinline__ void gemm_store(const Params& p, long long m, int nb,
 }
 
 // WH (expanded_gemm_r8w): a lane's 2 weight bytes loaded once a half stage, not once a piece.
-template <int R, bool WH>
+// KX: a conv with a kernel larger than 1x1 (gemm_kx), its own instantiation so that the linear
+// and 1x1 paths keep their code and registers.
+template <int R, bool WH, bool KX>
 __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   constexpr int TH = kGemmThreads, BM = TH / 4 * R, LR = (BM + TH - 1) / TH;
   const int t = threadIdx.x, g = t >> 2, j = t & 3, par = g & 1;
@@ -108,19 +150,19 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   const int nst = (p.K + 3) / 4;
   uint32_t* cod = reinterpret_cast<uint32_t*>(smem + 2 * kGemmSlot);  // [2][BM] code words
 
-  // the rows whose codes this thread stages (row t + TH * u of the tile)
-  long long cbase[LR];
+  // the rows whose codes this thread stages (row t + TH * u of the tile); rows past M stay 0
+  // (never stored)
+  GemmRow crow[LR];
   bool cload[LR];
 #pragma unroll
   for (int u = 0; u < LR; ++u) {
     const long long m = m0 + t + TH * u;
-    cload[u] = t + TH * u < BM;
-    cbase[u] = m < p.M ? gemm_row_base(p, m) : (p.conv ? -1 : 0);
-    if (!p.conv && m >= p.M) cload[u] = false;  // stays 0: rows past M are never stored
+    cload[u] = t + TH * u < BM && m < p.M;
+    crow[u] = cload[u] ? gemm_row<KX>(p, m) : GemmRow{0, 0};
   }
   auto codes_of = [&](int q, uint32_t (&cw)[LR]) {
 #pragma unroll
-    for (int u = 0; u < LR; ++u) cw[u] = cload[u] ? gemm_codes(p, cbase[u], 4 * q) : 0u;
+    for (int u = 0; u < LR; ++u) cw[u] = cload[u] ? gemm_codes<KX>(p, crow[u], 4 * q) : 0u;
   };
   auto put_codes = [&](int slot, const uint32_t (&cw)[LR]) {
 #pragma unroll
@@ -253,7 +295,7 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
 
 // int32 products: E32 straight from L1/L2, one lookup per MAC (correct, not fast; auto does not
 // time it where the format is known to be int32).
-template <int R>
+template <int R, bool KX>
 __device__ __forceinline__ void gemm32_body(const Params& p) {
   constexpr int BM = kGemmThreads / 4 * R;
   const int t = threadIdx.x, g = t >> 2, j = t & 3;
@@ -263,10 +305,10 @@ __device__ __forceinline__ void gemm32_body(const Params& p) {
   for (int i = 0; i < R; ++i) {
     const long long m = m0 + g + 128 * i;
     if (m >= p.M) break;
-    const long long base = gemm_row_base(p, m);
+    const GemmRow row = gemm_row<KX>(p, m);
     uint32_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int k0 = 0; k0 < p.K; k0 += 4) {
-      const uint32_t cw = gemm_codes(p, base, k0);
+      const uint32_t cw = gemm_codes<KX>(p, row, k0);
       for (int kk = 0; kk < 4 && k0 + kk < p.K; ++kk) {
         const int32_t* er = p.E32 + ((cw >> (8 * kk)) & 255) * 256 + 128;
 #pragma unroll
@@ -278,14 +320,17 @@ __device__ __forceinline__ void gemm32_body(const Params& p) {
   }
 }
 
-template <int R, int MODE, bool WH>
+template <int R, int MODE, bool WH, bool KX>
 __global__ void __launch_bounds__(kGemmThreads, 1) gemm_kernel(Params p) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))
-    gemm16_body<R, WH>(p, smem);
+    gemm16_body<R, WH, KX>(p, smem);
   else
-    gemm32_body<R>(p);
+    gemm32_body<R, KX>(p);
 }
+
+// A conv whose kernel is larger than 1x1 (one group: K = C * kh * kw is C only at 1x1).
+bool gemm_kx(const Params& p) { return p.conv && p.K != p.C; }
 
 int64_t gemm_blocks(const Params& p, int r) {
   return (p.M + 128LL * r - 1) / (128LL * r) * ((p.N + kGemmBN - 1) / kGemmBN);
@@ -302,7 +347,7 @@ template <int R, int MODE, bool WH>
 void launch_gemm_t(const Params& p, cudaStream_t stream) {
   constexpr int BM = kGemmThreads / 4 * R;
   const size_t smem = 2 * kGemmSlot + 2 * BM * 4;
-  auto kern = gemm_kernel<R, MODE, WH>;
+  auto kern = gemm_kx(p) ? gemm_kernel<R, MODE, WH, true> : gemm_kernel<R, MODE, WH, false>;
   set_smem(kern, smem);
   const int64_t bx = (p.M + BM - 1) / BM;
   TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
@@ -321,22 +366,32 @@ void launch_gemm_m(const Params& p, int r, bool wh, cudaStream_t stream) {
 }  // namespace
 
 std::string gemm_why_not(const Params& p, const ConvGeo& cg) {
-  if (p.conv && (cg.kh != 1 || cg.kw != 1 || p.G != 1))
-    return "needs a linear layer or a 1x1 conv of one group";
+  (void)cg;  // any kernel size, stride, padding and dilation: the tap table says where a tap reads
+  if (p.conv && p.G != 1) return "needs a linear layer or a conv of one group";
   if ((p.N + kGemmBN - 1) / kGemmBN > 65535) return "needs at most 65535 x 32 output channels";
   return "";
 }
 
 std::vector<Config> gemm_candidates(const Params& p, int fmt) {
   if (fmt == 2) return {};  // int32 products: the slow path
+  Config wh{8};  // expanded_gemm_r8w
+  wh.cc = 1;
+  if (gemm_kx(p)) {
+    // KxK convs: auto times the direct and window variants too, so at most three configs here
+    // (a first call of a large conv times each 7 times): the default tile, R = 4 (ResNet-50's
+    // layer4 at 7x7 outputs fills the SMs at R = 2-4, not 8) and r8w, in place of R = 8, which
+    // it beat on every 1x1 shape measured
+    std::vector<Config> out;
+    const Config d = gemm_default(p);
+    if (d.r != 8 || p.M <= 512) out.push_back(d);
+    if (d.r != 4 && p.M > 256) out.push_back(Config{4});
+    if (p.M > 512) out.push_back(wh);
+    return out;
+  }
   std::vector<Config> out{gemm_default(p)};
   for (int r : {8, 4, 2})  // taller tiles only where the shorter ones' rows do not fit one
     if (r != out[0].r && (r == 2 || p.M > 64LL * r)) out.push_back(Config{r});
-  if (p.M > 512) {  // expanded_gemm_r8w
-    Config c{8};
-    c.cc = 1;
-    out.push_back(c);
-  }
+  if (p.M > 512) out.push_back(wh);
   return out;
 }
 

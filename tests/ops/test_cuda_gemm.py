@@ -1,0 +1,87 @@
+"""CUDA expanded_gemm (gemm.cu): every configuration it has (expanded_gemm_r2/r4/r8/r8w, the one
+auto would run) bit-exact against the python reference on linear layers, 1x1 convs and KxK convs
+(implicit im2col: the padding tested per tap), int16 and int32 products, signed and unsigned codes,
+outputs poisoned first; and the shapes and names it declines.
+
+Marked `cuda` (deselected by default; run with `-m cuda` on a GPU machine)."""
+import pytest
+import torch
+
+pytestmark = pytest.mark.cuda
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from tests.ops.test_cuda import (  # noqa: E402  (skips itself without CUDA kernels)
+    DEV, check_equal, make_codes, make_lut, make_weights, poisoned_call)
+
+from runner.reference import reference_lut_conv2d, reference_lut_linear  # noqa: E402
+
+ops = torch.ops.approx
+
+GEMM_CASES = [
+    # linear (M, K, N) or conv ((B, C, H, W), (N, kh, kw), stride, padding, dilation), one group
+    (1100, 37, 70),                 # two row tiles of 1024, K % 4 != 0
+    (700, 1001, 9),                 # 251 stages through two slots, N below one channel tile
+    (3, 8, 33),
+    ((5, 12, 20, 20), (50, 1, 1), 1, 0, 1),    # 2000 rows over several images
+    ((3, 24, 33, 31), (40, 1, 1), 2, 1, 1),    # stride 2, padding: padded pixels read code 0
+    ((70, 9, 3, 3), (65, 1, 1), 1, 0, 1),      # 9-pixel images: a tile spans many
+    (1300, 96, 45),                 # 2 row tiles of 1024, N below 2 channel tiles
+    # KxK (implicit im2col, padding tested per tap): N never a multiple of 32, M never of a tile
+    ((2, 64, 12, 12), (70, 3, 3), 1, 1, 1),    # 3x3 stride 1 pad 1, K = 576
+    ((5, 20, 31, 29), (33, 3, 3), 2, 1, 1),    # 3x3 stride 2 pad 1, 1200 rows
+    ((4, 3, 40, 38), (64, 7, 7), 2, 3, 1),     # the 7x7 stem's geometry: C = 3, K = 147 (not % 4)
+    ((2, 6, 17, 19), (40, 5, 5), 1, 2, 2),     # 5x5 pad 2 dilation 2
+    ((3, 8, 20, 18), (36, 3, 1), 1, (1, 0), 1),             # 3x1
+    ((3, 7, 19, 22), (20, 1, 3), (2, 1), (0, 1), (1, 3)),   # 1x3, uneven stride and dilation
+    ((2, 5, 6, 7), (20, 3, 3), 1, 4, 1),       # padding past the kernel's reach: whole rows of code 0
+    ((1, 512, 7, 7), (40, 3, 3), 1, 1, 1),     # ResNet-50 layer4's K = 4608: 1152 stages, 49 rows
+    ((9, 16, 30, 30), (24, 2, 2), 2, 0, 1),    # 2x2 stride 2: 2025 rows, 3 tiles of r8
+]
+
+
+def _pair(v):
+    return [v, v] if isinstance(v, int) else list(v)
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
+@pytest.mark.parametrize("lutkind", ["int16", "wide"])
+@pytest.mark.parametrize("case", range(len(GEMM_CASES)))
+def test_every_gemm_configuration(case, lutkind, signed):
+    """auto times expanded_gemm at 2, 4 and 8 rows a thread (row tiles of 256, 512, 1024) and
+    r8w (R = 8, weight bytes loaded once a half stage), so each must be exact:
+    int16 products (shared-memory table slices) and int32 ones (the E32 path); linear layers,
+    1x1 convs and KxK convs (their own kernel instantiation)."""
+    shape = GEMM_CASES[case]
+    gen = torch.Generator().manual_seed(500 + case * 4 + (lutkind == "wide") * 2 + signed)
+    lut = make_lut(gen, lutkind)
+    if isinstance(shape[0], tuple):
+        (b, c, h, wd_), (n, kh, kw), stride, pad, dil = shape
+        a, w = make_codes(gen, (b, c, h, wd_), signed), make_weights(gen, (n, c, kh, kw), signed)
+        want = reference_lut_conv2d(a, w, lut, stride, pad, dil, 1)
+        args = (_pair(stride), _pair(pad), _pair(dil), 1)
+        call = lambda ad, wd, ld, algo: ops.lut_conv2d(ad, wd, ld, *args, algo)  # noqa: E731
+    else:
+        m, k, n = shape
+        a, w = make_codes(gen, (m, k), signed), make_weights(gen, (n, k), signed)
+        want = reference_lut_linear(a, w, lut)
+        call = lambda ad, wd, ld, algo: ops.lut_linear(ad, wd, ld, algo)  # noqa: E731
+    ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
+    for algo in ("expanded_gemm", "expanded_gemm_r2", "expanded_gemm_r4", "expanded_gemm_r8", "expanded_gemm_r8w"):
+        got = poisoned_call(lambda: call(ad, wd, ld, algo), tuple(want.shape))
+        check_equal(got, want, f"{shape} {lutkind} signed={signed} {algo}")
+
+
+def test_gemm_declines():
+    lut = torch.zeros((256, 256), dtype=torch.int32, device=DEV)
+    a = torch.zeros((4, 8), dtype=torch.int8, device=DEV)
+    for bad in ("expanded_gemm_r3", "expanded_gemm_r16", "expanded_gemm_r8x", "expanded_gemm_r4w",
+                "expanded_gemm_r8ww"):
+        with pytest.raises(RuntimeError, match="bad algo"):
+            ops.lut_linear(a, torch.zeros((3, 8), dtype=torch.int8, device=DEV), lut, bad)
+    x = torch.zeros((1, 4, 6, 6), dtype=torch.uint8, device=DEV)
+    for kh in (1, 3):  # grouped 1x1 and 3x3
+        with pytest.raises(RuntimeError, match="expanded_gemm.*conv of one group"):
+            ops.lut_conv2d(x, torch.zeros((4, 2, kh, kh), dtype=torch.int8, device=DEV), lut, [1, 1], [0, 0], [1, 1],
+                           2, "expanded_gemm")

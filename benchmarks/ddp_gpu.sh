@@ -38,6 +38,10 @@
 #   eval50     1 GPU: 205 T MAC a pass / 2.2-2.6 T MAC/s = 80-95 s, twice (the predictions' pass, then the
 #              timed one), the fp32 and fake-quant reference passes ~35 s, start and calibration ~20 s:
 #              ~215-245 s; 4 GPUs: a quarter of the passes + 4 ranks' start ~30 s: ~85 s       ~300-330 s
+#              That estimate was short: on 2 H200s with 20,000 images the 1-GPU command took 176 s, 80 s of it
+#              set-up, so 50,000 images take ~80 + 96 x 2.5 = ~320 s on one GPU and ~150-200 s sharded; a
+#              STEP=1 call on 4 H200s ran past the 600 s limit. EVAL50_SIDES=1, then EVAL50_SIDES=N on the
+#              machine still warm, splits the part over two calls.
 #   resnet18   1 GPU: 195 steps x (0.23-0.3 s GPU + ~0.1-0.15 s CPU) = 65-90 s an epoch, 2 epochs + start:
 #              ~150-200 s; 4 GPUs: 49 steps an epoch, ~20 s, 2 epochs + 4 ranks' start: ~70 s  ~220-270 s
 #   resnet8    baseline 5 epochs ~20 s; 1 GPU 5 x ~2 s + start ~25 s; 4 GPUs (eager DDP, 782 steps of 16
@@ -280,13 +284,16 @@ if want resnet18 || want eval50; then
     "${IMGDATA[@]}"
 fi
 
-if want eval50 && fits eval50 330; then
+# EVAL50_SIDES=1 or =N runs one side alone (a call each, on a machine kept warm: the verdict needs both results)
+EVAL50_SIDES=${EVAL50_SIDES:-1,N}
+side() { [[ ",$EVAL50_SIDES," == *",$1,"* ]]; }
+if want eval50 && fits eval50 $( (side 1 && side N && echo 560) || (side 1 && echo 360) || echo 220); then
   echo "== eval50: torchvision ResNet-50, exact table, $N images, batch $EVAL_BS, 1 GPU then sharded over $NGPU"
   r50=(compare model=torchvision model.arch=resnet50 "model.weights=$W50" +model.num_classes=10 "${IMGDATA[@]}"
        "backend=$BACKEND" multiplier=exact "eval.batch_size=$EVAL_BS" eval.warmup=1 eval.repeats=1 'eval.paths=[approx]')
-  timed r50_1gpu one "${r50[@]}"
-  timed "r50_${NGPU}gpu" cli "${r50[@]}" "eval.devices=$NGPU"
-  verdict eval50
+  side 1 && timed r50_1gpu one "${r50[@]}"
+  side N && timed "r50_${NGPU}gpu" cli "${r50[@]}" "eval.devices=$NGPU"
+  [ -d "$out/r50_1gpu" ] && [ -d "$out/r50_${NGPU}gpu" ] && verdict eval50
 fi
 
 if want resnet18 && fits resnet18 270; then

@@ -56,6 +56,7 @@ namespace {
 constexpr int kGemmThreads = 512;
 constexpr int kGemmBN = 32;                    // channels a block
 constexpr int kGemmSlot = 2 * 256 * 128;       // bytes of one stage's table (4 taps)
+constexpr int kGemmRawRow = 512 + 16;          // CO staging: an Et16 row and one bank group
 
 // Where a row's codes are: linear: a + m * K; conv: the input pixel of image b at tap 0 (channel
 // 0), or -1 where it lies in the padding (every tap reads code 0 there).
@@ -97,10 +98,13 @@ __device__ __forceinline__ void gemm_store(const Params& p, long long m, int nb,
     if (nb + c < p.N) o[c * p.HoWo] = static_cast<int32_t>(v[c]);
 }
 
-// WH (expanded_gemm_r8w): a lane's 2 weight bytes loaded once a half stage, not once a piece.
-template <int R, bool WH>
+// BUILD: 0 scattered Et16 loads (expanded_gemm_r<R>); 1 WH (expanded_gemm_r8w): a lane's 2 weight
+// bytes loaded once a half stage, not once a piece; 2 CO (expanded_gemm_r8c): whole Et16 lines
+// copied into a staging area, the slot built from there (the header).
+template <int R, int BUILD>
 __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   constexpr int TH = kGemmThreads, BM = TH / 4 * R, LR = (BM + TH - 1) / TH;
+  constexpr bool WH = BUILD == 1, CO = BUILD == 2;
   const int t = threadIdx.x, g = t >> 2, j = t & 3, par = g & 1;
   const int warp = t >> 5, lane = t & 31;
   const long long m0 = (long long)blockIdx.x * BM;
@@ -169,10 +173,14 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
       }
     }
   };
+  static_assert(kGemmThreads == 512, "pieces: 16 warps");
   auto store_half = [&](int slot, int half, const int4 (&A)[2], const int4 (&B)[2]) {
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
-      const int piece = warp + 16 * (2 * half + v), tp = piece >> 5, ab = piece & 31;
+      // piece warp + 16 (2 half + v): tp = half, ab = warp + 16 v, so CO's addresses are one base
+      // and constants (the general form left CO's loop short of registers: ptxas spilled)
+      const int piece = warp + 16 * (2 * half + v);
+      const int tp = CO ? half : piece >> 5, ab = CO ? warp + 16 * v : piece & 31;
       uint32_t* dst = reinterpret_cast<uint32_t*>(smem + slot * kGemmSlot) +
                       ((tp * 256 + ab * 8) * 2 + e) * 16 + pr;
       const uint32_t a4[4] = {(uint32_t)A[v].x ^ 0x80008000u, (uint32_t)A[v].y ^ 0x80008000u,
@@ -183,6 +191,51 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
         dst[(2 * i) * 32] = __byte_perm(a4[i], b4[i], 0x5410);      // code ab*8 + 2i
         dst[(2 * i + 1) * 32] = __byte_perm(a4[i], b4[i], 0x7632);  // code ab*8 + 2i + 1
       }
+    }
+  };
+
+  // CO: the staging area holds a stage's 128 Et16 rows whole, row rr = (tap kk, lo/hi channel of
+  // pair cp) = kk * 32 + hl * 16 + cp at rr * kGemmRawRow. Copy: 8 lanes a row, lane rc the 16-byte
+  // pieces rc of its 4 lines, so a warp-wide load is 4 lines (4 wavefronts, not 32) and a quarter
+  // warp's 16-byte store 128 contiguous bytes (all banks); a half stage is rows 64 half + 0..63.
+  uint8_t* stg = smem + 2 * kGemmSlot + 2 * BM * 4;
+  // a lane's channel is the same in both halves (rr0 < 64), its tap 2 half + (rr0 >> 5): one
+  // weight pointer for both
+  const int rr0 = warp * 4 + (lane >> 3), rc = lane & 7, rk = rr0 >> 5;
+  const int rn = n0 + 2 * (rr0 & 15) + ((rr0 >> 4) & 1);
+  const uint8_t* rw = reinterpret_cast<const uint8_t*>(p.w) + (rn < p.N ? (long long)rn * wrow + rk : 0);
+  const int rklim = rn < p.N ? p.K - rk : 0;  // taps past K or channels past N: zero rows
+  auto raw_load = [&](int q, int half, int4 (&L)[4]) {
+    const int k = 4 * q + 2 * half;  // past rk
+#pragma unroll
+    for (int u = 0; u < 4; ++u) L[u] = zero;
+    if (k < rklim) {
+      // one byte offset (OR, not +: kept from being folded into 4 hoisted 64-bit pointers)
+      const uint32_t off = ((__ldg(rw + k) ^ 128u) << 9) | (rc << 4);
+      const char* src = reinterpret_cast<const char*>(p.Et16) + off;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) L[u] = __ldg(reinterpret_cast<const int4*>(src + u * 128));
+    }
+  };
+  auto raw_store = [&](int half, const int4 (&L)[4]) {
+    uint8_t* dst = stg + (64 * half + rr0) * kGemmRawRow + rc * 16;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) *reinterpret_cast<int4*>(dst + u * 128) = L[u];
+  };
+  // The slot from the staging area: the other builds' pieces and stores, their 16-byte loads from
+  // the staging rows; a quarter warp reads rows kk * 32 + hl * 16 + 8 c .. + 7 (the row stride is
+  // 33 16-byte bank groups), so 8 consecutive rows: all banks.
+  auto transpose = [&](int slot) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      int4 A[2], B[2];
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+        const uint8_t* src = stg + ((2 * half + e) * 32 + pr) * kGemmRawRow + (warp + 16 * v) * 16;
+        A[v] = *reinterpret_cast<const int4*>(src);
+        B[v] = *reinterpret_cast<const int4*>(src + 16 * kGemmRawRow);
+      }
+      store_half(slot, half, A, B);
     }
   };
 
@@ -205,41 +258,90 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
     }
   };
 
-  {  // stage 0
-    uint32_t cw[LR];
-    int4 A[2], B[2];
-    codes_of(0, cw);
-    load_half(0, 0, A, B);
-    store_half(0, 0, A, B);
-    load_half(0, 1, A, B);
-    store_half(0, 1, A, B);
-    put_codes(0, cw);
-  }
-  __syncthreads();
   const uint32_t swap = par ? 0x2301u : 0x3210u;  // odd quads: taps of a pair swapped (e = par ^ step)
-  for (int q = 0; q < nst; ++q) {
-    const int slot = q & 1;
-    const bool nxt = q + 1 < nst;
-    const uint8_t* tb = smem + slot * kGemmSlot;
-    uint32_t cw[LR];
-    int4 A[2], B[2];
-    if (nxt) {
-      codes_of(q + 1, cw);
-      load_half(q + 1, 0, A, B);
-    }
-#pragma unroll
-    for (int i = 0; i < R; ++i) cr[i] = __byte_perm(cod[slot * BM + g + 128 * i], 0, swap);
-    sum_pair(tb, 0);
-    if (nxt) {  // slot ^ 1 was last read in stage q - 1, before the barrier that ended it
-      store_half(slot ^ 1, 0, A, B);
-      load_half(q + 1, 1, A, B);
-    }
-    sum_pair(tb, 1);
-    if (nxt) {
-      store_half(slot ^ 1, 1, A, B);
-      put_codes(slot ^ 1, cw);
+  if constexpr (CO) {
+    // Stage q's loop step builds slot q + 1 from the staging area (filled in step q - 1), copies
+    // stage q + 2's rows into it once every warp has read it (barrier A), and sums stage q.
+    {
+      uint32_t cw[LR];
+      int4 L[4];
+      codes_of(0, cw);
+      raw_load(0, 0, L);
+      raw_store(0, L);
+      raw_load(0, 1, L);
+      raw_store(1, L);
+      put_codes(0, cw);
+      __syncthreads();
+      transpose(0);
+      if (nst > 1) {
+        __syncthreads();
+        raw_load(1, 0, L);
+        raw_store(0, L);
+        raw_load(1, 1, L);
+        raw_store(1, L);
+      }
     }
     __syncthreads();
+    for (int q = 0; q < nst; ++q) {
+      const int slot = q & 1;
+      const bool nxt = q + 1 < nst, nxt2 = q + 2 < nst;
+      const uint8_t* tb = smem + slot * kGemmSlot;
+      uint32_t cw[LR];
+      int4 L[4];
+      if (nxt) {  // slot ^ 1 was last read in stage q - 1, before the barrier that ended it
+        codes_of(q + 1, cw);
+        transpose(slot ^ 1);
+        put_codes(slot ^ 1, cw);  // here, not at the end: 2 registers fewer through the sums
+      }
+      if (nxt2) raw_load(q + 2, 0, L);
+#pragma unroll
+      for (int i = 0; i < R; ++i) cr[i] = __byte_perm(cod[slot * BM + g + 128 * i], 0, swap);
+      sum_pair(tb, 0);
+      if (nxt2) {
+        __syncthreads();  // A: the staging area is read
+        raw_store(0, L);
+        raw_load(q + 2, 1, L);
+      }
+      sum_pair(tb, 1);
+      if (nxt2) raw_store(1, L);
+      __syncthreads();
+    }
+  } else {
+    {  // stage 0
+      uint32_t cw[LR];
+      int4 A[2], B[2];
+      codes_of(0, cw);
+      load_half(0, 0, A, B);
+      store_half(0, 0, A, B);
+      load_half(0, 1, A, B);
+      store_half(0, 1, A, B);
+      put_codes(0, cw);
+    }
+    __syncthreads();
+    for (int q = 0; q < nst; ++q) {
+      const int slot = q & 1;
+      const bool nxt = q + 1 < nst;
+      const uint8_t* tb = smem + slot * kGemmSlot;
+      uint32_t cw[LR];
+      int4 A[2], B[2];
+      if (nxt) {
+        codes_of(q + 1, cw);
+        load_half(q + 1, 0, A, B);
+      }
+#pragma unroll
+      for (int i = 0; i < R; ++i) cr[i] = __byte_perm(cod[slot * BM + g + 128 * i], 0, swap);
+      sum_pair(tb, 0);
+      if (nxt) {  // slot ^ 1 was last read in stage q - 1, before the barrier that ended it
+        store_half(slot ^ 1, 0, A, B);
+        load_half(q + 1, 1, A, B);
+      }
+      sum_pair(tb, 1);
+      if (nxt) {
+        store_half(slot ^ 1, 1, A, B);
+        put_codes(slot ^ 1, cw);
+      }
+      __syncthreads();
+    }
   }
   const uint32_t taps = static_cast<uint32_t>(4 * nst);
 #pragma unroll
@@ -278,11 +380,11 @@ __device__ __forceinline__ void gemm32_body(const Params& p) {
   }
 }
 
-template <int R, int MODE, bool WH>
+template <int R, int MODE, int BUILD>
 __global__ void __launch_bounds__(kGemmThreads, 1) gemm_kernel(Params p) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))
-    gemm16_body<R, WH>(p, smem);
+    gemm16_body<R, BUILD>(p, smem);
   else
     gemm32_body<R>(p);
 }
@@ -298,11 +400,18 @@ Config gemm_default(const Params& p) {
   return Config{2};
 }
 
-template <int R, int MODE, bool WH>
+// Shared memory of a tile of R rows a thread: two slots, the staged codes, CO's staging area.
+constexpr size_t gemm_smem(int r, int build) {
+  return 2 * kGemmSlot + 2 * (kGemmThreads / 4 * r) * 4 + (build == 2 ? 128 * kGemmRawRow : 0);
+}
+
+template <int R, int MODE, int BUILD>
 void launch_gemm_t(const Params& p, cudaStream_t stream) {
   constexpr int BM = kGemmThreads / 4 * R;
-  const size_t smem = 2 * kGemmSlot + 2 * BM * 4;
-  auto kern = gemm_kernel<R, MODE, WH>;
+  const size_t smem = gemm_smem(R, BUILD);
+  TORCH_CHECK((long long)smem <= max_smem_optin(), "approx expanded_gemm: needs ", I((int64_t)smem),
+              " bytes of shared memory, the device allows ", I(max_smem_optin()));
+  auto kern = gemm_kernel<R, MODE, BUILD>;
   set_smem(kern, smem);
   const int64_t bx = (p.M + BM - 1) / BM;
   TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
@@ -310,12 +419,14 @@ void launch_gemm_t(const Params& p, cudaStream_t stream) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// build: Config::cc (0 scattered, 1 WH, 2 CO); WH and CO are R = 8 tiles only.
 template <int MODE>
-void launch_gemm_m(const Params& p, int r, bool wh, cudaStream_t stream) {
-  if (wh) launch_gemm_t<8, MODE, true>(p, stream);  // expanded_gemm_r8w: the only WH tile
-  else if (r == 8) launch_gemm_t<8, MODE, false>(p, stream);
-  else if (r == 4) launch_gemm_t<4, MODE, false>(p, stream);
-  else launch_gemm_t<2, MODE, false>(p, stream);
+void launch_gemm_m(const Params& p, int r, int build, cudaStream_t stream) {
+  if (build == 1) launch_gemm_t<8, MODE, 1>(p, stream);  // expanded_gemm_r8w
+  else if (build == 2) launch_gemm_t<8, MODE, 2>(p, stream);  // expanded_gemm_r8c
+  else if (r == 8) launch_gemm_t<8, MODE, 0>(p, stream);
+  else if (r == 4) launch_gemm_t<4, MODE, 0>(p, stream);
+  else launch_gemm_t<2, MODE, 0>(p, stream);
 }
 
 }  // namespace
@@ -332,40 +443,47 @@ std::vector<Config> gemm_candidates(const Params& p, int fmt) {
   std::vector<Config> out{gemm_default(p)};
   for (int r : {8, 4, 2})  // taller tiles only where the shorter ones' rows do not fit one
     if (r != out[0].r && (r == 2 || p.M > 64LL * r)) out.push_back(Config{r});
-  if (p.M > 512) {  // expanded_gemm_r8w
+  if (p.M > 512) {  // expanded_gemm_r8w, expanded_gemm_r8c (where its staging area fits)
     Config c{8};
     c.cc = 1;
     out.push_back(c);
+    if ((long long)gemm_smem(8, 2) <= max_smem_optin()) {
+      c.cc = 2;
+      out.push_back(c);
+    }
   }
   return out;
 }
 
 void launch_gemm(const Params& p, int fmt, Config c, cudaStream_t stream) {
   if (c.r == 0) c = gemm_default(p);
-  const bool wh = c.cc == 1;  // expanded_gemm_r8w (int32 products: the E32 path, as r8)
-  if (fmt == 1) launch_gemm_m<1>(p, c.r, wh, stream);
-  else if (fmt == 2) launch_gemm_m<2>(p, c.r, false, stream);
-  else launch_gemm_m<0>(p, c.r, wh, stream);
+  // int32 products: the E32 path, as r8, whatever the build
+  if (fmt == 1) launch_gemm_m<1>(p, c.r, c.cc, stream);
+  else if (fmt == 2) launch_gemm_m<2>(p, c.r, 0, stream);
+  else launch_gemm_m<0>(p, c.r, c.cc, stream);
 }
 
 // "expanded_gemm_r<R>": R = 2, 4 or 8 rows a thread (tiles of 256, 512 or 1024 rows);
-// "expanded_gemm_r8w": R = 8 with the WH build (weight bytes loaded once a half stage).
+// "expanded_gemm_r8w": R = 8 with the WH build (weight bytes loaded once a half stage);
+// "expanded_gemm_r8c": R = 8 with the CO build (Et16 lines copied whole, then transposed).
 std::string parse_gemm_config(const std::string& name, Config& c) {
-  if (name == "expanded_gemm_r8w") {
+  if (name == "expanded_gemm_r8w" || name == "expanded_gemm_r8c") {
     c = Config{8};
-    c.cc = 1;
+    c.cc = name.back() == 'w' ? 1 : 2;
     return "";
   }
   int r = 0, n = 0;
   const bool ok = std::sscanf(name.c_str(), "expanded_gemm_r%d%n", &r, &n) == 1 &&
                   name[n] == 0 && (r == 2 || r == 4 || r == 8);
-  if (!ok) return "bad algo '" + name + "': expanded_gemm_r<2, 4 or 8> or expanded_gemm_r8w";
+  if (!ok)
+    return "bad algo '" + name + "': expanded_gemm_r<2, 4 or 8>, expanded_gemm_r8w or expanded_gemm_r8c";
   c = Config{r};
   return "";
 }
 
 std::string gemm_config_name(const Config& c) {
   if (c.r == 8 && c.cc == 1) return "expanded_gemm_r8w";
+  if (c.r == 8 && c.cc == 2) return "expanded_gemm_r8c";
   return c.r ? "expanded_gemm_r" + std::to_string(c.r) : "expanded_gemm";
 }
 

@@ -28,13 +28,13 @@ CONVS = [((3, *a), w, 1, 0, 1) for _, kind, a, w in LENET5_LAYERS if kind == "co
 ]
 BMMS = [(3, 37, 41, 64), (2, 197, 197, 68), (2, 197, 64, 197), (1, 5, 300, 7)]  # (B, M, N, K)
 LINEARS = [(3, *w[::-1]) for _, kind, _, w in LENET5_LAYERS if kind == "linear"] + [
-    (37, 100, 17), (5, 33, 3), (700, 84, 10), (1100, 130, 45)]
+    (37, 100, 17), (5, 33, 3), (700, 84, 10), (1100, 130, 45), (1030, 2, 97), (600, 11, 31)]
 
 
 def gemm_configs(algos):
-    """The applicable algos plus expanded_gemm_r8w, a named configuration auto may pick (its own
-    table build) that the algo table does not list."""
-    return algos + ["expanded_gemm_r8w"] if "expanded_gemm" in algos else algos
+    """The applicable algos plus expanded_gemm_r8w and expanded_gemm_r8c, named configurations auto
+    may pick (each its own table build) that the algo table does not list."""
+    return algos + ["expanded_gemm_r8w", "expanded_gemm_r8c"] if "expanded_gemm" in algos else algos
 
 
 def main(bmm_only=False):

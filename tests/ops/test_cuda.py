@@ -243,6 +243,13 @@ GEMM_CASES = [
     ((3, 24, 33, 31), 40, 2, 1),    # stride 2, padding: padded pixels read code 0
     ((70, 9, 3, 3), 65, 1, 0),      # 9-pixel images: a tile spans many
     (1300, 96, 45),                 # 2 row tiles of 1024, N below 2 channel tiles
+    # r8c stages a stage's rows one stage ahead of its table: stage counts 1, 2 and 3 with the
+    # last stage partial, and a K of 2 (the first stage's second tap pair all past K)
+    (1500, 3, 40),
+    (1030, 2, 97),                  # 4 channel tiles, the last with 1 channel
+    (2100, 6, 64),                  # 3 row tiles, the last with 52 rows; N a multiple of 32
+    (600, 11, 31),
+    ((4, 13, 17, 15), 33, 2, 2),    # 1x1 conv, stride 2, padding 2: whole padded rows and columns
 ]
 
 
@@ -251,7 +258,8 @@ GEMM_CASES = [
 @pytest.mark.parametrize("case", range(len(GEMM_CASES)))
 def test_every_gemm_configuration(case, lutkind, signed):
     """auto times expanded_gemm at 2, 4 and 8 rows a thread (row tiles of 256, 512, 1024) and
-    r8w (R = 8, weight bytes loaded once a half stage), so each must be exact:
+    r8w (R = 8, weight bytes loaded once a half stage) and r8c (R = 8, Et16 lines copied whole into a
+    staging area, then transposed into the slot), so each must be exact:
     int16 products (shared-memory table slices) and int32 ones (the E32 path)."""
     shape = GEMM_CASES[case]
     gen = torch.Generator().manual_seed(500 + case * 4 + (lutkind == "wide") * 2 + signed)
@@ -268,7 +276,8 @@ def test_every_gemm_configuration(case, lutkind, signed):
         want = reference_lut_linear(a, w, lut)
         call = lambda ad, wd, ld, algo: ops.lut_linear(ad, wd, ld, algo)  # noqa: E731
     ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
-    for algo in ("expanded_gemm", "expanded_gemm_r2", "expanded_gemm_r4", "expanded_gemm_r8", "expanded_gemm_r8w"):
+    for algo in ("expanded_gemm", "expanded_gemm_r2", "expanded_gemm_r4", "expanded_gemm_r8", "expanded_gemm_r8w",
+                 "expanded_gemm_r8c"):
         got = poisoned_call(lambda: call(ad, wd, ld, algo), tuple(want.shape))
         check_equal(got, want, f"{shape} {lutkind} signed={signed} {algo}")
     EXERCISED.add("expanded_gemm")
@@ -278,7 +287,7 @@ def test_gemm_declines():
     lut = torch.zeros((256, 256), dtype=torch.int32, device=DEV)
     a = torch.zeros((4, 8), dtype=torch.int8, device=DEV)
     for bad in ("expanded_gemm_r3", "expanded_gemm_r16", "expanded_gemm_r8x", "expanded_gemm_r4w",
-                "expanded_gemm_r8ww"):
+                "expanded_gemm_r8ww", "expanded_gemm_r4c", "expanded_gemm_r8cw", "expanded_gemm_r8c_"):
         with pytest.raises(RuntimeError, match="bad algo"):
             ops.lut_linear(a, torch.zeros((3, 8), dtype=torch.int8, device=DEV), lut, bad)
     x = torch.zeros((1, 4, 6, 6), dtype=torch.uint8, device=DEV)

@@ -40,8 +40,29 @@
 // so the build's wavefronts a stage must fall. expanded_gemm_r8w (WH): a half stage's pieces
 // are all of one tap, so a lane loads its 2 weight bytes once a half, not once a piece (2
 // LDG.U8 instead of 4: ~1000 fewer wavefronts a stage, 1141 instead of 1179 instructions, ~8%
-// predicted; 11-14% measured on an H200). A 32-bit load of a channel's 4 taps was tried: ptxas spills at 128 registers. The
-// Et16 wavefronts need a coalesced load (8 lanes a line) and a transpose, not done yet.
+// predicted; 11-14% measured on an H200). A 32-bit load of a channel's 4 taps was tried: ptxas
+// spills at 128 registers.
+//
+// expanded_gemm_r8c (CO): Et16 lines loaded whole, transposed through shared memory. A half
+// stage's 64 Et16 rows (2 taps x 32 channels) are copied into a staging area of a stage's 128
+// rows, 8 lanes a row, lane rc the 16-byte pieces rc of the row's 4 lines: a warp-wide LDG.128 is
+// 4 lines (4 wavefronts, not 32), a quarter warp's STS.128 128 contiguous bytes (all banks), and
+// a lane's row is one channel at one tap (one weight byte a half). The slot is then built as
+// before (same pieces, lanes (e, pair), byte_perm, STS.32 over 32 banks), its 16-byte loads from
+// the staging rows: rows 528 B apart (33 bank groups), ordered [tap][lo/hi channel][pair], so a
+// quarter warp's LDS.128 reads 8 consecutive rows at one offset: 8 distinct bank groups,
+// conflict-free. Staging: 128 x 528 B = 66 KiB, 202 KiB in all: sm_90's 227 KiB opt-in (where a
+// device allows less, auto leaves r8c out and a named call fails). Pipeline: step q builds slot
+// q + 1 from the staging area (filled in step q - 1), sums tap pair 0, waits at a second barrier
+// (every warp has read the staging area), then copies stage q + 2's rows in, the loads in flight
+// over the sums. Wavefronts a stage (16 warps): Et16 LDG 128 x 4 = 512, weight LDG 32 x 4 = 128,
+// staging STS.128 512 and LDS.128 512, slot STS 512: ~2200, against r8w's 4096 + ~1000 + 512 =
+// ~5600. Stage loop SASS (ptxas of CUDA 13.0, static counts; the counts above came from an older
+// one): r8 1158, r8w 1119, r8c 1016 instructions a thread (8 LDG.128, 8 STS.128, 40 LDS.128 of
+// which 8 staging, 34 STS, 2 BAR: its addresses are a base and constants); 128 registers, no
+// spills. Prediction: ~3400 wavefronts fewer off r8w's ~11,500 cycles a stage (2.96 T MAC/s)
+// leave ~8,000: ~4.2 T MAC/s at R = 8 on an H200, the issue (~4100 cycles) and the L1/shared
+// path (~4400 wavefronts: lookups ~2200, build ~2200) then about even; the bar of 5 needs ~6900.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>

@@ -227,7 +227,7 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   const uint8_t* rw = reinterpret_cast<const uint8_t*>(p.w) + (rn < p.N ? (long long)rn * wrow + rk : 0);
   const int rklim = rn < p.N ? p.K - rk : 0;  // taps past K or channels past N: zero rows
   auto raw_load = [&](int q, int half, int4 (&L)[4]) {
-    const int k = 4 * q + 2 * half;  // past rk
+    const int k = 4 * q + 2 * half;  // the tap less rk (rw is at tap rk)
 #pragma unroll
     for (int u = 0; u < 4; ++u) L[u] = zero;
     if (k < rklim) {

@@ -32,15 +32,16 @@ CONVS = [((3, *a), w, 1, 0, 1) for _, kind, a, w in LENET5_LAYERS if kind == "co
 ]
 BMMS = [(3, 37, 41, 64), (2, 197, 197, 68), (2, 197, 64, 197), (1, 5, 300, 7)]  # (B, M, N, K)
 LINEARS = [(3, *w[::-1]) for _, kind, _, w in LENET5_LAYERS if kind == "linear"] + [
-    (37, 100, 17), (5, 33, 3), (700, 84, 10), (1100, 130, 45)]
+    (37, 100, 17), (5, 33, 3), (700, 84, 10), (1100, 130, 45), (1030, 2, 97), (600, 11, 31)]
 
 
 def gemm_configs(algos):
     """The applicable algos plus expanded_gemm's configurations, which auto may pick and the algo
-    table does not list (each its own kernel; r8w its own table build)."""
+    table does not list (each its own kernel; r8w and r8c their own table builds)."""
     if "expanded_gemm" not in algos:
         return algos
-    return algos + ["expanded_gemm_r2", "expanded_gemm_r4", "expanded_gemm_r8", "expanded_gemm_r8w"]
+    return algos + ["expanded_gemm_r2", "expanded_gemm_r4", "expanded_gemm_r8", "expanded_gemm_r8w",
+                    "expanded_gemm_r8c"]
 
 
 def main(bmm_only=False):

@@ -1,4 +1,4 @@
-"""CUDA expanded_gemm (gemm.cu): every configuration it has (expanded_gemm_r2/r4/r8/r8w, the one
+"""CUDA expanded_gemm (gemm.cu): every configuration it has (expanded_gemm_r2/r4/r8/r8w/r8c, the one
 auto would run) bit-exact against the python reference on linear layers, 1x1 convs and KxK convs
 (implicit im2col: the padding tested per tap), int16 and int32 products, signed and unsigned codes,
 outputs poisoned first; and the shapes and names it declines.
@@ -38,6 +38,13 @@ GEMM_CASES = [
     ((2, 5, 6, 7), (20, 3, 3), 1, 4, 1),       # padding past the kernel's reach: whole rows of code 0
     ((1, 512, 7, 7), (40, 3, 3), 1, 1, 1),     # ResNet-50 layer4's K = 4608: 1152 stages, 49 rows
     ((9, 16, 30, 30), (24, 2, 2), 2, 0, 1),    # 2x2 stride 2: 2025 rows, 3 tiles of r8
+    # r8c stages a stage's rows one stage ahead of its table: stage counts 1, 2 and 3 with the
+    # last stage partial, and a K of 2 (the first stage's second tap pair all past K)
+    (1500, 3, 40),
+    (1030, 2, 97),                  # 4 channel tiles, the last with 1 channel
+    (2100, 6, 64),                  # 3 row tiles, the last with 52 rows; N a multiple of 32
+    (600, 11, 31),
+    ((4, 13, 17, 15), (33, 1, 1), 2, 2, 1),    # 1x1 conv, stride 2, padding 2: whole padded rows and columns
 ]
 
 
@@ -50,7 +57,8 @@ def _pair(v):
 @pytest.mark.parametrize("case", range(len(GEMM_CASES)))
 def test_every_gemm_configuration(case, lutkind, signed):
     """auto times expanded_gemm at 2, 4 and 8 rows a thread (row tiles of 256, 512, 1024) and
-    r8w (R = 8, weight bytes loaded once a half stage), so each must be exact:
+    r8w (R = 8, weight bytes loaded once a half stage) and r8c (R = 8, Et16 lines copied whole into a
+    staging area, then transposed into the slot), so each must be exact:
     int16 products (shared-memory table slices) and int32 ones (the E32 path); linear layers,
     1x1 convs and KxK convs (their own kernel instantiation)."""
     shape = GEMM_CASES[case]
@@ -68,7 +76,8 @@ def test_every_gemm_configuration(case, lutkind, signed):
         want = reference_lut_linear(a, w, lut)
         call = lambda ad, wd, ld, algo: ops.lut_linear(ad, wd, ld, algo)  # noqa: E731
     ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
-    for algo in ("expanded_gemm", "expanded_gemm_r2", "expanded_gemm_r4", "expanded_gemm_r8", "expanded_gemm_r8w"):
+    for algo in ("expanded_gemm", "expanded_gemm_r2", "expanded_gemm_r4", "expanded_gemm_r8", "expanded_gemm_r8w",
+                 "expanded_gemm_r8c"):
         got = poisoned_call(lambda: call(ad, wd, ld, algo), tuple(want.shape))
         check_equal(got, want, f"{shape} {lutkind} signed={signed} {algo}")
 
@@ -77,7 +86,7 @@ def test_gemm_declines():
     lut = torch.zeros((256, 256), dtype=torch.int32, device=DEV)
     a = torch.zeros((4, 8), dtype=torch.int8, device=DEV)
     for bad in ("expanded_gemm_r3", "expanded_gemm_r16", "expanded_gemm_r8x", "expanded_gemm_r4w",
-                "expanded_gemm_r8ww"):
+                "expanded_gemm_r8ww", "expanded_gemm_r4c", "expanded_gemm_r8cw", "expanded_gemm_r8c_"):
         with pytest.raises(RuntimeError, match="bad algo"):
             ops.lut_linear(a, torch.zeros((3, 8), dtype=torch.int8, device=DEV), lut, bad)
     x = torch.zeros((1, 4, 6, 6), dtype=torch.uint8, device=DEV)

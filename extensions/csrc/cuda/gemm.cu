@@ -50,8 +50,29 @@
 // so the build's wavefronts a stage must fall. expanded_gemm_r8w (WH): a half stage's pieces
 // are all of one tap, so a lane loads its 2 weight bytes once a half, not once a piece (2
 // LDG.U8 instead of 4: ~1000 fewer wavefronts a stage, 1141 instead of 1179 instructions, ~8%
-// predicted; 11-14% measured on an H200). A 32-bit load of a channel's 4 taps was tried: ptxas spills at 128 registers. The
-// Et16 wavefronts need a coalesced load (8 lanes a line) and a transpose, not done yet.
+// predicted; 11-14% measured on an H200). A 32-bit load of a channel's 4 taps was tried: ptxas
+// spills at 128 registers.
+//
+// expanded_gemm_r8c (CO): Et16 lines loaded whole, transposed through shared memory. A half
+// stage's 64 Et16 rows (2 taps x 32 channels) are copied into a staging area of a stage's 128
+// rows, 8 lanes a row, lane rc the 16-byte pieces rc of the row's 4 lines: a warp-wide LDG.128 is
+// 4 lines (4 wavefronts, not 32), a quarter warp's STS.128 128 contiguous bytes (all banks), and
+// a lane's row is one channel at one tap (one weight byte a half). The slot is then built as
+// before (same pieces, lanes (e, pair), byte_perm, STS.32 over 32 banks), its 16-byte loads from
+// the staging rows: rows 528 B apart (33 bank groups), ordered [tap][lo/hi channel][pair], so a
+// quarter warp's LDS.128 reads 8 consecutive rows at one offset: 8 distinct bank groups,
+// conflict-free. Staging: 128 x 528 B = 66 KiB, 202 KiB in all: sm_90's 227 KiB opt-in (where a
+// device allows less, auto leaves r8c out and a named call fails). Pipeline: step q builds slot
+// q + 1 from the staging area (filled in step q - 1), sums tap pair 0, waits at a second barrier
+// (every warp has read the staging area), then copies stage q + 2's rows in, the loads in flight
+// over the sums. Wavefronts a stage (16 warps): Et16 LDG 128 x 4 = 512, weight LDG 32 x 4 = 128,
+// staging STS.128 512 and LDS.128 512, slot STS 512: ~2200, against r8w's 4096 + ~1000 + 512 =
+// ~5600. Stage loop SASS (ptxas of CUDA 13.0, static counts; the counts above came from an older
+// one): r8 1158, r8w 1119, r8c 1016 instructions a thread (8 LDG.128, 8 STS.128, 40 LDS.128 of
+// which 8 staging, 34 STS, 2 BAR: its addresses are a base and constants); 128 registers, no
+// spills. Prediction: ~3400 wavefronts fewer off r8w's ~11,500 cycles a stage (2.96 T MAC/s)
+// leave ~8,000: ~4.2 T MAC/s at R = 8 on an H200, the issue (~4100 cycles) and the L1/shared
+// path (~4400 wavefronts: lookups ~2200, build ~2200) then about even; the bar of 5 needs ~6900.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -66,6 +87,7 @@ namespace {
 constexpr int kGemmThreads = 512;
 constexpr int kGemmBN = 32;                    // channels a block
 constexpr int kGemmSlot = 2 * 256 * 128;       // bytes of one stage's table (4 taps)
+constexpr int kGemmRawRow = 512 + 16;          // CO staging: an Et16 row and one bank group
 
 // Where a row's codes are. linear: base = m * K. 1x1 conv: base = the input pixel of image b
 // (channel 0), or -1 where it lies in the padding (every tap reads code 0 there). KxK conv: base
@@ -137,12 +159,15 @@ __device__ __forceinline__ void gemm_store(const Params& p, long long m, int nb,
     if (nb + c < p.N) o[c * p.HoWo] = static_cast<int32_t>(v[c]);
 }
 
-// WH (expanded_gemm_r8w): a lane's 2 weight bytes loaded once a half stage, not once a piece.
+// BUILD: 0 scattered Et16 loads (expanded_gemm_r<R>); 1 WH (expanded_gemm_r8w): a lane's 2 weight
+// bytes loaded once a half stage, not once a piece; 2 CO (expanded_gemm_r8c): whole Et16 lines
+// copied into a staging area, the slot built from there (the header).
 // KX: a conv with a kernel larger than 1x1 (gemm_kx), its own instantiation so that the linear
 // and 1x1 paths keep their code and registers.
-template <int R, bool WH, bool KX>
+template <int R, int BUILD, bool KX>
 __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   constexpr int TH = kGemmThreads, BM = TH / 4 * R, LR = (BM + TH - 1) / TH;
+  constexpr bool WH = BUILD == 1, CO = BUILD == 2;
   const int t = threadIdx.x, g = t >> 2, j = t & 3, par = g & 1;
   const int warp = t >> 5, lane = t & 31;
   const long long m0 = (long long)blockIdx.x * BM;
@@ -211,10 +236,14 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
       }
     }
   };
+  static_assert(kGemmThreads == 512, "pieces: 16 warps");
   auto store_half = [&](int slot, int half, const int4 (&A)[2], const int4 (&B)[2]) {
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
-      const int piece = warp + 16 * (2 * half + v), tp = piece >> 5, ab = piece & 31;
+      // piece warp + 16 (2 half + v): tp = half, ab = warp + 16 v, so CO's addresses are one base
+      // and constants (the general form left CO's loop short of registers: ptxas spilled)
+      const int piece = warp + 16 * (2 * half + v);
+      const int tp = CO ? half : piece >> 5, ab = CO ? warp + 16 * v : piece & 31;
       uint32_t* dst = reinterpret_cast<uint32_t*>(smem + slot * kGemmSlot) +
                       ((tp * 256 + ab * 8) * 2 + e) * 16 + pr;
       const uint32_t a4[4] = {(uint32_t)A[v].x ^ 0x80008000u, (uint32_t)A[v].y ^ 0x80008000u,
@@ -225,6 +254,51 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
         dst[(2 * i) * 32] = __byte_perm(a4[i], b4[i], 0x5410);      // code ab*8 + 2i
         dst[(2 * i + 1) * 32] = __byte_perm(a4[i], b4[i], 0x7632);  // code ab*8 + 2i + 1
       }
+    }
+  };
+
+  // CO: the staging area holds a stage's 128 Et16 rows whole, row rr = (tap kk, lo/hi channel of
+  // pair cp) = kk * 32 + hl * 16 + cp at rr * kGemmRawRow. Copy: 8 lanes a row, lane rc the 16-byte
+  // pieces rc of its 4 lines, so a warp-wide load is 4 lines (4 wavefronts, not 32) and a quarter
+  // warp's 16-byte store 128 contiguous bytes (all banks); a half stage is rows 64 half + 0..63.
+  uint8_t* stg = smem + 2 * kGemmSlot + 2 * BM * 4;
+  // a lane's channel is the same in both halves (rr0 < 64), its tap 2 half + (rr0 >> 5): one
+  // weight pointer for both
+  const int rr0 = warp * 4 + (lane >> 3), rc = lane & 7, rk = rr0 >> 5;
+  const int rn = n0 + 2 * (rr0 & 15) + ((rr0 >> 4) & 1);
+  const uint8_t* rw = reinterpret_cast<const uint8_t*>(p.w) + (rn < p.N ? (long long)rn * wrow + rk : 0);
+  const int rklim = rn < p.N ? p.K - rk : 0;  // taps past K or channels past N: zero rows
+  auto raw_load = [&](int q, int half, int4 (&L)[4]) {
+    const int k = 4 * q + 2 * half;  // the tap less rk (rw is at tap rk)
+#pragma unroll
+    for (int u = 0; u < 4; ++u) L[u] = zero;
+    if (k < rklim) {
+      // one byte offset (OR, not +: kept from being folded into 4 hoisted 64-bit pointers)
+      const uint32_t off = ((__ldg(rw + k) ^ 128u) << 9) | (rc << 4);
+      const char* src = reinterpret_cast<const char*>(p.Et16) + off;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) L[u] = __ldg(reinterpret_cast<const int4*>(src + u * 128));
+    }
+  };
+  auto raw_store = [&](int half, const int4 (&L)[4]) {
+    uint8_t* dst = stg + (64 * half + rr0) * kGemmRawRow + rc * 16;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) *reinterpret_cast<int4*>(dst + u * 128) = L[u];
+  };
+  // The slot from the staging area: the other builds' pieces and stores, their 16-byte loads from
+  // the staging rows; a quarter warp reads rows kk * 32 + hl * 16 + 8 c .. + 7 (the row stride is
+  // 33 16-byte bank groups), so 8 consecutive rows: all banks.
+  auto transpose = [&](int slot) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      int4 A[2], B[2];
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+        const uint8_t* src = stg + ((2 * half + e) * 32 + pr) * kGemmRawRow + (warp + 16 * v) * 16;
+        A[v] = *reinterpret_cast<const int4*>(src);
+        B[v] = *reinterpret_cast<const int4*>(src + 16 * kGemmRawRow);
+      }
+      store_half(slot, half, A, B);
     }
   };
 
@@ -247,41 +321,90 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
     }
   };
 
-  {  // stage 0
-    uint32_t cw[LR];
-    int4 A[2], B[2];
-    codes_of(0, cw);
-    load_half(0, 0, A, B);
-    store_half(0, 0, A, B);
-    load_half(0, 1, A, B);
-    store_half(0, 1, A, B);
-    put_codes(0, cw);
-  }
-  __syncthreads();
   const uint32_t swap = par ? 0x2301u : 0x3210u;  // odd quads: taps of a pair swapped (e = par ^ step)
-  for (int q = 0; q < nst; ++q) {
-    const int slot = q & 1;
-    const bool nxt = q + 1 < nst;
-    const uint8_t* tb = smem + slot * kGemmSlot;
-    uint32_t cw[LR];
-    int4 A[2], B[2];
-    if (nxt) {
-      codes_of(q + 1, cw);
-      load_half(q + 1, 0, A, B);
-    }
-#pragma unroll
-    for (int i = 0; i < R; ++i) cr[i] = __byte_perm(cod[slot * BM + g + 128 * i], 0, swap);
-    sum_pair(tb, 0);
-    if (nxt) {  // slot ^ 1 was last read in stage q - 1, before the barrier that ended it
-      store_half(slot ^ 1, 0, A, B);
-      load_half(q + 1, 1, A, B);
-    }
-    sum_pair(tb, 1);
-    if (nxt) {
-      store_half(slot ^ 1, 1, A, B);
-      put_codes(slot ^ 1, cw);
+  if constexpr (CO) {
+    // Stage q's loop step builds slot q + 1 from the staging area (filled in step q - 1), copies
+    // stage q + 2's rows into it once every warp has read it (barrier A), and sums stage q.
+    {
+      uint32_t cw[LR];
+      int4 L[4];
+      codes_of(0, cw);
+      raw_load(0, 0, L);
+      raw_store(0, L);
+      raw_load(0, 1, L);
+      raw_store(1, L);
+      put_codes(0, cw);
+      __syncthreads();
+      transpose(0);
+      if (nst > 1) {
+        __syncthreads();
+        raw_load(1, 0, L);
+        raw_store(0, L);
+        raw_load(1, 1, L);
+        raw_store(1, L);
+      }
     }
     __syncthreads();
+    for (int q = 0; q < nst; ++q) {
+      const int slot = q & 1;
+      const bool nxt = q + 1 < nst, nxt2 = q + 2 < nst;
+      const uint8_t* tb = smem + slot * kGemmSlot;
+      uint32_t cw[LR];
+      int4 L[4];
+      if (nxt) {  // slot ^ 1 was last read in stage q - 1, before the barrier that ended it
+        codes_of(q + 1, cw);
+        transpose(slot ^ 1);
+        put_codes(slot ^ 1, cw);  // here, not at the end: 2 registers fewer through the sums
+      }
+      if (nxt2) raw_load(q + 2, 0, L);
+#pragma unroll
+      for (int i = 0; i < R; ++i) cr[i] = __byte_perm(cod[slot * BM + g + 128 * i], 0, swap);
+      sum_pair(tb, 0);
+      if (nxt2) {
+        __syncthreads();  // A: the staging area is read
+        raw_store(0, L);
+        raw_load(q + 2, 1, L);
+      }
+      sum_pair(tb, 1);
+      if (nxt2) raw_store(1, L);
+      __syncthreads();
+    }
+  } else {
+    {  // stage 0
+      uint32_t cw[LR];
+      int4 A[2], B[2];
+      codes_of(0, cw);
+      load_half(0, 0, A, B);
+      store_half(0, 0, A, B);
+      load_half(0, 1, A, B);
+      store_half(0, 1, A, B);
+      put_codes(0, cw);
+    }
+    __syncthreads();
+    for (int q = 0; q < nst; ++q) {
+      const int slot = q & 1;
+      const bool nxt = q + 1 < nst;
+      const uint8_t* tb = smem + slot * kGemmSlot;
+      uint32_t cw[LR];
+      int4 A[2], B[2];
+      if (nxt) {
+        codes_of(q + 1, cw);
+        load_half(q + 1, 0, A, B);
+      }
+#pragma unroll
+      for (int i = 0; i < R; ++i) cr[i] = __byte_perm(cod[slot * BM + g + 128 * i], 0, swap);
+      sum_pair(tb, 0);
+      if (nxt) {  // slot ^ 1 was last read in stage q - 1, before the barrier that ended it
+        store_half(slot ^ 1, 0, A, B);
+        load_half(q + 1, 1, A, B);
+      }
+      sum_pair(tb, 1);
+      if (nxt) {
+        store_half(slot ^ 1, 1, A, B);
+        put_codes(slot ^ 1, cw);
+      }
+      __syncthreads();
+    }
   }
   const uint32_t taps = static_cast<uint32_t>(4 * nst);
 #pragma unroll
@@ -320,11 +443,11 @@ __device__ __forceinline__ void gemm32_body(const Params& p) {
   }
 }
 
-template <int R, int MODE, bool WH, bool KX>
+template <int R, int MODE, int BUILD, bool KX>
 __global__ void __launch_bounds__(kGemmThreads, 1) gemm_kernel(Params p) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))
-    gemm16_body<R, WH, KX>(p, smem);
+    gemm16_body<R, BUILD, KX>(p, smem);
   else
     gemm32_body<R, KX>(p);
 }
@@ -343,11 +466,18 @@ Config gemm_default(const Params& p) {
   return Config{2};
 }
 
-template <int R, int MODE, bool WH>
+// Shared memory of a tile of R rows a thread: two slots, the staged codes, CO's staging area.
+constexpr size_t gemm_smem(int r, int build) {
+  return 2 * kGemmSlot + 2 * (kGemmThreads / 4 * r) * 4 + (build == 2 ? 128 * kGemmRawRow : 0);
+}
+
+template <int R, int MODE, int BUILD>
 void launch_gemm_t(const Params& p, cudaStream_t stream) {
   constexpr int BM = kGemmThreads / 4 * R;
-  const size_t smem = 2 * kGemmSlot + 2 * BM * 4;
-  auto kern = gemm_kx(p) ? gemm_kernel<R, MODE, WH, true> : gemm_kernel<R, MODE, WH, false>;
+  const size_t smem = gemm_smem(R, BUILD);
+  TORCH_CHECK((long long)smem <= max_smem_optin(), "approx expanded_gemm: needs ", I((int64_t)smem),
+              " bytes of shared memory, the device allows ", I(max_smem_optin()));
+  auto kern = gemm_kx(p) ? gemm_kernel<R, MODE, BUILD, true> : gemm_kernel<R, MODE, BUILD, false>;
   set_smem(kern, smem);
   const int64_t bx = (p.M + BM - 1) / BM;
   TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
@@ -355,12 +485,14 @@ void launch_gemm_t(const Params& p, cudaStream_t stream) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// build: Config::cc (0 scattered, 1 WH, 2 CO); WH and CO are R = 8 tiles only.
 template <int MODE>
-void launch_gemm_m(const Params& p, int r, bool wh, cudaStream_t stream) {
-  if (wh) launch_gemm_t<8, MODE, true>(p, stream);  // expanded_gemm_r8w: the only WH tile
-  else if (r == 8) launch_gemm_t<8, MODE, false>(p, stream);
-  else if (r == 4) launch_gemm_t<4, MODE, false>(p, stream);
-  else launch_gemm_t<2, MODE, false>(p, stream);
+void launch_gemm_m(const Params& p, int r, int build, cudaStream_t stream) {
+  if (build == 1) launch_gemm_t<8, MODE, 1>(p, stream);  // expanded_gemm_r8w
+  else if (build == 2) launch_gemm_t<8, MODE, 2>(p, stream);  // expanded_gemm_r8c
+  else if (r == 8) launch_gemm_t<8, MODE, 0>(p, stream);
+  else if (r == 4) launch_gemm_t<4, MODE, 0>(p, stream);
+  else launch_gemm_t<2, MODE, 0>(p, stream);
 }
 
 }  // namespace
@@ -391,36 +523,46 @@ std::vector<Config> gemm_candidates(const Params& p, int fmt) {
   std::vector<Config> out{gemm_default(p)};
   for (int r : {8, 4, 2})  // taller tiles only where the shorter ones' rows do not fit one
     if (r != out[0].r && (r == 2 || p.M > 64LL * r)) out.push_back(Config{r});
-  if (p.M > 512) out.push_back(wh);
+  if (p.M > 512) {  // expanded_gemm_r8w, expanded_gemm_r8c (where its staging area fits)
+    out.push_back(wh);
+    if ((long long)gemm_smem(8, 2) <= max_smem_optin()) {
+      Config co{8};
+      co.cc = 2;
+      out.push_back(co);
+    }
+  }
   return out;
 }
 
 void launch_gemm(const Params& p, int fmt, Config c, cudaStream_t stream) {
   if (c.r == 0) c = gemm_default(p);
-  const bool wh = c.cc == 1;  // expanded_gemm_r8w (int32 products: the E32 path, as r8)
-  if (fmt == 1) launch_gemm_m<1>(p, c.r, wh, stream);
-  else if (fmt == 2) launch_gemm_m<2>(p, c.r, false, stream);
-  else launch_gemm_m<0>(p, c.r, wh, stream);
+  // int32 products: the E32 path, as r8, whatever the build
+  if (fmt == 1) launch_gemm_m<1>(p, c.r, c.cc, stream);
+  else if (fmt == 2) launch_gemm_m<2>(p, c.r, 0, stream);
+  else launch_gemm_m<0>(p, c.r, c.cc, stream);
 }
 
 // "expanded_gemm_r<R>": R = 2, 4 or 8 rows a thread (tiles of 256, 512 or 1024 rows);
-// "expanded_gemm_r8w": R = 8 with the WH build (weight bytes loaded once a half stage).
+// "expanded_gemm_r8w": R = 8 with the WH build (weight bytes loaded once a half stage);
+// "expanded_gemm_r8c": R = 8 with the CO build (Et16 lines copied whole, then transposed).
 std::string parse_gemm_config(const std::string& name, Config& c) {
-  if (name == "expanded_gemm_r8w") {
+  if (name == "expanded_gemm_r8w" || name == "expanded_gemm_r8c") {
     c = Config{8};
-    c.cc = 1;
+    c.cc = name.back() == 'w' ? 1 : 2;
     return "";
   }
   int r = 0, n = 0;
   const bool ok = std::sscanf(name.c_str(), "expanded_gemm_r%d%n", &r, &n) == 1 &&
                   name[n] == 0 && (r == 2 || r == 4 || r == 8);
-  if (!ok) return "bad algo '" + name + "': expanded_gemm_r<2, 4 or 8> or expanded_gemm_r8w";
+  if (!ok)
+    return "bad algo '" + name + "': expanded_gemm_r<2, 4 or 8>, expanded_gemm_r8w or expanded_gemm_r8c";
   c = Config{r};
   return "";
 }
 
 std::string gemm_config_name(const Config& c) {
   if (c.r == 8 && c.cc == 1) return "expanded_gemm_r8w";
+  if (c.r == 8 && c.cc == 2) return "expanded_gemm_r8c";
   return c.r ? "expanded_gemm_r" + std::to_string(c.r) : "expanded_gemm";
 }
 

@@ -509,15 +509,20 @@ std::vector<Config> gemm_candidates(const Params& p, int fmt) {
   Config wh{8};  // expanded_gemm_r8w
   wh.cc = 1;
   if (gemm_kx(p)) {
-    // KxK convs: auto times the direct and window variants too, so at most three configs here
+    // KxK convs: auto times the direct and window variants too, so at most four configs here
     // (a first call of a large conv times each 7 times): the default tile, R = 4 (ResNet-50's
-    // layer4 at 7x7 outputs fills the SMs at R = 2-4, not 8) and r8w, in place of R = 8, which
-    // it beat on every 1x1 shape measured
+    // layer4 at 7x7 outputs fills the SMs at R = 2-4, not 8), and r8w and r8c in place of R = 8,
+    // which r8w beat on every 1x1 shape measured
     std::vector<Config> out;
     const Config d = gemm_default(p);
     if (d.r != 8 || p.M <= 512) out.push_back(d);
     if (d.r != 4 && p.M > 256) out.push_back(Config{4});
     if (p.M > 512) out.push_back(wh);
+    if (p.M > 512 && (long long)gemm_smem(8, 2) <= max_smem_optin()) {
+      Config co{8};
+      co.cc = 2;
+      out.push_back(co);
+    }
     return out;
   }
   std::vector<Config> out{gemm_default(p)};

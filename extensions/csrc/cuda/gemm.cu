@@ -73,6 +73,10 @@
 // spills. Prediction: ~3400 wavefronts fewer off r8w's ~11,500 cycles a stage (2.96 T MAC/s)
 // leave ~8,000: ~4.2 T MAC/s at R = 8 on an H200, the issue (~4100 cycles) and the L1/shared
 // path (~4400 wavefronts: lookups ~2200, build ~2200) then about even; the bar of 5 needs ~6900.
+// Measured (H200, batch 64): 2.9-4.0 T MAC/s on ResNet-50's 1x1 convs (but the 2048-input one at
+// 7x7: 1.57) and ViT-B/16's Linear layers, 1.18-1.33x r8w where the prediction said 1.4x: about
+// 9,000-9,500 cycles a stage, so ~1,000 more than the
+// wavefront count gives; the second barrier's lockstep restart of 16 warps is the first suspect.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>

@@ -489,7 +489,7 @@ void launch_gemm_t(const Params& p, cudaStream_t stream) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// build: Config::cc (0 scattered, 1 WH, 2 CO); WH and CO are R = 8 tiles only.
+// build: Config::build (0 scattered, 1 WH, 2 CO); WH and CO are R = 8 tiles only.
 template <int MODE>
 void launch_gemm_m(const Params& p, int r, int build, cudaStream_t stream) {
   if (build == 1) launch_gemm_t<8, MODE, 1>(p, stream);  // expanded_gemm_r8w
@@ -510,34 +510,27 @@ std::string gemm_why_not(const Params& p, const ConvGeo& cg) {
 
 std::vector<Config> gemm_candidates(const Params& p, int fmt) {
   if (fmt == 2) return {};  // int32 products: the slow path
-  Config wh{8};  // expanded_gemm_r8w
-  wh.cc = 1;
+  std::vector<Config> out;
   if (gemm_kx(p)) {
     // KxK convs: auto times the direct and window variants too, so at most four configs here
     // (a first call of a large conv times each 7 times): the default tile, R = 4 (ResNet-50's
     // layer4 at 7x7 outputs fills the SMs at R = 2-4, not 8), and r8w and r8c in place of R = 8,
     // which r8w beat on every 1x1 shape measured
-    std::vector<Config> out;
     const Config d = gemm_default(p);
     if (d.r != 8 || p.M <= 512) out.push_back(d);
     if (d.r != 4 && p.M > 256) out.push_back(Config{4});
-    if (p.M > 512) out.push_back(wh);
-    if (p.M > 512 && (long long)gemm_smem(8, 2) <= max_smem_optin()) {
-      Config co{8};
-      co.cc = 2;
-      out.push_back(co);
-    }
-    return out;
+  } else {
+    out.push_back(gemm_default(p));
+    for (int r : {8, 4, 2})  // taller tiles only where the shorter ones' rows do not fit one
+      if (r != out[0].r && (r == 2 || p.M > 64LL * r)) out.push_back(Config{r});
   }
-  std::vector<Config> out{gemm_default(p)};
-  for (int r : {8, 4, 2})  // taller tiles only where the shorter ones' rows do not fit one
-    if (r != out[0].r && (r == 2 || p.M > 64LL * r)) out.push_back(Config{r});
   if (p.M > 512) {  // expanded_gemm_r8w, expanded_gemm_r8c (where its staging area fits)
-    out.push_back(wh);
+    Config c{8};
+    c.build = 1;
+    out.push_back(c);
     if ((long long)gemm_smem(8, 2) <= max_smem_optin()) {
-      Config co{8};
-      co.cc = 2;
-      out.push_back(co);
+      c.build = 2;
+      out.push_back(c);
     }
   }
   return out;
@@ -546,9 +539,9 @@ std::vector<Config> gemm_candidates(const Params& p, int fmt) {
 void launch_gemm(const Params& p, int fmt, Config c, cudaStream_t stream) {
   if (c.r == 0) c = gemm_default(p);
   // int32 products: the E32 path, as r8, whatever the build
-  if (fmt == 1) launch_gemm_m<1>(p, c.r, c.cc, stream);
+  if (fmt == 1) launch_gemm_m<1>(p, c.r, c.build, stream);
   else if (fmt == 2) launch_gemm_m<2>(p, c.r, 0, stream);
-  else launch_gemm_m<0>(p, c.r, c.cc, stream);
+  else launch_gemm_m<0>(p, c.r, c.build, stream);
 }
 
 // "expanded_gemm_r<R>": R = 2, 4 or 8 rows a thread (tiles of 256, 512 or 1024 rows);
@@ -557,7 +550,7 @@ void launch_gemm(const Params& p, int fmt, Config c, cudaStream_t stream) {
 std::string parse_gemm_config(const std::string& name, Config& c) {
   if (name == "expanded_gemm_r8w" || name == "expanded_gemm_r8c") {
     c = Config{8};
-    c.cc = name.back() == 'w' ? 1 : 2;
+    c.build = name.back() == 'w' ? 1 : 2;
     return "";
   }
   int r = 0, n = 0;
@@ -570,8 +563,8 @@ std::string parse_gemm_config(const std::string& name, Config& c) {
 }
 
 std::string gemm_config_name(const Config& c) {
-  if (c.r == 8 && c.cc == 1) return "expanded_gemm_r8w";
-  if (c.r == 8 && c.cc == 2) return "expanded_gemm_r8c";
+  if (c.r == 8 && c.build == 1) return "expanded_gemm_r8w";
+  if (c.r == 8 && c.build == 2) return "expanded_gemm_r8c";
   return c.r ? "expanded_gemm_r" + std::to_string(c.r) : "expanded_gemm";
 }
 

@@ -64,7 +64,7 @@ struct Config {
   int mb = 0;                   // rows per block; 0: th * r
   int cc = 0;                   // expanded_window: channels staged at once; 0: as many as fit
   int rx = 0;                   // expanded_window: outputs a thread (7 or 5); 0: 8
-  // expanded_gemm: cc is the build, 1 WH (expanded_gemm_r8w), 2 CO (expanded_gemm_r8c), gemm.cu
+  int build = 0;                // expanded_gemm: the table build, 0 scattered, 1 WH (_r8w), 2 CO (_r8c)
 };
 
 void launch_direct(const Params& p, cudaStream_t stream);                  // direct.cu

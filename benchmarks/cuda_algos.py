@@ -6,8 +6,9 @@ convolutions that expanded_window does not take, at several batch sizes: which v
 
 --shapes takes shape names and groups of them: `lenet` (the default: LeNet-5 and the small extra
 convolutions), `r50` (ResNet-50's distinct 1x1 convs, per image), `r50k` (its 7x7 stem and distinct
-3x3 convs), `vit` (ViT-B/16's Linear layers, 197 tokens an image). --check compares every variant's whole output with `direct`'s (exact), and
-`direct`'s first image (linear: first 16 rows) with the python reference.
+3x3 convs), `vit` (ViT-B/16's Linear layers, 197 tokens an image). --check compares every variant's
+whole output with `direct`'s (exact), and `direct`'s first image (linear: first 16 rows) with the
+python reference.
 
 Per (shape, batch, algo): median of `repeat` timings with CUDA events after warm-up, rotating
 among 3 input sets, a sleep kernel queued before each (runner.bench.device_timer), prepared tables

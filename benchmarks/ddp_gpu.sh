@@ -80,6 +80,10 @@ case $STEP in
   all) ONLY=${ONLY:-eval50,resnet18,resnet8,sweep} ;;
   *) echo "STEP=$STEP: choose 1, 2 or all"; exit 2 ;;
 esac
+# EVAL50_SIDES=1 or =N: eval50's 1-GPU or sharded run alone (a call each, on a machine kept warm: the
+# verdict needs both results)
+EVAL50_SIDES=${EVAL50_SIDES:-1,N}
+case $EVAL50_SIDES in 1|N|1,N|N,1) ;; *) echo "EVAL50_SIDES=$EVAL50_SIDES: choose 1, N or 1,N"; exit 2 ;; esac
 # a benchmark of the tree runner/_C was built from: no second build when it loads (BUILD=always forces one)
 export BUILD=${BUILD:-auto}
 CKPT="$WORK/checkpoints"
@@ -284,8 +288,6 @@ if want resnet18 || want eval50; then
     "${IMGDATA[@]}"
 fi
 
-# EVAL50_SIDES=1 or =N runs one side alone (a call each, on a machine kept warm: the verdict needs both results)
-EVAL50_SIDES=${EVAL50_SIDES:-1,N}
 side() { [[ ",$EVAL50_SIDES," == *",$1,"* ]]; }
 if want eval50 && fits eval50 $( (side 1 && side N && echo 560) || (side 1 && echo 360) || echo 220); then
   echo "== eval50: torchvision ResNet-50, exact table, $N images, batch $EVAL_BS, 1 GPU then sharded over $NGPU"

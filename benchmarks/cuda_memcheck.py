@@ -41,7 +41,7 @@ def gemm_configs(algos):
     if "expanded_gemm" not in algos:
         return algos
     return algos + ["expanded_gemm_r2", "expanded_gemm_r4", "expanded_gemm_r8", "expanded_gemm_r8w",
-                    "expanded_gemm_r8c"]
+                    "expanded_gemm_r8c", "expanded_gemm_r8c_k3"]
 
 
 def main(bmm_only=False):

@@ -1,5 +1,5 @@
-"""CUDA expanded_gemm (gemm.cu): every configuration it has (expanded_gemm_r2/r4/r8/r8w/r8c, the one
-auto would run) bit-exact against the python reference on linear layers, 1x1 convs and KxK convs
+"""CUDA expanded_gemm (gemm.cu): every configuration it has (expanded_gemm_r2/r4/r8/r8w/r8c, r8c with K
+split over 2, 3 and 64 blocks, the one auto would run) bit-exact against the python reference on linear layers, 1x1 convs and KxK convs
 (implicit im2col: the padding tested per tap), int16 and int32 products, signed and unsigned codes,
 outputs poisoned first; and the shapes and names it declines.
 
@@ -58,7 +58,9 @@ def _pair(v):
 def test_every_gemm_configuration(case, lutkind, signed):
     """auto times expanded_gemm at 2, 4 and 8 rows a thread (row tiles of 256, 512, 1024) and
     r8w (R = 8, weight bytes loaded once a half stage) and r8c (R = 8, Et16 lines copied whole into a
-    staging area, then transposed into the slot), so each must be exact:
+    staging area, then transposed into the slot), and r8c with K split (blocks of a split add their sums
+    into the zeroed output: the poison must not show; 3 splits leave uneven shares, 64 more splits than
+    most cases have stages, so some get none), so each must be exact:
     int16 products (shared-memory table slices) and int32 ones (the E32 path); linear layers,
     1x1 convs and KxK convs (their own kernel instantiation)."""
     shape = GEMM_CASES[case]
@@ -77,7 +79,7 @@ def test_every_gemm_configuration(case, lutkind, signed):
         call = lambda ad, wd, ld, algo: ops.lut_linear(ad, wd, ld, algo)  # noqa: E731
     ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
     for algo in ("expanded_gemm", "expanded_gemm_r2", "expanded_gemm_r4", "expanded_gemm_r8", "expanded_gemm_r8w",
-                 "expanded_gemm_r8c"):
+                 "expanded_gemm_r8c", "expanded_gemm_r8c_k2", "expanded_gemm_r8c_k3", "expanded_gemm_r8c_k64"):
         got = poisoned_call(lambda: call(ad, wd, ld, algo), tuple(want.shape))
         check_equal(got, want, f"{shape} {lutkind} signed={signed} {algo}")
 
@@ -86,7 +88,9 @@ def test_gemm_declines():
     lut = torch.zeros((256, 256), dtype=torch.int32, device=DEV)
     a = torch.zeros((4, 8), dtype=torch.int8, device=DEV)
     for bad in ("expanded_gemm_r3", "expanded_gemm_r16", "expanded_gemm_r8x", "expanded_gemm_r4w",
-                "expanded_gemm_r8ww", "expanded_gemm_r4c", "expanded_gemm_r8cw", "expanded_gemm_r8c_"):
+                "expanded_gemm_r8ww", "expanded_gemm_r4c", "expanded_gemm_r8cw", "expanded_gemm_r8c_",
+                "expanded_gemm_r8c_k", "expanded_gemm_r8c_k1", "expanded_gemm_r8c_k65", "expanded_gemm_r8c_k02",
+                "expanded_gemm_r8c_k2x", "expanded_gemm_r8w_k2", "expanded_gemm_r4_k2", "expanded_gemm_k2"):
         with pytest.raises(RuntimeError, match="bad algo"):
             ops.lut_linear(a, torch.zeros((3, 8), dtype=torch.int8, device=DEV), lut, bad)
     x = torch.zeros((1, 4, 6, 6), dtype=torch.uint8, device=DEV)

@@ -149,26 +149,48 @@ __device__ __forceinline__ uint32_t gemm_codes(const Params& p, const GemmRow& r
   return w ^ xm;
 }
 
-// Writes channels nb..nb+7 (those below N) of row m.
-__device__ __forceinline__ void gemm_store(const Params& p, long long m, int nb, const uint32_t (&v)[8]) {
+// Writes channels nb..nb+7 (those below N) of row m; add: into the zeroed output, atomically (a K
+// split's partial sums: integer sums give the same bits in any order).
+__device__ __forceinline__ void gemm_store(const Params& p, long long m, int nb, const uint32_t (&v)[8],
+                                           bool add) {
   if (nb >= p.N) return;
-  if (!p.conv) {
+  if (!p.conv && !add) {
     store8(p.out + m * p.N + nb, nb, p.N, (p.N & 3) == 0, v);
     return;
   }
-  const long long b = m / p.HoWo, pix = m - b * p.HoWo;
-  int32_t* o = p.out + (b * p.Ntot + nb) * p.HoWo + pix;
+  int32_t* o;
+  long long step = 1;
+  if (p.conv) {
+    const long long b = m / p.HoWo, pix = m - b * p.HoWo;
+    o = p.out + (b * p.Ntot + nb) * p.HoWo + pix;
+    step = p.HoWo;
+  } else {
+    o = p.out + m * p.N + nb;
+  }
 #pragma unroll
-  for (int c = 0; c < 8; ++c)
-    if (nb + c < p.N) o[c * p.HoWo] = static_cast<int32_t>(v[c]);
+  for (int c = 0; c < 8; ++c) {
+    if (nb + c >= p.N) continue;
+    if (add) atomicAdd(o + c * step, static_cast<int32_t>(v[c]));
+    else o[c * step] = static_cast<int32_t>(v[c]);
+  }
+}
+
+// A K split's share (gridDim.z > 1): stages [qa, qb) of the K / 4; empty where the split
+// outnumbers the stages.
+__device__ __forceinline__ int2 gemm_stages(const Params& p) {
+  const int nst = (p.K + 3) / 4, per = (nst + gridDim.z - 1) / gridDim.z;
+  const int qa = blockIdx.z * per;
+  return make_int2(qa, min(nst, qa + per));
 }
 
 // BUILD: 0 scattered Et16 loads (expanded_gemm_r<R>); 1 WH (expanded_gemm_r8w): a lane's 2 weight
 // bytes loaded once a half stage, not once a piece; 2 CO (expanded_gemm_r8c): whole Et16 lines
 // copied into a staging area, the slot built from there (the header).
 // KX: a conv with a kernel larger than 1x1 (gemm_kx), its own instantiation so that the linear
-// and 1x1 paths keep their code and registers.
-template <int R, int BUILD, bool KX>
+// and 1x1 paths keep their code and registers. SK: K split over gridDim.z blocks (_k<ks>), its own
+// instantiation too: the others keep theirs (the split's stage bounds and atomic stores cost R = 8
+// tiles of the scattered builds spills).
+template <int R, int BUILD, bool KX, bool SK>
 __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   constexpr int TH = kGemmThreads, BM = TH / 4 * R, LR = (BM + TH - 1) / TH;
   constexpr bool WH = BUILD == 1, CO = BUILD == 2;
@@ -176,7 +198,11 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   const int warp = t >> 5, lane = t & 31;
   const long long m0 = (long long)blockIdx.x * BM;
   const int n0 = blockIdx.y * kGemmBN;
-  const int nst = (p.K + 3) / 4;
+  // this block's stages: all, or its K split's share; q is the stage's global index, and slot q & 1
+  // holds stage q's table in either case
+  const int2 qr = SK ? gemm_stages(p) : make_int2(0, (p.K + 3) / 4);
+  const int qa = qr.x, qb = qr.y;
+  if (SK && qa >= qb) return;
   uint32_t* cod = reinterpret_cast<uint32_t*>(smem + 2 * kGemmSlot);  // [2][BM] code words
 
   // the rows whose codes this thread stages (row t + TH * u of the tile); rows past M stay 0
@@ -332,26 +358,26 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
     {
       uint32_t cw[LR];
       int4 L[4];
-      codes_of(0, cw);
-      raw_load(0, 0, L);
+      codes_of(qa, cw);
+      raw_load(qa, 0, L);
       raw_store(0, L);
-      raw_load(0, 1, L);
+      raw_load(qa, 1, L);
       raw_store(1, L);
-      put_codes(0, cw);
+      put_codes(qa & 1, cw);
       __syncthreads();
-      transpose(0);
-      if (nst > 1) {
+      transpose(qa & 1);
+      if (qb - qa > 1) {
         __syncthreads();
-        raw_load(1, 0, L);
+        raw_load(qa + 1, 0, L);
         raw_store(0, L);
-        raw_load(1, 1, L);
+        raw_load(qa + 1, 1, L);
         raw_store(1, L);
       }
     }
     __syncthreads();
-    for (int q = 0; q < nst; ++q) {
+    for (int q = qa; q < qb; ++q) {
       const int slot = q & 1;
-      const bool nxt = q + 1 < nst, nxt2 = q + 2 < nst;
+      const bool nxt = q + 1 < qb, nxt2 = q + 2 < qb;
       const uint8_t* tb = smem + slot * kGemmSlot;
       uint32_t cw[LR];
       int4 L[4];
@@ -374,20 +400,20 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
       __syncthreads();
     }
   } else {
-    {  // stage 0
+    {  // stage qa
       uint32_t cw[LR];
       int4 A[2], B[2];
-      codes_of(0, cw);
-      load_half(0, 0, A, B);
-      store_half(0, 0, A, B);
-      load_half(0, 1, A, B);
-      store_half(0, 1, A, B);
-      put_codes(0, cw);
+      codes_of(qa, cw);
+      load_half(qa, 0, A, B);
+      store_half(qa & 1, 0, A, B);
+      load_half(qa, 1, A, B);
+      store_half(qa & 1, 1, A, B);
+      put_codes(qa & 1, cw);
     }
     __syncthreads();
-    for (int q = 0; q < nst; ++q) {
+    for (int q = qa; q < qb; ++q) {
       const int slot = q & 1;
-      const bool nxt = q + 1 < nst;
+      const bool nxt = q + 1 < qb;
       const uint8_t* tb = smem + slot * kGemmSlot;
       uint32_t cw[LR];
       int4 A[2], B[2];
@@ -410,13 +436,16 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
       __syncthreads();
     }
   }
-  const uint32_t taps = static_cast<uint32_t>(4 * nst);
+  // the stages again, not kept live through the loop (R = 8 has no register to spare)
+  const int2 st = SK ? gemm_stages(p) : make_int2(0, (p.K + 3) / 4);
+  const uint32_t taps = static_cast<uint32_t>(4 * (st.y - st.x));
+  const bool add = SK && gridDim.z > 1;
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     if (!live[i]) continue;
     uint32_t v[8];
     finish_row<int16_t>(s[i], h[i], taps, v);
-    gemm_store(p, m0 + g + 128 * i, n0 + 8 * j, v);
+    gemm_store(p, m0 + g + 128 * i, n0 + 8 * j, v, add);
   }
 }
 
@@ -428,7 +457,8 @@ __device__ __forceinline__ void gemm32_body(const Params& p) {
   const int t = threadIdx.x, g = t >> 2, j = t & 3;
   const long long m0 = (long long)blockIdx.x * BM;
   const int nb = blockIdx.y * kGemmBN + 8 * j;
-  if (nb >= p.N) return;
+  // a K split's other blocks leave it all to the first, which stores into the zeroed output
+  if (nb >= p.N || blockIdx.z != 0) return;
   for (int i = 0; i < R; ++i) {
     const long long m = m0 + g + 128 * i;
     if (m >= p.M) break;
@@ -443,15 +473,15 @@ __device__ __forceinline__ void gemm32_body(const Params& p) {
           if (nb + c < p.N) v[c] += static_cast<uint32_t>(__ldg(er + __ldg(p.w + (long long)(nb + c) * p.K + k0 + kk)));
       }
     }
-    gemm_store(p, m, nb, v);
+    gemm_store(p, m, nb, v, false);
   }
 }
 
-template <int R, int MODE, int BUILD, bool KX>
+template <int R, int MODE, int BUILD, bool KX, bool SK>
 __global__ void __launch_bounds__(kGemmThreads, 1) gemm_kernel(Params p) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))
-    gemm16_body<R, BUILD, KX>(p, smem);
+    gemm16_body<R, BUILD, KX, SK>(p, smem);
   else
     gemm32_body<R, KX>(p);
 }
@@ -470,33 +500,57 @@ Config gemm_default(const Params& p) {
   return Config{2};
 }
 
+// The K split for tiles of R rows a thread that best fills the SMs: a split's blocks run in
+// ceil(blocks x ks / SMs) waves of 1 / ks of the work each, so the time goes as waves / ks; a split
+// keeps >= 16 stages (its prologue and the output's zeroing and atomic adds stay small) and must
+// gain 3 % over the one before it. 1: no split pays (the tiles fill whole waves already).
+int gemm_split(const Params& p, int r) {
+  const int64_t blocks = gemm_blocks(p, r), sms = sm_count();
+  const int nst = (p.K + 3) / 4;
+  int best = 1;
+  double best_t = static_cast<double>((blocks + sms - 1) / sms);
+  for (int ks = 2; ks <= 16 && nst / ks >= 16; ++ks) {
+    const double t = static_cast<double>((blocks * ks + sms - 1) / sms) / ks;
+    if (t < 0.97 * best_t) best = ks, best_t = t;
+  }
+  return best;
+}
+
 // Shared memory of a tile of R rows a thread: two slots, the staged codes, CO's staging area.
 constexpr size_t gemm_smem(int r, int build) {
   return 2 * kGemmSlot + 2 * (kGemmThreads / 4 * r) * 4 + (build == 2 ? 128 * kGemmRawRow : 0);
 }
 
 template <int R, int MODE, int BUILD>
-void launch_gemm_t(const Params& p, cudaStream_t stream) {
+void launch_gemm_t(const Params& p, int ks, cudaStream_t stream) {
   constexpr int BM = kGemmThreads / 4 * R;
   const size_t smem = gemm_smem(R, BUILD);
   TORCH_CHECK((long long)smem <= max_smem_optin(), "approx expanded_gemm: needs ", I((int64_t)smem),
               " bytes of shared memory, the device allows ", I(max_smem_optin()));
-  auto kern = gemm_kx(p) ? gemm_kernel<R, MODE, BUILD, true> : gemm_kernel<R, MODE, BUILD, false>;
+  // only r8c splits K (its int16 path; where the products turn out not to fit int16, its first split
+  // does all of K on the int32 path); int32 products never split
+  constexpr bool S2 = BUILD == 2 && MODE != 2;
+  ks = S2 ? std::max(1, std::min(ks, (p.K + 3) / 4)) : 1;
+  auto kern = gemm_kx(p) ? (ks > 1 ? gemm_kernel<R, MODE, BUILD, true, S2> : gemm_kernel<R, MODE, BUILD, true, false>)
+                         : (ks > 1 ? gemm_kernel<R, MODE, BUILD, false, S2> : gemm_kernel<R, MODE, BUILD, false, false>);
   set_smem(kern, smem);
   const int64_t bx = (p.M + BM - 1) / BM;
   TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
-  kern<<<dim3(static_cast<unsigned>(bx), (p.N + kGemmBN - 1) / kGemmBN), kGemmThreads, smem, stream>>>(p);
+  if (ks > 1)  // the splits add into it
+    C10_CUDA_CHECK(cudaMemsetAsync(p.out, 0, static_cast<size_t>(p.M) * p.Ntot * sizeof(int32_t), stream));
+  kern<<<dim3(static_cast<unsigned>(bx), (p.N + kGemmBN - 1) / kGemmBN, ks), kGemmThreads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // build: Config::build (0 scattered, 1 WH, 2 CO); WH and CO are R = 8 tiles only.
 template <int MODE>
-void launch_gemm_m(const Params& p, int r, int build, cudaStream_t stream) {
-  if (build == 1) launch_gemm_t<8, MODE, 1>(p, stream);  // expanded_gemm_r8w
-  else if (build == 2) launch_gemm_t<8, MODE, 2>(p, stream);  // expanded_gemm_r8c
-  else if (r == 8) launch_gemm_t<8, MODE, 0>(p, stream);
-  else if (r == 4) launch_gemm_t<4, MODE, 0>(p, stream);
-  else launch_gemm_t<2, MODE, 0>(p, stream);
+void launch_gemm_m(const Params& p, const Config& c, cudaStream_t stream) {
+  const int build = MODE == 2 ? 0 : c.build;
+  if (build == 1) launch_gemm_t<8, MODE, 1>(p, c.ks, stream);  // expanded_gemm_r8w
+  else if (build == 2) launch_gemm_t<8, MODE, 2>(p, c.ks, stream);  // expanded_gemm_r8c
+  else if (c.r == 8) launch_gemm_t<8, MODE, 0>(p, c.ks, stream);
+  else if (c.r == 4) launch_gemm_t<4, MODE, 0>(p, c.ks, stream);
+  else launch_gemm_t<2, MODE, 0>(p, c.ks, stream);
 }
 
 }  // namespace
@@ -532,6 +586,10 @@ std::vector<Config> gemm_candidates(const Params& p, int fmt) {
       c.build = 2;
       out.push_back(c);
     }
+    // and r8c with K split where its tiles leave SMs idle (few rows: ResNet-50's layer4 at batch 64
+    // is 64 tiles of 1,024 rows on 132 SMs) or a last wave part-empty
+    c.ks = c.build == 2 ? gemm_split(p, 8) : 1;
+    if (c.ks > 1) out.push_back(c);
   }
   return out;
 }
@@ -539,32 +597,48 @@ std::vector<Config> gemm_candidates(const Params& p, int fmt) {
 void launch_gemm(const Params& p, int fmt, Config c, cudaStream_t stream) {
   if (c.r == 0) c = gemm_default(p);
   // int32 products: the E32 path, as r8, whatever the build
-  if (fmt == 1) launch_gemm_m<1>(p, c.r, c.build, stream);
-  else if (fmt == 2) launch_gemm_m<2>(p, c.r, 0, stream);
-  else launch_gemm_m<0>(p, c.r, c.build, stream);
+  if (fmt == 1) launch_gemm_m<1>(p, c, stream);
+  else if (fmt == 2) launch_gemm_m<2>(p, c, stream);
+  else launch_gemm_m<0>(p, c, stream);
 }
 
 // "expanded_gemm_r<R>": R = 2, 4 or 8 rows a thread (tiles of 256, 512 or 1024 rows);
 // "expanded_gemm_r8w": R = 8 with the WH build (weight bytes loaded once a half stage);
-// "expanded_gemm_r8c": R = 8 with the CO build (Et16 lines copied whole, then transposed).
+// "expanded_gemm_r8c": R = 8 with the CO build (Et16 lines copied whole, then transposed);
+// "expanded_gemm_r8c_k<ks>": r8c with K split over ks blocks (2..64), their sums added into the zeroed
+// output (gemm_split: where the tiles alone leave SMs idle).
 std::string parse_gemm_config(const std::string& name, Config& c) {
-  if (name == "expanded_gemm_r8w" || name == "expanded_gemm_r8c") {
-    c = Config{8};
-    c.build = name.back() == 'w' ? 1 : 2;
-    return "";
+  const std::string bad = "bad algo '" + name + "': expanded_gemm_r<2, 4 or 8>, expanded_gemm_r8w, "
+                          "expanded_gemm_r8c or expanded_gemm_r8c_k<K split, 2..64>";
+  std::string base = name;
+  int ks = 0;
+  const size_t at = name.find("_k", 14);  // past "expanded_gemm_"
+  if (at != std::string::npos) {
+    const std::string digits = name.substr(at + 2);
+    if (digits.empty() || digits.size() > 2 || digits[0] == '0' ||
+        digits.find_first_not_of("0123456789") != std::string::npos)
+      return bad;
+    ks = std::stoi(digits);
+    base = name.substr(0, at);
+    if (ks < 2 || ks > 64 || base != "expanded_gemm_r8c") return bad;
   }
-  int r = 0, n = 0;
-  const bool ok = std::sscanf(name.c_str(), "expanded_gemm_r%d%n", &r, &n) == 1 &&
-                  name[n] == 0 && (r == 2 || r == 4 || r == 8);
-  if (!ok)
-    return "bad algo '" + name + "': expanded_gemm_r<2, 4 or 8>, expanded_gemm_r8w or expanded_gemm_r8c";
-  c = Config{r};
+  if (base == "expanded_gemm_r8w" || base == "expanded_gemm_r8c") {
+    c = Config{8};
+    c.build = base.back() == 'w' ? 1 : 2;
+  } else {
+    int r = 0, n = 0;
+    const bool ok = std::sscanf(base.c_str(), "expanded_gemm_r%d%n", &r, &n) == 1 &&
+                    base[n] == 0 && (r == 2 || r == 4 || r == 8);
+    if (!ok) return bad;
+    c = Config{r};
+  }
+  c.ks = ks;
   return "";
 }
 
 std::string gemm_config_name(const Config& c) {
   if (c.r == 8 && c.build == 1) return "expanded_gemm_r8w";
-  if (c.r == 8 && c.build == 2) return "expanded_gemm_r8c";
+  if (c.r == 8 && c.build == 2) return "expanded_gemm_r8c" + (c.ks > 1 ? "_k" + std::to_string(c.ks) : "");
   return c.r ? "expanded_gemm_r" + std::to_string(c.r) : "expanded_gemm";
 }
 

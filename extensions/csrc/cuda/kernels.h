@@ -65,6 +65,7 @@ struct Config {
   int cc = 0;                   // expanded_window: channels staged at once; 0: as many as fit
   int rx = 0;                   // expanded_window: outputs a thread (7 or 5); 0: 8
   int build = 0;                // expanded_gemm: the table build, 0 scattered, 1 WH (_r8w), 2 CO (_r8c)
+  int ks = 0;                   // expanded_gemm: K split over ks blocks (_k<ks>); 0 or 1: none
 };
 
 void launch_direct(const Params& p, cudaStream_t stream);                  // direct.cu

@@ -90,9 +90,11 @@ def test_gemm_declines():
     for bad in ("expanded_gemm_r3", "expanded_gemm_r16", "expanded_gemm_r8x", "expanded_gemm_r4w",
                 "expanded_gemm_r8ww", "expanded_gemm_r4c", "expanded_gemm_r8cw", "expanded_gemm_r8c_",
                 "expanded_gemm_r8c_k", "expanded_gemm_r8c_k1", "expanded_gemm_r8c_k65", "expanded_gemm_r8c_k02",
-                "expanded_gemm_r8c_k2x", "expanded_gemm_r8w_k2", "expanded_gemm_r4_k2", "expanded_gemm_k2"):
+                "expanded_gemm_r8c_k2x", "expanded_gemm_r8w_k2", "expanded_gemm_r4_k2"):
         with pytest.raises(RuntimeError, match="bad algo"):
             ops.lut_linear(a, torch.zeros((3, 8), dtype=torch.int8, device=DEV), lut, bad)
+    with pytest.raises(RuntimeError, match="unknown algo"):  # a split names its tile: r8c_k<ks>
+        ops.lut_linear(a, torch.zeros((3, 8), dtype=torch.int8, device=DEV), lut, "expanded_gemm_k2")
     x = torch.zeros((1, 4, 6, 6), dtype=torch.uint8, device=DEV)
     for kh in (1, 3):  # grouped 1x1 and 3x3
         with pytest.raises(RuntimeError, match="expanded_gemm.*conv of one group"):

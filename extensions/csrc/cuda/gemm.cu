@@ -25,8 +25,6 @@
 // Shared memory per stage: 4 taps x 256 codes x 32 channels x 2 B = 64 KiB; two slots (the next
 // stage is built while this one is summed) = 128 KiB, plus the staged codes 2 x BM x 4 B (8 KiB
 // at R = 8): 136 KiB, one block an SM (its 512 threads take <= 128 registers each).
-// Table traffic: 512 B per (tap, channel) written and, from Et16 (128 KiB, L1/L2-resident),
-// read, against BM products per (tap, channel) read: 0.5 B per MAC at BM = 1024.
 //
 // Layout of a slot: [tap pair tp][code a][tap parity e][16 words: channel pairs 0..15], 128 B
 // per (tp, a). Bank conflicts: lane j of a quad reads the 16 bytes of its 4 pairs (LDS.128), so a
@@ -38,48 +36,11 @@
 // as one broadcast word per stage. Building: a warp stores 32 words of one (tp, a) (lane =
 // (e, pair)): 32 banks.
 //
-// Where R = 8's time goes (SASS of the stage loop, sm_90, a thread a stage): ~1180 instructions
-// for 256 products (32 LDS.128), ~4.6 a product: issue bound at 4 warp-instr/cycle ~4700 cycles
-// a stage an SM, LDS ~2050 (4 wavefronts a LDS.128). Measured 2.66 T MAC/s is ~12900 cycles a
-// stage; the R = 2/4/8 rates fit t = ~6500 + ~800 R cycles a stage, so the build is a fixed
-// ~6500: its global loads are scattered, one L1 wavefront per distinct 128-byte line: a stage's
-// Et16 LDG.128s touch 32 lines each (16 warps x 8 = 4096 wavefronts), its weight LDG.S8s 16
-// lines each (8 a thread, the same 128 bytes re-read by all 16 warps: ~2048), and STS 512 -- on
-// the L1/shared data path the lookups use too. That path (~9000 of ~12900 cycles) is the bound;
-// rows a block cannot grow (R x 8 int32 accumulators a thread already fill half the registers),
-// so the build's wavefronts a stage must fall. expanded_gemm_r8w (WH): a half stage's pieces
-// are all of one tap, so a lane loads its 2 weight bytes once a half, not once a piece (2
-// LDG.U8 instead of 4: ~1000 fewer wavefronts a stage, 1141 instead of 1179 instructions, ~8%
-// predicted; 11-14% measured on an H200). A 32-bit load of a channel's 4 taps was tried: ptxas
-// spills at 128 registers.
-//
-// expanded_gemm_r8c (CO): Et16 lines loaded whole, transposed through shared memory. A half
-// stage's 64 Et16 rows (2 taps x 32 channels) are copied into a staging area of a stage's 128
-// rows, 8 lanes a row, lane rc the 16-byte pieces rc of the row's 4 lines: a warp-wide LDG.128 is
-// 4 lines (4 wavefronts, not 32), a quarter warp's STS.128 128 contiguous bytes (all banks), and
-// a lane's row is one channel at one tap (one weight byte a half). The slot is then built as
-// before (same pieces, lanes (e, pair), byte_perm, STS.32 over 32 banks), its 16-byte loads from
-// the staging rows: rows 528 B apart (33 bank groups), ordered [tap][lo/hi channel][pair], so a
-// quarter warp's LDS.128 reads 8 consecutive rows at one offset: 8 distinct bank groups,
-// conflict-free. Staging: 128 x 528 B = 66 KiB, 202 KiB in all: sm_90's 227 KiB opt-in (where a
-// device allows less, auto leaves r8c out and a named call fails). Pipeline: step q builds slot
-// q + 1 from the staging area (filled in step q - 1), sums tap pair 0, waits at a second barrier
-// (every warp has read the staging area), then copies stage q + 2's rows in, the loads in flight
-// over the sums. Wavefronts a stage (16 warps): Et16 LDG 128 x 4 = 512, weight LDG 32 x 4 = 128,
-// staging STS.128 512 and LDS.128 512, slot STS 512: ~2200, against r8w's 4096 + ~1000 + 512 =
-// ~5600. Stage loop SASS (ptxas of CUDA 13.0, static counts; the counts above came from an older
-// one): r8 1158, r8w 1119, r8c 1016 instructions a thread (8 LDG.128, 8 STS.128, 40 LDS.128 of
-// which 8 staging, 34 STS, 2 BAR: its addresses are a base and constants); 128 registers, no
-// spills. Prediction: ~3400 wavefronts fewer off r8w's ~11,500 cycles a stage (2.96 T MAC/s)
-// leave ~8,000: ~4.2 T MAC/s at R = 8 on an H200, the issue (~4100 cycles) and the L1/shared
-// path (~4400 wavefronts: lookups ~2200, build ~2200) then about even; the bar of 5 needs ~6900.
-// Measured (H200, batch 64): 2.9-4.0 T MAC/s on ResNet-50's 1x1 convs (but the 2048-input one at
-// 7x7: 1.57) and ViT-B/16's Linear layers, 1.18-1.33x r8w where the prediction said 1.4x: about
-// 9,000-9,500 cycles a stage, so ~1,000 more than the
-// wavefront count gives; the second barrier's lockstep restart of 16 warps is the first suspect.
+// Where the time goes, r8w, r8c and the K split (_k<ks>): the design and its measurements are in
+// extensions/csrc/README.md ("expanded_gemm: where the time goes").
+
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -149,8 +110,7 @@ __device__ __forceinline__ uint32_t gemm_codes(const Params& p, const GemmRow& r
   return w ^ xm;
 }
 
-// Writes channels nb..nb+7 (those below N) of row m; add: into the zeroed output, atomically (a K
-// split's partial sums: integer sums give the same bits in any order).
+// Writes channels nb..nb+7 (< N) of row m; add: atomically into the zeroed output (a K split's share).
 __device__ __forceinline__ void gemm_store(const Params& p, long long m, int nb, const uint32_t (&v)[8],
                                            bool add) {
   if (nb >= p.N) return;
@@ -198,8 +158,7 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   const int warp = t >> 5, lane = t & 31;
   const long long m0 = (long long)blockIdx.x * BM;
   const int n0 = blockIdx.y * kGemmBN;
-  // this block's stages: all, or its K split's share; q is the stage's global index, and slot q & 1
-  // holds stage q's table in either case
+  // its stages: all, or its K split's share (slot q & 1 holds stage q's table either way)
   const int2 qr = SK ? gemm_stages(p) : make_int2(0, (p.K + 3) / 4);
   const int qa = qr.x, qb = qr.y;
   if (SK && qa >= qb) return;
@@ -500,10 +459,8 @@ Config gemm_default(const Params& p) {
   return Config{2};
 }
 
-// The K split for tiles of R rows a thread that best fills the SMs: a split's blocks run in
-// ceil(blocks x ks / SMs) waves of 1 / ks of the work each, so the time goes as waves / ks; a split
-// keeps >= 16 stages (its prologue and the output's zeroing and atomic adds stay small) and must
-// gain 3 % over the one before it. 1: no split pays (the tiles fill whole waves already).
+// The K split that best fills the SMs with R-row tiles: time ~ ceil(blocks x ks / SMs) / ks, each
+// split >= 16 stages, each larger split 3 % better than the last. 1: the tiles fill their waves.
 int gemm_split(const Params& p, int r) {
   const int64_t blocks = gemm_blocks(p, r), sms = sm_count();
   const int nst = (p.K + 3) / 4;
@@ -527,12 +484,12 @@ void launch_gemm_t(const Params& p, int ks, cudaStream_t stream) {
   const size_t smem = gemm_smem(R, BUILD);
   TORCH_CHECK((long long)smem <= max_smem_optin(), "approx expanded_gemm: needs ", I((int64_t)smem),
               " bytes of shared memory, the device allows ", I(max_smem_optin()));
-  // only r8c splits K (its int16 path; where the products turn out not to fit int16, its first split
-  // does all of K on the int32 path); int32 products never split
+  // only r8c's int16 path splits K (where the products do not fit int16 its first split does all)
   constexpr bool S2 = BUILD == 2 && MODE != 2;
   ks = S2 ? std::max(1, std::min(ks, (p.K + 3) / 4)) : 1;
-  auto kern = gemm_kx(p) ? (ks > 1 ? gemm_kernel<R, MODE, BUILD, true, S2> : gemm_kernel<R, MODE, BUILD, true, false>)
-                         : (ks > 1 ? gemm_kernel<R, MODE, BUILD, false, S2> : gemm_kernel<R, MODE, BUILD, false, false>);
+  auto kern = gemm_kx(p)
+      ? (ks > 1 ? gemm_kernel<R, MODE, BUILD, true, S2> : gemm_kernel<R, MODE, BUILD, true, false>)
+      : (ks > 1 ? gemm_kernel<R, MODE, BUILD, false, S2> : gemm_kernel<R, MODE, BUILD, false, false>);
   set_smem(kern, smem);
   const int64_t bx = (p.M + BM - 1) / BM;
   TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
@@ -615,12 +572,10 @@ std::string parse_gemm_config(const std::string& name, Config& c) {
   const size_t at = name.find("_k", 14);  // past "expanded_gemm_"
   if (at != std::string::npos) {
     const std::string digits = name.substr(at + 2);
-    if (digits.empty() || digits.size() > 2 || digits[0] == '0' ||
-        digits.find_first_not_of("0123456789") != std::string::npos)
-      return bad;
-    ks = std::stoi(digits);
     base = name.substr(0, at);
-    if (ks < 2 || ks > 64 || base != "expanded_gemm_r8c") return bad;
+    if (digits.empty() || digits.size() > 2 || digits[0] == '0' || base != "expanded_gemm_r8c" ||
+        digits.find_first_not_of("0123456789") != std::string::npos || (ks = std::stoi(digits)) < 2 || ks > 64)
+      return bad;
   }
   if (base == "expanded_gemm_r8w" || base == "expanded_gemm_r8c") {
     c = Config{8};

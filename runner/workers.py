@@ -207,8 +207,8 @@ MILESTONES = ("up", "tasks", "ready")
 def _serve(wid: int, device: str, fn: Callable, tasks_conn, counter, owner, conn, threads: int,
            parent_times, ready, stamps, go, prepare: Callable | None = None, imports: tuple = ()) -> None:
     """A worker process: while its tasks are not there yet, torch, the CUDA context and `imports` (the jobs'
-    modules); then its tasks (from tasks_conn, with the time they were sent), its pre-warm (prepare), then jobs
-    while the claim rule gives it one and until none is left, each reported as it ends through its own pipe (a
+    modules); then its tasks (from tasks_conn, with the time they were sent and _handover), its pre-warm (prepare),
+    then jobs while the claim rule gives it one and until none is left, each reported as it ends through its own pipe (a
     worker that dies mid-message breaks only its own). Milestones go to `stamps` (the clock is the host's
     time.monotonic(), shared by processes). It claims nothing before the parent runs the jobs (go[0]): a job
     taken while the parent still records the reference rows would record them itself."""
@@ -230,10 +230,11 @@ def _serve(wid: int, device: str, fn: Callable, tasks_conn, counter, owner, conn
             pass
     stamps[3 * wid + _UP] = time.monotonic()
     try:
-        tasks, sent = tasks_conn.recv()
+        tasks, sent, handover = tasks_conn.recv()
     except EOFError:  # none came (Pool.close, runner.workers._send_later): nothing to do here
         os._exit(0)
     tasks_conn.close()
+    _adopt(handover)
     got = stamps[3 * wid + _TASKS] = time.monotonic()
     # what the worker's start cost beyond its tasks being there (spawn, interpreter, imports, the tasks
     # unpickled): about 0 when it was up and waiting for them (a pool started early)
@@ -294,6 +295,21 @@ def _prewarm(prepare: Callable, tasks: list[Task], counter, device: str) -> floa
             break
         built.add(task.setup)
     return time.monotonic() - t0 if built else _NO_TIMES[_FIRST]
+
+
+def _handover() -> dict:
+    """What this process has decoded that the workers' pre-warm would decode again (the IDX data files: their
+    decompression was a third of a Fashion-MNIST worker's data load), sent with the tasks. Only what is
+    loaded already: nothing is imported for it."""
+    mnist = sys.modules.get("runner.data.mnist")
+    return {"idx": mnist.decoded_files()} if mnist is not None else {}
+
+
+def _adopt(handover: dict) -> None:
+    if handover.get("idx"):
+        from runner.data.mnist import adopt_decoded
+
+        adopt_decoded(handover["idx"])
 
 
 def _send_later(conn, payload) -> None:
@@ -391,8 +407,9 @@ class Pool:
             raise ValueError(f"{len(tasks)} tasks for a pool of {self.capacity}")
         self.tasks = list(tasks)
         sent = time.monotonic()
+        handover = _handover() if self.feeds else {}
         for feed in self.feeds.values():
-            _send_later(feed, (self.tasks, sent))
+            _send_later(feed, (self.tasks, sent, handover))
         self.feeds = {}
 
     def close(self) -> None:

@@ -273,6 +273,48 @@ def test_pre_warm_builds_each_setup_once(tmp_path):
     assert len(by_pid) == 2 and all(len(v) == 2 and sum(i >= 3 for i in v) == 1 for v in by_pid.values()), by_pid
 
 
+def _waits_for_a_worker(i: int, marks: str, parent: int, idx: str):
+    """This process's jobs wait (up to 60 s) for a worker's pre-warm mark, so the worker is up and pre-warms."""
+    deadline = time.monotonic() + 60
+    while os.getpid() == parent and time.monotonic() < deadline and \
+            not any(p.name.split("-")[1] != str(parent) for p in Path(marks).iterdir()):
+        time.sleep(0.02)
+    return {"status": "ok"}
+
+
+def _decodes_idx(i: int, marks: str, parent: int, idx: str):
+    """A pre-warm that loads an IDX file: marks whether this process had it decoded already or read it."""
+    from runner.data import mnist
+
+    reads = []
+    read = mnist.read_idx
+    mnist.read_idx = lambda p: reads.append(p) or read(p)
+    try:
+        mnist.decoded_idx(Path(idx))
+    finally:
+        mnist.read_idx = read
+    Path(marks, f"{'read' if reads else 'adopted'}-{os.getpid()}").touch()
+
+
+def test_workers_get_the_idx_files_this_process_decoded(tmp_path):
+    """A worker's pre-warm finds the data files this process decoded before the pool ran (runner.workers.
+    _handover): it does not decompress them again."""
+    from runner.data import mnist
+    from tests.data.test_mnist import _write_set
+
+    _write_set(tmp_path, gz=True)
+    idx = tmp_path / "train-images-idx3-ubyte.gz"
+    mnist.decoded_idx(idx)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    tasks = [Task(i, (i, str(marks), os.getpid(), str(idx))) for i in range(2)]
+    outcomes = _within(120, run_tasks, _waits_for_a_worker, tasks, ["cpu", "cpu"], lambda n=1, **info: None,
+                       prepare=_decodes_idx)
+    assert [o.status for o in outcomes] == ["ok", "ok"], outcomes
+    worker_marks = [p.name for p in marks.iterdir() if p.name.split("-")[1] != str(os.getpid())]
+    assert worker_marks and all(m.startswith("adopted-") for m in worker_marks), sorted(worker_marks)
+
+
 def test_resolve_devices(monkeypatch):
     import runner.workers as workers
 

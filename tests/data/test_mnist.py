@@ -124,3 +124,41 @@ def test_data_digest_is_the_content_not_the_place(tmp_path):
     with pytest.raises(UserError, match="not found"):
         data_digest(cfg(tmp_path / "nowhere"))
     assert len(data_digest(OmegaConf.create({"name": "mnist5k", "split_seed": 0}))) == 64
+
+
+def test_pixels_are_the_float32_quotient_of_every_byte():
+    """pixels writes pixel / 255 into its array in one step: the same float32 bits as the float32 copy divided
+    by 255.0, for each of the 256 byte values, in the [N, 1, H, W] layout."""
+    from runner.data.mnist import pixels
+
+    images = np.arange(256, dtype=np.uint8).reshape(1, 16, 16).repeat(3, axis=0)
+    got = pixels(images)
+    want = torch.from_numpy(images.astype(np.float32) / 255.0).unsqueeze(1)
+    assert got.dtype == torch.float32 and got.shape == (3, 1, 16, 16) and got.is_contiguous()
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_idx_files_decoded_once_per_process_and_change(tmp_path, monkeypatch):
+    """A second load reads no file again; a rewritten file is read again; files decoded by another process
+    (adopt_decoded) are used while their files are unchanged, never once they changed."""
+    from runner.data import mnist
+
+    monkeypatch.setattr(mnist, "_DECODED", {})
+    _write_set(tmp_path)
+    first = load_idx_dataset("mnist", tmp_path)
+    reads = []
+    monkeypatch.setattr(mnist, "read_idx", lambda p: reads.append(p) or read_idx(p))
+    again = load_idx_dataset("mnist", tmp_path)
+    assert reads == [] and torch.equal(again.train_x, first.train_x) and torch.equal(again.test_y, first.test_y)
+
+    handed = mnist.decoded_files()
+    monkeypatch.setattr(mnist, "_DECODED", {})  # another process: nothing decoded yet
+    mnist.adopt_decoded(handed)
+    assert torch.equal(load_idx_dataset("mnist", tmp_path).train_x, first.train_x) and reads == []
+
+    _write_set(tmp_path, seed=1)  # other pixels, the same sizes: the mtime tells
+    path = tmp_path / "train-images-idx3-ubyte"
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    changed = load_idx_dataset("mnist", tmp_path)
+    assert path in reads and not torch.equal(changed.train_x, first.train_x)
+    assert torch.equal(changed.train_x[:, 0], torch.from_numpy(read_idx(path).astype(np.float32) / 255))

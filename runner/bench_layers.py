@@ -80,10 +80,14 @@ def bench_model_layers(model: nn.Module, multiplier, qcfg, calib_x: torch.Tensor
     backend's device, GMAC/s, the fraction of the device's lookup limit those MACs reach (limit_fraction:
     products per second over lookup_limit's reads per second), and the kernel variant `auto` ran
     (auto_pick)."""
+    from runner.attention import explicit_attention
     from runner.layers import convert_model, quantized_layers
     from runner.models import fold_input_normalization
     from runner.quant import calibrate, quant_layers
 
+    # as approximate does: a raw nn.MultiheadAttention (torchvision's ViT) reads out_proj's weight itself, so
+    # calibration would never see that layer's input
+    model = explicit_attention(copy.deepcopy(model).cpu().eval(), calib_x[:1].cpu())
     folded = fold_input_normalization(model, calib_x[:1])
     stats = calibrate(folded, calib_x, qcfg)
     rows = []

@@ -25,6 +25,32 @@ def test_every_layer_of_mobilenetv2_is_timed():
     assert (df.limit_fraction > 0).all() and (df.limit_fraction < 50).all()  # a measured limit, per layer
 
 
+
+class _TinyAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(4, 8)
+        self.attn = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.embed(x)
+        return self.head((h + self.attn(h, h, h, need_weights=False)[0]).mean(1))
+
+
+@pytest.mark.skipif(not has_cpp(), reason="needs the C++ extension")
+def test_a_raw_multihead_attention_is_timed_in_its_explicit_form():
+    """nn.MultiheadAttention (torchvision's ViT) reads out_proj's weight itself: bench makes the attention
+    explicit first, as approximate does, instead of stopping at calibration; the caller's model is untouched."""
+    torch.manual_seed(0)
+    model, x = _TinyAttention().eval(), torch.rand(8, 5, 4)
+    df = bench_model_layers(model, resolve("exact"), QuantConfig(calib_batches=1, calib_batch_size=8), x, x,
+                            ["cpp"], batches=(2,), repeats=1, warmup=0)
+    assert list(df.layer) == ["embed", "attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.out_proj", "head"]
+    assert (df.macs == [2 * 5 * 4 * 8] + [2 * 5 * 8 * 8] * 4 + [2 * 8 * 3]).all()
+    assert isinstance(model.attn, torch.nn.MultiheadAttention)
+
+
 @pytest.mark.cuda
 def test_resnet_layers_are_timed_on_the_gpu():
     """backend cuda: both layers on the GPU, timed with CUDA events; auto's pick reported per layer."""

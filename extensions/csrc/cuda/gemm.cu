@@ -466,7 +466,7 @@ int gemm_split(const Params& p, int r) {
   const int nst = (p.K + 3) / 4;
   int best = 1;
   double best_t = static_cast<double>((blocks + sms - 1) / sms);
-  for (int ks = 2; ks <= 16 && nst / ks >= 16; ++ks) {
+  for (int ks = 2; ks <= 64 && nst / ks >= 16; ++ks) {
     const double t = static_cast<double>((blocks * ks + sms - 1) / sms) / ks;
     if (t < 0.97 * best_t) best = ks, best_t = t;
   }
@@ -535,19 +535,19 @@ std::vector<Config> gemm_candidates(const Params& p, int fmt) {
     for (int r : {8, 4, 2})  // taller tiles only where the shorter ones' rows do not fit one
       if (r != out[0].r && (r == 2 || p.M > 64LL * r)) out.push_back(Config{r});
   }
-  if (p.M > 512) {  // expanded_gemm_r8w, expanded_gemm_r8c (where its staging area fits)
+  const bool co = (long long)gemm_smem(8, 2) <= max_smem_optin();  // r8c's staging area fits
+  if (p.M > 512) {  // expanded_gemm_r8w, expanded_gemm_r8c
     Config c{8};
     c.build = 1;
     out.push_back(c);
-    if ((long long)gemm_smem(8, 2) <= max_smem_optin()) {
-      c.build = 2;
-      out.push_back(c);
-    }
-    // and r8c with K split where its tiles leave SMs idle (few rows: ResNet-50's layer4 at batch 64
-    // is 64 tiles of 1,024 rows on 132 SMs) or a last wave part-empty
-    c.ks = c.build == 2 ? gemm_split(p, 8) : 1;
-    if (c.ks > 1) out.push_back(c);
+    c.build = 2;
+    if (co) out.push_back(c);
   }
+  // r8c with K split where its tiles leave SMs idle, at any row count (ResNet-50's layer4: 64 tiles
+  // at batch 64, 16 at batch 1, each of 49 rows there)
+  Config c{8};
+  c.build = 2;
+  if (co && (c.ks = gemm_split(p, 8)) > 1) out.push_back(c);
   return out;
 }
 

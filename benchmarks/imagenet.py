@@ -11,6 +11,9 @@ the process's CPU time; cuda: CUDA events, runner.evaluate.device_timer; fp32 wi
 GPU, also on), so a load change on a shared machine hits both; prints median, min and max of each and of
 the ratio. The lookup limit: runner.bench_layers.lookup_limit (CPU: measured in this process).
 --layers adds runner.bench_layers' per-layer table (time, MAC/s, limit fraction, auto's variant).
+--graph (GPU) also times fp32 with TF32 off and the LUT model replayed from CUDA graphs (runner.graphs, as
+compare's timed passes run with eval.cuda_graph): at small batches the host's per-layer work, not the
+kernels, sets the eager times.
 APPROX_RUN_CPU_ISA=avx2 runs the AVX2 kernels on a machine with AVX-512.
 """
 from __future__ import annotations
@@ -34,6 +37,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--multiplier", default="exact")
     ap.add_argument("--layers", action="store_true")
+    ap.add_argument("--graph", action="store_true", help="also fp32 (TF32 off) and LUT replayed from CUDA graphs")
     ap.add_argument("--csv", default="", help="per-layer table to this CSV (with --layers)")
     ap.add_argument("--variants", action="store_true",
                     help="instead: every variant of the backend on each distinct conv shape of the model (op level)")
@@ -66,13 +70,19 @@ def main() -> None:
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         paths = {"fp32 TF32 off": lambda: model(xd), "fp32 TF32 on": lambda: model(xd), "LUT": lambda: approx(xd)}
+        if args.graph:
+            from runner.graphs import GraphedForward
+
+            graphs = {"fp32 TF32 off graph": GraphedForward(model), "LUT graph": GraphedForward(approx)}
+            paths.update({k: (lambda g=g: g(xd)) for k, g in graphs.items()})
     ms, cpu = collections.defaultdict(list), collections.defaultdict(list)
     with torch.no_grad():
-        for fn in paths.values():
-            fn(), fn()  # first calls: auto's trials, table builds, cuDNN's algorithm search
+        for name, fn in paths.items():  # first calls: auto's trials, table builds, cuDNN's search, the captures
+            torch.backends.cudnn.allow_tf32 = not name.startswith("fp32 TF32 off")
+            fn(), fn()
         for _ in range(args.repeats):
             for name, fn in paths.items():
-                torch.backends.cudnn.allow_tf32 = name != "fp32 TF32 off"
+                torch.backends.cudnn.allow_tf32 = not name.startswith("fp32 TF32 off")
                 c0 = time.process_time()
                 ms[name].append(timer(fn) / 1e3)
                 cpu[name].append((time.process_time() - c0) * 1e3)
@@ -99,6 +109,11 @@ def main() -> None:
         per_thread = limit / args.threads
         print(f"per CPU second: {macs / statistics.median(cpu['LUT']) / 1e6:.2f} G MAC/s = "
               f"{macs / (statistics.median(cpu['LUT']) / 1e3) / per_thread:.2f} of one thread's lookup limit")
+    if "LUT graph" in ms:
+        g = [b / a for a, b in zip(ms["fp32 TF32 off graph"], ms["LUT graph"])]
+        print(f"ratio LUT graph / fp32 TF32 off graph: median {statistics.median(g):.2f}x (min {min(g):.2f}, max "
+              f"{max(g):.2f}); {macs / statistics.median(ms['LUT graph']) / 1e6:.2f} G MAC/s over the graphed LUT "
+              f"model's time")
     print("auto picks:", dict(sorted(collections.Counter(auto_picks(approx).values()).items())))
     if args.layers:
         from runner.bench_layers import bench_model_layers

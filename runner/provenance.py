@@ -134,9 +134,15 @@ def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
     return digest.hexdigest()
 
 
+def file_key(path) -> tuple[str, int, int]:
+    """(resolved path, size, mtime_ns): what says a file is unchanged, for the per-process caches of its hash
+    (file_sha256) and of its decoded contents (runner.data.mnist.decoded_idx). OSError where it is missing."""
+    path = Path(path)
+    st = path.stat()
+    return str(path.resolve()), st.st_size, st.st_mtime_ns
+
+
 def file_sha256(path) -> str:
     """sha256 of a file's bytes, computed once per process for each (path, size, mtime): data sets and weight
     files are hashed by every job of a sweep. OSError where it cannot be read."""
-    path = Path(path)
-    st = path.stat()
-    return _sha256_of(str(path.resolve()), st.st_size, st.st_mtime_ns)
+    return _sha256_of(*file_key(path))

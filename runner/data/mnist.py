@@ -12,6 +12,7 @@ import torch
 
 from runner.data.dataset import NORMALIZATION, Dataset
 from runner.errors import UserError
+from runner.provenance import file_key
 
 IDX_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -111,20 +112,15 @@ def pixels(images: np.ndarray) -> torch.Tensor:
 
 # IDX files decoded by this process or handed over by the one that started it (runner.workers): (path, size,
 # mtime_ns) -> the array. Decompressing Fashion-MNIST takes about 0.35 s, on the way to every pool worker's
-# first job; the key holds what says the file is unchanged, as runner.provenance.file_sha256's cache does.
+# first job; the key (runner.provenance.file_key) says the file is unchanged, as for file_sha256's cache.
 # Kept for the process's life: a quarter of the float32 set the session keeps anyway (47 MB for Fashion-MNIST).
 _DECODED: dict[tuple, np.ndarray] = {}
-
-
-def _idx_key(path: Path) -> tuple:
-    st = Path(path).stat()
-    return str(Path(path).resolve()), st.st_size, st.st_mtime_ns
 
 
 def decoded_idx(path: Path) -> np.ndarray:
     """read_idx(path), once per process and change of the file."""
     try:
-        key = _idx_key(path)
+        key = file_key(path)
     except OSError:
         return read_idx(path)  # its message
     if key not in _DECODED:

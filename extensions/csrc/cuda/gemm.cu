@@ -135,11 +135,13 @@ __device__ __forceinline__ void gemm_store(const Params& p, long long m, int nb,
   }
 }
 
-// A K split's share (gridDim.z > 1): stages [qa, qb) of the K / 4; empty where the split
-// outnumbers the stages.
+// A block's stages [qa, qb) of the K / 4: all of them, or (SK) its K split's share, empty where the
+// split outnumbers the stages.
+template <bool SK>
 __device__ __forceinline__ int2 gemm_stages(const Params& p) {
-  const int nst = (p.K + 3) / 4, per = (nst + gridDim.z - 1) / gridDim.z;
-  const int qa = blockIdx.z * per;
+  const int nst = (p.K + 3) / 4;
+  if (!SK) return make_int2(0, nst);
+  const int per = (nst + gridDim.z - 1) / gridDim.z, qa = blockIdx.z * per;
   return make_int2(qa, min(nst, qa + per));
 }
 
@@ -159,8 +161,7 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   const long long m0 = (long long)blockIdx.x * BM;
   const int n0 = blockIdx.y * kGemmBN;
   // its stages: all, or its K split's share (slot q & 1 holds stage q's table either way)
-  const int2 qr = SK ? gemm_stages(p) : make_int2(0, (p.K + 3) / 4);
-  const int qa = qr.x, qb = qr.y;
+  const int qa = gemm_stages<SK>(p).x, qb = gemm_stages<SK>(p).y;
   if (SK && qa >= qb) return;
   uint32_t* cod = reinterpret_cast<uint32_t*>(smem + 2 * kGemmSlot);  // [2][BM] code words
 
@@ -396,8 +397,7 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
     }
   }
   // the stages again, not kept live through the loop (R = 8 has no register to spare)
-  const int2 st = SK ? gemm_stages(p) : make_int2(0, (p.K + 3) / 4);
-  const uint32_t taps = static_cast<uint32_t>(4 * (st.y - st.x));
+  const uint32_t taps = static_cast<uint32_t>(4 * (gemm_stages<SK>(p).y - gemm_stages<SK>(p).x));
   const bool add = SK && gridDim.z > 1;
 #pragma unroll
   for (int i = 0; i < R; ++i) {

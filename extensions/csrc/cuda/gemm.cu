@@ -8,8 +8,6 @@
 // tap (0, 0, 0) would read and that pixel's (iy, ix); a stage's 4 taps take {offset, dy, dx} from
 // the conv's tap table (one broadcast load each, no division), and each tap tests its own pixel
 // against the padding (a padded tap reads code 0, through the LUT like any code, as everywhere).
-// The stage loop's SASS is no longer than the 1x1 one's (sm_90, R = 8: 1142 instructions against
-// 1158, r8w 1102 against 1119; <= 128 registers, no spills); the table build is the same code.
 //
 // Block tile: BM = 128 * R rows x 32 output channels (R = 2, 4 or 8 rows a thread), 512 threads.
 // Threads form quads (4 lanes); quad g owns rows g + 128 * i (i < R), lane j of it channels
@@ -49,16 +47,15 @@
 namespace approx_cuda {
 namespace {
 
-constexpr int kGemmThreads = 512;
+constexpr int kGemmThreads = 512;              // the build's pieces assume 16 warps
 constexpr int kGemmBN = 32;                    // channels a block
 constexpr int kGemmSlot = 2 * 256 * 128;       // bytes of one stage's table (4 taps)
 constexpr int kGemmRawRow = 512 + 16;          // CO staging: an Et16 row and one bank group
 
 // Where a row's codes are. linear: base = m * K. 1x1 conv: base = the input pixel of image b
-// (channel 0), or -1 where it lies in the padding (every tap reads code 0 there). KxK conv: base
-// = where tap (0, 0, 0) would be and iyx its input pixel (row in the low 16 bits, column in the
-// high 16, signed: one register, not two, for R = 8's budget); both may lie in the padding,
-// which is tested per tap.
+// (channel 0), or -1 in the padding (every tap reads code 0). KxK conv: base = where tap (0, 0, 0)
+// would be, iyx its input pixel (row: low 16 bits, column: high 16, signed; one register for
+// R = 8's budget); both may lie in the padding, tested per tap.
 struct GemmRow {
   long long base;
   int iyx;
@@ -103,9 +100,10 @@ __device__ __forceinline__ uint32_t gemm_codes(const Params& p, const GemmRow& r
     }
   } else if (r.base >= 0) {
     const long long hw = (long long)p.H * p.W;
+    const uint8_t* src = p.a + r.base + k0 * hw;
 #pragma unroll
-    for (int c = 0; c < 4; ++c)
-      if (k0 + c < p.K) w |= (uint32_t)__ldg(p.a + r.base + (k0 + c) * hw) << (8 * c);
+    for (int c = 0; c < 4; ++c, src += hw)
+      if (k0 + c < p.K) w |= (uint32_t)__ldg(src) << (8 * c);
   }
   return w ^ xm;
 }
@@ -226,7 +224,6 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
       }
     }
   };
-  static_assert(kGemmThreads == 512, "pieces: 16 warps");
   auto store_half = [&](int slot, int half, const int4 (&A)[2], const int4 (&B)[2]) {
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
@@ -300,14 +297,19 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   for (int i = 0; i < R; ++i)
 #pragma unroll
     for (int jj = 0; jj < 4; ++jj) s[i][jj] = h[i][jj] = 0;
-  const int off0 = (par * 4 + j) * 16, off1 = ((par ^ 1) * 4 + j) * 16;
-  auto sum_pair = [&](const uint8_t* tb, int tp) {
+  // A lookup's address as slot | code * 128 | off (disjoint bits; the other half's off0 ^ 64): a
+  // shift and a LOP3. As tb + code * 128 + off, ptxas rematerialized off at every lookup. The
+  // branch on live rows stays: without it ptxas hoists later rows' loads and spills.
+  const uint32_t off0 = (par * 4 + j) * 16;
+  auto sum_pair = [&](int slot, int tp) {
+    const uint32_t b0 = slot * kGemmSlot | off0;
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       if (!live[i]) continue;
-      const int i0 = static_cast<int>((cr[i] >> (16 * tp)) & 255), i1 = static_cast<int>((cr[i] >> (16 * tp + 8)) & 255);
-      add_row<int16_t>(reinterpret_cast<const int4*>(tb + tp * 32768 + i0 * 128 + off0), s[i], h[i]);
-      add_row<int16_t>(reinterpret_cast<const int4*>(tb + tp * 32768 + i1 * 128 + off1), s[i], h[i]);
+      const uint32_t c = cr[i] >> (16 * tp);
+      const uint32_t a0 = ((c << 7) & 0x7F80u) | b0, a1 = (((c >> 1) & 0x7F80u) | b0) ^ 64u;
+      add_row<int16_t>(reinterpret_cast<const int4*>(smem + tp * 32768 + a0), s[i], h[i]);
+      add_row<int16_t>(reinterpret_cast<const int4*>(smem + tp * 32768 + a1), s[i], h[i]);
     }
   };
 
@@ -338,7 +340,6 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
     for (int q = qa; q < qb; ++q) {
       const int slot = q & 1;
       const bool nxt = q + 1 < qb, nxt2 = q + 2 < qb;
-      const uint8_t* tb = smem + slot * kGemmSlot;
       uint32_t cw[LR];
       int4 L[4];
       if (nxt) {  // slot ^ 1 was last read in stage q - 1, before the barrier that ended it
@@ -349,13 +350,13 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
       if (nxt2) raw_load(q + 2, 0, L);
 #pragma unroll
       for (int i = 0; i < R; ++i) cr[i] = __byte_perm(cod[slot * BM + g + 128 * i], 0, swap);
-      sum_pair(tb, 0);
+      sum_pair(slot, 0);
       if (nxt2) {
         __syncthreads();  // A: the staging area is read
         raw_store(0, L);
         raw_load(q + 2, 1, L);
       }
-      sum_pair(tb, 1);
+      sum_pair(slot, 1);
       if (nxt2) raw_store(1, L);
       __syncthreads();
     }
@@ -374,7 +375,6 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
     for (int q = qa; q < qb; ++q) {
       const int slot = q & 1;
       const bool nxt = q + 1 < qb;
-      const uint8_t* tb = smem + slot * kGemmSlot;
       uint32_t cw[LR];
       int4 A[2], B[2];
       if (nxt) {
@@ -383,12 +383,12 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
       }
 #pragma unroll
       for (int i = 0; i < R; ++i) cr[i] = __byte_perm(cod[slot * BM + g + 128 * i], 0, swap);
-      sum_pair(tb, 0);
+      sum_pair(slot, 0);
       if (nxt) {  // slot ^ 1 was last read in stage q - 1, before the barrier that ended it
         store_half(slot ^ 1, 0, A, B);
         load_half(q + 1, 1, A, B);
       }
-      sum_pair(tb, 1);
+      sum_pair(slot, 1);
       if (nxt) {
         store_half(slot ^ 1, 1, A, B);
         put_codes(slot ^ 1, cw);

@@ -263,6 +263,38 @@ def test_workspace_is_what_the_kernels_allocate(algo):
     assert kept == -(-want // 512) * 512, (algo, kept, want)  # the allocator rounds to 512 bytes
 
 
+def test_auto_keeps_only_the_tables_its_pick_reads():
+    """auto's first call builds the weight-expanded table T where it fits (its trial times the T variants);
+    once it has picked a variant that does not read T, the cached entry keeps E only. Kept whole, ResNet-50's
+    T tables (up to 600 MiB a layer) overflowed the cache together and every forward rebuilt them. Later calls,
+    an explicit T variant after them, and a graph replay still give the reference sums."""
+    gen = torch.Generator().manual_seed(14)
+    a = make_codes(gen, (16, 256, 28, 28), False).to(DEV)  # 12,544 rows; T of 128 MiB (int32 layout)
+    w, lut = make_weights(gen, (512, 256, 1, 1), False).to(DEV), make_lut(gen, "int16").to(DEV)
+    args = ([1, 1], [0, 0], [1, 1], 1)
+    gc.collect()
+    w_other = w.clone()  # alive until the end: its entry stays, and nothing else is freed in the call
+    ops.lut_conv2d(a, w_other, lut, *args, "direct")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    out = ops.lut_conv2d(a, w, lut, *args, "auto")
+    torch.cuda.synchronize()
+    kept = torch.cuda.memory_allocated() - before - (-(-out.numel() * 4 // 512) * 512)
+    pick = next(r for r in algo_table(a, w, lut, *args, backend="cuda") if r["auto_pick"])
+    assert kept == -(-pick["workspace_bytes"] // 512) * 512, (pick["auto_pick_name"], kept, pick["workspace_bytes"])
+    want = reference_lut_conv2d(a.cpu(), w.cpu(), lut.cpu(), 1, 0, 1, 1)
+    check_equal(out, want, "auto's first call")
+    check_equal(ops.lut_conv2d(a, w, lut, *args, "auto"), want, "auto on the kept tables")
+    check_equal(ops.lut_conv2d(a, w, lut, *args, "expanded"), want, "a T variant after auto")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        replayed = ops.lut_conv2d(a, w, lut, *args, "auto")
+    g.replay()
+    check_equal(replayed, want, "graph replay")
+    if pick["algo"] in ("expanded_l2", "expanded_smem", "expanded_window", "expanded_rows", "expanded_pairs"):
+        pytest.skip(f"auto picked {pick['auto_pick_name']}, which reads T: nothing to drop on this device")
+
+
 def test_auto_pick_is_reported():
     gen = torch.Generator().manual_seed(12)
     a = make_codes(gen, (5000, 120), False).to(DEV)

@@ -57,6 +57,9 @@ int lut_format(const at::Tensor& lut, bool is_unsigned);
 std::shared_ptr<Prepared> get_prepared(const Params& p, const at::Tensor& w, const at::Tensor& lut,
                                        const ConvGeo& cg, bool need_table, cudaStream_t stream,
                                        bool changing);
+// auto picked a variant without T: the cached entry of (w, lut) keeps its E tables only.
+void drop_table(const Params& p, const at::Tensor& w, const at::Tensor& lut, const ConvGeo& cg,
+                cudaStream_t stream);
 
 // ---- kernel families. `fmt` as in Prepared; `Config` carries expanded_rows' knobs.
 struct Config {

@@ -96,9 +96,16 @@ void run(Choice choice, const Params& p, const at::Tensor& w, const at::Tensor& 
     run_choice(choice, p, *pr, cg, stream);
     return;
   }
-  const bool table = table_bytes(p) <= kTableBudget;
-  const auto pr = get_prepared(p, w, lut, cg, table, stream, changing);
-  run_choice(auto_pick(auto_inputs(p, cg, pr->fmt), *pr, stream), p, *pr, cg, stream);
+  // T where it fits, unless this layer's pick is known and runs without it (drop_table)
+  bool table = table_bytes(p) <= kTableBudget;
+  const int fmt = table ? cached_format(p, w, lut, cg) : -1;
+  Choice pick;
+  if (fmt >= 0 && cached_pick(auto_inputs(p, cg, fmt), pick)) table = algos()[pick.algo].table;
+  auto pr = get_prepared(p, w, lut, cg, table, stream, changing);
+  pick = auto_pick(auto_inputs(p, cg, pr->fmt), *pr, stream);
+  if (algos()[pick.algo].table && !pr->has_table) pr = get_prepared(p, w, lut, cg, true, stream, changing);
+  run_choice(pick, p, *pr, cg, stream);
+  if (pr->has_table && !algos()[pick.algo].table) drop_table(p, w, lut, cg, stream);
 }
 
 at::Tensor lut_linear_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,

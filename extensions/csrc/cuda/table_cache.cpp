@@ -25,9 +25,13 @@ namespace approx_cuda {
 // are not seen: clone the tensor, or set APPROX_RUN_TABLE_CACHE=0. A CUDA graph captured after a
 // layer's first call keeps using the table of that call (the entry is then never freed): capture
 // again after changing the weights or the LUT. A graph captured before any call prepares the
-// tables inside the graph, on every replay.
+// tables inside the graph, on every replay. auto's first call of a layer builds T where it fits
+// the budget (its trial times the T variants too); when the pick needs no T the entry drops it
+// (drop_table), else ResNet-50's T tables (up to 600 MiB a layer) pass kCacheBytes together, and
+// every forward evicted and rebuilt them (about 13 ms a forward on an H200, more than a batch-1
+// forward's kernels).
 constexpr int64_t kCacheBytes = 1ll << 30;
-constexpr size_t kCacheEntries = 64;
+constexpr size_t kCacheEntries = 256;  // ViT-B/16: 48 Linear layers and 24 attention products
 
 using CacheKey = std::array<int64_t, 20>;
 
@@ -182,6 +186,22 @@ std::shared_ptr<Prepared> get_prepared(const Params& p, const at::Tensor& w, con
     ++it;
   }
   return pr;
+}
+
+void drop_table(const Params& p, const at::Tensor& w, const at::Tensor& lut, const ConvGeo& cg,
+                cudaStream_t stream) {
+  if (!cache_enabled() || capturing()) return;
+  const CacheKey key = cache_key(p, cg, w, lut);
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  for (CacheEntry& e : g_cache)
+    if (e.key == key && e.prep->has_table) {
+      // prep again without T (E is a few hundred KiB); the old buffer goes back to the caching
+      // allocator in stream order, after this call's kernel (other streams were recorded on it)
+      std::shared_ptr<Prepared> pr = prepare(p, lut, cg, false, stream);
+      pr->fmt = e.prep->fmt;
+      e.prep = pr;
+      return;
+    }
 }
 
 }  // namespace approx_cuda

@@ -96,14 +96,15 @@ void run(Choice choice, const Params& p, const at::Tensor& w, const at::Tensor& 
     run_choice(choice, p, *pr, cg, stream);
     return;
   }
-  // T where it fits, unless this layer's pick is known and runs without it (drop_table)
-  bool table = table_bytes(p) <= kTableBudget;
-  const int fmt = table ? cached_format(p, w, lut, cg) : -1;
+  // E first (cached, or built with its format read back), which tells whether auto's pick for this
+  // format is known; T (where it fits) only for a first trial or a pick that reads it (drop_table)
+  const bool fits = table_bytes(p) <= kTableBudget;
+  auto pr = get_prepared(p, w, lut, cg, fits && changing, stream, changing);
   Choice pick;
-  if (fmt >= 0 && cached_pick(auto_inputs(p, cg, fmt), pick)) table = algos()[pick.algo].table;
-  auto pr = get_prepared(p, w, lut, cg, table, stream, changing);
-  pick = auto_pick(auto_inputs(p, cg, pr->fmt), *pr, stream);
-  if (algos()[pick.algo].table && !pr->has_table) pr = get_prepared(p, w, lut, cg, true, stream, changing);
+  const bool known = cached_pick(auto_inputs(p, cg, pr->fmt), pick);
+  if (fits && !pr->has_table && (!known || algos()[pick.algo].table))
+    pr = get_prepared(p, w, lut, cg, true, stream, changing);
+  if (!known) pick = auto_pick(auto_inputs(p, cg, pr->fmt), *pr, stream);
   run_choice(pick, p, *pr, cg, stream);
   if (pr->has_table && !algos()[pick.algo].table) drop_table(p, w, lut, cg, stream);
 }

@@ -26,12 +26,21 @@ namespace approx_cuda {
 // layer's first call keeps using the table of that call (the entry is then never freed): capture
 // again after changing the weights or the LUT. A graph captured before any call prepares the
 // tables inside the graph, on every replay. auto's first call of a layer builds T where it fits
-// the budget (its trial times the T variants too); when the pick needs no T the entry drops it
-// (drop_table), else ResNet-50's T tables (up to 600 MiB a layer) pass kCacheBytes together, and
-// every forward evicted and rebuilt them (about 13 ms a forward on an H200, more than a batch-1
-// forward's kernels).
-constexpr int64_t kCacheBytes = 1ll << 30;
+// kTableBudget (its trial times the T variants too); when the pick reads no T the entry drops it
+// (drop_table). The cache holds up to an eighth of the device's memory (at least 1 GiB): with 1 GiB
+// the T tables of the layers whose pick reads them (ResNet-50's stride-1 3x3 convs: 36-604 MiB
+// each, ~3.6 GiB together) evicted each other, and every forward, every graph replay too, rebuilt
+// them.
 constexpr size_t kCacheEntries = 256;  // ViT-B/16: 48 Linear layers and 24 attention products
+
+static int64_t cache_bytes() {
+  static const int64_t bytes = [] {
+    size_t free_b = 0, total_b = 0;
+    const bool ok = cudaMemGetInfo(&free_b, &total_b) == cudaSuccess;
+    return std::max<int64_t>(1ll << 30, ok ? static_cast<int64_t>(total_b / 8) : 0);
+  }();
+  return bytes;
+}
 
 using CacheKey = std::array<int64_t, 20>;
 
@@ -179,7 +188,7 @@ std::shared_ptr<Prepared> get_prepared(const Params& p, const at::Tensor& w, con
   size_t n = 0;
   for (auto it = g_cache.begin(); it != g_cache.end();) {
     bytes += it->prep->buf.numel();
-    if (++n > 1 && (bytes > kCacheBytes || n > kCacheEntries)) {
+    if (++n > 1 && (bytes > cache_bytes() || n > kCacheEntries)) {
       it = g_cache.erase(it);
       continue;
     }

@@ -6,6 +6,8 @@ runner.cli or the Hydra configs, so it runs where hydra is not installed.
 """
 import gc
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -293,6 +295,45 @@ def test_auto_keeps_only_the_tables_its_pick_reads():
     check_equal(replayed, want, "graph replay")
     if pick["algo"] in ("expanded_l2", "expanded_smem", "expanded_window", "expanded_rows", "expanded_pairs"):
         pytest.skip(f"auto picked {pick['auto_pick_name']}, which reads T: nothing to drop on this device")
+
+
+_REFUSAL_CHILD = """
+import torch
+from runner import ops
+from runner.ops import algo_table
+from runner.reference import reference_lut_linear
+gen = torch.Generator().manual_seed(15)
+lut = torch.randint(-16000, 16000, (256, 256), generator=gen, dtype=torch.int32).cuda()
+a = torch.randint(0, 256, (64, 512), generator=gen, dtype=torch.uint8).cuda()
+w1, w2 = (torch.randint(-127, 128, (256, 512), generator=gen, dtype=torch.int8).cuda() for _ in range(2))
+def kept(w, algo):  # device memory a call leaves allocated, its output aside
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    out = ops.lut_linear(a, w, lut, backend="cuda", algo=algo)
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), reference_lut_linear(a.cpu(), w.cpu(), lut.cpu())), algo
+    return torch.cuda.memory_allocated() - before - out.numel() * 4
+pick = lambda w: next(r for r in algo_table(a, w, lut, backend="cuda") if r["auto_pick"])["algo"]
+print(kept(w1, "expanded_l2"), kept(w2, "expanded_l2"), kept(w1, "expanded_l2"), kept(w2, "auto"), pick(w2))
+"""
+
+
+def test_table_cache_keeps_e_only_where_t_has_no_room(tmp_path):
+    """A T the cache has no room for is not cached, and no other layer's is evicted for it: the layer's entry
+    keeps E, and auto picks without T for it. Here (APPROX_RUN_TABLE_CACHE_MB=200, T of 128 MiB a layer) the first
+    layer keeps its T, the second keeps E only, a repeated call adds nothing, every call gives the reference sums.
+    An LRU evicted every table of a forward cycling through more T than the cache held (ViT-B/16's attention
+    projections), and each forward rebuilt them."""
+    script = tmp_path / "child.py"
+    script.write_text(_REFUSAL_CHILD)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "APPROX_RUN_TABLE_CACHE_MB": "200", "PYTHONPATH": root}
+    run = subprocess.run([sys.executable, str(script)], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    first, second, again, auto, pick = run.stdout.split()
+    assert int(first) >= 128 << 20 and int(second) < 4 << 20, (first, second)
+    assert int(again) == 0 and int(auto) == 0, (again, auto)
+    assert pick not in ("expanded_l2", "expanded_smem", "expanded_window", "expanded_rows", "expanded_pairs"), pick
 
 
 def test_auto_pick_is_reported():

@@ -32,6 +32,7 @@ struct Prepared {
   Params p;      // E32, E16, flags, kinfo, T, Tpairs point into buf
   bool has_table = false;
   int fmt = 0;   // table format known on the host: 0 unknown (read on the device), 1 int16, 2 int32
+  bool t_refused = false;  // the cache had no room for this layer's T: it keeps E, auto runs without T
   cudaStream_t stream = nullptr;
   std::vector<cudaStream_t> users;  // other streams it was used on (cached entries)
 };
@@ -48,9 +49,10 @@ std::shared_ptr<Prepared> prepare(const Params& geo, const at::Tensor& lut, cons
 bool cache_enabled();
 bool capturing();  // a CUDA graph capture is under way on the current stream
 bool weights_changing(const at::Tensor& w);
-// The format (Prepared::fmt) of the cached prepared tables of (w, lut) for these shapes; -1 if none
-// are cached. Builds nothing.
-int cached_format(const Params& p, const at::Tensor& w, const at::Tensor& lut, const ConvGeo& cg);
+// The format (Prepared::fmt) of the cached prepared tables of (w, lut) for these shapes, and their
+// t_refused; -1 if none are cached. Builds nothing.
+int cached_format(const Params& p, const at::Tensor& w, const at::Tensor& lut, const ConvGeo& cg,
+                  bool* t_refused = nullptr);
 // The format prepared tables of this LUT get (1 int16, 2 int32), computed on the host like prep.
 int lut_format(const at::Tensor& lut, bool is_unsigned);
 // The prepared tables for this call: cached, or built now (and cached where allowed).

@@ -97,14 +97,19 @@ void run(Choice choice, const Params& p, const at::Tensor& w, const at::Tensor& 
     return;
   }
   // E first (cached, or built with its format read back), which tells whether auto's pick for this
-  // format is known; T (where it fits) only for a first trial or a pick that reads it (drop_table)
+  // format is known; T (where it fits) only for a first trial or a pick that reads it (drop_table),
+  // and none where the cache has no room for it (t_refused: auto then picks without T)
   const bool fits = table_bytes(p) <= kTableBudget;
   auto pr = get_prepared(p, w, lut, cg, fits && changing, stream, changing);
+  AutoInputs in = auto_inputs(p, cg, pr->fmt);
+  in.table = in.table && !pr->t_refused;
   Choice pick;
-  const bool known = cached_pick(auto_inputs(p, cg, pr->fmt), pick);
-  if (fits && !pr->has_table && (!known || algos()[pick.algo].table))
+  bool known = cached_pick(in, pick);
+  if (in.table && !pr->has_table && (!known || algos()[pick.algo].table)) {
     pr = get_prepared(p, w, lut, cg, true, stream, changing);
-  if (!known) pick = auto_pick(auto_inputs(p, cg, pr->fmt), *pr, stream);
+    if (pr->t_refused) in.table = false, known = cached_pick(in, pick);
+  }
+  if (!known) pick = auto_pick(in, *pr, stream);
   run_choice(pick, p, *pr, cg, stream);
   if (pr->has_table && !algos()[pick.algo].table) drop_table(p, w, lut, cg, stream);
 }
@@ -165,11 +170,15 @@ lut_algos_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
   }
   // auto's pick is cached per table format too: the format the prepared tables of (w, lut) have
   // (cached_format), else the one the LUT gives (lut_format), else 0, that of tables built uncached
-  // (weights changing in place, graph captures).
+  // (weights changing in place, graph captures); without T where the cache had no room for it.
   Choice pick;
   bool found = false;
-  for (int fmt : {cached_format(p, w, lut, cg), lut_format(lut, p.xmask == 0), 0})
-    if (fmt >= 0 && !found) found = cached_pick(auto_inputs(p, cg, fmt), pick);
+  bool refused = false;
+  for (int fmt : {cached_format(p, w, lut, cg, &refused), lut_format(lut, p.xmask == 0), 0}) {
+    AutoInputs in = auto_inputs(p, cg, fmt);
+    in.table = in.table && !refused;
+    if (fmt >= 0 && !found) found = cached_pick(in, pick);
+  }
   return {names, bytes, notes, found ? choice_name(pick) : std::string()};
 }
 

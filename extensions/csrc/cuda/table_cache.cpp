@@ -27,14 +27,18 @@ namespace approx_cuda {
 // again after changing the weights or the LUT. A graph captured before any call prepares the
 // tables inside the graph, on every replay. auto's first call of a layer builds T where it fits
 // kTableBudget (its trial times the T variants too); when the pick reads no T the entry drops it
-// (drop_table). The cache holds up to an eighth of the device's memory (at least 1 GiB): with 1 GiB
-// the T tables of the layers whose pick reads them (ResNet-50's stride-1 3x3 convs: 36-604 MiB
-// each, ~3.6 GiB together) evicted each other, and every forward, every graph replay too, rebuilt
-// them.
-constexpr size_t kCacheEntries = 256;  // ViT-B/16: 48 Linear layers and 24 attention products
+// (drop_table). The cache holds up to an eighth of the device's memory (at least 1 GiB), or
+// APPROX_RUN_TABLE_CACHE_MB. A T that does not fit is not cached: its layer's entry keeps E and
+// t_refused, and auto picks among the variants without T for it. Evicting other layers' tables
+// instead (an LRU) missed on every layer of every forward once a model's tables passed the budget
+// (a forward visits its layers in a cycle): ResNet-50's at 1 GiB, ViT-B/16's 48 attention
+// projections (604 MiB each) at 17.6 GiB; each forward, and each graph replay, rebuilt them.
+constexpr size_t kCacheEntries = 256;  // ViT-B/16: 72 Linear layers and 24 attention products
 
 static int64_t cache_bytes() {
   static const int64_t bytes = [] {
+    if (const char* e = std::getenv("APPROX_RUN_TABLE_CACHE_MB"))
+      return static_cast<int64_t>(std::max(1.0, std::atof(e))) << 20;
     size_t free_b = 0, total_b = 0;
     const bool ok = cudaMemGetInfo(&free_b, &total_b) == cudaSuccess;
     return std::max<int64_t>(1ll << 30, ok ? static_cast<int64_t>(total_b / 8) : 0);
@@ -109,11 +113,15 @@ bool weights_changing(const at::Tensor& w) {
   return changed;
 }
 
-int cached_format(const Params& p, const at::Tensor& w, const at::Tensor& lut, const ConvGeo& cg) {
+int cached_format(const Params& p, const at::Tensor& w, const at::Tensor& lut, const ConvGeo& cg,
+                  bool* t_refused) {
   const CacheKey key = cache_key(p, cg, w, lut);
   std::lock_guard<std::mutex> lock(g_cache_mu);
   for (const CacheEntry& e : g_cache)
-    if (e.key == key && !e.w_st.expired() && !e.lut_st.expired()) return e.prep->fmt;
+    if (e.key == key && !e.w_st.expired() && !e.lut_st.expired()) {
+      if (t_refused) *t_refused = e.prep->t_refused;
+      return e.prep->fmt;
+    }
   return -1;
 }
 
@@ -177,16 +185,26 @@ std::shared_ptr<Prepared> get_prepared(const Params& p, const at::Tensor& w, con
   for (int f : flags) f16 = f16 && f != 0;
   pr->fmt = f16 ? 1 : 2;
   std::lock_guard<std::mutex> lock(g_cache_mu);
-  for (auto it = g_cache.begin(); it != g_cache.end(); ++it)
+  int64_t others = 0;
+  for (auto it = g_cache.begin(); it != g_cache.end();) {
     if (it->key == key) {
-      g_cache.erase(it);
-      break;
+      it = g_cache.erase(it);
+      continue;
     }
+    others += it->prep->buf.numel();
+    ++it;
+  }
+  std::shared_ptr<Prepared> kept = pr;
+  if (need_table && others + pr->buf.numel() > cache_bytes()) {  // no room for T: E only (above)
+    kept = prepare(p, lut, cg, false, stream);
+    kept->fmt = pr->fmt;
+    kept->t_refused = pr->t_refused = true;
+  }
   g_cache.push_front(CacheEntry{key, w.storage().getWeakStorageImpl(),
-                                lut.storage().getWeakStorageImpl(), pr});
+                                lut.storage().getWeakStorageImpl(), kept});
   int64_t bytes = 0;
   size_t n = 0;
-  for (auto it = g_cache.begin(); it != g_cache.end();) {
+  for (auto it = g_cache.begin(); it != g_cache.end();) {  // E alone past the budget or the count: LRU
     bytes += it->prep->buf.numel();
     if (++n > 1 && (bytes > cache_bytes() || n > kCacheEntries)) {
       it = g_cache.erase(it);

@@ -24,7 +24,7 @@ from runner.errors import UserError
 from runner.exact_conv import exact_conv2d, exact_linear
 from runner.float64_steps import float64_steps
 from runner.layer_checks import NonFiniteInputCheck, check_accumulator, check_finite, reduction_length
-from runner.linking import clamps_keep_codes, find_consumers
+from runner.linking import CODES_ATTR, clamps_keep_codes, find_consumers, pass_codes_through_clamps
 from runner.pooling import pair_pools
 from runner.models import fold_input_normalization, set_module
 from runner.quant import (ActStats, QuantConfig, act_qrange, act_scale_from_amax, calibrate, dequantized_bias,
@@ -218,7 +218,15 @@ class _Quantized(nn.Module):
             return dequantized_bias(bias_q, sa, sw).to(dev), None
         out_scale = consumer.input_scale(None).detach()
         m0, shift = requant_multiplier(sa.double() * sw.double() / out_scale.double().cpu())
-        return None, (bias_q.to(dev), m0.to(dev), shift.to(dev), out_scale, *act_qrange(consumer.signed))
+        qmin, qmax = act_qrange(consumer.signed)
+        if any(lo == 0 for lo, _ in self._link_clamps):  # a ReLU6's lower bound, as it acts on codes: the clamp
+            qmin = max(qmin, 0)                          # then passes these through (linking._PassesCodes)
+        return None, (bias_q.to(dev), m0.to(dev), shift.to(dev), out_scale, qmin, qmax)
+
+    def _hand_on(self, out, requant):
+        if requant is not None and self._link_clamps:
+            setattr(out, CODES_ATTR, True)
+        return out
 
     def set_act_amax(self, stats: ActStats) -> None:
         """Static activation scale from new calibration statistics (recalibration after retraining)."""
@@ -254,7 +262,7 @@ class _ConvOps:
                                            self.signed, self.backend, self.algo, self._input_flag(x, defer=True),
                                            requant)
         self._read_kernel_flag(x)
-        return out
+        return self._hand_on(out, requant)
 
     def _exact_acc(self, codes, weight_codes):
         return exact_conv2d(codes, weight_codes, self.stride, self.padding, self.dilation, self.groups, integer=False)
@@ -276,7 +284,7 @@ class _LinearOps:
                                            self.signed, self.backend, self.algo, self._input_flag(x, defer=True),
                                            requant)
         self._read_kernel_flag(x)
-        return out
+        return self._hand_on(out, requant)
 
     def _exact_acc(self, codes, weight_codes):
         """[M, N] (finish's channel dim 1); forward restores the leading dims."""
@@ -295,8 +303,9 @@ class _FakeQuant(_Quantized):
         # result does not depend on the device's float sums (cuDNN, TF32) and equals the exact table's. The sums
         # stay in the float dtype they are exact in (_exact_acc): finish converts exact integers as it would int64.
         acc = self._exact_acc(quantize_act(x, scale, self.signed), self._weight_codes())
-        out = ops.finish(acc, scale, self.weight_scale, *self._finish_args(scale), backend="python")
-        return out if acc.dim() == x.dim() else out.reshape(*x.shape[:-1], out.shape[-1])
+        bias, requant = self._finish_args(scale)
+        out = ops.finish(acc, scale, self.weight_scale, bias, requant, backend="python")
+        return self._hand_on(out if acc.dim() == x.dim() else out.reshape(*x.shape[:-1], out.shape[-1]), requant)
 
 
 class _Approx(_Quantized):
@@ -500,6 +509,7 @@ def link_consumers(model: nn.Module, links: dict | None = None) -> None:
     layer of a model fx cannot trace and that has no stages()) dequantizes to fp32, and the next quantized
     layer quantizes that as in requant=float."""
     layers = quantized_layers(model)
+    pass_codes_through_clamps(model)
     for m in layers.values():
         object.__setattr__(m, "_consumer", None)
         m._link_clamps, m._requant_cache = (), None

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runner.layers import _Quantized, approximate, convert_model, integer_links, link_consumers, quantized_layers
-from runner.linking import _stage_consumers, clamps_keep_codes, find_consumers
+from runner.linking import CodesReLU6, _stage_consumers, clamps_keep_codes, find_consumers
 from runner.models import LeNet5
 from runner.multipliers import resolve
 from runner.quant import QuantConfig, calibrate, quantize_act
@@ -58,6 +58,33 @@ def test_mobilenetv2_links_expand_depthwise_project_through_relu6():
     assert producer._finish_args(producer.act_scale)[1] is None
     consumer.act_scale.copy_(kept)
     assert producer._finish_args(producer.act_scale)[1] is not None
+
+
+@pytest.mark.parametrize("backend", ["python", "cpp"])
+def test_relu6_passes_a_linked_producers_codes_through_with_the_same_logits(backend):
+    """Between two linked layers a ReLU6 passes the producer's output through (the requantize applied its lower
+    bound as qmin 0; at the consumer's scale its upper bound changes no code): a launch and a pass over the tensor
+    fewer, the same logits bit for bit as the model whose ReLU6s all clamp, fake-quant's too. A ReLU6 whose
+    producer is not linked (a scale at which it would clip codes) clamps."""
+    if backend == "cpp" and not has_cpp():
+        pytest.skip("needs the C++ extension")
+    x = torch.rand(16, 1, 28, 28, generator=torch.Generator().manual_seed(4))
+    fq, approx = _converted("mobilenetv2", "mnist5k", "mul8s_1L2J", backend)
+    clamping, fq_clamping = copy.deepcopy(approx), copy.deepcopy(fq)
+    for model in (clamping, fq_clamping):
+        assert isinstance(model.blocks[1].expand[2], CodesReLU6)
+        for m in model.modules():
+            if isinstance(m, CodesReLU6):
+                m.__class__ = nn.ReLU6
+    passed = []
+    relu6 = approx.blocks[1].expand[2]
+    relu6.register_forward_hook(lambda m, inp, out: passed.append(out is inp[0]))
+    with torch.no_grad():
+        assert torch.equal(approx(x), clamping(x)) and torch.equal(fq(x), fq_clamping(x))
+        consumer = approx.blocks[1].depthwise[0]
+        consumer.act_scale.fill_(0.05)  # codes past 6: not linked, the ReLU6 clamps
+        approx(x)
+    assert passed == [True, False]
 
 
 def test_clamps_keep_codes_decides_over_the_whole_code_range():

@@ -100,8 +100,9 @@ class _PassesCodes:
     """A clamp module on a hand-off (ReLU6 between two linked layers). Its producer requantized to the consumer's
     codes with the clamps' lower bound 0 applied (qmin 0), and at the consumer's scale the clamps change no code
     (clamps_keep_codes), so the clamp passes the producer's output through: the consumer reads the same codes, and
-    a forward saves the clamp's launch and its pass over the tensor (MobileNetV2: 35 of them). Values above the
-    upper bound may then reach the consumer unclamped; its quantize maps them to the codes clamped ones give."""
+    a forward saves the clamp's launch and its pass over the tensor (torchvision MobileNetV2: 34 of its 35).
+    Values above the upper bound may then reach the consumer unclamped; its quantize maps them to the codes
+    clamped ones give."""
 
     def forward(self, x):
         return x if getattr(x, CODES_ATTR, False) else super().forward(x)

@@ -175,9 +175,10 @@ lut_algos_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
   bool found = false;
   bool refused = false;
   for (int fmt : {cached_format(p, w, lut, cg, &refused), lut_format(lut, p.xmask == 0), 0}) {
+    if (fmt < 0 || found) continue;
     AutoInputs in = auto_inputs(p, cg, fmt);
     in.table = in.table && !refused;
-    if (fmt >= 0 && !found) found = cached_pick(in, pick);
+    found = cached_pick(in, pick);
   }
   return {names, bytes, notes, found ? choice_name(pick) : std::string()};
 }

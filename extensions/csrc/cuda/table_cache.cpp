@@ -141,6 +141,15 @@ int lut_format(const at::Tensor& lut, bool is_unsigned) {
   return 1;
 }
 
+// pr's E tables again without T (a few hundred KiB), with pr's format: what the cache keeps of a layer
+// whose pick reads no T (drop_table) or whose T it has no room for (get_prepared).
+static std::shared_ptr<Prepared> without_table(const Prepared& pr, const Params& p, const at::Tensor& lut,
+                                               const ConvGeo& cg, cudaStream_t stream) {
+  std::shared_ptr<Prepared> e = prepare(p, lut, cg, false, stream);
+  e->fmt = pr.fmt;
+  return e;
+}
+
 // The prepared tables for this call: cached, or built now (and cached where allowed).
 std::shared_ptr<Prepared> get_prepared(const Params& p, const at::Tensor& w, const at::Tensor& lut,
                                        const ConvGeo& cg, bool need_table, cudaStream_t stream,
@@ -196,8 +205,7 @@ std::shared_ptr<Prepared> get_prepared(const Params& p, const at::Tensor& w, con
   }
   std::shared_ptr<Prepared> kept = pr;
   if (need_table && others + pr->buf.numel() > cache_bytes()) {  // no room for T: E only (above)
-    kept = prepare(p, lut, cg, false, stream);
-    kept->fmt = pr->fmt;
+    kept = without_table(*pr, p, lut, cg, stream);
     kept->t_refused = pr->t_refused = true;
   }
   g_cache.push_front(CacheEntry{key, w.storage().getWeakStorageImpl(),
@@ -222,11 +230,9 @@ void drop_table(const Params& p, const at::Tensor& w, const at::Tensor& lut, con
   std::lock_guard<std::mutex> lock(g_cache_mu);
   for (CacheEntry& e : g_cache)
     if (e.key == key && e.prep->has_table) {
-      // prep again without T (E is a few hundred KiB); the old buffer goes back to the caching
-      // allocator in stream order, after this call's kernel (other streams were recorded on it)
-      std::shared_ptr<Prepared> pr = prepare(p, lut, cg, false, stream);
-      pr->fmt = e.prep->fmt;
-      e.prep = pr;
+      // the old buffer goes back to the caching allocator in stream order, after this call's kernel
+      // (other streams were recorded on it)
+      e.prep = without_table(*e.prep, p, lut, cg, stream);
       return;
     }
 }

@@ -219,7 +219,7 @@ class _Quantized(nn.Module):
         out_scale = consumer.input_scale(None).detach()
         m0, shift = requant_multiplier(sa.double() * sw.double() / out_scale.double().cpu())
         qmin, qmax = act_qrange(consumer.signed)
-        if any(lo == 0 for lo, _ in self._link_clamps):  # a ReLU6's lower bound, as it acts on codes: the clamp
+        if any(lo == 0 for lo, _ in self._link_clamps):  # a ReLU's lower bound, as it acts on codes: the clamp
             qmin = max(qmin, 0)                          # then passes these through (linking._PassesCodes)
         return None, (bias_q.to(dev), m0.to(dev), shift.to(dev), out_scale, qmin, qmax)
 

@@ -15,10 +15,11 @@ from torch import fx, nn
 
 from runner.quant import act_qrange, quantize_act
 
-# (lower, upper) bounds of the clamps on a chain; ReLU's lower bound 0 acts on codes as on values
+# (lower, upper) bounds of the clamps on a chain; a lower bound of 0 (ReLU's, ReLU6's) acts on codes as on values
 Clamps = tuple[tuple[float, float], ...]
+RELU: Clamps = ((0.0, float("inf")),)
 
-_PLAIN_MODULES = (nn.ReLU, nn.Flatten, nn.Identity)
+_PLAIN_MODULES = (nn.Flatten, nn.Identity)
 _PLAIN_FUNCTIONS = {F.relu, F.relu_, torch.relu, torch.relu_, torch.flatten}
 _PLAIN_METHODS = {"relu", "relu_", "flatten", "view", "reshape", "contiguous"}
 _CLAMP_FUNCTIONS = {F.hardtanh: (-1.0, 1.0), F.hardtanh_: (-1.0, 1.0), F.relu6: (0.0, 6.0)}
@@ -33,6 +34,8 @@ def module_clamps(module: nn.Module) -> Clamps | None:
     """The clamps a module applies if it hands codes on unchanged otherwise, None if it is not such a step."""
     if isinstance(module, _PLAIN_MODULES):
         return ()
+    if isinstance(module, nn.ReLU):  # a module the model calls, so it can pass codes through (_PassesCodes)
+        return RELU
     if isinstance(module, (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d)):
         return None if module.return_indices else ()
     if isinstance(module, nn.modules.dropout._DropoutNd):
@@ -97,12 +100,13 @@ CODES_ATTR = "_approx_codes"  # set on a producer's requantized output whose way
 
 
 class _PassesCodes:
-    """A clamp module on a hand-off (ReLU6 between two linked layers). Its producer requantized to the consumer's
-    codes with the clamps' lower bound 0 applied (qmin 0), and at the consumer's scale the clamps change no code
-    (clamps_keep_codes), so the clamp passes the producer's output through: the consumer reads the same codes, and
-    a forward saves the clamp's launch and its pass over the tensor (torchvision MobileNetV2: 34 of its 35).
-    Values above the upper bound may then reach the consumer unclamped; its quantize maps them to the codes
-    clamped ones give."""
+    """A clamp module on a hand-off (a ReLU or ReLU6 between two linked layers). Its producer requantized to the
+    consumer's codes with the clamps' lower bound 0 applied (qmin 0), and at the consumer's scale the clamps change
+    no code (clamps_keep_codes), so the clamp passes the producer's output through: the consumer reads the same
+    codes, and a forward saves the clamp's launch and its pass over the tensor (torchvision MobileNetV2: 34 of its
+    35 ReLU6s; ResNet-18: 8 of its 17 ReLU calls, the module shared with the residual adds, whose sums it still
+    clamps). Values above the upper bound may then reach the consumer unclamped; its quantize maps them to the
+    codes clamped ones give."""
 
     def forward(self, x):
         return x if getattr(x, CODES_ATTR, False) else super().forward(x)
@@ -116,14 +120,20 @@ class CodesReLU6(_PassesCodes, nn.ReLU6):
     pass
 
 
+class CodesReLU(_PassesCodes, nn.ReLU):
+    pass
+
+
+_PASSING = {nn.Hardtanh: CodesHardtanh, nn.ReLU6: CodesReLU6, nn.ReLU: CodesReLU}
+
+
 def pass_codes_through_clamps(model: nn.Module) -> None:
-    """Every nn.Hardtanh / nn.ReLU6 of the model passes a producer's marked output through (_PassesCodes);
-    anything else it clamps as before."""
+    """Every nn.ReLU / nn.Hardtanh / nn.ReLU6 of the model passes a producer's marked output through
+    (_PassesCodes); anything else it clamps as before."""
     for m in model.modules():
-        if type(m) is nn.Hardtanh:
-            m.__class__ = CodesHardtanh
-        elif type(m) is nn.ReLU6:
-            m.__class__ = CodesReLU6
+        passing = _PASSING.get(type(m))
+        if passing is not None:
+            m.__class__ = passing
 
 
 class _Tracer(fx.Tracer):

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runner.layers import _Quantized, approximate, convert_model, integer_links, link_consumers, quantized_layers
-from runner.linking import CodesReLU6, _stage_consumers, clamps_keep_codes, find_consumers
+from runner.linking import RELU, CodesReLU, CodesReLU6, _stage_consumers, clamps_keep_codes, find_consumers
 from runner.models import LeNet5
 from runner.multipliers import resolve
 from runner.quant import QuantConfig, calibrate, quantize_act
@@ -60,6 +60,14 @@ def test_mobilenetv2_links_expand_depthwise_project_through_relu6():
     assert producer._finish_args(producer.act_scale)[1] is not None
 
 
+def _all_clamping(model, passing, plain):
+    model = copy.deepcopy(model)
+    for m in model.modules():
+        if isinstance(m, passing):
+            m.__class__ = plain
+    return model
+
+
 @pytest.mark.parametrize("backend", ["python", "cpp"])
 def test_relu6_passes_a_linked_producers_codes_through_with_the_same_logits(backend):
     """Between two linked layers a ReLU6 passes the producer's output through (the requantize applied its lower
@@ -70,12 +78,8 @@ def test_relu6_passes_a_linked_producers_codes_through_with_the_same_logits(back
         pytest.skip("needs the C++ extension")
     x = torch.rand(16, 1, 28, 28, generator=torch.Generator().manual_seed(4))
     fq, approx = _converted("mobilenetv2", "mnist5k", "mul8s_1L2J", backend)
-    clamping, fq_clamping = copy.deepcopy(approx), copy.deepcopy(fq)
-    for model in (clamping, fq_clamping):
-        assert isinstance(model.blocks[1].expand[2], CodesReLU6)
-        for m in model.modules():
-            if isinstance(m, CodesReLU6):
-                m.__class__ = nn.ReLU6
+    assert isinstance(approx.blocks[1].expand[2], CodesReLU6)
+    clamping, fq_clamping = (_all_clamping(m, CodesReLU6, nn.ReLU6) for m in (approx, fq))
     passed = []
     relu6 = approx.blocks[1].expand[2]
     relu6.register_forward_hook(lambda m, inp, out: passed.append(out is inp[0]))
@@ -87,6 +91,25 @@ def test_relu6_passes_a_linked_producers_codes_through_with_the_same_logits(back
     assert passed == [True, False]
 
 
+@pytest.mark.parametrize("backend", ["python", "cpp"])
+def test_shared_relu_passes_the_hand_off_and_clamps_the_residual_sum(backend):
+    """A residual block calls one nn.ReLU twice: after conv1, a hand-off to conv2 (passed through: conv1's requantize
+    already gave codes from 0), and after the residual add (clamped: the sum is no layer's codes). The logits are
+    those of the model whose ReLUs all clamp, bit for bit, and so are fake-quant's; a plain ReLU instead of the
+    pass-through on the hand-off (codes below 0 reaching conv2) would change them."""
+    if backend == "cpp" and not has_cpp():
+        pytest.skip("needs the C++ extension")
+    x = torch.rand(16, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    fq, approx = _converted("resnet8", "cifar10", "mul8s_1L2J", backend)
+    block = approx.layer1[0]
+    assert isinstance(block.relu, CodesReLU) and block.conv1._link_clamps == RELU
+    clamping, fq_clamping = (_all_clamping(m, CodesReLU, nn.ReLU) for m in (approx, fq))
+    passed, negative = [], []
+    block.relu.register_forward_hook(lambda m, inp, out: passed.append(out is inp[0]))
+    block.conv2.register_forward_pre_hook(lambda m, inp: negative.append(bool((inp[0] < 0).any())))
+    with torch.no_grad():
+        assert torch.equal(approx(x), clamping(x)) and torch.equal(fq(x), fq_clamping(x))
+    assert passed == [True, False] and negative == [False]
 def test_clamps_keep_codes_decides_over_the_whole_code_range():
     relu6 = ((0.0, 6.0),)
     assert clamps_keep_codes(relu6, torch.tensor(6 / 255), signed=False)
@@ -108,7 +131,7 @@ def test_lenet5_links_are_its_stages_links():
         return isinstance(mod, _Quantized)
     for m in (fq, approx):
         assert integer_links(m) == want
-        assert find_consumers(m, is_layer) == _stage_consumers(m, is_layer) == {k: (v, ()) for k, v in want.items()}
+        assert find_consumers(m, is_layer) == _stage_consumers(m, is_layer) == {k: (v, RELU) for k, v in want.items()}
 
 
 class _Branchy(nn.Module):

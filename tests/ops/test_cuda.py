@@ -336,6 +336,18 @@ def test_table_cache_keeps_e_only_where_t_has_no_room(tmp_path):
     assert pick not in ("expanded_l2", "expanded_smem", "expanded_window", "expanded_rows", "expanded_pairs"), pick
 
 
+@pytest.mark.parametrize("value", ["200MB", "0", "-5", ""])
+def test_table_cache_size_that_is_not_a_number_is_an_error(tmp_path, value):
+    """APPROX_RUN_TABLE_CACHE_MB must be a size in MiB: a typo reported on every call, not a 1 MiB cache that
+    refuses every T and leaves auto on its slower picks without a word."""
+    script = tmp_path / "child.py"
+    script.write_text(_REFUSAL_CHILD)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "APPROX_RUN_TABLE_CACHE_MB": value, "PYTHONPATH": root}
+    run = subprocess.run([sys.executable, str(script)], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0 and f"APPROX_RUN_TABLE_CACHE_MB='{value}'" in run.stderr, run.stderr[-3000:]
+
+
 def test_auto_pick_is_reported():
     gen = torch.Generator().manual_seed(12)
     a = make_codes(gen, (5000, 120), False).to(DEV)

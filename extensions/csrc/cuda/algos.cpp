@@ -182,10 +182,10 @@ int64_t workspace_bytes(const Algo& a, const Params& p) {
   return prep_bytes(p) + (a.table ? table_bytes(p) + pairs_bytes(p) : 0);
 }
 
-AutoInputs auto_inputs(const Params& p, const ConvGeo& cg, int fmt) {
+AutoInputs auto_inputs(const Params& p, const ConvGeo& cg, int fmt, bool t_refused) {
   int dev = 0;
   C10_CUDA_CHECK(cudaGetDevice(&dev));
-  return AutoInputs{p, cg, fmt, table_bytes(p) <= kTableBudget, dev};
+  return AutoInputs{p, cg, fmt, table_bytes(p) <= kTableBudget && !t_refused, dev};
 }
 
 std::vector<Choice> auto_candidates(const AutoInputs& in) {

@@ -45,10 +45,11 @@ struct AutoInputs {
   const Params& p;
   const ConvGeo& cg;
   int fmt;     // Prepared::fmt: 0 unknown (read on the device), 1 int16, 2 int32
-  bool table;  // T fits kTableBudget
+  bool table;  // T fits kTableBudget and the cache had room for it
   int device;
 };
-AutoInputs auto_inputs(const Params& p, const ConvGeo& cg, int fmt);  // table and device filled in
+// table and device filled in; t_refused: the layer's cache entry had no room for T (Prepared::t_refused)
+AutoInputs auto_inputs(const Params& p, const ConvGeo& cg, int fmt, bool t_refused);
 // auto's candidates, most promising first (the pick inside a graph capture, where nothing is timed).
 std::vector<Choice> auto_candidates(const AutoInputs& in);
 // Runs one concrete choice on prepared tables.

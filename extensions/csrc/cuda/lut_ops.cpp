@@ -101,8 +101,7 @@ void run(Choice choice, const Params& p, const at::Tensor& w, const at::Tensor& 
   // and none where the cache has no room for it (t_refused: auto then picks without T)
   const bool fits = table_bytes(p) <= kTableBudget;
   auto pr = get_prepared(p, w, lut, cg, fits && changing, stream, changing);
-  AutoInputs in = auto_inputs(p, cg, pr->fmt);
-  in.table = in.table && !pr->t_refused;
+  AutoInputs in = auto_inputs(p, cg, pr->fmt, pr->t_refused);
   Choice pick;
   bool known = cached_pick(in, pick);
   if (in.table && !pr->has_table && (!known || algos()[pick.algo].table)) {
@@ -176,9 +175,7 @@ lut_algos_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
   bool refused = false;
   for (int fmt : {cached_format(p, w, lut, cg, &refused), lut_format(lut, p.xmask == 0), 0}) {
     if (fmt < 0 || found) continue;
-    AutoInputs in = auto_inputs(p, cg, fmt);
-    in.table = in.table && !refused;
-    found = cached_pick(in, pick);
+    found = cached_pick(auto_inputs(p, cg, fmt, refused), pick);
   }
   return {names, bytes, notes, found ? choice_name(pick) : std::string()};
 }

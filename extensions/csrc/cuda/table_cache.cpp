@@ -37,8 +37,15 @@ constexpr size_t kCacheEntries = 256;  // ViT-B/16: 72 Linear layers and 24 atte
 
 static int64_t cache_bytes() {
   static const int64_t bytes = [] {
-    if (const char* e = std::getenv("APPROX_RUN_TABLE_CACHE_MB"))
-      return static_cast<int64_t>(std::max(1.0, std::atof(e))) << 20;
+    if (const char* e = std::getenv("APPROX_RUN_TABLE_CACHE_MB")) {
+      // a typo must not silently become a tiny cache (every T refused); a throw here leaves the
+      // static unset, so every call reports it
+      char* end = nullptr;
+      const double mb = std::strtod(e, &end);
+      TORCH_CHECK(end != e && *end == 0 && mb >= 1 && mb <= (1ll << 40),
+                  "APPROX_RUN_TABLE_CACHE_MB='", e, "': expected the table cache's size in MiB, a number from 1");
+      return static_cast<int64_t>(mb) << 20;
+    }
     size_t free_b = 0, total_b = 0;
     const bool ok = cudaMemGetInfo(&free_b, &total_b) == cudaSuccess;
     return std::max<int64_t>(1ll << 30, ok ? static_cast<int64_t>(total_b / 8) : 0);

@@ -21,8 +21,8 @@
 // 32-bit word of 4 taps) and used for 32 channels; each table word read gives 2 products.
 //
 // Shared memory per stage: 4 taps x 256 codes x 32 channels x 2 B = 64 KiB; two slots (the next
-// stage is built while this one is summed) = 128 KiB, plus the staged codes as lookup offsets, 2 x
-// 2 x BM x 4 B (16 KiB at R = 8): 144 KiB, one block an SM (512 threads at <= 128 registers).
+// stage is built while this one is summed) = 128 KiB, plus the staged codes 2 x BM x 4 B (8 KiB
+// at R = 8): 136 KiB, one block an SM (its 512 threads take <= 128 registers each).
 //
 // Layout of a slot: [tap pair tp][code a][tap parity e][16 words: channel pairs 0..15], 128 B
 // per (tp, a). Bank conflicts: lane j of a quad reads the 16 bytes of its 4 pairs (LDS.128), so a
@@ -30,9 +30,9 @@
 // time, i.e. two quads with unrelated (random) codes. Quads of even g read tap 2tp first (half
 // e = 0), quads of odd g tap 2tp + 1 first (half e = 1), then the other: at every load the two
 // quads of a quarter warp read opposite 64-byte halves of 128-byte lines, all 32 banks, whatever
-// their codes (conflict-free by construction, not by luck). A quad reads a row's two lookups of a
-// tap pair as one broadcast word of offsets (put_codes). Building: a warp stores 32 words of one
-// (tp, a) (lane = (e, pair)): 32 banks.
+// their codes (conflict-free by construction, not by luck). The codes of a quad's row are read
+// as one broadcast word per stage. Building: a warp stores 32 words of one (tp, a) (lane =
+// (e, pair)): 32 banks.
 //
 // Where the time goes, r8w, r8c and the K split (_k<ks>): the design and its measurements are in
 // extensions/csrc/README.md ("expanded_gemm: where the time goes").
@@ -154,14 +154,14 @@ template <int R, int BUILD, bool KX, bool SK>
 __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   constexpr int TH = kGemmThreads, BM = TH / 4 * R, LR = (BM + TH - 1) / TH;
   constexpr bool WH = BUILD == 1, CO = BUILD == 2;
-  const int t = threadIdx.x, g = t >> 2, j = t & 3;
+  const int t = threadIdx.x, g = t >> 2, j = t & 3, par = g & 1;
   const int warp = t >> 5, lane = t & 31;
   const long long m0 = (long long)blockIdx.x * BM;
   const int n0 = blockIdx.y * kGemmBN;
   // its stages: all, or its K split's share (slot q & 1 holds stage q's table either way)
   const int qa = gemm_stages<SK>(p).x, qb = gemm_stages<SK>(p).y;
   if (SK && qa >= qb) return;
-  uint32_t* cod = reinterpret_cast<uint32_t*>(smem + 2 * kGemmSlot);  // [2 slots][2 tap pairs][BM] lookups
+  uint32_t* cod = reinterpret_cast<uint32_t*>(smem + 2 * kGemmSlot);  // [2][BM] code words
 
   // the rows whose codes this thread stages (row t + TH * u of the tile); rows past M stay 0
   // (never stored)
@@ -177,16 +177,10 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
 #pragma unroll
     for (int u = 0; u < LR; ++u) cw[u] = cload[u] ? gemm_codes<KX>(p, crow[u], 4 * q) : 0u;
   };
-  // A row's tap pair as its 2 lookups' offsets in the slot, code * 128 + e * 64, the first read in the
-  // low half (tap 2 tp on even quads, the header; row t's quad has t's parity): 1 instruction a lookup.
-  const uint32_t sel = (t & 1) ? 0x4041u : 0x4140u, eoff = (t & 1) ? 64u : 64u << 16;
   auto put_codes = [&](int slot, const uint32_t (&cw)[LR]) {
 #pragma unroll
     for (int u = 0; u < LR; ++u)
-      if (t + TH * u < BM)
-#pragma unroll
-        for (int tp = 0; tp < 2; ++tp)
-          cod[(slot * 2 + tp) * BM + t + TH * u] = (__byte_perm(cw[u] >> (16 * tp), 0, sel) << 7) + eoff;
+      if (t + TH * u < BM) cod[slot * BM + t + TH * u] = cw[u];
   };
 
   // Table build: a stage is 64 (tp, 8-code block) pieces x 32 lanes (e = lane >> 4, pair
@@ -254,7 +248,7 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   // pair cp) = kk * 32 + hl * 16 + cp at rr * kGemmRawRow. Copy: 8 lanes a row, lane rc the 16-byte
   // pieces rc of its 4 lines, so a warp-wide load is 4 lines (4 wavefronts, not 32) and a quarter
   // warp's 16-byte store 128 contiguous bytes (all banks); a half stage is rows 64 half + 0..63.
-  uint8_t* stg = smem + 2 * kGemmSlot + 4 * BM * 4;
+  uint8_t* stg = smem + 2 * kGemmSlot + 2 * BM * 4;
   // a lane's channel is the same in both halves (rr0 < 64), its tap 2 half + (rr0 >> 5): one
   // weight pointer for both
   const int rr0 = warp * 4 + (lane >> 3), rc = lane & 7, rk = rr0 >> 5;
@@ -295,29 +289,31 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
     }
   };
 
-  // rows i of this quad are live while 128 i < left (as m0 + g + 128 i < M, 64-bit, ptxas rebuilt it at each use)
-  const int left = static_cast<int>(std::min<long long>(p.M - m0 - g, BM));
-  uint32_t s[R][4], h[R][4];
+  bool live[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) live[i] = m0 + g + 128 * i < p.M;
+  uint32_t s[R][4], h[R][4], cr[R];
 #pragma unroll
   for (int i = 0; i < R; ++i)
 #pragma unroll
     for (int jj = 0; jj < 4; ++jj) s[i][jj] = h[i][jj] = 0;
-  // A lookup's address: slot | code * 128 + e * 64 (put_codes) | j * 16, disjoint bits, so one LOP3 or
-  // LEA.HI a lookup. The branch on live rows stays: without it ptxas hoists later rows' loads and spills.
-  const uint32_t off0 = j * 16;
+  // A lookup's address as slot | code * 128 | off (disjoint bits; the other half's off0 ^ 64): a
+  // shift and a LOP3. As tb + code * 128 + off, ptxas rematerialized off at every lookup. The
+  // branch on live rows stays: without it ptxas hoists later rows' loads and spills.
+  const uint32_t off0 = (par * 4 + j) * 16;
   auto sum_pair = [&](int slot, int tp) {
     const uint32_t b0 = slot * kGemmSlot | off0;
-    const uint32_t* cp = cod + (slot * 2 + tp) * BM + g;
 #pragma unroll
     for (int i = 0; i < R; ++i) {
-      if (128 * i >= left) continue;
-      const uint32_t c = cp[128 * i];
-      const uint32_t a0 = (c & 0xFFFFu) | b0, a1 = (c >> 16) + b0;
+      if (!live[i]) continue;
+      const uint32_t c = cr[i] >> (16 * tp);
+      const uint32_t a0 = ((c << 7) & 0x7F80u) | b0, a1 = (((c >> 1) & 0x7F80u) | b0) ^ 64u;
       add_row<int16_t>(reinterpret_cast<const int4*>(smem + tp * 32768 + a0), s[i], h[i]);
       add_row<int16_t>(reinterpret_cast<const int4*>(smem + tp * 32768 + a1), s[i], h[i]);
     }
   };
 
+  const uint32_t swap = par ? 0x2301u : 0x3210u;  // odd quads: taps of a pair swapped (e = par ^ step)
   if constexpr (CO) {
     // Stage q's loop step builds slot q + 1 from the staging area (filled in step q - 1), copies
     // stage q + 2's rows into it once every warp has read it (barrier A), and sums stage q.
@@ -352,6 +348,8 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
         put_codes(slot ^ 1, cw);  // here, not at the end: 2 registers fewer through the sums
       }
       if (nxt2) raw_load(q + 2, 0, L);
+#pragma unroll
+      for (int i = 0; i < R; ++i) cr[i] = __byte_perm(cod[slot * BM + g + 128 * i], 0, swap);
       sum_pair(slot, 0);
       if (nxt2) {
         __syncthreads();  // A: the staging area is read
@@ -383,6 +381,8 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
         codes_of(q + 1, cw);
         load_half(q + 1, 0, A, B);
       }
+#pragma unroll
+      for (int i = 0; i < R; ++i) cr[i] = __byte_perm(cod[slot * BM + g + 128 * i], 0, swap);
       sum_pair(slot, 0);
       if (nxt) {  // slot ^ 1 was last read in stage q - 1, before the barrier that ended it
         store_half(slot ^ 1, 0, A, B);
@@ -401,7 +401,7 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   const bool add = SK && gridDim.z > 1;
 #pragma unroll
   for (int i = 0; i < R; ++i) {
-    if (128 * i >= left) continue;
+    if (!live[i]) continue;
     uint32_t v[8];
     finish_row<int16_t>(s[i], h[i], taps, v);
     gemm_store(p, m0 + g + 128 * i, n0 + 8 * j, v, add);
@@ -475,7 +475,7 @@ int gemm_split(const Params& p, int r) {
 
 // Shared memory of a tile of R rows a thread: two slots, the staged codes, CO's staging area.
 constexpr size_t gemm_smem(int r, int build) {
-  return 2 * kGemmSlot + 4 * (kGemmThreads / 4 * r) * 4 + (build == 2 ? 128 * kGemmRawRow : 0);
+  return 2 * kGemmSlot + 2 * (kGemmThreads / 4 * r) * 4 + (build == 2 ? 128 * kGemmRawRow : 0);
 }
 
 template <int R, int MODE, int BUILD>

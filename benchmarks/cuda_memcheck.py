@@ -32,7 +32,7 @@ CONVS = [((3, *a), w, 1, 0, 1) for _, kind, a, w in LENET5_LAYERS if kind == "co
 ]
 BMMS = [(3, 37, 41, 64), (2, 197, 197, 68), (2, 197, 64, 197), (1, 5, 300, 7)]  # (B, M, N, K)
 LINEARS = [(3, *w[::-1]) for _, kind, _, w in LENET5_LAYERS if kind == "linear"] + [
-    (37, 100, 17), (5, 33, 3), (700, 84, 10), (1100, 130, 45), (1030, 2, 97), (600, 11, 31)]
+    (37, 100, 17), (5, 33, 3), (700, 84, 10), (1100, 130, 45), (1030, 2, 97), (600, 11, 31), (2100, 37, 20)]
 
 
 def gemm_configs(algos):
@@ -41,7 +41,7 @@ def gemm_configs(algos):
     if "expanded_gemm" not in algos:
         return algos
     return algos + ["expanded_gemm_r2", "expanded_gemm_r4", "expanded_gemm_r8", "expanded_gemm_r8w",
-                    "expanded_gemm_r8c", "expanded_gemm_r8c_k3"]
+                    "expanded_gemm_r8c", "expanded_gemm_r8c_k3", "expanded_gemm_r16c", "expanded_gemm_r16c_k3"]
 
 
 def main(bmm_only=False):

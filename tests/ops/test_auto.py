@@ -121,6 +121,7 @@ def test_costs_are_kept_per_batch_bucket_table_format_and_threads():
 
 @pytest.mark.parametrize("pick,row", [("expanded_gemm_r8w", "expanded_gemm"), ("expanded_gemm_r8c", "expanded_gemm"),
                                       ("expanded_gemm_r4", "expanded_gemm"), ("expanded_gemm_r8c_k3", "expanded_gemm"),
+                                      ("expanded_gemm_r16c_k2", "expanded_gemm"),
                                       ("expanded_window_x7_c18", "expanded_window"), ("direct", "direct"),
                                       ("expanded_rows_r2_c1", "expanded_rows"), ("", None)])
 def test_algo_table_gives_a_configuration_its_variants_row(monkeypatch, pick, row):

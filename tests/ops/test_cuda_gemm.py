@@ -1,5 +1,5 @@
-"""CUDA expanded_gemm (gemm.cu): every configuration it has (expanded_gemm_r2/r4/r8/r8w/r8c, r8c with K
-split over 2, 3 and 64 blocks, the one auto would run) bit-exact against the python reference on linear layers, 1x1 convs and KxK convs
+"""CUDA expanded_gemm (gemm.cu, gemm_tall.cu): every configuration it has (expanded_gemm_r2/r4/r8/r8w/r8c,
+r16c (the tall tile), r8c and r16c with K split over 2, 3 and 64 blocks, the one auto would run) bit-exact against the python reference on linear layers, 1x1 convs and KxK convs
 (implicit im2col: the padding tested per tap), int16 and int32 products, signed and unsigned codes,
 outputs poisoned first; and the shapes and names it declines.
 
@@ -45,6 +45,10 @@ GEMM_CASES = [
     (2100, 6, 64),                  # 3 row tiles, the last with 52 rows; N a multiple of 32
     (600, 11, 31),
     ((4, 13, 17, 15), (33, 1, 1), 2, 2, 1),    # 1x1 conv, stride 2, padding 2: whole padded rows and columns
+    # the tall tile (r16c: 2048 rows x 16 channels): 3 row tiles, the last with 104 rows (past M in a
+    # live group of 4 rows a thread); a KxK conv over 2 tiles with 5 channel tiles, the last of 1 channel
+    (4200, 37, 40),
+    ((3, 16, 30, 30), (65, 3, 3), 1, 1, 1),
 ]
 
 
@@ -58,7 +62,8 @@ def _pair(v):
 def test_every_gemm_configuration(case, lutkind, signed):
     """auto times expanded_gemm at 2, 4 and 8 rows a thread (row tiles of 256, 512, 1024) and
     r8w (R = 8, weight bytes loaded once a half stage) and r8c (R = 8, Et16 lines copied whole into a
-    staging area, then transposed into the slot), and r8c with K split (blocks of a split add their sums
+    staging area, then transposed into the slot), r16c (2048 rows x 16 channels, half the build a product), and
+    r8c and r16c with K split (blocks of a split add their sums
     into the zeroed output: the poison must not show; 3 splits leave uneven shares, 64 more splits than
     most cases have stages, so some get none), so each must be exact:
     int16 products (shared-memory table slices) and int32 ones (the E32 path); linear layers,
@@ -79,7 +84,8 @@ def test_every_gemm_configuration(case, lutkind, signed):
         call = lambda ad, wd, ld, algo: ops.lut_linear(ad, wd, ld, algo)  # noqa: E731
     ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
     for algo in ("expanded_gemm", "expanded_gemm_r2", "expanded_gemm_r4", "expanded_gemm_r8", "expanded_gemm_r8w",
-                 "expanded_gemm_r8c", "expanded_gemm_r8c_k2", "expanded_gemm_r8c_k3", "expanded_gemm_r8c_k64"):
+                 "expanded_gemm_r8c", "expanded_gemm_r8c_k2", "expanded_gemm_r8c_k3", "expanded_gemm_r8c_k64",
+                 "expanded_gemm_r16c", "expanded_gemm_r16c_k2", "expanded_gemm_r16c_k3", "expanded_gemm_r16c_k64"):
         got = poisoned_call(lambda: call(ad, wd, ld, algo), tuple(want.shape))
         check_equal(got, want, f"{shape} {lutkind} signed={signed} {algo}")
 
@@ -90,7 +96,8 @@ def test_gemm_declines():
     for bad in ("expanded_gemm_r3", "expanded_gemm_r16", "expanded_gemm_r8x", "expanded_gemm_r4w",
                 "expanded_gemm_r8ww", "expanded_gemm_r4c", "expanded_gemm_r8cw", "expanded_gemm_r8c_",
                 "expanded_gemm_r8c_k", "expanded_gemm_r8c_k1", "expanded_gemm_r8c_k65", "expanded_gemm_r8c_k02",
-                "expanded_gemm_r8c_k2x", "expanded_gemm_r8w_k2", "expanded_gemm_r4_k2"):
+                "expanded_gemm_r8c_k2x", "expanded_gemm_r8w_k2", "expanded_gemm_r4_k2", "expanded_gemm_r16w",
+                "expanded_gemm_r16c_k1", "expanded_gemm_r16c_k65", "expanded_gemm_r32c"):
         with pytest.raises(RuntimeError, match="bad algo"):
             ops.lut_linear(a, torch.zeros((3, 8), dtype=torch.int8, device=DEV), lut, bad)
     with pytest.raises(RuntimeError, match="unknown algo"):  # a split names its tile: r8c_k<ks>

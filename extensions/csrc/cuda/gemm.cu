@@ -42,106 +42,13 @@
 #include <string>
 #include <vector>
 
-#include "launch.cuh"
+#include "gemm.cuh"
 
 namespace approx_cuda {
 namespace {
 
-constexpr int kGemmThreads = 512;              // the build's pieces assume 16 warps
 constexpr int kGemmBN = 32;                    // channels a block
 constexpr int kGemmSlot = 2 * 256 * 128;       // bytes of one stage's table (4 taps)
-constexpr int kGemmRawRow = 512 + 16;          // CO staging: an Et16 row and one bank group
-
-// Where a row's codes are. linear: base = m * K. 1x1 conv: base = the input pixel of image b
-// (channel 0), or -1 in the padding (every tap reads code 0). KxK conv: base = where tap (0, 0, 0)
-// would be, iyx its input pixel (row: low 16 bits, column: high 16, signed; one register for
-// R = 8's budget); both may lie in the padding, tested per tap.
-struct GemmRow {
-  long long base;
-  int iyx;
-};
-
-template <bool KX>
-__device__ __forceinline__ GemmRow gemm_row(const Params& p, long long m) {
-  if (!p.conv) return GemmRow{m * p.K, 0};
-  const long long b = m / p.HoWo;
-  const int pix = static_cast<int>(m - b * p.HoWo);
-  const int oy = pix / p.Wo, ox = pix - oy * p.Wo;
-  const int iy = oy * p.sh - p.ph, ix = ox * p.sw - p.pw;
-  const long long base = b * p.C * (long long)p.H * p.W + (long long)iy * p.W + ix;
-  // conv_params keeps iy and ix inside (-2^15, 2^15)
-  if (KX) return GemmRow{base, static_cast<int>((static_cast<unsigned>(iy) & 0xFFFFu) |
-                                                (static_cast<unsigned>(ix) << 16))};
-  const bool pad = iy < 0 || iy >= p.H || ix < 0 || ix >= p.W;
-  return GemmRow{pad ? -1 : base, 0};
-}
-
-// Codes of taps k0..k0+3 of a row, as LUT rows (one per byte); conv taps in the padding read
-// code 0, which goes through the LUT (the xmask) like any other code, as in every other kernel.
-// KX: tap k's {input offset, dy, dx, valid} comes from the tap table (tables.cu: Kpad >= k0 + 4
-// entries), the same address for every thread (one broadcast load), loaded where it is used:
-// holding the 4 taps' entries at once, or loading them tap-major for a thread's 2 rows, spilled
-// R = 8 at 128 registers. Taps past K read code 0, except KX, where their entries {0, 0, 0, 0}
-// read tap (0, 0, 0)'s code where that lies inside the image: any code serves, their table
-// slices being all zero, and one test fewer a tap is one register fewer.
-template <bool KX>
-__device__ __forceinline__ uint32_t gemm_codes(const Params& p, const GemmRow& r, int k0) {
-  const uint32_t xm = 0x01010101u * p.xmask;
-  if (!p.conv) return static_cast<uint32_t>(load_codes<4>(p, p.a + r.base, k0));
-  uint32_t w = 0;
-  if constexpr (KX) {
-    const int iy0 = static_cast<int>(static_cast<short>(r.iyx & 0xFFFF)), ix0 = r.iyx >> 16;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int4 kc = __ldg(p.kinfo + k0 + c);
-      const int iy = iy0 + kc.y, ix = ix0 + kc.z;
-      if ((unsigned)iy < (unsigned)p.H && (unsigned)ix < (unsigned)p.W)
-        w |= (uint32_t)__ldg(p.a + r.base + kc.x) << (8 * c);
-    }
-  } else if (r.base >= 0) {
-    const long long hw = (long long)p.H * p.W;
-    const uint8_t* src = p.a + r.base + k0 * hw;
-#pragma unroll
-    for (int c = 0; c < 4; ++c, src += hw)
-      if (k0 + c < p.K) w |= (uint32_t)__ldg(src) << (8 * c);
-  }
-  return w ^ xm;
-}
-
-// Writes channels nb..nb+7 (< N) of row m; add: atomically into the zeroed output (a K split's share).
-__device__ __forceinline__ void gemm_store(const Params& p, long long m, int nb, const uint32_t (&v)[8],
-                                           bool add) {
-  if (nb >= p.N) return;
-  if (!p.conv && !add) {
-    store8(p.out + m * p.N + nb, nb, p.N, (p.N & 3) == 0, v);
-    return;
-  }
-  int32_t* o;
-  long long step = 1;
-  if (p.conv) {
-    const long long b = m / p.HoWo, pix = m - b * p.HoWo;
-    o = p.out + (b * p.Ntot + nb) * p.HoWo + pix;
-    step = p.HoWo;
-  } else {
-    o = p.out + m * p.N + nb;
-  }
-#pragma unroll
-  for (int c = 0; c < 8; ++c) {
-    if (nb + c >= p.N) continue;
-    if (add) atomicAdd(o + c * step, static_cast<int32_t>(v[c]));
-    else o[c * step] = static_cast<int32_t>(v[c]);
-  }
-}
-
-// A block's stages [qa, qb) of the K / 4: all of them, or (SK) its K split's share, empty where the
-// split outnumbers the stages.
-template <bool SK>
-__device__ __forceinline__ int2 gemm_stages(const Params& p) {
-  const int nst = (p.K + 3) / 4;
-  if (!SK) return make_int2(0, nst);
-  const int per = (nst + gridDim.z - 1) / gridDim.z, qa = blockIdx.z * per;
-  return make_int2(qa, min(nst, qa + per));
-}
 
 // BUILD: 0 scattered Et16 loads (expanded_gemm_r<R>); 1 WH (expanded_gemm_r8w): a lane's 2 weight
 // bytes loaded once a half stage, not once a piece; 2 CO (expanded_gemm_r8c): whole Et16 lines
@@ -408,34 +315,6 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   }
 }
 
-// int32 products: E32 straight from L1/L2, one lookup per MAC (correct, not fast; auto does not
-// time it where the format is known to be int32).
-template <int R, bool KX>
-__device__ __forceinline__ void gemm32_body(const Params& p) {
-  constexpr int BM = kGemmThreads / 4 * R;
-  const int t = threadIdx.x, g = t >> 2, j = t & 3;
-  const long long m0 = (long long)blockIdx.x * BM;
-  const int nb = blockIdx.y * kGemmBN + 8 * j;
-  // a K split's other blocks leave it all to the first, which stores into the zeroed output
-  if (nb >= p.N || blockIdx.z != 0) return;
-  for (int i = 0; i < R; ++i) {
-    const long long m = m0 + g + 128 * i;
-    if (m >= p.M) break;
-    const GemmRow row = gemm_row<KX>(p, m);
-    uint32_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int k0 = 0; k0 < p.K; k0 += 4) {
-      const uint32_t cw = gemm_codes<KX>(p, row, k0);
-      for (int kk = 0; kk < 4 && k0 + kk < p.K; ++kk) {
-        const int32_t* er = p.E32 + ((cw >> (8 * kk)) & 255) * 256 + 128;
-#pragma unroll
-        for (int c = 0; c < 8; ++c)
-          if (nb + c < p.N) v[c] += static_cast<uint32_t>(__ldg(er + __ldg(p.w + (long long)(nb + c) * p.K + k0 + kk)));
-      }
-    }
-    gemm_store(p, m, nb, v, false);
-  }
-}
-
 template <int R, int MODE, int BUILD, bool KX, bool SK>
 __global__ void __launch_bounds__(kGemmThreads, 1) gemm_kernel(Params p) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -444,9 +323,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1) gemm_kernel(Params p) {
   else
     gemm32_body<R, KX>(p);
 }
-
-// A conv whose kernel is larger than 1x1 (one group: K = C * kh * kw is C only at 1x1).
-bool gemm_kx(const Params& p) { return p.conv && p.K != p.C; }
 
 int64_t gemm_blocks(const Params& p, int r) {
   return (p.M + 128LL * r - 1) / (128LL * r) * ((p.N + kGemmBN - 1) / kGemmBN);
@@ -457,20 +333,6 @@ Config gemm_default(const Params& p) {
   for (int r : {8, 4})
     if (gemm_blocks(p, r) >= sm_count()) return Config{r};
   return Config{2};
-}
-
-// The K split that best fills the SMs with R-row tiles: time ~ ceil(blocks x ks / SMs) / ks, each
-// split >= 16 stages, each larger split 3 % better than the last. 1: the tiles fill their waves.
-int gemm_split(const Params& p, int r) {
-  const int64_t blocks = gemm_blocks(p, r), sms = sm_count();
-  const int nst = (p.K + 3) / 4;
-  int best = 1;
-  double best_t = static_cast<double>((blocks + sms - 1) / sms);
-  for (int ks = 2; ks <= 64 && nst / ks >= 16; ++ks) {
-    const double t = static_cast<double>((blocks * ks + sms - 1) / sms) / ks;
-    if (t < 0.97 * best_t) best = ks, best_t = t;
-  }
-  return best;
 }
 
 // Shared memory of a tile of R rows a thread: two slots, the staged codes, CO's staging area.
@@ -499,11 +361,12 @@ void launch_gemm_t(const Params& p, int ks, cudaStream_t stream) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// build: Config::build (0 scattered, 1 WH, 2 CO); WH and CO are R = 8 tiles only.
+// build: Config::build (0 scattered, 1 WH, 2 CO, 3 the tall CO tile); WH and CO are R = 8 tiles only.
 template <int MODE>
 void launch_gemm_m(const Params& p, const Config& c, cudaStream_t stream) {
   const int build = MODE == 2 ? 0 : c.build;
-  if (build == 1) launch_gemm_t<8, MODE, 1>(p, c.ks, stream);  // expanded_gemm_r8w
+  if (build == 3) launch_gemm_tall(p, MODE, c.ks, stream);  // expanded_gemm_r16c (gemm_tall.cu)
+  else if (build == 1) launch_gemm_t<8, MODE, 1>(p, c.ks, stream);  // expanded_gemm_r8w
   else if (build == 2) launch_gemm_t<8, MODE, 2>(p, c.ks, stream);  // expanded_gemm_r8c
   else if (c.r == 8) launch_gemm_t<8, MODE, 0>(p, c.ks, stream);
   else if (c.r == 4) launch_gemm_t<4, MODE, 0>(p, c.ks, stream);
@@ -511,6 +374,20 @@ void launch_gemm_m(const Params& p, const Config& c, cudaStream_t stream) {
 }
 
 }  // namespace
+
+// The K split that best fills the SMs with a tile's blocks: time ~ ceil(blocks x ks / SMs) / ks, each
+// split >= 16 stages, each larger split 3 % better than the last. 1: the tiles fill their waves.
+int gemm_split(const Params& p, int64_t blocks) {
+  const int64_t sms = sm_count();
+  const int nst = (p.K + 3) / 4;
+  int best = 1;
+  double best_t = static_cast<double>((blocks + sms - 1) / sms);
+  for (int ks = 2; ks <= 64 && nst / ks >= 16; ++ks) {
+    const double t = static_cast<double>((blocks * ks + sms - 1) / sms) / ks;
+    if (t < 0.97 * best_t) best = ks, best_t = t;
+  }
+  return best;
+}
 
 std::string gemm_why_not(const Params& p, const ConvGeo& cg) {
   (void)cg;  // any kernel size, stride, padding and dilation: the tap table says where a tap reads
@@ -547,7 +424,15 @@ std::vector<Config> gemm_candidates(const Params& p, int fmt) {
   // at batch 64, 16 at batch 1, each of 49 rows there)
   Config c{8};
   c.build = 2;
-  if (co && (c.ks = gemm_split(p, 8)) > 1) out.push_back(c);
+  if (co && (c.ks = gemm_split(p, gemm_blocks(p, 8))) > 1) out.push_back(c);
+  // the tall tile (2048 rows x 16 channels: half the table build a product), where a tile's rows
+  // are mostly live; split as r8c where its tiles leave SMs idle
+  if ((long long)gemm_tall_smem() <= max_smem_optin() && p.M > 1024 && (p.N + 15) / 16 <= 65535) {
+    Config tall{16};
+    tall.build = 3;
+    out.push_back(tall);
+    if ((tall.ks = gemm_split(p, gemm_tall_blocks(p))) > 1) out.push_back(tall);
+  }
   return out;
 }
 
@@ -563,21 +448,26 @@ void launch_gemm(const Params& p, int fmt, Config c, cudaStream_t stream) {
 // "expanded_gemm_r8w": R = 8 with the WH build (weight bytes loaded once a half stage);
 // "expanded_gemm_r8c": R = 8 with the CO build (Et16 lines copied whole, then transposed);
 // "expanded_gemm_r8c_k<ks>": r8c with K split over ks blocks (2..64), their sums added into the zeroed
-// output (gemm_split: where the tiles alone leave SMs idle).
+// output (gemm_split: where the tiles alone leave SMs idle);
+// "expanded_gemm_r16c" and "_r16c_k<ks>": the tall tile (gemm_tall.cu), 16 rows x 4 channels a thread.
 std::string parse_gemm_config(const std::string& name, Config& c) {
   const std::string bad = "bad algo '" + name + "': expanded_gemm_r<2, 4 or 8>, expanded_gemm_r8w, "
-                          "expanded_gemm_r8c or expanded_gemm_r8c_k<K split, 2..64>";
+                          "expanded_gemm_r8c, expanded_gemm_r16c, or either of the last two with _k<K split, 2..64>";
   std::string base = name;
   int ks = 0;
   const size_t at = name.find("_k", 14);  // past "expanded_gemm_"
   if (at != std::string::npos) {
     const std::string digits = name.substr(at + 2);
     base = name.substr(0, at);
-    if (digits.empty() || digits.size() > 2 || digits[0] == '0' || base != "expanded_gemm_r8c" ||
+    if (digits.empty() || digits.size() > 2 || digits[0] == '0' ||
+        (base != "expanded_gemm_r8c" && base != "expanded_gemm_r16c") ||
         digits.find_first_not_of("0123456789") != std::string::npos || (ks = std::stoi(digits)) < 2 || ks > 64)
       return bad;
   }
-  if (base == "expanded_gemm_r8w" || base == "expanded_gemm_r8c") {
+  if (base == "expanded_gemm_r16c") {
+    c = Config{16};
+    c.build = 3;
+  } else if (base == "expanded_gemm_r8w" || base == "expanded_gemm_r8c") {
     c = Config{8};
     c.build = base.back() == 'w' ? 1 : 2;
   } else {
@@ -593,7 +483,9 @@ std::string parse_gemm_config(const std::string& name, Config& c) {
 
 std::string gemm_config_name(const Config& c) {
   if (c.r == 8 && c.build == 1) return "expanded_gemm_r8w";
-  if (c.r == 8 && c.build == 2) return "expanded_gemm_r8c" + (c.ks > 1 ? "_k" + std::to_string(c.ks) : "");
+  const std::string split = c.ks > 1 ? "_k" + std::to_string(c.ks) : "";
+  if (c.r == 8 && c.build == 2) return "expanded_gemm_r8c" + split;
+  if (c.build == 3) return "expanded_gemm_r16c" + split;
   return c.r ? "expanded_gemm_r" + std::to_string(c.r) : "expanded_gemm";
 }
 

@@ -1,0 +1,150 @@
+// Device code both expanded_gemm tile families share (gemm.cu: 128 R rows x 32 channels;
+// gemm_tall.cu: 2048 rows x 16 channels): where a row's codes are, the stores, a K split's
+// stages, the int32 path; and the tall tile's launcher.
+#pragma once
+#include "launch.cuh"
+
+namespace approx_cuda {
+
+constexpr int kGemmThreads = 512;  // both tiles' builds assume 16 warps
+constexpr int kGemmRawRow = 512 + 16;  // CO staging: an Et16 row and one bank group
+
+// A conv whose kernel is larger than 1x1 (one group: K = C * kh * kw is C only at 1x1).
+inline bool gemm_kx(const Params& p) { return p.conv && p.K != p.C; }
+
+// Where a row's codes are. linear: base = m * K. 1x1 conv: base = the input pixel of image b
+// (channel 0), or -1 in the padding (every tap reads code 0). KxK conv: base = where tap (0, 0, 0)
+// would be, iyx its input pixel (row: low 16 bits, column: high 16, signed; one register for
+// R = 8's budget); both may lie in the padding, tested per tap.
+struct GemmRow {
+  long long base;
+  int iyx;
+};
+
+template <bool KX>
+__device__ __forceinline__ GemmRow gemm_row(const Params& p, long long m) {
+  if (!p.conv) return GemmRow{m * p.K, 0};
+  const long long b = m / p.HoWo;
+  const int pix = static_cast<int>(m - b * p.HoWo);
+  const int oy = pix / p.Wo, ox = pix - oy * p.Wo;
+  const int iy = oy * p.sh - p.ph, ix = ox * p.sw - p.pw;
+  const long long base = b * p.C * (long long)p.H * p.W + (long long)iy * p.W + ix;
+  // conv_params keeps iy and ix inside (-2^15, 2^15)
+  if (KX) return GemmRow{base, static_cast<int>((static_cast<unsigned>(iy) & 0xFFFFu) |
+                                                (static_cast<unsigned>(ix) << 16))};
+  const bool pad = iy < 0 || iy >= p.H || ix < 0 || ix >= p.W;
+  return GemmRow{pad ? -1 : base, 0};
+}
+
+// Codes of taps k0..k0+3 of a row, as LUT rows (one per byte); conv taps in the padding read
+// code 0, which goes through the LUT (the xmask) like any other code, as in every other kernel.
+// KX: tap k's {input offset, dy, dx, valid} comes from the tap table (tables.cu: Kpad >= k0 + 4
+// entries), the same address for every thread (one broadcast load), loaded where it is used:
+// holding the 4 taps' entries at once, or loading them tap-major for a thread's 2 rows, spilled
+// R = 8 at 128 registers. Taps past K read code 0, except KX, where their entries {0, 0, 0, 0}
+// read tap (0, 0, 0)'s code where that lies inside the image: any code serves, their table
+// slices being all zero, and one test fewer a tap is one register fewer.
+template <bool KX>
+__device__ __forceinline__ uint32_t gemm_codes(const Params& p, const GemmRow& r, int k0) {
+  const uint32_t xm = 0x01010101u * p.xmask;
+  if (!p.conv) return static_cast<uint32_t>(load_codes<4>(p, p.a + r.base, k0));
+  uint32_t w = 0;
+  if constexpr (KX) {
+    const int iy0 = static_cast<int>(static_cast<short>(r.iyx & 0xFFFF)), ix0 = r.iyx >> 16;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int4 kc = __ldg(p.kinfo + k0 + c);
+      const int iy = iy0 + kc.y, ix = ix0 + kc.z;
+      if ((unsigned)iy < (unsigned)p.H && (unsigned)ix < (unsigned)p.W)
+        w |= (uint32_t)__ldg(p.a + r.base + kc.x) << (8 * c);
+    }
+  } else if (r.base >= 0) {
+    const long long hw = (long long)p.H * p.W;
+    const uint8_t* src = p.a + r.base + k0 * hw;
+#pragma unroll
+    for (int c = 0; c < 4; ++c, src += hw)
+      if (k0 + c < p.K) w |= (uint32_t)__ldg(src) << (8 * c);
+  }
+  return w ^ xm;
+}
+
+// Writes channels nb..nb+NC-1 (< N) of row m; add: atomically into the zeroed output (a K split's share).
+template <int NC>
+__device__ __forceinline__ void gemm_store(const Params& p, long long m, int nb, const uint32_t (&v)[NC],
+                                           bool add) {
+  if (nb >= p.N) return;
+  if constexpr (NC == 8) {
+    if (!p.conv && !add) {
+      store8(p.out + m * p.N + nb, nb, p.N, (p.N & 3) == 0, v);
+      return;
+    }
+  } else if constexpr (NC == 4) {
+    if (!p.conv && !add && (p.N & 3) == 0 && nb + 4 <= p.N) {  // nb % 4 == 0: 16-byte aligned
+      *reinterpret_cast<int4*>(p.out + m * p.N + nb) = make_int4(v[0], v[1], v[2], v[3]);
+      return;
+    }
+  }
+  int32_t* o;
+  long long step = 1;
+  if (p.conv) {
+    const long long b = m / p.HoWo, pix = m - b * p.HoWo;
+    o = p.out + (b * p.Ntot + nb) * p.HoWo + pix;
+    step = p.HoWo;
+  } else {
+    o = p.out + m * p.N + nb;
+  }
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    if (nb + c >= p.N) continue;
+    if (add) atomicAdd(o + c * step, static_cast<int32_t>(v[c]));
+    else o[c * step] = static_cast<int32_t>(v[c]);
+  }
+}
+
+// A block's stages [qa, qb) of the K / 4: all of them, or (SK) its K split's share, empty where the
+// split outnumbers the stages.
+template <bool SK>
+__device__ __forceinline__ int2 gemm_stages(const Params& p) {
+  const int nst = (p.K + 3) / 4;
+  if (!SK) return make_int2(0, nst);
+  const int per = (nst + gridDim.z - 1) / gridDim.z, qa = blockIdx.z * per;
+  return make_int2(qa, min(nst, qa + per));
+}
+
+// int32 products: E32 straight from L1/L2, one lookup per MAC (correct, not fast; auto does not
+// time it where the format is known to be int32).
+// BN: the tile's channels (a lane's BN / 4).
+template <int R, bool KX, int BN = 32>
+__device__ __forceinline__ void gemm32_body(const Params& p) {
+  constexpr int BM = kGemmThreads / 4 * R, NC = BN / 4;
+  const int t = threadIdx.x, g = t >> 2, j = t & 3;
+  const long long m0 = (long long)blockIdx.x * BM;
+  const int nb = blockIdx.y * BN + NC * j;
+  // a K split's other blocks leave it all to the first, which stores into the zeroed output
+  if (nb >= p.N || blockIdx.z != 0) return;
+  for (int i = 0; i < R; ++i) {
+    const long long m = m0 + g + 128 * i;
+    if (m >= p.M) break;
+    const GemmRow row = gemm_row<KX>(p, m);
+    uint32_t v[NC] = {};
+    for (int k0 = 0; k0 < p.K; k0 += 4) {
+      const uint32_t cw = gemm_codes<KX>(p, row, k0);
+      for (int kk = 0; kk < 4 && k0 + kk < p.K; ++kk) {
+        const int32_t* er = p.E32 + ((cw >> (8 * kk)) & 255) * 256 + 128;
+#pragma unroll
+        for (int c = 0; c < NC; ++c)
+          if (nb + c < p.N) v[c] += static_cast<uint32_t>(__ldg(er + __ldg(p.w + (long long)(nb + c) * p.K + k0 + kk)));
+      }
+    }
+    gemm_store<NC>(p, m, nb, v, false);
+  }
+}
+
+// The tall tile (gemm_tall.cu): its blocks for a call, its shared memory, and its launch (mode as
+// gemm.cu's MODE: 0 format read on the device, 1 int16 products).
+int64_t gemm_tall_blocks(const Params& p);
+size_t gemm_tall_smem();
+void launch_gemm_tall(const Params& p, int mode, int ks, cudaStream_t stream);
+int gemm_split(const Params& p, int64_t blocks);
+
+}  // namespace approx_cuda

@@ -1,0 +1,240 @@
+// expanded_gemm_r16c: expanded_gemm's tall tile. Rows, taps, code staging and the int16-pair
+// products are gemm.cu's (its header); the tile and the slot differ.
+//
+// gemm.cu's R = 8 tiles (1024 rows x 32 channels) use each built table entry 4 times, and the
+// build (Et16 lines copied into a staging area, transposed into the slot) is about half of a
+// stage's L1/shared wavefronts; ncu on an H200 (r8c, ResNet-50's 1x1 256 -> 64 at batch 64 and
+// ViT-B/16's fc1) shows the L1/shared pipe 62-73 % busy against 30-35 % of issue slots. This tile
+// is 2048 rows x 16 channels (a thread 16 rows x 4 channels: the same 64 accumulators), so a
+// stage builds half the table (32 KiB) for the same products, and its 64 staging rows are copied
+// once a stage, not in two halves.
+//
+// Slot: [code a][tap k of 4][8 pair words] (128 B a code; pair word pw holds channels 2 pw, 2 pw + 1
+// of the tile as gemm.cu's pairs: the low one offset binary, the high one signed). Thread t: quad
+// g = t >> 2 owns rows g + 128 i (i < 16), lane jj = t & 3 channels 4 jj .. 4 jj + 3, read as one
+// LDS.64 (pair words 2 jj, 2 jj + 1) a row and tap. Conflicts: a 64-bit load is served a half warp
+// at a time, 4 quads with unrelated codes; at step s quad qh = (lane >> 2) & 3 of its half warp
+// reads tap s ^ qh, so the 4 quads read 4 different 32-byte quarters of their 128-byte rows: all
+// 32 banks, whatever the codes. A row's code word is permuted once a stage so that byte s holds
+// tap s ^ qh's code; a lookup's address is then a shift and a LOP3.
+// Build: lane (tap kk, pair word pw) of warp w makes the words of codes 8 ab .. 8 ab + 7 (ab = w,
+// w + 16) from staging rows (kk, 2 pw) and (kk, 2 pw + 1): a warp stores 32 consecutive words
+// (all banks); the staging rows are ordered [tap][lo/hi channel][pair word], 528 B apart, so a
+// quarter warp's 16-byte loads read 8 consecutive rows, 8 distinct bank groups.
+// Shared memory: 2 slots (64 KiB), 2 x 2048 code words (16 KiB), staging 64 x 528 B: 113 KiB.
+
+#include <algorithm>
+
+#include "gemm.cuh"
+
+namespace approx_cuda {
+namespace {
+
+constexpr int kTallRows = 2048;      // rows a block: 16 a thread
+constexpr int kTallBN = 16;          // channels a block: 4 a thread
+constexpr int kTallSlot = 256 * 128;  // one stage's table: [code][4 taps][8 pair words]
+
+template <bool KX, bool SK>
+__device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
+  constexpr int TH = kGemmThreads, BM = kTallRows, LR = BM / TH, R = BM / (TH / 4);
+  const int t = threadIdx.x, g = t >> 2, jj = t & 3;
+  const int warp = t >> 5, lane = t & 31, qh = (lane >> 2) & 3;
+  const long long m0 = (long long)blockIdx.x * BM;
+  const int n0 = blockIdx.y * kTallBN;
+  const int qa = gemm_stages<SK>(p).x, qb = gemm_stages<SK>(p).y;
+  if (SK && qa >= qb) return;
+  uint32_t* cod = reinterpret_cast<uint32_t*>(smem + 2 * kTallSlot);  // [2][BM] code words
+  uint8_t* stg = smem + 2 * kTallSlot + 2 * BM * 4;                   // 64 Et16 rows
+
+  // The rows whose codes this thread stages (row t + TH * u of the tile; rows past M stay 0), where
+  // their codes are kept in shared memory, each thread reading back only its own: in registers,
+  // 12 of them through the loop, KxK convs spilled.
+  const int rows = static_cast<int>(std::min<long long>(p.M - m0, BM));
+  long long* rbase = reinterpret_cast<long long*>(stg + 64 * kGemmRawRow);  // [BM]
+  int* riyx = reinterpret_cast<int*>(rbase + BM);                          // [BM], KxK convs
+#pragma unroll
+  for (int u = 0; u < LR; ++u) {
+    const int r = t + TH * u;
+    if (r >= rows) continue;
+    const GemmRow gr = gemm_row<KX>(p, m0 + r);
+    rbase[r] = gr.base;
+    if (KX) riyx[r] = gr.iyx;
+  }
+  auto codes_of = [&](int q, uint32_t (&cw)[LR]) {
+#pragma unroll
+    for (int u = 0; u < LR; ++u) {
+      const int r = t + TH * u;
+      cw[u] = r < rows ? gemm_codes<KX>(p, GemmRow{rbase[r], KX ? riyx[r] : 0}, 4 * q) : 0u;
+    }
+  };
+  auto put_codes = [&](int slot, const uint32_t (&cw)[LR]) {
+#pragma unroll
+    for (int u = 0; u < LR; ++u) cod[slot * BM + t + TH * u] = cw[u];
+  };
+
+  // Staging row rr = kk * 16 + hl * 8 + pw: channel n0 + 2 pw + hl at tap 4 q + kk, the Et16 row of
+  // its weight, copied by 8 lanes (lane rc the 16-byte pieces rc of its 4 lines: a warp-wide load
+  // is 4 lines, a quarter warp's store 128 contiguous bytes). Taps past K, channels past N: zeros.
+  const int4 zero = make_int4(0, 0, 0, 0);
+  const int rr0 = warp * 4 + (lane >> 3), rc = lane & 7, rk = rr0 >> 4;
+  const int rn = n0 + 2 * (rr0 & 7) + ((rr0 >> 3) & 1);
+  const uint8_t* rw = reinterpret_cast<const uint8_t*>(p.w) + (rn < p.N ? (long long)rn * p.K + rk : 0);
+  const int rklim = rn < p.N ? p.K - rk : 0;
+  auto raw_load = [&](int q, int4 (&L)[4]) {
+    const int k = 4 * q;  // the tap less rk (rw is at tap rk)
+#pragma unroll
+    for (int u = 0; u < 4; ++u) L[u] = zero;
+    if (k < rklim) {
+      const uint32_t off = ((__ldg(rw + k) ^ 128u) << 9) | (rc << 4);  // Et16 row of weight w: w + 128
+      const char* src = reinterpret_cast<const char*>(p.Et16) + off;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) L[u] = __ldg(reinterpret_cast<const int4*>(src + u * 128));
+    }
+  };
+  auto raw_store = [&](const int4 (&L)[4]) {
+    uint8_t* dst = stg + rr0 * kGemmRawRow + rc * 16;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) *reinterpret_cast<int4*>(dst + u * 128) = L[u];
+  };
+  // The slot from the staging area (the header's build).
+  auto transpose = [&](int slot) {
+    const int kk = lane >> 3, pw = lane & 7;
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      const int ab = warp + 16 * v;
+      const uint8_t* src = stg + (kk * 16 + pw) * kGemmRawRow + ab * 16;
+      const int4 A = *reinterpret_cast<const int4*>(src), B = *reinterpret_cast<const int4*>(src + 8 * kGemmRawRow);
+      uint32_t* dst = reinterpret_cast<uint32_t*>(smem + slot * kTallSlot) + ab * 8 * 32 + lane;
+      const uint32_t a4[4] = {(uint32_t)A.x ^ 0x80008000u, (uint32_t)A.y ^ 0x80008000u,
+                              (uint32_t)A.z ^ 0x80008000u, (uint32_t)A.w ^ 0x80008000u};
+      const uint32_t b4[4] = {(uint32_t)B.x, (uint32_t)B.y, (uint32_t)B.z, (uint32_t)B.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        dst[(2 * i) * 32] = __byte_perm(a4[i], b4[i], 0x5410);      // code 8 ab + 2i
+        dst[(2 * i + 1) * 32] = __byte_perm(a4[i], b4[i], 0x7632);  // code 8 ab + 2i + 1
+      }
+    }
+  };
+
+  // rows i of this quad are live while 128 i < left (a 32-bit compare against a constant)
+  const int left = static_cast<int>(std::min<long long>(p.M - m0 - g, BM));
+  uint32_t s[R][2], h[R][2], cr[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) s[i][0] = s[i][1] = h[i][0] = h[i][1] = 0;
+  // byte st of cr: the code of tap st ^ qh
+  const uint32_t rot = (0u ^ qh) | ((1u ^ qh) << 4) | ((2u ^ qh) << 8) | ((3u ^ qh) << 12);
+  const uint32_t off = jj * 8;
+  auto sum_steps = [&](int slot, int s0) {
+    const uint8_t* base = smem + slot * kTallSlot;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      // rows past M in a live group of 4 sum code 0, never stored: a branch a row costs ~150
+      // instructions a stage, none spills (ptxas hoists later rows' loads and spills then)
+      if (i % 4 == 0 && 128 * i >= left) break;
+#pragma unroll
+      for (int st = s0; st < s0 + 2; ++st) {
+        const uint32_t c = st == 0 ? cr[i] << 7 : cr[i] >> (8 * st - 7);
+        const uint32_t a = (c & 0x7F80u) | (((st ^ qh) << 5) | off);
+        const uint2 v = *reinterpret_cast<const uint2*>(base + a);
+        s[i][0] += v.x;
+        h[i][0] += static_cast<uint32_t>(static_cast<int>(v.x) >> 16);
+        s[i][1] += v.y;
+        h[i][1] += static_cast<uint32_t>(static_cast<int>(v.y) >> 16);
+      }
+    }
+  };
+
+  // Stage q's loop step builds slot q + 1 from the staging area (filled in step q - 1), copies
+  // stage q + 2's rows into it once every warp has read it (barrier A), and sums stage q.
+  {
+    uint32_t cw[LR];
+    int4 L[4];
+    codes_of(qa, cw);
+    raw_load(qa, L);
+    raw_store(L);
+    put_codes(qa & 1, cw);
+    __syncthreads();
+    transpose(qa & 1);
+    if (qb - qa > 1) {
+      __syncthreads();
+      raw_load(qa + 1, L);
+      raw_store(L);
+    }
+  }
+  __syncthreads();
+  for (int q = qa; q < qb; ++q) {
+    const int slot = q & 1;
+    const bool nxt = q + 1 < qb, nxt2 = q + 2 < qb;
+    uint32_t cw[LR];
+    int4 L[4];
+    if (nxt) {  // slot ^ 1 was last read in stage q - 1, before the barrier that ended it
+      codes_of(q + 1, cw);
+      transpose(slot ^ 1);
+      put_codes(slot ^ 1, cw);
+    }
+    if (nxt2) raw_load(q + 2, L);
+#pragma unroll
+    for (int i = 0; i < R; ++i) cr[i] = __byte_perm(cod[slot * BM + g + 128 * i], 0, rot);
+    sum_steps(slot, 0);
+    if (nxt2) {
+      __syncthreads();  // A: the staging area is read
+      raw_store(L);
+    }
+    sum_steps(slot, 2);
+    __syncthreads();
+  }
+  // the stages again, not kept live through the loop
+  const uint32_t bias = 32768u * static_cast<uint32_t>(4 * (gemm_stages<SK>(p).y - gemm_stages<SK>(p).x));
+  const bool add = SK && gridDim.z > 1;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    if (128 * i >= left) continue;
+    // gemm.cu's finish_row for 2 pair words: low channel s - (h << 16) less its offsets, high h
+    const uint32_t v[4] = {s[i][0] - (h[i][0] << 16) - bias, h[i][0], s[i][1] - (h[i][1] << 16) - bias, h[i][1]};
+    gemm_store<4>(p, m0 + g + 128 * i, n0 + 4 * jj, v, add);
+  }
+}
+
+// MODE: 1 int16 products; 0 the format read on the device (the int32 path where they do not fit,
+// its first split doing all of a K split).
+template <int MODE, bool KX, bool SK>
+__global__ void __launch_bounds__(kGemmThreads, 1) tall_kernel(Params p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  if (MODE == 1 || read_fits16(p.flags))
+    tall_body<KX, SK>(p, smem);
+  else
+    gemm32_body<kTallRows / (kGemmThreads / 4), KX, kTallBN>(p);
+}
+
+template <int MODE>
+void launch_tall_m(const Params& p, int ks, cudaStream_t stream) {
+  const size_t smem = gemm_tall_smem();
+  TORCH_CHECK((long long)smem <= max_smem_optin(), "approx expanded_gemm_r16c: needs ", I((int64_t)smem),
+              " bytes of shared memory, the device allows ", I(max_smem_optin()));
+  const int64_t bx = (p.M + kTallRows - 1) / kTallRows, by = (p.N + kTallBN - 1) / kTallBN;
+  TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
+  TORCH_CHECK(by <= 65535, "approx expanded_gemm_r16c: needs at most 65535 x 16 output channels");
+  ks = std::max(1, std::min(ks, (p.K + 3) / 4));
+  auto kern = gemm_kx(p) ? (ks > 1 ? tall_kernel<MODE, true, true> : tall_kernel<MODE, true, false>)
+                         : (ks > 1 ? tall_kernel<MODE, false, true> : tall_kernel<MODE, false, false>);
+  set_smem(kern, smem);
+  if (ks > 1)  // the splits add into it
+    C10_CUDA_CHECK(cudaMemsetAsync(p.out, 0, static_cast<size_t>(p.M) * p.Ntot * sizeof(int32_t), stream));
+  kern<<<dim3(static_cast<unsigned>(bx), static_cast<unsigned>(by), ks), kGemmThreads, smem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+size_t gemm_tall_smem() { return 2 * kTallSlot + 2 * kTallRows * 4 + 64 * kGemmRawRow + kTallRows * 12; }
+
+int64_t gemm_tall_blocks(const Params& p) {
+  return (p.M + kTallRows - 1) / kTallRows * ((p.N + kTallBN - 1) / kTallBN);
+}
+
+void launch_gemm_tall(const Params& p, int mode, int ks, cudaStream_t stream) {
+  if (mode == 1) launch_tall_m<1>(p, ks, stream);
+  else launch_tall_m<0>(p, ks, stream);
+}
+
+}  // namespace approx_cuda

@@ -22,6 +22,7 @@ CONVS = [((3, *a), w, 1, 0, 1) for _, kind, a, w in LENET5_LAYERS if kind == "co
     ((2, 8, 11, 9), (12, 4, 3, 3), 2, 1, 2),
     ((2, 3, 9, 11), (20, 3, 3, 3), 1, 1, 1),
     ((3, 12, 9, 7), (37, 12, 1, 1), 2, 1, 1),   # 1x1, stride 2, padding (expanded_gemm, expanded_window)
+    ((7, 12, 14, 14), (20, 12, 1, 1), 1, 0, 1),  # 1x1, stride 1: r8c copies its codes (1372 rows, tiles across images)
     # KxK (expanded_gemm's implicit im2col): a 7x7 stride 2 stem (K = 147, 1104 rows: two tiles of
     # r8), a strided 3x3 with N past one channel tile
     ((2, 3, 45, 47), (40, 3, 7, 7), 2, 3, 1),

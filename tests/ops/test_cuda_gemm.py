@@ -49,6 +49,10 @@ GEMM_CASES = [
     # live group of 4 rows a thread); a KxK conv over 2 tiles with 5 channel tiles, the last of 1 channel
     (4200, 37, 40),
     ((3, 16, 30, 30), (65, 3, 3), 1, 1, 1),
+    # r8c copies a stage's codes with cp.async where K % 4 == 0 (linear) or at a 1x1 stride 1 conv without
+    # padding with H W % 4 == 0: 3 row tiles, the last partial; 14x14 planes (tiles across images, not 16-aligned)
+    (2500, 64, 40),
+    ((6, 20, 14, 14), (36, 1, 1), 1, 0, 1),
 ]
 
 

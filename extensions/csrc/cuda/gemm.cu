@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "gemm.cuh"
+#include "ptx.cuh"
 
 namespace approx_cuda {
 namespace {
@@ -56,8 +57,13 @@ constexpr int kGemmSlot = 2 * 256 * 128;       // bytes of one stage's table (4 
 // KX: a conv with a kernel larger than 1x1 (gemm_kx), its own instantiation so that the linear
 // and 1x1 paths keep their code and registers. SK: K split over gridDim.z blocks (_k<ks>), its own
 // instantiation too: the others keep theirs (the split's stage bounds and atomic stores cost R = 8
-// tiles of the scattered builds spills).
-template <int R, int BUILD, bool KX, bool SK>
+// tiles of the scattered builds spills). AC (CO only): a stage's codes copied by cp.async, not
+// loaded into registers: 0 no; 1 a linear layer's rows (K % 4 == 0, aligned: 4 bytes a row, its
+// word); 2 a 1x1 conv at stride 1 without padding (H W % 4 == 0, C % 4 == 0: 4 rows of one tap a
+// copy, into plane-major bytes that one step converts to row words). ncu (H200, r8c, a 1x1 conv):
+// a quarter of the warps' stall samples were long-scoreboard, 15 % on assembling the staged code
+// bytes right after their loads; a copy has nothing to wait on until the stage's last barrier.
+template <int R, int BUILD, bool KX, bool SK, int AC = 0>
 __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   constexpr int TH = kGemmThreads, BM = TH / 4 * R, LR = (BM + TH - 1) / TH;
   constexpr bool WH = BUILD == 1, CO = BUILD == 2;
@@ -89,6 +95,44 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
     for (int u = 0; u < LR; ++u)
       if (t + TH * u < BM) cod[slot * BM + t + TH * u] = cw[u];
   };
+  // AC: copy u of a stage is index t + TH u: AC 1 row t + TH u; AC 2 tap idx / (BM / 4), rows
+  // 4 (idx % (BM / 4)) + 0..3 (M % 4 == 0: all or none past M). Codes past M are left as they are:
+  // any byte is a code, and those rows are never stored.
+  uint8_t* codp = smem + 2 * kGemmSlot + 2 * BM * 4 + 128 * kGemmRawRow;  // AC 2: [2][4 taps][BM] bytes
+  const uint8_t* csrc[LR];
+  bool cval[LR];
+  const long long cstep = AC == 1 ? 4 : 4LL * p.HoWo;  // a stage's codes further on
+#pragma unroll
+  for (int u = 0; u < LR && AC; ++u) {
+    const int idx = t + TH * u, r = AC == 1 ? idx : 4 * (idx % (BM / 4));
+    const long long m = m0 + r;
+    cval[u] = idx < BM && m < p.M;
+    const long long b = AC == 2 ? m / p.HoWo : 0;
+    csrc[u] = p.a + (!cval[u] ? 0 : AC == 1 ? m * p.K : (b * p.C + idx / (BM / 4)) * p.HoWo + (m - b * p.HoWo));
+  }
+  auto issue = [&](int q, int slot) {
+#pragma unroll
+    for (int u = 0; u < LR; ++u) {
+      uint8_t* dst = AC == 1 ? reinterpret_cast<uint8_t*>(cod + slot * BM + t + TH * u)
+                             : codp + slot * 4 * BM + 4 * (t + TH * u);
+      if (cval[u]) cp_async4(dst, csrc[u] + q * cstep);
+    }
+    cp_async_commit();
+  };
+  // AC 2: 4 rows' words from their 4 taps' bytes (a 4 x 4 byte transpose)
+  auto convert = [&](int slot) {
+    if (t >= BM / 4) return;
+    const uint8_t* src = codp + slot * 4 * BM + 4 * t;
+    uint32_t w[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) w[c] = *reinterpret_cast<const uint32_t*>(src + c * BM);
+    const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
+    const uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
+    *reinterpret_cast<uint4*>(cod + slot * BM + 4 * t) =
+        make_uint4(__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
+                   __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632));
+  };
+  const uint32_t cxm = AC ? 0x01010101u * p.xmask : 0u;  // copied codes are raw: LUT row = code ^ xmask
 
   // Table build: a stage is 64 (tp, 8-code block) pieces x 32 lanes (e = lane >> 4, pair
   // pr = lane & 15); warp w builds pieces w + 16u, u < 4: u = 0, 1 tap pair 0, u = 2, 3 tap pair 1.
@@ -227,12 +271,20 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
     {
       uint32_t cw[LR];
       int4 L[4];
-      codes_of(qa, cw);
+      if (AC) issue(qa, qa & 1);
+      if (AC == 2) {
+        cp_async_wait<0>();
+        __syncthreads();
+        convert(qa & 1);
+        if (qb - qa > 1) issue(qa + 1, (qa + 1) & 1);
+      }
+      if (!AC) codes_of(qa, cw);
       raw_load(qa, 0, L);
       raw_store(0, L);
       raw_load(qa, 1, L);
       raw_store(1, L);
-      put_codes(qa & 1, cw);
+      if (!AC) put_codes(qa & 1, cw);
+      if (AC == 1) cp_async_wait<0>();
       __syncthreads();
       transpose(qa & 1);
       if (qb - qa > 1) {
@@ -243,6 +295,7 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
         raw_store(1, L);
       }
     }
+    if (AC) cp_async_wait<0>();
     __syncthreads();
     for (int q = qa; q < qb; ++q) {
       const int slot = q & 1;
@@ -250,13 +303,16 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
       uint32_t cw[LR];
       int4 L[4];
       if (nxt) {  // slot ^ 1 was last read in stage q - 1, before the barrier that ended it
-        codes_of(q + 1, cw);
+        if (AC == 1) issue(q + 1, slot ^ 1);
+        if (AC == 2) convert(slot ^ 1);  // stage q + 1's bytes, copied in step q - 1
+        if (!AC) codes_of(q + 1, cw);
         transpose(slot ^ 1);
-        put_codes(slot ^ 1, cw);  // here, not at the end: 2 registers fewer through the sums
+        if (!AC) put_codes(slot ^ 1, cw);  // here, not at the end: 2 registers fewer through the sums
       }
+      if (AC == 2 && nxt2) issue(q + 2, slot);  // codp[slot] was converted in step q - 1
       if (nxt2) raw_load(q + 2, 0, L);
 #pragma unroll
-      for (int i = 0; i < R; ++i) cr[i] = __byte_perm(cod[slot * BM + g + 128 * i], 0, swap);
+      for (int i = 0; i < R; ++i) cr[i] = __byte_perm(cod[slot * BM + g + 128 * i] ^ cxm, 0, swap);
       sum_pair(slot, 0);
       if (nxt2) {
         __syncthreads();  // A: the staging area is read
@@ -265,6 +321,7 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
       }
       sum_pair(slot, 1);
       if (nxt2) raw_store(1, L);
+      if (AC) cp_async_wait<0>();
       __syncthreads();
     }
   } else {
@@ -315,11 +372,11 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   }
 }
 
-template <int R, int MODE, int BUILD, bool KX, bool SK>
+template <int R, int MODE, int BUILD, bool KX, bool SK, int AC = 0>
 __global__ void __launch_bounds__(kGemmThreads, 1) gemm_kernel(Params p) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))
-    gemm16_body<R, BUILD, KX, SK>(p, smem);
+    gemm16_body<R, BUILD, KX, SK, AC>(p, smem);
   else
     gemm32_body<R, KX>(p);
 }
@@ -337,7 +394,7 @@ Config gemm_default(const Params& p) {
 
 // Shared memory of a tile of R rows a thread: two slots, the staged codes, CO's staging area.
 constexpr size_t gemm_smem(int r, int build) {
-  return 2 * kGemmSlot + 2 * (kGemmThreads / 4 * r) * 4 + (build == 2 ? 128 * kGemmRawRow : 0);
+  return 2 * kGemmSlot + 2 * (kGemmThreads / 4 * r) * 4 + (build == 2 ? 128 * kGemmRawRow + 8 * (128 * r) : 0);
 }
 
 template <int R, int MODE, int BUILD>
@@ -349,9 +406,18 @@ void launch_gemm_t(const Params& p, int ks, cudaStream_t stream) {
   // only r8c's int16 path splits K (where the products do not fit int16 its first split does all)
   constexpr bool S2 = BUILD == 2 && MODE != 2;
   ks = S2 ? std::max(1, std::min(ks, (p.K + 3) / 4)) : 1;
+  // CO's codes by cp.async where their layout allows it (gemm16_body's AC)
+  constexpr int A1 = BUILD == 2 ? 1 : 0, A2 = BUILD == 2 ? 2 : 0;
+  const bool aligned = (reinterpret_cast<uintptr_t>(p.a) & 3) == 0;
+  const int ac = BUILD != 2 || gemm_kx(p) ? 0
+                 : !p.conv ? (p.vec4 ? 1 : 0)
+                 : (p.sh == 1 && p.sw == 1 && p.ph == 0 && p.pw == 0 && (long long)p.H * p.W == p.HoWo &&
+                    p.HoWo % 4 == 0 && p.K % 4 == 0 && aligned) ? 2 : 0;
   auto kern = gemm_kx(p)
       ? (ks > 1 ? gemm_kernel<R, MODE, BUILD, true, S2> : gemm_kernel<R, MODE, BUILD, true, false>)
-      : (ks > 1 ? gemm_kernel<R, MODE, BUILD, false, S2> : gemm_kernel<R, MODE, BUILD, false, false>);
+      : ac == 1 ? (ks > 1 ? gemm_kernel<R, MODE, BUILD, false, S2, A1> : gemm_kernel<R, MODE, BUILD, false, false, A1>)
+      : ac == 2 ? (ks > 1 ? gemm_kernel<R, MODE, BUILD, false, S2, A2> : gemm_kernel<R, MODE, BUILD, false, false, A2>)
+                : (ks > 1 ? gemm_kernel<R, MODE, BUILD, false, S2> : gemm_kernel<R, MODE, BUILD, false, false>);
   set_smem(kern, smem);
   const int64_t bx = (p.M + BM - 1) / BM;
   TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");

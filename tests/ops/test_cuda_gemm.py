@@ -49,10 +49,10 @@ GEMM_CASES = [
     # live group of 4 rows a thread); a KxK conv over 2 tiles with 5 channel tiles, the last of 1 channel
     (4200, 37, 40),
     ((3, 16, 30, 30), (65, 3, 3), 1, 1, 1),
-    # r8c copies a stage's codes with cp.async where K % 4 == 0 (linear) or at a 1x1 stride 1 conv without
-    # padding with H W % 4 == 0: 3 row tiles, the last partial; 14x14 planes (tiles across images, not 16-aligned)
-    (2500, 64, 40),
+    # r8c copies a stage's codes with cp.async at a 1x1 stride 1 conv without padding, H W % 4 == 0 and C % 4 == 0:
+    # 14x14 planes (tiles across images, not 16-aligned), the last tile partial; 2 tiles of 64 stages
     ((6, 20, 14, 14), (36, 1, 1), 1, 0, 1),
+    ((2, 256, 28, 28), (40, 1, 1), 1, 0, 1),
 ]
 
 

@@ -57,13 +57,14 @@ constexpr int kGemmSlot = 2 * 256 * 128;       // bytes of one stage's table (4 
 // KX: a conv with a kernel larger than 1x1 (gemm_kx), its own instantiation so that the linear
 // and 1x1 paths keep their code and registers. SK: K split over gridDim.z blocks (_k<ks>), its own
 // instantiation too: the others keep theirs (the split's stage bounds and atomic stores cost R = 8
-// tiles of the scattered builds spills). AC (CO only): a stage's codes copied by cp.async, not
-// loaded into registers: 0 no; 1 a linear layer's rows (K % 4 == 0, aligned: 4 bytes a row, its
-// word); 2 a 1x1 conv at stride 1 without padding (H W % 4 == 0, C % 4 == 0: 4 rows of one tap a
-// copy, into plane-major bytes that one step converts to row words). ncu (H200, r8c, a 1x1 conv):
-// a quarter of the warps' stall samples were long-scoreboard, 15 % on assembling the staged code
-// bytes right after their loads; a copy has nothing to wait on until the stage's last barrier.
-template <int R, int BUILD, bool KX, bool SK, int AC = 0>
+// tiles of the scattered builds spills). AC (CO only): a 1x1 conv at stride 1 without padding
+// (H W % 4 == 0, C % 4 == 0) copies a stage's codes by cp.async (4 rows of one tap a copy, into
+// plane-major bytes that the next step converts to row words), not through registers. ncu (H200,
+// r8c, a 1x1 conv): a quarter of the warps' stall samples were long-scoreboard, 15 % on assembling
+// the code bytes right after their loads; a copy has nothing to wait on until the stage's last
+// barrier (1.10-1.21x on ResNet-50's 1x1 convs). A linear layer's rows the same way (4 bytes a
+// row) ran 4-5 % slower (their 32 sectors a warp the same either way): not offered.
+template <int R, int BUILD, bool KX, bool SK, bool AC = false>
 __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   constexpr int TH = kGemmThreads, BM = TH / 4 * R, LR = (BM + TH - 1) / TH;
   constexpr bool WH = BUILD == 1, CO = BUILD == 2;
@@ -95,31 +96,26 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
     for (int u = 0; u < LR; ++u)
       if (t + TH * u < BM) cod[slot * BM + t + TH * u] = cw[u];
   };
-  // AC: copy u of a stage is index t + TH u: AC 1 row t + TH u; AC 2 tap idx / (BM / 4), rows
-  // 4 (idx % (BM / 4)) + 0..3 (M % 4 == 0: all or none past M). Codes past M are left as they are:
-  // any byte is a code, and those rows are never stored.
-  uint8_t* codp = smem + 2 * kGemmSlot + 2 * BM * 4 + 128 * kGemmRawRow;  // AC 2: [2][4 taps][BM] bytes
+  // AC: copy u of a stage is idx = t + TH u, tap idx / (BM / 4), rows 4 (idx % (BM / 4)) + 0..3
+  // (M % 4 == 0: all or none past M). Codes past M are left as they are: any byte is a code, and
+  // those rows are never stored.
+  uint8_t* codp = smem + 2 * kGemmSlot + 2 * BM * 4 + 128 * kGemmRawRow;  // AC: [2][4 taps][BM] bytes
   const uint8_t* csrc[LR];
   bool cval[LR];
-  const long long cstep = AC == 1 ? 4 : 4LL * p.HoWo;  // a stage's codes further on
 #pragma unroll
   for (int u = 0; u < LR && AC; ++u) {
-    const int idx = t + TH * u, r = AC == 1 ? idx : 4 * (idx % (BM / 4));
-    const long long m = m0 + r;
+    const int idx = t + TH * u;
+    const long long m = m0 + 4 * (idx % (BM / 4)), b = m / p.HoWo;
     cval[u] = idx < BM && m < p.M;
-    const long long b = AC == 2 ? m / p.HoWo : 0;
-    csrc[u] = p.a + (!cval[u] ? 0 : AC == 1 ? m * p.K : (b * p.C + idx / (BM / 4)) * p.HoWo + (m - b * p.HoWo));
+    csrc[u] = p.a + (cval[u] ? (b * p.C + idx / (BM / 4)) * p.HoWo + (m - b * p.HoWo) : 0);
   }
-  auto issue = [&](int q, int slot) {
+  auto issue = [&](int q, int slot) {  // stage q's codes into codp[slot]
 #pragma unroll
-    for (int u = 0; u < LR; ++u) {
-      uint8_t* dst = AC == 1 ? reinterpret_cast<uint8_t*>(cod + slot * BM + t + TH * u)
-                             : codp + slot * 4 * BM + 4 * (t + TH * u);
-      if (cval[u]) cp_async4(dst, csrc[u] + q * cstep);
-    }
+    for (int u = 0; u < LR; ++u)
+      if (cval[u]) cp_async4(codp + slot * 4 * BM + 4 * (t + TH * u), csrc[u] + q * 4LL * p.HoWo);
     cp_async_commit();
   };
-  // AC 2: 4 rows' words from their 4 taps' bytes (a 4 x 4 byte transpose)
+  // 4 rows' words from their 4 taps' bytes (a 4 x 4 byte transpose)
   auto convert = [&](int slot) {
     if (t >= BM / 4) return;
     const uint8_t* src = codp + slot * 4 * BM + 4 * t;
@@ -271,8 +267,8 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
     {
       uint32_t cw[LR];
       int4 L[4];
-      if (AC) issue(qa, qa & 1);
-      if (AC == 2) {
+      if (AC) {
+        issue(qa, qa & 1);
         cp_async_wait<0>();
         __syncthreads();
         convert(qa & 1);
@@ -284,7 +280,6 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
       raw_load(qa, 1, L);
       raw_store(1, L);
       if (!AC) put_codes(qa & 1, cw);
-      if (AC == 1) cp_async_wait<0>();
       __syncthreads();
       transpose(qa & 1);
       if (qb - qa > 1) {
@@ -303,13 +298,12 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
       uint32_t cw[LR];
       int4 L[4];
       if (nxt) {  // slot ^ 1 was last read in stage q - 1, before the barrier that ended it
-        if (AC == 1) issue(q + 1, slot ^ 1);
-        if (AC == 2) convert(slot ^ 1);  // stage q + 1's bytes, copied in step q - 1
+        if (AC) convert(slot ^ 1);  // stage q + 1's bytes, copied in step q - 1
         if (!AC) codes_of(q + 1, cw);
         transpose(slot ^ 1);
         if (!AC) put_codes(slot ^ 1, cw);  // here, not at the end: 2 registers fewer through the sums
       }
-      if (AC == 2 && nxt2) issue(q + 2, slot);  // codp[slot] was converted in step q - 1
+      if (AC && nxt2) issue(q + 2, slot);  // codp[slot] was converted in step q - 1
       if (nxt2) raw_load(q + 2, 0, L);
 #pragma unroll
       for (int i = 0; i < R; ++i) cr[i] = __byte_perm(cod[slot * BM + g + 128 * i] ^ cxm, 0, swap);
@@ -372,7 +366,7 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   }
 }
 
-template <int R, int MODE, int BUILD, bool KX, bool SK, int AC = 0>
+template <int R, int MODE, int BUILD, bool KX, bool SK, bool AC = false>
 __global__ void __launch_bounds__(kGemmThreads, 1) gemm_kernel(Params p) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))
@@ -406,18 +400,15 @@ void launch_gemm_t(const Params& p, int ks, cudaStream_t stream) {
   // only r8c's int16 path splits K (where the products do not fit int16 its first split does all)
   constexpr bool S2 = BUILD == 2 && MODE != 2;
   ks = S2 ? std::max(1, std::min(ks, (p.K + 3) / 4)) : 1;
-  // CO's codes by cp.async where their layout allows it (gemm16_body's AC)
-  constexpr int A1 = BUILD == 2 ? 1 : 0, A2 = BUILD == 2 ? 2 : 0;
-  const bool aligned = (reinterpret_cast<uintptr_t>(p.a) & 3) == 0;
-  const int ac = BUILD != 2 || gemm_kx(p) ? 0
-                 : !p.conv ? (p.vec4 ? 1 : 0)
-                 : (p.sh == 1 && p.sw == 1 && p.ph == 0 && p.pw == 0 && (long long)p.H * p.W == p.HoWo &&
-                    p.HoWo % 4 == 0 && p.K % 4 == 0 && aligned) ? 2 : 0;
+  // CO's codes by cp.async where a 1x1 conv's layout allows it (gemm16_body's AC)
+  constexpr bool CA = BUILD == 2;
+  const bool ac = CA && p.conv && !gemm_kx(p) && p.sh == 1 && p.sw == 1 && p.ph == 0 && p.pw == 0 &&
+                  (long long)p.H * p.W == p.HoWo && p.HoWo % 4 == 0 && p.K % 4 == 0 &&
+                  (reinterpret_cast<uintptr_t>(p.a) & 3) == 0;
   auto kern = gemm_kx(p)
       ? (ks > 1 ? gemm_kernel<R, MODE, BUILD, true, S2> : gemm_kernel<R, MODE, BUILD, true, false>)
-      : ac == 1 ? (ks > 1 ? gemm_kernel<R, MODE, BUILD, false, S2, A1> : gemm_kernel<R, MODE, BUILD, false, false, A1>)
-      : ac == 2 ? (ks > 1 ? gemm_kernel<R, MODE, BUILD, false, S2, A2> : gemm_kernel<R, MODE, BUILD, false, false, A2>)
-                : (ks > 1 ? gemm_kernel<R, MODE, BUILD, false, S2> : gemm_kernel<R, MODE, BUILD, false, false>);
+      : ac ? (ks > 1 ? gemm_kernel<R, MODE, BUILD, false, S2, CA> : gemm_kernel<R, MODE, BUILD, false, false, CA>)
+           : (ks > 1 ? gemm_kernel<R, MODE, BUILD, false, S2> : gemm_kernel<R, MODE, BUILD, false, false>);
   set_smem(kern, smem);
   const int64_t bx = (p.M + BM - 1) / BM;
   TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");

@@ -4,7 +4,7 @@
 // gemm.cu's R = 8 tiles (1024 rows x 32 channels) use each built table entry 4 times, and the
 // build (Et16 lines copied into a staging area, transposed into the slot) is about half of a
 // stage's L1/shared wavefronts; ncu on an H200 (r8c, ResNet-50's 1x1 256 -> 64 at batch 64 and
-// ViT-B/16's fc1) shows the L1/shared pipe 62-73 % busy against 30-35 % of issue slots. This tile
+// ViT-B/16's fc1) shows the L1/shared pipe 61-73 % busy against 30-35 % of issue slots. This tile
 // is 2048 rows x 16 channels (a thread 16 rows x 4 channels: the same 64 accumulators), so a
 // stage builds half the table (32 KiB) for the same products, and its 64 staging rows are copied
 // once a stage, not in two halves.
@@ -21,7 +21,9 @@
 // w + 16) from staging rows (kk, 2 pw) and (kk, 2 pw + 1): a warp stores 32 consecutive words
 // (all banks); the staging rows are ordered [tap][lo/hi channel][pair word], 528 B apart, so a
 // quarter warp's 16-byte loads read 8 consecutive rows, 8 distinct bank groups.
-// Shared memory: 2 slots (64 KiB), 2 x 2048 code words (16 KiB), staging 64 x 528 B: 113 KiB.
+// Shared memory: 2 slots (64 KiB), 2 x 2048 code words (16 KiB), staging 64 x 528 B (33 KiB), the
+// rows' code addresses (24 KiB): 137 KiB. Measured (H200): 13 % fewer shared-memory wavefronts than
+// r8c, 24 % more instructions; faster on ViT-B/16's Linear layers only (benchmarks/imagenet.md).
 
 #include <algorithm>
 

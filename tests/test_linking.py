@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runner.layers import _Quantized, approximate, convert_model, integer_links, link_consumers, quantized_layers
-from runner.linking import RELU, CodesReLU, CodesReLU6, _stage_consumers, clamps_keep_codes, find_consumers
+from runner.linking import CODES_ATTR, RELU, CodesReLU, CodesReLU6, _stage_consumers, clamps_keep_codes, find_consumers
 from runner.models import LeNet5
 from runner.multipliers import resolve
 from runner.quant import QuantConfig, calibrate, quantize_act
@@ -261,3 +261,23 @@ def test_layer_swaps_compute_what_a_fresh_conversion_does(requant):
             assert torch.equal(got(x), fresh(x)), (layers, table)
     # the reference model the swaps were copied from is untouched
     assert all(not isinstance(m, type(got.get_submodule(names[-1]))) for m in quantized_layers(fq).values())
+
+
+def test_torchvision_resnet18_passes_8_of_its_17_relu_calls():
+    """torchvision's BasicBlock calls one nn.ReLU after conv1 (conv1 -> conv2 hand-off: passed through) and after the
+    residual add (clamped); the stem's ReLU feeds a max-pool read twice (no hand-off). The logits are those of the
+    model whose ReLUs all clamp, bit for bit."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    x = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(6))
+    fq, _ = approximate(model, "exact", x, QCFG, backend="python")
+    assert len(integer_links(fq)) == 8
+    clamping = _all_clamping(fq, CodesReLU, nn.ReLU)
+    passed = []  # its ReLUs run in place, so a clamp returns its input too: a passed input is a marked one
+    for m in fq.modules():
+        if isinstance(m, CodesReLU):
+            m.register_forward_pre_hook(lambda m, inp: passed.append(getattr(inp[0], CODES_ATTR, False)))
+    with torch.no_grad():
+        assert torch.equal(fq(x), clamping(x))
+    assert len(passed) == 17 and sum(passed) == 8

@@ -218,22 +218,23 @@ __device__ __forceinline__ void add_row(const int4* e, uint32_t (&s)[4], uint32_
   }
 }
 
-// The 8 channel sums of one row; `taps` = number of table rows summed (the int16 offsets).
-template <typename TT>
-__device__ __forceinline__ void finish_row(const uint32_t (&s)[4], const uint32_t (&h)[4],
-                                           uint32_t taps, uint32_t (&v)[8]) {
+// The 2 W channel sums of one row (W words of s and h, 8 channels by default); `taps` = number of
+// table rows summed (the int16 offsets).
+template <typename TT, int W = 4>
+__device__ __forceinline__ void finish_row(const uint32_t (&s)[W], const uint32_t (&h)[W],
+                                           uint32_t taps, uint32_t (&v)[2 * W]) {
   if constexpr (sizeof(TT) == 2) {
     const uint32_t bias = 32768u * taps;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < W; ++j) {
       v[2 * j] = s[j] - (h[j] << 16) - bias;
       v[2 * j + 1] = h[j];
     }
   } else {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < W; ++j) {
       v[j] = s[j];
-      v[4 + j] = h[j];
+      v[W + j] = h[j];
     }
   }
 }

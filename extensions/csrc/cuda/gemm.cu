@@ -73,7 +73,8 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   const long long m0 = (long long)blockIdx.x * BM;
   const int n0 = blockIdx.y * kGemmBN;
   // its stages: all, or its K split's share (slot q & 1 holds stage q's table either way)
-  const int qa = gemm_stages<SK>(p).x, qb = gemm_stages<SK>(p).y;
+  const int2 stages = gemm_stages<SK>(p);
+  const int qa = stages.x, qb = stages.y;
   if (SK && qa >= qb) return;
   uint32_t* cod = reinterpret_cast<uint32_t*>(smem + 2 * kGemmSlot);  // [2][BM] code words
 
@@ -178,16 +179,8 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
       // and constants (the general form left CO's loop short of registers: ptxas spilled)
       const int piece = warp + 16 * (2 * half + v);
       const int tp = CO ? half : piece >> 5, ab = CO ? warp + 16 * v : piece & 31;
-      uint32_t* dst = reinterpret_cast<uint32_t*>(smem + slot * kGemmSlot) +
-                      ((tp * 256 + ab * 8) * 2 + e) * 16 + pr;
-      const uint32_t a4[4] = {(uint32_t)A[v].x ^ 0x80008000u, (uint32_t)A[v].y ^ 0x80008000u,
-                              (uint32_t)A[v].z ^ 0x80008000u, (uint32_t)A[v].w ^ 0x80008000u};
-      const uint32_t b4[4] = {(uint32_t)B[v].x, (uint32_t)B[v].y, (uint32_t)B[v].z, (uint32_t)B[v].w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        dst[(2 * i) * 32] = __byte_perm(a4[i], b4[i], 0x5410);      // code ab*8 + 2i
-        dst[(2 * i + 1) * 32] = __byte_perm(a4[i], b4[i], 0x7632);  // code ab*8 + 2i + 1
-      }
+      put_pair_words(reinterpret_cast<uint32_t*>(smem + slot * kGemmSlot) + ((tp * 256 + ab * 8) * 2 + e) * 16 + pr,
+                     A[v], B[v]);
     }
   };
 
@@ -202,23 +195,8 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   const int rn = n0 + 2 * (rr0 & 15) + ((rr0 >> 4) & 1);
   const uint8_t* rw = reinterpret_cast<const uint8_t*>(p.w) + (rn < p.N ? (long long)rn * wrow + rk : 0);
   const int rklim = rn < p.N ? p.K - rk : 0;  // taps past K or channels past N: zero rows
-  auto raw_load = [&](int q, int half, int4 (&L)[4]) {
-    const int k = 4 * q + 2 * half;  // the tap less rk (rw is at tap rk)
-#pragma unroll
-    for (int u = 0; u < 4; ++u) L[u] = zero;
-    if (k < rklim) {
-      // one byte offset (OR, not +: kept from being folded into 4 hoisted 64-bit pointers)
-      const uint32_t off = ((__ldg(rw + k) ^ 128u) << 9) | (rc << 4);
-      const char* src = reinterpret_cast<const char*>(p.Et16) + off;
-#pragma unroll
-      for (int u = 0; u < 4; ++u) L[u] = __ldg(reinterpret_cast<const int4*>(src + u * 128));
-    }
-  };
-  auto raw_store = [&](int half, const int4 (&L)[4]) {
-    uint8_t* dst = stg + (64 * half + rr0) * kGemmRawRow + rc * 16;
-#pragma unroll
-    for (int u = 0; u < 4; ++u) *reinterpret_cast<int4*>(dst + u * 128) = L[u];
-  };
+  auto raw_load = [&](int q, int half, int4 (&L)[4]) { et16_load(p, rw, 4 * q + 2 * half, rklim, rc, L); };
+  auto raw_store = [&](int half, const int4 (&L)[4]) { et16_store(stg + (64 * half + rr0) * kGemmRawRow + rc * 16, L); };
   // The slot from the staging area: the other builds' pieces and stores, their 16-byte loads from
   // the staging rows; a quarter warp reads rows kk * 32 + hl * 16 + 8 c .. + 7 (the row stride is
   // 33 16-byte bank groups), so 8 consecutive rows: all banks.
@@ -355,7 +333,7 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
     }
   }
   // the stages again, not kept live through the loop (R = 8 has no register to spare)
-  const uint32_t taps = static_cast<uint32_t>(4 * (gemm_stages<SK>(p).y - gemm_stages<SK>(p).x));
+  const uint32_t taps = gemm_taps<SK>(p);
   const bool add = SK && gridDim.z > 1;
 #pragma unroll
   for (int i = 0; i < R; ++i) {

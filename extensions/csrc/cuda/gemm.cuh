@@ -111,6 +111,46 @@ __device__ __forceinline__ int2 gemm_stages(const Params& p) {
   return make_int2(qa, min(nst, qa + per));
 }
 
+// The taps of a block's stages (4 a stage, those past K included: finish_row's offset-binary bias).
+template <bool SK>
+__device__ __forceinline__ uint32_t gemm_taps(const Params& p) {
+  const int2 st = gemm_stages<SK>(p);
+  return static_cast<uint32_t>(4 * (st.y - st.x));
+}
+
+// CO staging (r8c, r16c): lane rc's 4 16-byte pieces (rc + 8 u) of the Et16 row of the weight byte at
+// rw + k (Et16 row of weight w: w + 128); zeros where k >= rklim (taps past K, channels past N).
+__device__ __forceinline__ void et16_load(const Params& p, const uint8_t* rw, int k, int rklim, int rc,
+                                          int4 (&L)[4]) {
+#pragma unroll
+  for (int u = 0; u < 4; ++u) L[u] = make_int4(0, 0, 0, 0);
+  if (k < rklim) {
+    // one byte offset (OR, not +: kept from being folded into 4 hoisted 64-bit pointers)
+    const uint32_t off = ((__ldg(rw + k) ^ 128u) << 9) | (rc << 4);
+    const char* src = reinterpret_cast<const char*>(p.Et16) + off;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) L[u] = __ldg(reinterpret_cast<const int4*>(src + u * 128));
+  }
+}
+
+__device__ __forceinline__ void et16_store(uint8_t* dst, const int4 (&L)[4]) {
+#pragma unroll
+  for (int u = 0; u < 4; ++u) *reinterpret_cast<int4*>(dst + u * 128) = L[u];
+}
+
+// The slot's pair words of codes 8 ab + 0..7 (dst[32 i], code 8 ab + i) from the 16-byte Et16 pieces ab of
+// a channel pair: A the low channel's (made offset binary), B the high one's (signed).
+__device__ __forceinline__ void put_pair_words(uint32_t* dst, const int4& A, const int4& B) {
+  const uint32_t a4[4] = {(uint32_t)A.x ^ 0x80008000u, (uint32_t)A.y ^ 0x80008000u,
+                          (uint32_t)A.z ^ 0x80008000u, (uint32_t)A.w ^ 0x80008000u};
+  const uint32_t b4[4] = {(uint32_t)B.x, (uint32_t)B.y, (uint32_t)B.z, (uint32_t)B.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    dst[(2 * i) * 32] = __byte_perm(a4[i], b4[i], 0x5410);      // code 8 ab + 2i
+    dst[(2 * i + 1) * 32] = __byte_perm(a4[i], b4[i], 0x7632);  // code 8 ab + 2i + 1
+  }
+}
+
 // int32 products: E32 straight from L1/L2, one lookup per MAC (correct, not fast; auto does not
 // time it where the format is known to be int32).
 // BN: the tile's channels (a lane's BN / 4).

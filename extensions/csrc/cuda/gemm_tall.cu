@@ -43,7 +43,8 @@ __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
   const int warp = t >> 5, lane = t & 31, qh = (lane >> 2) & 3;
   const long long m0 = (long long)blockIdx.x * BM;
   const int n0 = blockIdx.y * kTallBN;
-  const int qa = gemm_stages<SK>(p).x, qb = gemm_stages<SK>(p).y;
+  const int2 stages = gemm_stages<SK>(p);
+  const int qa = stages.x, qb = stages.y;
   if (SK && qa >= qb) return;
   uint32_t* cod = reinterpret_cast<uint32_t*>(smem + 2 * kTallSlot);  // [2][BM] code words
   uint8_t* stg = smem + 2 * kTallSlot + 2 * BM * 4;                   // 64 Et16 rows
@@ -77,27 +78,12 @@ __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
   // Staging row rr = kk * 16 + hl * 8 + pw: channel n0 + 2 pw + hl at tap 4 q + kk, the Et16 row of
   // its weight, copied by 8 lanes (lane rc the 16-byte pieces rc of its 4 lines: a warp-wide load
   // is 4 lines, a quarter warp's store 128 contiguous bytes). Taps past K, channels past N: zeros.
-  const int4 zero = make_int4(0, 0, 0, 0);
   const int rr0 = warp * 4 + (lane >> 3), rc = lane & 7, rk = rr0 >> 4;
   const int rn = n0 + 2 * (rr0 & 7) + ((rr0 >> 3) & 1);
   const uint8_t* rw = reinterpret_cast<const uint8_t*>(p.w) + (rn < p.N ? (long long)rn * p.K + rk : 0);
   const int rklim = rn < p.N ? p.K - rk : 0;
-  auto raw_load = [&](int q, int4 (&L)[4]) {
-    const int k = 4 * q;  // the tap less rk (rw is at tap rk)
-#pragma unroll
-    for (int u = 0; u < 4; ++u) L[u] = zero;
-    if (k < rklim) {
-      const uint32_t off = ((__ldg(rw + k) ^ 128u) << 9) | (rc << 4);  // Et16 row of weight w: w + 128
-      const char* src = reinterpret_cast<const char*>(p.Et16) + off;
-#pragma unroll
-      for (int u = 0; u < 4; ++u) L[u] = __ldg(reinterpret_cast<const int4*>(src + u * 128));
-    }
-  };
-  auto raw_store = [&](const int4 (&L)[4]) {
-    uint8_t* dst = stg + rr0 * kGemmRawRow + rc * 16;
-#pragma unroll
-    for (int u = 0; u < 4; ++u) *reinterpret_cast<int4*>(dst + u * 128) = L[u];
-  };
+  auto raw_load = [&](int q, int4 (&L)[4]) { et16_load(p, rw, 4 * q, rklim, rc, L); };
+  auto raw_store = [&](const int4 (&L)[4]) { et16_store(stg + rr0 * kGemmRawRow + rc * 16, L); };
   // The slot from the staging area (the header's build).
   auto transpose = [&](int slot) {
     const int kk = lane >> 3, pw = lane & 7;
@@ -106,15 +92,7 @@ __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
       const int ab = warp + 16 * v;
       const uint8_t* src = stg + (kk * 16 + pw) * kGemmRawRow + ab * 16;
       const int4 A = *reinterpret_cast<const int4*>(src), B = *reinterpret_cast<const int4*>(src + 8 * kGemmRawRow);
-      uint32_t* dst = reinterpret_cast<uint32_t*>(smem + slot * kTallSlot) + ab * 8 * 32 + lane;
-      const uint32_t a4[4] = {(uint32_t)A.x ^ 0x80008000u, (uint32_t)A.y ^ 0x80008000u,
-                              (uint32_t)A.z ^ 0x80008000u, (uint32_t)A.w ^ 0x80008000u};
-      const uint32_t b4[4] = {(uint32_t)B.x, (uint32_t)B.y, (uint32_t)B.z, (uint32_t)B.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        dst[(2 * i) * 32] = __byte_perm(a4[i], b4[i], 0x5410);      // code 8 ab + 2i
-        dst[(2 * i + 1) * 32] = __byte_perm(a4[i], b4[i], 0x7632);  // code 8 ab + 2i + 1
-      }
+      put_pair_words(reinterpret_cast<uint32_t*>(smem + slot * kTallSlot) + ab * 8 * 32 + lane, A, B);
     }
   };
 
@@ -186,13 +164,13 @@ __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
     __syncthreads();
   }
   // the stages again, not kept live through the loop
-  const uint32_t bias = 32768u * static_cast<uint32_t>(4 * (gemm_stages<SK>(p).y - gemm_stages<SK>(p).x));
+  const uint32_t taps = gemm_taps<SK>(p);
   const bool add = SK && gridDim.z > 1;
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     if (128 * i >= left) continue;
-    // gemm.cu's finish_row for 2 pair words: low channel s - (h << 16) less its offsets, high h
-    const uint32_t v[4] = {s[i][0] - (h[i][0] << 16) - bias, h[i][0], s[i][1] - (h[i][1] << 16) - bias, h[i][1]};
+    uint32_t v[4];
+    finish_row<int16_t, 2>(s[i], h[i], taps, v);
     gemm_store<4>(p, m0 + g + 128 * i, n0 + 4 * jj, v, add);
   }
 }

@@ -102,6 +102,10 @@ def _main(argv: list[str]) -> int:
 
         warm_up_cuda()  # overlaps the composition, the data and the CPU-side set-up that follow
     try:
+        if command in GPU_COMMANDS:
+            from runner.gpus import check_cuda_environment
+
+            check_cuda_environment()
         if command in HYDRA_COMMANDS:
             if asks_for_help(args):
                 print_hydra_help(command)

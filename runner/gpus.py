@@ -58,6 +58,24 @@ def gpu_lease(lock_dir: Path, n_gpus: int, poll_s: float = 0.2):
         time.sleep(poll_s)
 
 
+def check_cuda_environment() -> None:
+    """The settings the CUDA kernels read from the environment, checked before a GPU command does any work: a
+    typo is one line and exit 2 here, where the kernels (which check it too, for the Python API) would stop the
+    run at its first CUDA call with a traceback."""
+    from runner.errors import UserError
+
+    value = os.environ.get("APPROX_RUN_TABLE_CACHE_MB")
+    if value is None:
+        return
+    try:
+        mb = float(value) if value == value.strip() else float("nan")
+    except ValueError:
+        mb = float("nan")
+    if not 1 <= mb <= 2**40:
+        raise UserError(f"APPROX_RUN_TABLE_CACHE_MB={value!r}: expected the CUDA table cache's size in MiB, a number "
+                        "from 1 (unset it for the default, an eighth of the device's memory)")
+
+
 def warm_up_cuda():
     """Start the GPU's libraries in a background thread while this thread composes configs, reads tables,
     loads data and calibrates on the CPU. The CUDA context, cuDNN's and cuBLAS's first calls are a

@@ -156,6 +156,23 @@ def test_cuda_warm_up_is_harmless_without_a_gpu(monkeypatch):
     assert warm_up_cuda() is None
 
 
+@pytest.mark.parametrize("value", ["200MB", "0", " 200", "nan"])
+def test_a_bad_table_cache_size_is_exit_2_before_any_work(tmp_path, value):
+    """APPROX_RUN_TABLE_CACHE_MB is read by the CUDA kernels; a GPU command checks it first, so a typo is one
+    line and exit 2, with nothing written, wherever the run would have gone."""
+    out = run_cli("compare", f"paths.results={tmp_path}/r", env={"APPROX_RUN_TABLE_CACHE_MB": value}, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "APPROX_RUN_TABLE_CACHE_MB" in out.stderr and not (tmp_path / "r").exists()
+
+
+def test_a_table_cache_size_in_mib_is_accepted(monkeypatch):
+    from runner.gpus import check_cuda_environment
+
+    for value in ("1", "200", "4096.5", "1e3"):
+        monkeypatch.setenv("APPROX_RUN_TABLE_CACHE_MB", value)
+        check_cuda_environment()
+
+
 HELP_COMMANDS = ["train", "compare", "finetune", "bench", "sweep", "sensitivity", "search"]
 
 

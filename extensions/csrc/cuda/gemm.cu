@@ -64,6 +64,9 @@ constexpr int kGemmSlot = 2 * 256 * 128;       // bytes of one stage's table (4 
 // the code bytes right after their loads; a copy has nothing to wait on until the stage's last
 // barrier (1.10-1.21x on ResNet-50's 1x1 convs). A linear layer's rows the same way (4 bytes a
 // row) ran 4-5 % slower (their 32 sectors a warp the same either way): not offered.
+// past r8c's slots, codes, staging and copied codes: KB's row addresses (12 B a row)
+constexpr int gemm_smem_kb_base(int bm) { return 2 * kGemmSlot + 2 * bm * 4 + 128 * kGemmRawRow + 8 * bm; }
+
 template <int R, int BUILD, bool KX, bool SK, bool AC = false>
 __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   constexpr int TH = kGemmThreads, BM = TH / 4 * R, LR = (BM + TH - 1) / TH;
@@ -129,7 +132,41 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
         make_uint4(__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
                    __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632));
   };
-  const uint32_t cxm = AC ? 0x01010101u * p.xmask : 0u;  // copied codes are raw: LUT row = code ^ xmask
+  const uint32_t cxm = AC || (KX && CO) ? 0x01010101u * p.xmask : 0u;  // raw codes: LUT row = code ^ xmask
+  // KX with CO: a stage's code bytes loaded at the step's start and stored one STS.U8 each after
+  // barrier A, nothing between load and store for ptxas to place where the load stalls
+  // KB: the rows' code addresses in shared memory, each thread reading back its own (registers for the bytes)
+  long long* rbase = reinterpret_cast<long long*>(smem + gemm_smem_kb_base(BM));
+  int* riyx = reinterpret_cast<int*>(rbase + BM);
+  if constexpr (KX && CO) {
+#pragma unroll
+    for (int u = 0; u < LR; ++u)
+      if (t + TH * u < BM) rbase[t + TH * u] = crow[u].base, riyx[t + TH * u] = cload[u] ? crow[u].iyx : 0x7FFF7FFF;
+  }
+  auto load_bytes = [&](int q, uint32_t (&cb)[LR][4]) {
+#pragma unroll
+    for (int u = 0; u < LR; ++u) {
+      const int r = t + TH * u, iyx = riyx[r];
+      const long long base = rbase[r];
+      const int iy0 = static_cast<int>(static_cast<short>(iyx & 0xFFFF)), ix0 = iyx >> 16;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int4 kc = __ldg(p.kinfo + 4 * q + c);
+        const int iy = iy0 + kc.y, ix = ix0 + kc.z;
+        cb[u][c] = 0;
+        if ((unsigned)iy < (unsigned)p.H && (unsigned)ix < (unsigned)p.W) cb[u][c] = __ldg(p.a + base + kc.x);
+      }
+    }
+  };
+  auto put_bytes = [&](int slot, const uint32_t (&cb)[LR][4]) {
+    uint8_t* cb8 = reinterpret_cast<uint8_t*>(cod + slot * BM);
+#pragma unroll
+    for (int u = 0; u < LR; ++u)
+      if (t + TH * u < BM)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) cb8[4 * (t + TH * u) + c] = static_cast<uint8_t>(cb[u][c]);
+  };
+  constexpr bool KB = KX && CO;
 
   // Table build: a stage is 64 (tp, 8-code block) pieces x 32 lanes (e = lane >> 4, pair
   // pr = lane & 15); warp w builds pieces w + 16u, u < 4: u = 0, 1 tap pair 0, u = 2, 3 tap pair 1.
@@ -253,6 +290,7 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
         if (qb - qa > 1) issue(qa + 1, (qa + 1) & 1);
       }
       if (!AC) codes_of(qa, cw);
+      if (KB) for (int u = 0; u < LR; ++u) cw[u] ^= 0x01010101u * p.xmask;  // raw, as put_bytes leaves them
       raw_load(qa, 0, L);
       raw_store(0, L);
       raw_load(qa, 1, L);
@@ -274,12 +312,14 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
       const int slot = q & 1;
       const bool nxt = q + 1 < qb, nxt2 = q + 2 < qb;
       uint32_t cw[LR];
+      uint32_t cb[LR][4];
       int4 L[4];
       if (nxt) {  // slot ^ 1 was last read in stage q - 1, before the barrier that ended it
         if (AC) convert(slot ^ 1);  // stage q + 1's bytes, copied in step q - 1
-        if (!AC) codes_of(q + 1, cw);
+        if (KB) load_bytes(q + 1, cb);
+        if (!AC && !KB) codes_of(q + 1, cw);
         transpose(slot ^ 1);
-        if (!AC) put_codes(slot ^ 1, cw);  // here, not at the end: 2 registers fewer through the sums
+        if (!AC && !KB) put_codes(slot ^ 1, cw);  // here, not at the end: 2 registers fewer through the sums
       }
       if (AC && nxt2) issue(q + 2, slot);  // codp[slot] was converted in step q - 1
       if (nxt2) raw_load(q + 2, 0, L);
@@ -291,6 +331,7 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
         raw_store(0, L);
         raw_load(q + 2, 1, L);
       }
+      if (KB && nxt) put_bytes(slot ^ 1, cb);
       sum_pair(slot, 1);
       if (nxt2) raw_store(1, L);
       if (AC) cp_async_wait<0>();
@@ -366,7 +407,7 @@ Config gemm_default(const Params& p) {
 
 // Shared memory of a tile of R rows a thread: two slots, the staged codes, CO's staging area.
 constexpr size_t gemm_smem(int r, int build) {
-  return 2 * kGemmSlot + 2 * (kGemmThreads / 4 * r) * 4 + (build == 2 ? 128 * kGemmRawRow + 8 * (128 * r) : 0);
+  return 2 * kGemmSlot + 2 * (kGemmThreads / 4 * r) * 4 + (build == 2 ? 128 * kGemmRawRow + 20 * (128 * r) : 0);
 }
 
 template <int R, int MODE, int BUILD>

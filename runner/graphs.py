@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from runner.linking import in_forward
+
 
 class GraphedForward:
     """model(x) from a CUDA graph captured for x's shape and dtype, after an eager warm-up on a side stream; any
@@ -56,7 +58,7 @@ class GraphedForward:
             torch.cuda.current_stream(x.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             self.model._forward_hooks, self.model._forward_pre_hooks = type(hooks[0])(), type(hooks[1])()
-            with torch.no_grad(), torch.cuda.graph(graph):
+            with torch.no_grad(), torch.cuda.graph(graph), in_forward(self.model):  # hooks off, hand-offs on
                 static_out = self.model(static_x)
         except RuntimeError as exc:  # what cannot be captured runs eagerly, as before
             self.failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

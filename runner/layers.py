@@ -24,7 +24,8 @@ from runner.errors import UserError
 from runner.exact_conv import exact_conv2d, exact_linear
 from runner.float64_steps import float64_steps
 from runner.layer_checks import NonFiniteInputCheck, check_accumulator, check_finite, reduction_length
-from runner.linking import CODES_ATTR, clamps_keep_codes, find_consumers, pass_codes_through_clamps
+from runner.linking import (clamps_keep_codes, codes_alone, find_consumers, hand_codes, hand_off_path, handed_codes,
+                            handed_float, mark_codes, pass_codes_through_clamps)
 from runner.pooling import pair_pools
 from runner.models import fold_input_normalization, set_module
 from runner.quant import (ActStats, QuantConfig, act_qrange, act_scale_from_amax, calibrate, dequantized_bias,
@@ -62,10 +63,10 @@ class _Quantized(nn.Module):
         self.dynamic = qcfg.activation == "dynamic"
         self.requant = qcfg.requant
         self._requant_cache = None
-        # requant=integer: the quantized layer this one's output reaches as codes, and the clamps on the way
-        # (link_consumers). A plain attribute: the consumer is a module of the model already, not a submodule.
+        # requant=integer: the quantized layer this one's output reaches as codes, the clamps and modules on the
+        # way (link_consumers). Plain attributes: modules of the model already, not submodules.
         object.__setattr__(self, "_consumer", None)
-        self._link_clamps = ()
+        self._link_clamps, self._link_steps = (), None  # steps: a linking.HandOffPath
         self.granularity = qcfg.weight
         # below 1 only while retraining (set_weight_scale_factor): weight scale factor * max|w| / 127
         self.weight_scale_factor = 1.0
@@ -224,9 +225,7 @@ class _Quantized(nn.Module):
         return None, (bias_q.to(dev), m0.to(dev), shift.to(dev), out_scale, qmin, qmax)
 
     def _hand_on(self, out, requant):
-        if requant is not None and self._link_clamps:
-            setattr(out, CODES_ATTR, True)
-        return out
+        return mark_codes(out) if requant is not None and self._link_clamps else out
 
     def set_act_amax(self, stats: ActStats) -> None:
         """Static activation scale from new calibration statistics (recalibration after retraining)."""
@@ -250,19 +249,16 @@ class _ConvOps:
     def _float_op(self, x, w, b):
         return F.conv2d(x, w, b, self.stride, self.padding, self.dilation, self.groups)
 
-    def _lut_forward(self, x, scale):
-        geometry = (list(self.stride), list(self.padding), list(self.dilation), self.groups)
-        if _needs_grad(x, self, scale):  # training: the differentiable op, which takes no flag
-            self._check_input(x.detach())
-            return ops_autograd.qconv2d(x, self.weight, self.bias, self.weight_codes, self.weight_scale, scale,
-                                        self.lut, *self._slopes(), *geometry, self.signed, self.backend, self.algo,
-                                        self.grad)
-        bias, requant = self._finish_args(scale)
-        out = ops_autograd.qforward_conv2d(x, self.weight_codes, self.weight_scale, scale, bias, self.lut, *geometry,
-                                           self.signed, self.backend, self.algo, self._input_flag(x, defer=True),
-                                           requant)
-        self._read_kernel_flag(x)
-        return self._hand_on(out, requant)
+    def _autograd_forward(self, x, scale):
+        return ops_autograd.qconv2d(x, self.weight, self.bias, self.weight_codes, self.weight_scale, scale, self.lut,
+                                    *self._slopes(), *self._geometry(), self.signed, self.backend, self.algo, self.grad)
+
+    def _inference_forward(self, x, scale, bias, requant, **kw):
+        return ops_autograd.qforward_conv2d(x, self.weight_codes, self.weight_scale, scale, bias, self.lut,
+                                            *self._geometry(), self.signed, self.backend, self.algo, requant=requant, **kw)
+
+    def _geometry(self):  # the ops' stride, padding, dilation, groups
+        return list(self.stride), list(self.padding), list(self.dilation), self.groups
 
     def _exact_acc(self, codes, weight_codes):
         return exact_conv2d(codes, weight_codes, self.stride, self.padding, self.dilation, self.groups, integer=False)
@@ -274,17 +270,13 @@ class _LinearOps:
     def _float_op(self, x, w, b):
         return F.linear(x, w, b)
 
-    def _lut_forward(self, x, scale):
-        if _needs_grad(x, self, scale):  # training: the differentiable op, which takes no flag
-            self._check_input(x.detach())
-            return ops_autograd.qlinear(x, self.weight, self.bias, self.weight_codes, self.weight_scale, scale,
-                                        self.lut, *self._slopes(), self.signed, self.backend, self.algo, self.grad)
-        bias, requant = self._finish_args(scale)
-        out = ops_autograd.qforward_linear(x, self.weight_codes, self.weight_scale, scale, bias, self.lut,
-                                           self.signed, self.backend, self.algo, self._input_flag(x, defer=True),
-                                           requant)
-        self._read_kernel_flag(x)
-        return self._hand_on(out, requant)
+    def _autograd_forward(self, x, scale):
+        return ops_autograd.qlinear(x, self.weight, self.bias, self.weight_codes, self.weight_scale, scale, self.lut,
+                                    *self._slopes(), self.signed, self.backend, self.algo, self.grad)
+
+    def _inference_forward(self, x, scale, bias, requant, **kw):
+        return ops_autograd.qforward_linear(x, self.weight_codes, self.weight_scale, scale, bias, self.lut,
+                                            self.signed, self.backend, self.algo, requant=requant, **kw)
 
     def _exact_acc(self, codes, weight_codes):
         """[M, N] (finish's channel dim 1); forward restores the leading dims."""
@@ -366,7 +358,19 @@ class _Approx(_Quantized):
     def forward(self, x):
         self.refresh_weight_quant()
         self._last_input_shape = tuple(x.shape)  # for auto_picks: auto picks per call shape
-        return self._lut_forward(x, self.input_scale(x))
+        scale = self.input_scale(x)
+        if _needs_grad(x, self, scale):  # training: the differentiable op, which takes no flag
+            x = handed_float(x)
+            self._check_input(x.detach())
+            return self._autograd_forward(x, scale)
+        bias, requant = self._finish_args(scale)
+        codes, consumer = handed_codes(x, self), self.__dict__["_consumer"]
+        # the consumer's signedness where it alone reads the output (and reads codes): those, not fl(code * s)
+        signed = consumer.signed if requant is not None and codes_alone(self, consumer, self._link_steps) else None
+        flag = self._input_flag(x, defer=True) if codes is None else None  # handed codes are finite
+        out = self._inference_forward(x, scale, bias, requant, nonfinite=flag, codes=codes, codes_signed=signed)
+        self._read_kernel_flag(x)  # (a flag still clear where codes were handed)
+        return self._hand_on(out, requant) if signed is None else hand_codes(out, consumer)
 
     def auto_pick(self) -> str:
         """The kernel variant `auto` runs for this layer's last input shape, from the kernels' own
@@ -505,20 +509,22 @@ def link_consumers(model: nn.Module, links: dict | None = None) -> None:
     output alone reaches through code-preserving steps (runner.linking: ReLU, max-pool, flatten, identity,
     eval dropout, ReLU6 where it keeps codes), found by tracing the forward with torch.fx; the layer then
     requantizes to the consumer's codes. A layer with no such consumer (the logits; a value read twice, as a
-    residual block's input; the input of an add, a concatenation, an average pool, any other step; every
-    layer of a model fx cannot trace and that has no stages()) dequantizes to fp32, and the next quantized
-    layer quantizes that as in requant=float."""
+    residual block's input; an add's, a concat's, an average pool's input; every layer of a model fx cannot
+    trace and that has no stages()) dequantizes to fp32, which the next layer quantizes as in requant=float."""
     layers = quantized_layers(model)
     pass_codes_through_clamps(model)
     for m in layers.values():
         object.__setattr__(m, "_consumer", None)
-        m._link_clamps, m._requant_cache = (), None
+        m._link_clamps, m._link_steps, m._requant_cache = (), None, None
     if links is None:
         links = consumer_links(model)
-    for name, (consumer, clamps) in links.items():
+    modules = dict(model.named_modules())
+    for name, (consumer, clamps, steps) in links.items():
         if not layers[consumer].dynamic:
             object.__setattr__(layers[name], "_consumer", layers[consumer])
             layers[name]._link_clamps = clamps
+            path = steps is not None and isinstance(layers[consumer], _Approx)  # a consumer that reads handed codes
+            layers[name]._link_steps = hand_off_path(model, [modules[s] for s in steps]) if path else None
 
 
 def consumer_links(model: nn.Module) -> dict:

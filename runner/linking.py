@@ -9,6 +9,9 @@ a chain: a second reader of a value on the way (a residual block's input feeds i
 an add, a concatenation, average pooling, a module that is not one of those steps."""
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
@@ -165,7 +168,7 @@ def _reads_only_first(node: fx.Node, value: fx.Node) -> bool:
     return value not in seen
 
 
-def _graph_consumers(model: nn.Module, is_layer) -> dict[str, tuple[str, Clamps]]:
+def _graph_consumers(model: nn.Module, is_layer) -> dict:
     modules = dict(model.named_modules())
     holds_layer = {id(m) for m in modules.values() if any(is_layer(s) for s in m.modules())}
     leaves = {id(m) for m in modules.values() if is_layer(m) or id(m) not in holds_layer}
@@ -178,7 +181,7 @@ def _graph_consumers(model: nn.Module, is_layer) -> dict[str, tuple[str, Clamps]
     for name, nodes in calls.items():
         if len(nodes) != 1:  # one layer called at two places: no single consumer
             continue
-        value, clamps = nodes[0], ()
+        value, clamps, steps = nodes[0], (), ()
         while True:
             readers = _readers(value)
             if len(readers) != 1 or not _reads_only_first(readers[0], value):
@@ -187,11 +190,12 @@ def _graph_consumers(model: nn.Module, is_layer) -> dict[str, tuple[str, Clamps]
             if step.op == "call_module":
                 module = modules[step.target]
                 if is_layer(module):
-                    found[name] = (step.target, clamps)
+                    found[name] = (step.target, clamps, steps)
                     break
                 more = module_clamps(module)
+                steps = None if steps is None else steps + (step.target,)
             elif step.op in ("call_function", "call_method"):
-                more = _function_clamps(step)
+                more, steps = _function_clamps(step), None
             else:
                 more = None
             if more is None:
@@ -200,7 +204,7 @@ def _graph_consumers(model: nn.Module, is_layer) -> dict[str, tuple[str, Clamps]
     return found
 
 
-def _stage_consumers(model: nn.Module, is_layer) -> dict[str, tuple[str, Clamps]]:
+def _stage_consumers(model: nn.Module, is_layer) -> dict:
     """The same walk over the steps the model's stages() lists in forward order (a straight chain)."""
     name_of = {id(m): n for n, m in model.named_modules()}
     steps = [step for _, step in model.stages()]
@@ -210,8 +214,8 @@ def _stage_consumers(model: nn.Module, is_layer) -> dict[str, tuple[str, Clamps]
             continue
         clamps: Clamps = ()
         for nxt in steps[i + 1:]:
-            if is_layer(nxt):
-                found[name_of[id(step)]] = (name_of[id(nxt)], clamps)
+            if is_layer(nxt):  # what else the forward does between them is unknown: no steps (None)
+                found[name_of[id(step)]] = (name_of[id(nxt)], clamps, None)
                 break
             more = module_clamps(nxt)
             if more is None:
@@ -220,8 +224,9 @@ def _stage_consumers(model: nn.Module, is_layer) -> dict[str, tuple[str, Clamps]
     return found
 
 
-def find_consumers(model: nn.Module, is_layer) -> dict[str, tuple[str, Clamps]]:
-    """{layer name: (its consumer's name, the clamps on the way)} for the modules is_layer accepts. The forward
+def find_consumers(model: nn.Module, is_layer) -> dict[str, tuple[str, Clamps, tuple[str, ...] | None]]:
+    """{layer name: (its consumer's name, the clamps on the way, the modules on the way or None where a function
+    is among the steps)} for the modules is_layer accepts. The forward
     is traced symbolically (no data runs); a forward fx cannot trace (control flow on values, say) falls back
     to the model's stages() if it has them, else links nothing, as requant=float hands every value on."""
     try:
@@ -234,3 +239,110 @@ def find_consumers(model: nn.Module, is_layer) -> dict[str, tuple[str, Clamps]]:
         except Exception:  # noqa: BLE001
             pass
     return {}
+
+
+HANDED_ATTR = "_approx_handed"  # (codes, consumer) on a placeholder for fl(codes * the consumer's input scale)
+
+
+def _passes_unchanged(module: nn.Module) -> bool:
+    """module's forward returns its (marked) input itself: an identity, a passing clamp, a Sequential of them."""
+    if type(module) is nn.Sequential:
+        return all(_passes_unchanged(m) for m in module)
+    return type(module) is nn.Identity or isinstance(module, _PassesCodes)
+
+
+def _hooked(module: nn.Module) -> bool:
+    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
+
+
+class ForwardScope:
+    """How many forwards of the model are in progress (its own hooks count them): a layer hands codes alone only
+    inside one, where fx's trace says its consumer reads them next, never when called by itself."""
+
+    def __init__(self):
+        self.depth = 0
+
+    def enter(self, module, args):
+        self.depth += 1
+
+    def leave(self, module, args, output):
+        self.depth -= 1
+
+
+@contextlib.contextmanager
+def in_forward(model: nn.Module):
+    """A forward of model for its layers' hand-offs where its own hooks do not run (a CUDA graph's capture)."""
+    scope = model.__dict__.get("_forward_scope")
+    if scope is None:
+        yield
+        return
+    scope.enter(model, ())
+    try:
+        yield
+    finally:
+        scope.leave(model, (), None)
+
+
+@dataclass(frozen=True)
+class HandOffPath:
+    """The modules between a layer and its consumer (find_consumers' steps), and the model's ForwardScope."""
+    scope: ForwardScope
+    steps: tuple[nn.Module, ...]
+
+
+def hand_off_path(model: nn.Module, steps: list[nn.Module]) -> HandOffPath:
+    scope = model.__dict__.get("_forward_scope")
+    if scope is None:  # one a model, however often link_consumers runs on it
+        scope = model.__dict__["_forward_scope"] = ForwardScope()
+        model.register_forward_pre_hook(scope.enter)
+        model.register_forward_hook(scope.leave, always_call=True)
+    return HandOffPath(scope, tuple(steps))
+
+
+def codes_alone(producer: nn.Module, consumer: nn.Module, path: HandOffPath | None) -> bool:
+    """Whether producer may hand consumer its codes alone, no float tensor: inside a forward of the model, where
+    nothing but consumer can read the value. The steps between them are modules that return it unchanged (no
+    function of the forward, which fx found, reads it), no hook on them, on either layer or global could see
+    it, and autograd is off (consumer's training path reads floats; handed_float gives them back)."""
+    if path is None or path.scope.depth <= 0 or torch.is_grad_enabled() or _global_hooks():
+        return False
+    steps = path.steps
+    return all(_passes_unchanged(m) for m in steps) and not any(_hooked(m) for m in (producer, consumer, *steps))
+
+
+def _global_hooks() -> bool:
+    from torch.nn.modules import module as nn_module
+    return bool(nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks)
+
+
+def hand_codes(codes: torch.Tensor, consumer: nn.Module) -> torch.Tensor:
+    """The producer's output when codes_alone: a float placeholder of the output's shape that holds no memory,
+    marked for the passing clamps on the way and carrying the codes for consumer (handed_codes)."""
+    out = mark_codes(codes.new_empty((), dtype=torch.float32).expand(codes.shape))
+    setattr(out, HANDED_ATTR, (codes, consumer))
+    return out
+
+
+def mark_codes(out: torch.Tensor) -> torch.Tensor:
+    """out, marked as a requantized output whose clamps on the way pass it through (_PassesCodes)."""
+    setattr(out, CODES_ATTR, True)
+    return out
+
+
+def handed_codes(x: torch.Tensor, consumer: nn.Module) -> torch.Tensor | None:
+    """The codes handed to consumer with x (hand_codes), None for an ordinary input."""
+    handed = getattr(x, HANDED_ATTR, None)
+    if handed is None:
+        return None
+    if handed[1] is not consumer:  # never by codes_alone's conditions; no layer may read a placeholder
+        raise RuntimeError("a LUT layer's codes reached a layer other than their consumer")
+    return handed[0]
+
+
+def handed_float(x: torch.Tensor) -> torch.Tensor:
+    """x itself, or the values a placeholder stands for: fl(code * scale), what the producer's requantize gives."""
+    handed = getattr(x, HANDED_ATTR, None)
+    if handed is None:
+        return x
+    codes, consumer = handed
+    return codes.float() * consumer.input_scale(None).detach()

@@ -17,7 +17,7 @@ from runner import _ext
 from runner.errors import UserError
 from runner.reference import (as_pair, conv_output_size, reference_dequantize, reference_lut_bmm, reference_lut_conv2d,
                               reference_lut_grad_a, reference_lut_grad_w, reference_lut_linear, reference_quantize,
-                              reference_requantize)
+                              reference_requantize, reference_requantize_codes)
 
 BACKENDS = ("python", "cpp", "cuda")
 BACKEND_DEVICE = {"cpp": "cpu", "cuda": "cuda"}  # where the compiled backends' tensors live
@@ -210,6 +210,19 @@ def requantize(acc, bias, multiplier, shift, out_scale, qmin, qmax, *, backend="
     return _compiled("requantize", backend, acc)(acc, bias, multiplier, shift, out_scale.reshape(()), qmin, qmax)
 
 
+def requantize_codes(acc, bias, multiplier, shift, qmin, qmax, signed, *, backend="cpp"):
+    """requantize's codes themselves, int8 (signed) / uint8: quantize(requantize(...), out_scale) without the
+    float tensor between them (a hand-off read by the next layer alone)."""
+    _check_backend(backend)
+    if backend == "python":
+        if not (-128 if signed else 0) <= qmin < qmax <= (127 if signed else 255):
+            raise ValueError(f"requantize_codes: qmin {qmin}, qmax {qmax} outside the {'int8' if signed else 'uint8'} "
+                             "codes")
+        code = reference_requantize_codes(acc, bias, multiplier, shift, qmin, qmax)
+        return code.to(torch.int8 if signed else torch.uint8)
+    return _compiled("requantize_codes", backend, acc)(acc, bias, multiplier, shift, qmin, qmax, signed)
+
+
 def finish(acc, act_scale, weight_scale, bias, requant=None, *, backend="cpp"):
     """A layer's last step: dequantize (requant None) or requantize to the next layer's codes (requant: the
     arguments of requantize after acc)."""
@@ -255,6 +268,12 @@ def _register_fakes():
     # an extension built before requantize existed still imports; backend=cpp/cuda then says to rebuild
     if hasattr(torch.ops.approx, "requantize"):
         torch.library.register_fake("approx::requantize")(requantize_fake)
+
+    if hasattr(torch.ops.approx, "requantize_codes"):
+        @torch.library.register_fake("approx::requantize_codes")
+        def _(acc, bias, multiplier, shift, qmin, qmax, signed):
+            torch._check(acc.dim() >= 2, lambda: "requantize_codes: acc must be [B, N, ...]")
+            return torch.empty_like(acc, dtype=torch.int8 if signed else torch.uint8)
 
     def lut_bmm_fake(a, b, lut):
         torch._check(a.dim() == 3 and b.dim() == 3, lambda: "lut_bmm: expected a [B, M, K], b [B, N, K]")

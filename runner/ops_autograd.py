@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from runner.errors import UserError
 from runner.exact_conv import unfold
-from runner.ops import finish, lut_bmm, lut_conv2d, lut_grad_a, lut_grad_w, lut_linear, quantize
+from runner.ops import finish, lut_bmm, lut_conv2d, lut_grad_a, lut_grad_w, lut_linear, quantize, requantize_codes
 from runner.reference import conv_output_size
 
 # Autograd lives here, on float-level ops, not on lut_linear / lut_conv2d: those take integer codes,
@@ -37,18 +37,31 @@ def check_grad_mode(grad):
 
 
 def qforward_linear(x, weight_codes, weight_scale, act_scale, bias, lut, signed, backend, algo, nonfinite=None,
-                     requant=None):
-    codes = quantize(x.contiguous(), act_scale, signed, backend=backend, nonfinite=nonfinite)
+                     requant=None, codes=None, codes_signed=None):
+    """Inference: x's codes (given as `codes`, handed on by the previous layer, or quantized here), the LUT
+    sums, then finish; with codes_signed (the next layer's signedness, not None), requant's codes themselves
+    (requantize_codes: that layer's input codes, no float tensor)."""
+    if codes is None:
+        codes = quantize(x.contiguous(), act_scale, signed, backend=backend, nonfinite=nonfinite)
     lead = codes.shape[:-1]
     acc = lut_linear(codes.reshape(-1, codes.shape[-1]), weight_codes, lut, backend=backend, algo=algo)
-    return finish(acc, act_scale, weight_scale, bias, requant, backend=backend).reshape(*lead, acc.shape[-1])
+    return _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend).reshape(*lead, acc.shape[-1])
 
 
 def qforward_conv2d(x, weight_codes, weight_scale, act_scale, bias, lut, stride, padding, dilation, groups,
-                     signed, backend, algo, nonfinite=None, requant=None):
-    codes = quantize(x.contiguous(), act_scale, signed, backend=backend, nonfinite=nonfinite)
+                     signed, backend, algo, nonfinite=None, requant=None, codes=None, codes_signed=None):
+    """qforward_linear's steps for a conv."""
+    if codes is None:
+        codes = quantize(x.contiguous(), act_scale, signed, backend=backend, nonfinite=nonfinite)
     acc = lut_conv2d(codes, weight_codes, lut, stride, padding, dilation, groups, backend=backend, algo=algo)
-    return finish(acc, act_scale, weight_scale, bias, requant, backend=backend)
+    return _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend)
+
+
+def _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend):
+    if codes_signed is None:
+        return finish(acc, act_scale, weight_scale, bias, requant, backend=backend)
+    bias_q, m0, shift, _, qmin, qmax = requant
+    return requantize_codes(acc, bias_q, m0, shift, qmin, qmax, codes_signed, backend=backend)
 
 
 @torch.library.custom_op("approx::qlinear", mutates_args=())

@@ -249,13 +249,18 @@ def reference_requantize(acc, bias, multiplier, shift, out_scale, qmin: int, qma
     rounding, and the next layer's quantize at that same scale recovers the code exactly (|error| of the
     round trip < 255 * 2^-22 < 0.5), so the next layer reads these codes; ReLU and max-pool in between are
     monotone and act on them as on codes."""
+    code = reference_requantize_codes(acc, bias, multiplier, shift, qmin, qmax)
+    return code.to(torch.float32).mul_(out_scale.reshape(()))
+
+
+def reference_requantize_codes(acc, bias, multiplier, shift, qmin: int, qmax: int) -> torch.Tensor:
+    """reference_requantize's codes, int64 (the caller picks the dtype)."""
     shape = (1, -1) + (1,) * (acc.dim() - 2)
     shift = shift.to(torch.int64).clamp(1, REQUANT_MAX_SHIFT).view(shape)  # the kernels clamp alike
     # in place: fake-quant runs this on whole batches, and each int64 pass is a large tensor
     p = acc.to(torch.int64, copy=True)
     p.add_(bias.to(torch.int64).view(shape)).mul_(multiplier.to(torch.int64).view(shape))
-    code = p.bitwise_right_shift_(shift - 1).add_(1).bitwise_right_shift_(1).clamp_(qmin, qmax)
-    return code.to(torch.float32).mul_(out_scale.reshape(()))
+    return p.bitwise_right_shift_(shift - 1).add_(1).bitwise_right_shift_(1).clamp_(qmin, qmax)
 
 
 @dataclass

@@ -22,11 +22,12 @@ import torch
 import torch.nn.functional as F
 
 from runner.lut_slopes import reference_lut_grad_a, reference_lut_grad_w
-from runner.quant import reference_dequantize, reference_quantize, reference_requantize
+from runner.quant import reference_dequantize, reference_quantize, reference_requantize, reference_requantize_codes
 
 __all__ = ["as_pair", "conv_output_size", "reference_lut_linear", "reference_lut_conv2d", "reference_lut_bmm",
            "reference_lut_grad_a",
-           "reference_lut_grad_w", "reference_quantize", "reference_dequantize", "reference_requantize"]
+           "reference_lut_grad_w", "reference_quantize", "reference_dequantize", "reference_requantize",
+           "reference_requantize_codes"]
 
 # The reference materialises int64 indices of shape [rows, K, N]; this bounds one chunk (bytes).
 _REF_CHUNK_BYTES = 64 << 20

@@ -131,7 +131,9 @@ def test_lenet5_links_are_its_stages_links():
         return isinstance(mod, _Quantized)
     for m in (fq, approx):
         assert integer_links(m) == want
-        assert find_consumers(m, is_layer) == _stage_consumers(m, is_layer) == {k: (v, RELU) for k, v in want.items()}
+        steps = {"conv1": ("relu", "pool"), "conv2": ("relu", "pool", "flatten"), "fc1": ("relu",), "fc2": ("relu",)}
+        assert find_consumers(m, is_layer) == {k: (v, RELU, steps[k]) for k, v in want.items()}
+        assert _stage_consumers(m, is_layer) == {k: (v, RELU, None) for k, v in want.items()}
 
 
 class _Branchy(nn.Module):

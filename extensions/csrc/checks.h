@@ -100,6 +100,20 @@ inline int64_t check_requantize(const at::Tensor& acc, const at::Tensor& bias, c
   return n;
 }
 
+// requantize_codes: requantize's checks but out_scale; the code range within the codes' dtype (int8 if signed).
+inline int64_t check_requantize_codes(const at::Tensor& acc, const at::Tensor& bias, const at::Tensor& multiplier,
+                                      const at::Tensor& shift, int64_t qmin, int64_t qmax, bool is_signed) {
+  check_acc("requantize_codes", acc);
+  const int64_t lo = is_signed ? -128 : 0, hi = is_signed ? 127 : 255;
+  TORCH_CHECK(lo <= qmin && qmin < qmax && qmax <= hi, "requantize_codes: need " + I(lo) + " <= qmin < qmax <= " +
+                                                           I(hi) + ", got qmin " + I(qmin) + ", qmax " + I(qmax));
+  const int64_t n = acc.size(1);
+  check_scale("requantize_codes", bias, acc, n, "bias", true);
+  check_scale("requantize_codes", multiplier, acc, n, "multiplier", true);
+  check_scale("requantize_codes", shift, acc, n, "shift", true);
+  return n;
+}
+
 struct LinearShape {
   int64_t M, K, N;
 };

@@ -86,6 +86,11 @@ TORCH_LIBRARY(approx, m) {
   m.def(
       "requantize(Tensor acc, Tensor bias, Tensor multiplier, Tensor shift, Tensor out_scale, int qmin, "
       "int qmax) -> Tensor");
+  // The same codes, clamp(code, qmin, qmax), as int8 (signed) or uint8 codes: what the next layer's quantize of
+  // requantize's output would give, without the float tensor between (a hand-off read by that layer alone).
+  m.def(
+      "requantize_codes(Tensor acc, Tensor bias, Tensor multiplier, Tensor shift, int qmin, int qmax, "
+      "bool signed) -> Tensor");
   // Backward of the `lut` gradient (runner/ops.py slope_tables, reference_lut_grad_*), in rows form
   // (a conv is unfolded first): a [M, K] codes, w [N, K] codes, grad [M, N] float32, slope [256, 256]
   // float32 indexed [row(a)][w + 128] (row(a) = a + 128 for int8, a for uint8):

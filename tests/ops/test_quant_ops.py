@@ -1,4 +1,4 @@
-"""approx::quantize / dequantize / requantize: the fused ends of an approx layer equal their references
+"""approx::quantize / dequantize / requantize / requantize_codes: the fused ends of an approx layer equal their references
 (fake-quant's integers; the eager dequantize expression; the integer requantization) bit for bit on every
 backend."""
 import pytest
@@ -96,6 +96,17 @@ def test_quant_ops_reject_bad_inputs(backend, device):
 
 # ---- requantize (quant.requant=integer) ----------------------------------------------------------------------
 
+def _check_codes(got, args, qmin, qmax, backend, device):
+    """requantize_codes on the same arguments gives requantize's codes: got == fl(code * out_scale), as int8 codes
+    for a signed range (and for a signed consumer behind a ReLU, qmin 0), uint8 for an unsigned one."""
+    acc, bias, m0, shift, out_scale = args
+    for signed in ((True, False) if qmin == 0 and qmax <= 127 else (qmin < 0,)):
+        codes = ops.requantize_codes(*(t.to(device) for t in (acc, bias, m0, shift)), qmin, qmax, signed,
+                                     backend=backend).cpu()
+        assert codes.dtype == (torch.int8 if signed else torch.uint8) and codes.shape == acc.shape
+        assert torch.equal(codes.float() * out_scale, got)
+
+
 def _exact_requant(v: int, m0: int, shift: int, qmin: int, qmax: int) -> int:
     """The definition in Python's unbounded integers: clamp(floor(v * m0 / 2^shift + 1/2))."""
     return min(max((2 * v * m0 + (1 << shift)) >> (shift + 1), qmin), qmax)
@@ -186,6 +197,28 @@ def test_opcheck_requantize(gen, backend, device):
 
 
 @pytest.mark.parametrize("backend,device", backend_params())
+def test_opcheck_requantize_codes(gen, backend, device):
+    bias, m0, shift = _requant_args(gen, 3)
+    acc = torch.randint(-1000, 1000, (4, 3, 5, 5), generator=gen, dtype=torch.int32)
+    args = tuple(t.to(device) for t in (acc, bias, m0, shift))
+    torch.library.opcheck(torch.ops.approx.requantize_codes.default, (*args, -128, 127, True))
+    torch.library.opcheck(torch.ops.approx.requantize_codes.default,
+                          (args[0][:, :, 0, 0].contiguous(), *args[1:], 0, 255, False))
+
+
+@pytest.mark.parametrize("backend,device", [("python", "cpu"), *backend_params()])
+def test_requantize_codes_rejects_a_range_outside_its_dtype(backend, device):
+    acc = torch.zeros(4, 3, dtype=torch.int32, device=device)
+    i3 = torch.zeros(3, dtype=torch.int32, device=device)
+    for qmin, qmax, signed in ((-128, 128, True), (-1, 255, False), (5, 5, True)):
+        with pytest.raises((RuntimeError, ValueError), match="qmin"):
+            ops.requantize_codes(acc, i3, i3, i3, qmin, qmax, signed, backend=backend)
+    if backend != "python":
+        with pytest.raises(RuntimeError, match="shift.*3 element"):
+            torch.ops.approx.requantize_codes(acc, i3, i3, i3[:2], -128, 127, True)
+
+
+@pytest.mark.parametrize("backend,device", backend_params())
 def test_requantize_rejects_bad_inputs(backend, device):
     acc = torch.zeros(4, 3, dtype=torch.int32, device=device)
     i3, s = torch.zeros(3, dtype=torch.int32, device=device), torch.tensor(0.1, device=device)
@@ -236,9 +269,10 @@ def test_dequantize_and_requantize_per_channel_on_conv_shapes(gen, backend, devi
     bias //= 4096
     m0, shift = requant_multiplier(torch.rand(shape[1], generator=gen, dtype=torch.float64) * 1e-4)
     rargs = (acc, bias, m0, shift, torch.tensor(0.0123))
-    for qrange in ((-128, 127), (0, 255)):
+    for qrange in ((-128, 127), (0, 255), (0, 127)):
         got = ops.requantize(*(t.to(device) for t in rargs), *qrange, backend=backend).cpu()
         assert torch.equal(got, reference.reference_requantize(*rargs, *qrange))
+        _check_codes(got, rargs, *qrange, backend, device)
 
 
 @pytest.mark.parametrize("backend,device", [("python", "cpu"), *backend_params()])
@@ -267,6 +301,7 @@ def test_requantize_at_every_code_boundary_for_every_shift(gen, backend, device,
     args = (acc, bias, m0, shifts, out_scale)
     got = ops.requantize(*(t.to(device) for t in args), qmin, qmax, backend=backend).cpu()
     assert torch.equal(got, reference.reference_requantize(*args, qmin, qmax))
+    _check_codes(got, args, qmin, qmax, backend, device)
     want = torch.tensor([[_exact_requant(int(acc[i, c]) + int(bias[c]), int(m0[c]), int(shifts[c]), qmin, qmax)
                           for c in range(n)] for i in range(0, rows, max(1, rows // 256))], dtype=torch.float32)
     assert torch.equal(got[::max(1, rows // 256)], want * out_scale)
@@ -292,6 +327,7 @@ def test_requantize_one_below_a_tie_that_a_double_would_round_onto(backend, devi
     args = (acc, torch.zeros(n, dtype=torch.int32), m0, shift, torch.tensor(1.0))
     got = ops.requantize(*(t.to(device) for t in args), 0, 255, backend=backend).cpu()
     assert torch.equal(got, k.float().view(1, n, 1).expand(2, n, 6))
+    _check_codes(got, args, 0, 255, backend, device)
 
 
 @pytest.mark.parametrize("backend,device", backend_params())

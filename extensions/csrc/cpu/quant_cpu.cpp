@@ -1,4 +1,4 @@
-// CPU kernels for approx::quantize, approx::dequantize and approx::requantize (arithmetic: see ../ops.cpp).
+// CPU kernels for approx::quantize, approx::dequantize, approx::requantize and requantize_codes (arithmetic: see ../ops.cpp).
 // setup.py compiles with -ffp-contract=off, so `a * b + c` below is two roundings, as in eager PyTorch.
 //
 // The loops are written so that a build without -march runs them in vector registers: quantize in SSE2
@@ -118,15 +118,15 @@ at::Tensor dequantize_cpu(const at::Tensor& acc, const at::Tensor& act_scale, co
 // clamps to qmax or qmin (within [-128, 255]) as the exact one does. Larger shifts keep the int64 formula.
 constexpr int kExactShift = 43;
 
-inline float requantize_one(int32_t a, double bias, double r, double qmin, double qmax, float os) {
+inline double requantize_code(int32_t a, double bias, double r, double qmin, double qmax) {
   const double y = std::min(std::max((static_cast<double>(a) + bias) * r, -512.0), 512.0);
-  return static_cast<float>(std::min(std::max(std::floor(y + 0.5), qmin), qmax)) * os;
+  return std::min(std::max(std::floor(y + 0.5), qmin), qmax);
 }
 
 #ifdef AR_X86
 #pragma GCC push_options
 #pragma GCC target("avx2")
-// requantize_one on four values at a time; returns the index after the last one done
+// requantize_code times os on four values at a time; returns the index after the last one done
 int64_t requantize_row_avx2(const int32_t* src, float* dst, int64_t n, double bias, double r, double qmin,
                             double qmax, float os) {
   const __m256d vb = _mm256_set1_pd(bias), vr = _mm256_set1_pd(r), half = _mm256_set1_pd(0.5);
@@ -145,43 +145,74 @@ int64_t requantize_row_avx2(const int32_t* src, float* dst, int64_t n, double bi
 #pragma GCC pop_options
 #endif
 
-at::Tensor requantize_cpu(const at::Tensor& acc, const at::Tensor& bias, const at::Tensor& multiplier,
-                          const at::Tensor& shift, const at::Tensor& out_scale, int64_t qmin, int64_t qmax) {
-  const int64_t n = approx_checks::check_requantize(acc, bias, multiplier, shift, out_scale, qmin, qmax);
+// requantize's codes of acc, each passed to put(index, code) as a double (exact: an integer in [qmin, qmax]);
+// the AVX2 row kernel, where given, does a row's first elements itself and returns where it stopped.
+template <typename Put, typename Row>
+void requantize_rows(const at::Tensor& acc, int64_t n, const at::Tensor& bias, const at::Tensor& multiplier,
+                     const at::Tensor& shift, int64_t qmin, int64_t qmax, Put put, Row avx2_row) {
   const int64_t inner = approx_checks::plane_size(acc);
-  const float os = out_scale.item<float>();
   const int32_t* b = bias.data_ptr<int32_t>();
   const int32_t* m0 = multiplier.data_ptr<int32_t>();
   const int32_t* sh = shift.data_ptr<int32_t>();
   const int32_t* in = acc.data_ptr<int32_t>();
-  auto out = at::empty(acc.sizes(), acc.options().dtype(at::kFloat));
-  float* o = out.data_ptr<float>();
   const int64_t rows = acc.size(0) * n;
-#ifdef AR_X86
-  const bool avx2 = approx_cpu::has_avx2();
-#endif
   at::parallel_for(0, rows, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(inner, 1)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t c = r % n, bc = b[c], mc = m0[c];
+      const int64_t c = r % n, bc = b[c], mc = m0[c], base = r * inner;
       const int s = std::min(std::max<int>(sh[c], 1), 63);  // the documented range; a shift outside it is UB
-      const int32_t* src = in + r * inner;
-      float* dst = o + r * inner;
+      const int32_t* src = in + base;
       int64_t i = 0;
       if (s <= kExactShift) {
         const double rc = std::ldexp(static_cast<double>(mc), -s), bd = static_cast<double>(bc);
-#ifdef AR_X86
-        if (avx2) i = requantize_row_avx2(src, dst, inner, bd, rc, double(qmin), double(qmax), os);
-#endif
-        for (; i < inner; ++i) dst[i] = requantize_one(src[i], bd, rc, double(qmin), double(qmax), os);
+        i = avx2_row(base, src, inner, bd, rc);
+        for (; i < inner; ++i) put(base + i, requantize_code(src[i], bd, rc, double(qmin), double(qmax)));
       }
       for (; i < inner; ++i) {
         const int64_t p = (static_cast<int64_t>(src[i]) + bc) * mc;
         const int64_t code = ((p >> (s - 1)) + 1) >> 1;
-        dst[i] = static_cast<float>(std::min(std::max(code, qmin), qmax)) * os;
+        put(base + i, static_cast<double>(std::min(std::max(code, qmin), qmax)));
       }
     }
   });
+}
+
+at::Tensor requantize_cpu(const at::Tensor& acc, const at::Tensor& bias, const at::Tensor& multiplier,
+                          const at::Tensor& shift, const at::Tensor& out_scale, int64_t qmin, int64_t qmax) {
+  const int64_t n = approx_checks::check_requantize(acc, bias, multiplier, shift, out_scale, qmin, qmax);
+  const float os = out_scale.item<float>();
+  auto out = at::empty(acc.sizes(), acc.options().dtype(at::kFloat));
+  float* o = out.data_ptr<float>();
+#ifdef AR_X86
+  const bool avx2 = approx_cpu::has_avx2();
+#endif
+  requantize_rows(
+      acc, n, bias, multiplier, shift, qmin, qmax,
+      [&](int64_t i, double code) { o[i] = static_cast<float>(code) * os; },
+      [&](int64_t base, const int32_t* src, int64_t inner, double bd, double rc) -> int64_t {
+#ifdef AR_X86
+        if (avx2) return requantize_row_avx2(src, o + base, inner, bd, rc, double(qmin), double(qmax), os);
+#endif
+        return 0;
+      });
   return out;
+}
+
+template <typename T>
+at::Tensor requantize_codes_as(const at::Tensor& acc, int64_t n, const at::Tensor& bias, const at::Tensor& multiplier,
+                               const at::Tensor& shift, int64_t qmin, int64_t qmax, at::ScalarType dtype) {
+  auto out = at::empty(acc.sizes(), acc.options().dtype(dtype));
+  T* o = out.data_ptr<T>();
+  requantize_rows(
+      acc, n, bias, multiplier, shift, qmin, qmax, [&](int64_t i, double code) { o[i] = static_cast<T>(code); },
+      [](int64_t, const int32_t*, int64_t, double, double) -> int64_t { return 0; });
+  return out;
+}
+
+at::Tensor requantize_codes_cpu(const at::Tensor& acc, const at::Tensor& bias, const at::Tensor& multiplier,
+                                const at::Tensor& shift, int64_t qmin, int64_t qmax, bool is_signed) {
+  const int64_t n = approx_checks::check_requantize_codes(acc, bias, multiplier, shift, qmin, qmax, is_signed);
+  return is_signed ? requantize_codes_as<int8_t>(acc, n, bias, multiplier, shift, qmin, qmax, at::kChar)
+                   : requantize_codes_as<uint8_t>(acc, n, bias, multiplier, shift, qmin, qmax, at::kByte);
 }
 
 }  // namespace
@@ -190,4 +221,5 @@ TORCH_LIBRARY_IMPL(approx, CPU, m) {
   m.impl("quantize", &quantize_cpu);
   m.impl("dequantize", &dequantize_cpu);
   m.impl("requantize", &requantize_cpu);
+  m.impl("requantize_codes", &requantize_codes_cpu);
 }

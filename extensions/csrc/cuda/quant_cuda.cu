@@ -1,4 +1,4 @@
-// CUDA kernels for approx::quantize, approx::dequantize and approx::requantize (arithmetic: see ../ops.cpp).
+// CUDA kernels for approx::quantize, approx::dequantize, approx::requantize and requantize_codes (arithmetic: see ../ops.cpp).
 // The _rn intrinsics fix each float operation to one IEEE round-to-nearest step, whatever
 // --use_fast_math or FMA contraction would otherwise do, so results equal the CPU kernels.
 #include <ATen/ATen.h>
@@ -55,13 +55,44 @@ __global__ void dequantize_vec4_kernel(const int4* __restrict__ acc, const float
   }
 }
 
-__device__ __forceinline__ float requant_one(int32_t acc, int32_t bias, int32_t multiplier, int32_t shift, float os,
-                                             int64_t qmin, int64_t qmax) {
+__device__ __forceinline__ int requant_code(int32_t acc, int32_t bias, int32_t multiplier, int32_t shift, int64_t qmin,
+                                            int64_t qmax) {
   const int s = min(max(shift, 1), 63);  // the documented range; a shift outside it is UB
   const int64_t p = (static_cast<int64_t>(acc) + bias) * static_cast<int64_t>(multiplier);
   const int64_t code = ((p >> (s - 1)) + 1) >> 1;
-  const int64_t clamped = code < qmin ? qmin : (code > qmax ? qmax : code);
-  return __fmul_rn(__int2float_rn(static_cast<int>(clamped)), os);
+  return static_cast<int>(code < qmin ? qmin : (code > qmax ? qmax : code));
+}
+
+__device__ __forceinline__ float requant_one(int32_t acc, int32_t bias, int32_t multiplier, int32_t shift, float os,
+                                             int64_t qmin, int64_t qmax) {
+  return __fmul_rn(__int2float_rn(requant_code(acc, bias, multiplier, shift, qmin, qmax)), os);
+}
+
+// requantize_codes: a thread's 4 codes as one 4-byte store (the low byte of each code, int8 or uint8 alike)
+__global__ void requantize_codes_vec4_kernel(const int4* __restrict__ acc, const int32_t* __restrict__ bias,
+                                             const int32_t* __restrict__ multiplier,
+                                             const int32_t* __restrict__ shift, uint32_t* __restrict__ out,
+                                             unsigned nvec, approx_cuda::FastDiv per_row,
+                                             approx_cuda::FastDiv channels, int64_t qmin, int64_t qmax) {
+  for (unsigned v = blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += gridDim.x * blockDim.x) {
+    const unsigned row = approx_cuda::fdiv(v, per_row);
+    const unsigned c = row - approx_cuda::fdiv(row, channels) * channels.d;
+    const int32_t b = bias[c], m = multiplier[c], sh = shift[c];
+    const int4 q = acc[v];
+    auto byte = [&](int32_t a) { return static_cast<uint32_t>(requant_code(a, b, m, sh, qmin, qmax)) & 0xFFu; };
+    out[v] = byte(q.x) | byte(q.y) << 8 | byte(q.z) << 16 | byte(q.w) << 24;
+  }
+}
+
+template <typename T>
+__global__ void requantize_codes_kernel(const int32_t* __restrict__ acc, const int32_t* __restrict__ bias,
+                                        const int32_t* __restrict__ multiplier, const int32_t* __restrict__ shift,
+                                        T* __restrict__ out, int64_t total, int64_t n, int64_t inner, int64_t qmin,
+                                        int64_t qmax) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t c = (i / inner) % n;
+    out[i] = static_cast<T>(requant_code(acc[i], bias[c], multiplier[c], shift[c], qmin, qmax));
+  }
 }
 
 __global__ void requantize_vec4_kernel(const int4* __restrict__ acc, const int32_t* __restrict__ bias,
@@ -221,10 +252,40 @@ at::Tensor requantize_cuda(const at::Tensor& acc, const at::Tensor& bias, const 
   return out;
 }
 
+at::Tensor requantize_codes_cuda(const at::Tensor& acc, const at::Tensor& bias, const at::Tensor& multiplier,
+                                 const at::Tensor& shift, int64_t qmin, int64_t qmax, bool is_signed) {
+  const int64_t n = approx_checks::check_requantize_codes(acc, bias, multiplier, shift, qmin, qmax, is_signed);
+  const c10::cuda::CUDAGuard guard(acc.device());
+  auto out = at::empty(acc.sizes(), acc.options().dtype(is_signed ? at::kChar : at::kByte));
+  const int64_t total = acc.numel();
+  if (total == 0) return out;
+  const int64_t inner = approx_checks::plane_size(acc);
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  if (vec4_rows(acc, total, inner, out)) {
+    const unsigned nvec = static_cast<unsigned>(total / 4);
+    requantize_codes_vec4_kernel<<<grid_for(nvec), 256, 0, stream>>>(
+        reinterpret_cast<const int4*>(acc.data_ptr<int32_t>()), bias.data_ptr<int32_t>(),
+        multiplier.data_ptr<int32_t>(), shift.data_ptr<int32_t>(), reinterpret_cast<uint32_t*>(out.data_ptr()), nvec,
+        approx_cuda::make_fastdiv(static_cast<unsigned>(inner / 4)),
+        approx_cuda::make_fastdiv(static_cast<unsigned>(n)), qmin, qmax);
+  } else if (is_signed) {
+    requantize_codes_kernel<int8_t><<<grid_for(total), 256, 0, stream>>>(
+        acc.data_ptr<int32_t>(), bias.data_ptr<int32_t>(), multiplier.data_ptr<int32_t>(), shift.data_ptr<int32_t>(),
+        out.data_ptr<int8_t>(), total, n, inner, qmin, qmax);
+  } else {
+    requantize_codes_kernel<uint8_t><<<grid_for(total), 256, 0, stream>>>(
+        acc.data_ptr<int32_t>(), bias.data_ptr<int32_t>(), multiplier.data_ptr<int32_t>(), shift.data_ptr<int32_t>(),
+        out.data_ptr<uint8_t>(), total, n, inner, qmin, qmax);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(approx, CUDA, m) {
   m.impl("quantize", &quantize_cuda);
   m.impl("dequantize", &dequantize_cuda);
   m.impl("requantize", &requantize_cuda);
+  m.impl("requantize_codes", &requantize_codes_cuda);
 }

@@ -306,7 +306,7 @@ def codes_alone(producer: nn.Module, consumer: nn.Module, path: HandOffPath | No
     it, and autograd is off (consumer's training path reads floats; handed_float gives them back)."""
     if path is None or path.scope.depth <= 0 or torch.is_grad_enabled() or _global_hooks():
         return False
-    steps = path.steps
+    steps = path.steps  # their types checked here, not once at linking: a module's class may change after it
     return all(_passes_unchanged(m) for m in steps) and not any(_hooked(m) for m in (producer, consumer, *steps))
 
 

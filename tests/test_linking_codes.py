@@ -2,6 +2,8 @@
 consumer reads (through steps that return it unchanged) gives that consumer requantize_codes' codes and no float
 tensor. The logits are those of the float hand-offs bit for bit; a layer called by itself, a hook that could see
 the value, autograd, or a fake-quant consumer get floats as before."""
+import contextlib
+
 import pytest
 import torch
 from torch import nn
@@ -21,22 +23,31 @@ def _input(data, n=8, seed=3):
     return torch.rand(n, c, side, side, generator=torch.Generator().manual_seed(seed))
 
 
-def _forward(model, x, float_hand_offs=False, grad=False):
-    """(logits, names of the layers that handed codes alone). float_hand_offs: a global forward hook (a no-op)
-    is registered, which any hook-free path must decline."""
+@contextlib.contextmanager
+def _handed():
+    """[(consumer's name, the placeholder its producer handed)], one a hand-off of codes alone while the block runs."""
     handed = []
     real = runner.layers.hand_codes
 
-    def counting(codes, consumer):
-        handed.append(consumer.layer_name)
-        return real(codes, consumer)
-    runner.layers.hand_codes = counting
-    hook = nn.modules.module.register_module_forward_hook(lambda m, a, o: None) if float_hand_offs else None
+    def recording(codes, consumer):
+        out = real(codes, consumer)
+        handed.append((consumer.layer_name, out))
+        return out
+    runner.layers.hand_codes = recording
     try:
-        with torch.set_grad_enabled(grad):
-            return model(x), handed
+        yield handed
     finally:
         runner.layers.hand_codes = real
+
+
+def _forward(model, x, float_hand_offs=False, grad=False):
+    """(logits, names of the layers that were handed codes alone). float_hand_offs: a global forward hook (a no-op)
+    is registered, which any hook-free path must decline."""
+    hook = nn.modules.module.register_module_forward_hook(lambda m, a, o: None) if float_hand_offs else None
+    try:
+        with _handed() as handed, torch.set_grad_enabled(grad):
+            return model(x), [name for name, _ in handed]
+    finally:
         if hook is not None:
             hook.remove()
 
@@ -90,20 +101,9 @@ def test_a_layer_called_by_itself_a_hook_or_autograd_gets_floats():
 def test_a_placeholder_never_reaches_another_layer_and_gives_its_floats_back():
     _, approx = _converted("resnet8", "cifar10", "mul8s_1L2J")
     x = _input("cifar10")
-    captured = {}
-    real = runner.layers.hand_codes
-
-    def keep(codes, consumer):
-        out = real(codes, consumer)
-        captured[consumer.layer_name] = (out, consumer)
-        return out
-    runner.layers.hand_codes = keep
-    try:
-        with torch.no_grad():
-            approx(x)
-    finally:
-        runner.layers.hand_codes = real
-    placeholder, consumer = captured["layer2.0.conv2"]
+    with _handed() as captured, torch.no_grad():
+        approx(x)
+    placeholder, consumer = dict(captured)["layer2.0.conv2"], quantized_layers(approx)["layer2.0.conv2"]
     assert placeholder.stride() == (0, 0, 0, 0)  # no memory behind it
     codes = getattr(placeholder, HANDED_ATTR)[0]
     assert torch.equal(handed_float(placeholder), codes.float() * consumer.act_scale)
@@ -133,12 +133,7 @@ def test_cuda_hand_offs_eager_and_graphed_give_the_cpu_logits():
         got, handed = _forward(model, xc)
         ref, _ = _forward(model, xc, float_hand_offs=True)
         graphed = GraphedForward(model)
-        handed_in_capture = []
-        real = runner.layers.hand_codes
-        runner.layers.hand_codes = lambda c, consumer: handed_in_capture.append(1) or real(c, consumer)
-        try:
+        with _handed() as in_capture:  # two warm-up forwards and the capture, then replays
             replayed = [graphed(xc) for _ in range(2)]
-        finally:
-            runner.layers.hand_codes = real
-        assert handed and len(handed_in_capture) == 3 * len(handed) and not graphed.failure
+        assert handed and len(in_capture) == 3 * len(handed) and not graphed.failure
         assert all(torch.equal(t.cpu(), cpu) for t in (got, ref, *replayed))

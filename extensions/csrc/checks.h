@@ -87,31 +87,32 @@ inline int64_t check_dequantize(const at::Tensor& acc, const at::Tensor& act_sca
   return n;
 }
 
+// The accumulators, the code range [lo, hi] qmin and qmax must lie in, and the per-channel int32 parameters.
+inline int64_t check_requant_args(const char* op, const at::Tensor& acc, const at::Tensor& bias,
+                                  const at::Tensor& multiplier, const at::Tensor& shift, int64_t qmin, int64_t qmax,
+                                  int64_t lo, int64_t hi) {
+  check_acc(op, acc);
+  TORCH_CHECK(lo <= qmin && qmin < qmax && qmax <= hi, std::string(op) + ": need " + I(lo) + " <= qmin < qmax <= " +
+                                                           I(hi) + ", got qmin " + I(qmin) + ", qmax " + I(qmax));
+  const int64_t n = acc.size(1);
+  check_scale(op, bias, acc, n, "bias", true);
+  check_scale(op, multiplier, acc, n, "multiplier", true);
+  check_scale(op, shift, acc, n, "shift", true);
+  return n;
+}
+
 inline int64_t check_requantize(const at::Tensor& acc, const at::Tensor& bias, const at::Tensor& multiplier,
                                 const at::Tensor& shift, const at::Tensor& out_scale, int64_t qmin, int64_t qmax) {
-  check_acc("requantize", acc);
-  TORCH_CHECK(-128 <= qmin && qmin < qmax && qmax <= 255,
-              "requantize: need -128 <= qmin < qmax <= 255, got qmin " + I(qmin) + ", qmax " + I(qmax));
-  const int64_t n = acc.size(1);
-  check_scale("requantize", bias, acc, n, "bias", true);
-  check_scale("requantize", multiplier, acc, n, "multiplier", true);
-  check_scale("requantize", shift, acc, n, "shift", true);
+  const int64_t n = check_requant_args("requantize", acc, bias, multiplier, shift, qmin, qmax, -128, 255);
   check_scale("requantize", out_scale, acc, 1, "out_scale");
   return n;
 }
 
-// requantize_codes: requantize's checks but out_scale; the code range within the codes' dtype (int8 if signed).
+// requantize_codes: the code range within the codes' dtype (int8 if signed).
 inline int64_t check_requantize_codes(const at::Tensor& acc, const at::Tensor& bias, const at::Tensor& multiplier,
                                       const at::Tensor& shift, int64_t qmin, int64_t qmax, bool is_signed) {
-  check_acc("requantize_codes", acc);
-  const int64_t lo = is_signed ? -128 : 0, hi = is_signed ? 127 : 255;
-  TORCH_CHECK(lo <= qmin && qmin < qmax && qmax <= hi, "requantize_codes: need " + I(lo) + " <= qmin < qmax <= " +
-                                                           I(hi) + ", got qmin " + I(qmin) + ", qmax " + I(qmax));
-  const int64_t n = acc.size(1);
-  check_scale("requantize_codes", bias, acc, n, "bias", true);
-  check_scale("requantize_codes", multiplier, acc, n, "multiplier", true);
-  check_scale("requantize_codes", shift, acc, n, "shift", true);
-  return n;
+  return check_requant_args("requantize_codes", acc, bias, multiplier, shift, qmin, qmax, is_signed ? -128 : 0,
+                            is_signed ? 127 : 255);
 }
 
 struct LinearShape {

@@ -9,7 +9,6 @@ sums the products of the same codes exactly (exact_conv2d) and finishes like the
 from __future__ import annotations
 
 import copy
-import fnmatch
 import math
 
 import torch
@@ -24,13 +23,14 @@ from runner.errors import UserError
 from runner.exact_conv import exact_conv2d, exact_linear
 from runner.float64_steps import float64_steps
 from runner.layer_checks import NonFiniteInputCheck, check_accumulator, check_finite, reduction_length
-from runner.linking import (clamps_keep_codes, codes_alone, find_consumers, hand_codes, hand_off_path, handed_codes,
-                            handed_float, mark_codes, pass_codes_through_clamps)
+from runner.linking import (clamps_keep_codes, codes_alone, find_consumers, fuse_residual_ends, hand_codes, hand_off_path,
+                            handed_codes, handed_float, mark_codes, pass_codes_through_clamps)
 from runner.pooling import pair_pools
 from runner.models import fold_input_normalization, set_module
 from runner.quant import (ActStats, QuantConfig, act_qrange, act_scale_from_amax, calibrate, dequantized_bias,
                           dynamic_amax, fake_quant_act, fake_quant_act_lsq, fake_quant_weight_ste, quant_layers,
-                          quantize_act, quantize_bias, quantize_weight, requant_multiplier, weight_clip, weight_scale)
+                          quantize_act, quantize_bias, quantize_weight, requant_multiplier, select_layers, weight_clip,
+                          weight_scale)
 
 
 # what the layers an evaluation does not approximate compute
@@ -301,6 +301,8 @@ class _FakeQuant(_Quantized):
 
 
 class _Approx(_Quantized):
+    takes_residual = True  # forward(x, residual=...): runner.linking.fuse_residual_ends
+
     def __init__(self, layer, multiplier, qcfg, stats, backend: str, algo: str, grad: str = "ste", name: str = "?"):
         k = reduction_length(layer)
         check_accumulator(name, k, multiplier.value_bounds)
@@ -355,21 +357,28 @@ class _Approx(_Quantized):
         self._weight_seen = None
         self.refresh_weight_quant()
 
-    def forward(self, x):
+    def forward(self, x, residual: torch.Tensor | None = None):
+        """The layer's output; with a residual (float, the output's shape), relu(output + residual): a residual
+        block's sum and ReLU, which inference computes in the layer's last pass (runner.linking.fuse_residual_ends)."""
         self.refresh_weight_quant()
         self._last_input_shape = tuple(x.shape)  # for auto_picks: auto picks per call shape
         scale = self.input_scale(x)
         if _needs_grad(x, self, scale):  # training: the differentiable op, which takes no flag
             x = handed_float(x)
             self._check_input(x.detach())
-            return self._autograd_forward(x, scale)
+            out = self._autograd_forward(x, scale)
+            return out if residual is None else torch.relu(out + residual)
         bias, requant = self._finish_args(scale)
         codes, consumer = handed_codes(x, self), self.__dict__["_consumer"]
         # the consumer's signedness where it alone reads the output (and reads codes): those, not fl(code * s)
-        signed = consumer.signed if requant is not None and codes_alone(self, consumer, self._link_steps) else None
+        signed = consumer.signed if requant is not None and residual is None and \
+            codes_alone(self, consumer, self._link_steps) else None
         flag = self._input_flag(x, defer=True) if codes is None else None  # handed codes are finite
-        out = self._inference_forward(x, scale, bias, requant, nonfinite=flag, codes=codes, codes_signed=signed)
+        out = self._inference_forward(x, scale, bias, requant, nonfinite=flag, codes=codes, codes_signed=signed,
+                                      residual=residual)
         self._read_kernel_flag(x)  # (a flag still clear where codes were handed)
+        if residual is not None:
+            return out
         return self._hand_on(out, requant) if signed is None else hand_codes(out, consumer)
 
     def auto_pick(self) -> str:
@@ -418,31 +427,6 @@ def auto_picks(model: nn.Module) -> dict[str, str]:
     return {name: m.auto_pick() for name, m in model.named_modules() if isinstance(m, _Approx)}
 
 
-def select_layers(model: nn.Module, layers) -> list[str]:
-    """The Conv2d/Linear layer names to convert: all when `layers` is None/"all"/empty, else those named. A name
-    is a module path (layer1.0.conv1) or a glob over them ('layer3.*', '*.shortcut.*'); each glob's matches come
-    in the model's order, and a layer named twice is converted once."""
-    available = list(quant_layers(model))
-    if not layers or layers == "all":
-        return available
-    if isinstance(layers, str):
-        layers = [layers]
-    chosen, unknown = [], []
-    for pattern in map(str, layers):
-        found = [pattern] if pattern in available else \
-            [n for n in available if any(c in pattern for c in "*?[") and fnmatch.fnmatchcase(n, pattern)]
-        if not found:
-            unknown.append(pattern)
-        chosen += [n for n in found if n not in chosen]
-    if unknown:
-        products = [n for n in quant_layers(model, all_matmuls=True) if n not in available]
-        hint = (f" (the attention products {products[:2]}... are layers with model.approx_matmuls=true)"
-                if products and any(fnmatch.fnmatchcase(p, u) or p == u for u in unknown for p in products) else "")
-        raise UserError(f"layer(s) {unknown} are not Conv2d/Linear layers of the model (nor globs matching one)"
-                        f"{hint}; choose from {available}.")
-    return chosen
-
-
 def _per_layer(multipliers, names: list[str]) -> dict:
     if isinstance(multipliers, dict):
         missing = [n for n in names if n not in multipliers]
@@ -486,6 +470,7 @@ def convert_model(model: nn.Module, multipliers, qcfg: QuantConfig, stats: dict[
     pair_pools(out)
     float64_steps(out)  # the CPU's and a GPU's float32 kernels round them differently: a last bit can change a code
     link_consumers(out)
+    fuse_residual_ends(out)
     out.register_forward_hook(NonFiniteInputCheck())
     return out.eval()
 

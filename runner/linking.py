@@ -346,3 +346,63 @@ def handed_float(x: torch.Tensor) -> torch.Tensor:
         return x
     codes, consumer = handed
     return codes.float() * consumer.input_scale(None).detach()
+
+
+# A residual block's end: its last layer's output, (folded BatchNorm's Identity,) + the shortcut, a ReLU. Where that
+# layer is a LUT layer (takes_residual) and nothing else could see the values between, inference computes the sum
+# and the ReLU in the layer's last pass (approx::dequantize's residual: the same float operations, the same bits),
+# not in three more passes over the output. The block classes are swapped for subclasses whose forward does so and
+# otherwise runs the original one (fx traces the original: the links above stay what they were).
+_BLOCK_ENDS = {  # (module, class): (the convs and BatchNorms in order, the last one's pair ending the block; shortcut)
+    ("torchvision.models.resnet", "BasicBlock"): ((("conv1", "bn1"), ("conv2", "bn2")), "downsample"),
+    ("torchvision.models.resnet", "Bottleneck"): ((("conv1", "bn1"), ("conv2", "bn2"), ("conv3", "bn3")), "downsample"),
+    ("runner.models.resnet", "BasicBlock"): ((("conv1", "bn1"), ("conv2", "bn2")), "shortcut"),
+}
+_FUSED: dict[type, type] = {}
+
+
+class _FusedEnd:
+    """Mixin of a residual block whose last LUT layer adds the shortcut and applies the ReLU (see above)."""
+
+    def forward(self, x):
+        steps, shortcut = _BLOCK_ENDS[self._block_key]
+        last, norm, relu = getattr(self, steps[-1][0]), getattr(self, steps[-1][1]), self.relu
+        if (isinstance(x, fx.Proxy) or not getattr(last, "takes_residual", False) or type(norm) is not nn.Identity
+                or type(relu) not in (nn.ReLU, CodesReLU) or x.dtype != torch.float32 or _global_hooks()
+                or any(_hooked(m) for m in (last, norm, relu))):
+            return super().forward(x)
+        shortcut = getattr(self, shortcut)
+        residual = x if shortcut is None else shortcut(x)
+        out = x
+        for conv, bn in steps[:-1]:
+            out = relu(getattr(self, bn)(getattr(self, conv)(out)))
+        return last(out, residual=residual)
+
+
+def _fused_class(block: type) -> type:
+    fused = _FUSED.get(block)
+    if fused is None:
+        name = f"Fused{block.__module__.replace('.', '_')}_{block.__name__}"
+        key = (block.__module__, block.__name__)
+        fused = type(name, (_FusedEnd, block), {"_block_key": key, "__module__": __name__})
+        fused.__qualname__ = name
+        _FUSED[block] = globals()[name] = fused
+    return fused
+
+
+def __getattr__(name: str):
+    """A fused block class by name (unpickling a model saved with them): made from its original on demand."""
+    import importlib
+
+    for module, cls in _BLOCK_ENDS:
+        if name == f"Fused{module.replace('.', '_')}_{cls}":
+            return _fused_class(getattr(importlib.import_module(module), cls))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def fuse_residual_ends(model: nn.Module) -> None:
+    """Swap the model's residual blocks of the known kinds (torchvision's BasicBlock and Bottleneck, the zoo's
+    BasicBlock; exactly those classes, not subclasses with forwards of their own) for their fused subclasses."""
+    for m in model.modules():
+        if (type(m).__module__, type(m).__name__) in _BLOCK_ENDS and not isinstance(m, _FusedEnd):
+            m.__class__ = _fused_class(type(m))

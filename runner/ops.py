@@ -192,12 +192,17 @@ def quantize(x, scale, signed, *, backend="cpp", nonfinite=None):
     return _compiled("quantize", backend, x)(x.contiguous(), scale.contiguous(), signed, nonfinite)
 
 
-def dequantize(acc, act_scale, weight_scale, bias, *, backend="cpp"):
-    """fp32 acc * (act_scale * weight_scale[n]) + bias[n], channel dim 1."""
+def dequantize(acc, act_scale, weight_scale, bias, residual=None, relu=False, *, backend="cpp"):
+    """fp32 acc * (act_scale * weight_scale[n]) + bias[n], channel dim 1; then + residual and torch.relu where
+    given (a residual block's add and ReLU in the same pass)."""
     _check_backend(backend)
     if backend == "python":
-        return reference_dequantize(acc, act_scale, weight_scale, bias)
-    return _compiled("dequantize", backend, acc)(acc, act_scale.reshape(()).contiguous(), weight_scale, bias)
+        if residual is not None and (residual.shape != acc.shape or residual.dtype != torch.float32):
+            raise ValueError(f"dequantize: `residual` must be float32 of acc's shape {list(acc.shape)}, got "
+                             f"{residual.dtype} {list(residual.shape)}")
+        return reference_dequantize(acc, act_scale, weight_scale, bias, residual, relu)
+    return _compiled("dequantize", backend, acc)(acc, act_scale.reshape(()).contiguous(), weight_scale, bias,
+                                                 residual, relu)
 
 
 def requantize(acc, bias, multiplier, shift, out_scale, qmin, qmax, *, backend="cpp"):
@@ -223,12 +228,13 @@ def requantize_codes(acc, bias, multiplier, shift, qmin, qmax, signed, *, backen
     return _compiled("requantize_codes", backend, acc)(acc, bias, multiplier, shift, qmin, qmax, signed)
 
 
-def finish(acc, act_scale, weight_scale, bias, requant=None, *, backend="cpp"):
+def finish(acc, act_scale, weight_scale, bias, requant=None, *, backend="cpp", residual=None):
     """A layer's last step: dequantize (requant None) or requantize to the next layer's codes (requant: the
-    arguments of requantize after acc)."""
+    arguments of requantize after acc); with a residual, relu(that + residual): a residual block's end."""
     if requant is None:
-        return dequantize(acc, act_scale, weight_scale, bias, backend=backend)
-    return requantize(acc, *requant, backend=backend)
+        return dequantize(acc, act_scale, weight_scale, bias, residual, residual is not None, backend=backend)
+    out = requantize(acc, *requant, backend=backend)
+    return out if residual is None else torch.relu(out + residual)
 
 
 def _register_fakes():
@@ -257,7 +263,7 @@ def _register_fakes():
         return torch.empty_like(x, dtype=torch.int8 if signed else torch.uint8)
 
     @torch.library.register_fake("approx::dequantize")
-    def _(acc, act_scale, weight_scale, bias):
+    def _(acc, act_scale, weight_scale, bias, residual=None, relu=False):
         torch._check(acc.dim() >= 2, lambda: "dequantize: acc must be [B, N, ...]")
         return torch.empty_like(acc, dtype=torch.float32)
 

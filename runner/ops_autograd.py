@@ -37,29 +37,37 @@ def check_grad_mode(grad):
 
 
 def qforward_linear(x, weight_codes, weight_scale, act_scale, bias, lut, signed, backend, algo, nonfinite=None,
-                     requant=None, codes=None, codes_signed=None):
+                     requant=None, codes=None, codes_signed=None, residual=None):
     """Inference: x's codes (given as `codes`, handed on by the previous layer, or quantized here), the LUT
     sums, then finish; with codes_signed (the next layer's signedness, not None), requant's codes themselves
-    (requantize_codes: that layer's input codes, no float tensor)."""
+    (requantize_codes: that layer's input codes, no float tensor); with a residual (float, the output's shape),
+    relu(finish + residual)."""
     if codes is None:
         codes = quantize(x.contiguous(), act_scale, signed, backend=backend, nonfinite=nonfinite)
     lead = codes.shape[:-1]
     acc = lut_linear(codes.reshape(-1, codes.shape[-1]), weight_codes, lut, backend=backend, algo=algo)
-    return _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend).reshape(*lead, acc.shape[-1])
+    shape = (*lead, acc.shape[-1])
+    rows = None if residual is None or residual.shape != shape else residual.contiguous().reshape(acc.shape)
+    out = _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend, rows).reshape(shape)
+    return out if residual is None or rows is not None else torch.relu(out + residual)  # a broadcast residual
 
 
 def qforward_conv2d(x, weight_codes, weight_scale, act_scale, bias, lut, stride, padding, dilation, groups,
-                     signed, backend, algo, nonfinite=None, requant=None, codes=None, codes_signed=None):
+                     signed, backend, algo, nonfinite=None, requant=None, codes=None, codes_signed=None,
+                     residual=None):
     """qforward_linear's steps for a conv."""
     if codes is None:
         codes = quantize(x.contiguous(), act_scale, signed, backend=backend, nonfinite=nonfinite)
     acc = lut_conv2d(codes, weight_codes, lut, stride, padding, dilation, groups, backend=backend, algo=algo)
-    return _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend)
+    residual = None if residual is None else residual.contiguous()
+    return _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend, residual)
 
 
-def _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend):
+def _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend, residual=None):
+    if residual is not None and (residual.shape != acc.shape or residual.dtype != torch.float32):  # broadcast, cast
+        return torch.relu(finish(acc, act_scale, weight_scale, bias, requant, backend=backend) + residual)
     if codes_signed is None:
-        return finish(acc, act_scale, weight_scale, bias, requant, backend=backend)
+        return finish(acc, act_scale, weight_scale, bias, requant, backend=backend, residual=residual)
     bias_q, m0, shift, _, qmin, qmax = requant
     return requantize_codes(acc, bias_q, m0, shift, qmin, qmax, codes_signed, backend=backend)
 

@@ -21,6 +21,7 @@ the batching of the calibration forward."""
 from __future__ import annotations
 
 import copy
+import fnmatch
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -196,12 +197,17 @@ def quantize_weight(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.round(w.detach().float() * inv), -WEIGHT_QMAX, WEIGHT_QMAX).to(torch.int8)
 
 
-def reference_dequantize(acc, act_scale, weight_scale, bias):
+def reference_dequantize(acc, act_scale, weight_scale, bias, residual=None, relu=False):
     """fp32 float(acc) * (act_scale * weight_scale[n]) + bias[n], channel dim 1: three IEEE roundings (the int to
     float conversion, the products; the multiply and the add rounded separately, never fused). acc may be int64,
-    or float holding exact integers (fake-quant's exact sums): its conversion rounds the same integer the same way."""
+    or float holding exact integers (fake-quant's exact sums): its conversion rounds the same integer the same way.
+    residual (float32, acc's shape) is then added, one more rounding, and relu applies torch.relu: a residual
+    block's sum and ReLU, as its own forward computes them."""
     shape = (1, -1) + (1,) * (acc.dim() - 2)
-    return acc.to(torch.float32) * (act_scale * weight_scale).view(shape) + bias.view(shape)
+    out = acc.to(torch.float32) * (act_scale * weight_scale).view(shape) + bias.view(shape)
+    if residual is not None:
+        out = out + residual
+    return torch.relu(out) if relu else out
 
 
 def quantize_bias(bias: torch.Tensor, act_scale: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
@@ -279,6 +285,31 @@ def quant_layers(model: nn.Module, all_matmuls: bool = False) -> dict[str, nn.Mo
 
     return {name: m for name, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))
             or (isinstance(m, MatMul) and (m.approx or all_matmuls))}
+
+
+def select_layers(model: nn.Module, layers) -> list[str]:
+    """The Conv2d/Linear layer names to convert: all when `layers` is None/"all"/empty, else those named. A name
+    is a module path (layer1.0.conv1) or a glob over them ('layer3.*', '*.shortcut.*'); each glob's matches come
+    in the model's order, and a layer named twice is converted once."""
+    available = list(quant_layers(model))
+    if not layers or layers == "all":
+        return available
+    if isinstance(layers, str):
+        layers = [layers]
+    chosen, unknown = [], []
+    for pattern in map(str, layers):
+        found = [pattern] if pattern in available else \
+            [n for n in available if any(c in pattern for c in "*?[") and fnmatch.fnmatchcase(n, pattern)]
+        if not found:
+            unknown.append(pattern)
+        chosen += [n for n in found if n not in chosen]
+    if unknown:
+        products = [n for n in quant_layers(model, all_matmuls=True) if n not in available]
+        hint = (f" (the attention products {products[:2]}... are layers with model.approx_matmuls=true)"
+                if products and any(fnmatch.fnmatchcase(p, u) or p == u for u in unknown for p in products) else "")
+        raise UserError(f"layer(s) {unknown} are not Conv2d/Linear layers of the model (nor globs matching one)"
+                        f"{hint}; choose from {available}.")
+    return chosen
 
 
 def _stats(chunks: list[torch.Tensor], keep_all: bool, percentile: float, gen) -> ActStats:

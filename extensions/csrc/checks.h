@@ -87,6 +87,18 @@ inline int64_t check_dequantize(const at::Tensor& acc, const at::Tensor& act_sca
   return n;
 }
 
+// dequantize's optional residual: float32 of acc's shape, on its device, contiguous.
+inline void check_residual(const std::optional<at::Tensor>& residual, const at::Tensor& acc) {
+  if (!residual) return;
+  const at::Tensor& r = *residual;
+  TORCH_CHECK(r.scalar_type() == at::kFloat, std::string("dequantize: `residual` must be float32, got ") + T(r));
+  TORCH_CHECK(r.sizes() == acc.sizes(),
+              "dequantize: `residual` must have acc's shape " + D(acc.sizes()) + ", got " + D(r.sizes()));
+  TORCH_CHECK(r.device() == acc.device(),
+              "dequantize: `residual` must be on " + acc.device().str() + ", got " + r.device().str());
+  TORCH_CHECK(r.is_contiguous(), "dequantize: `residual` must be contiguous");
+}
+
 // The accumulators, the code range [lo, hi] qmin and qmax must lie in, and the per-channel int32 parameters.
 inline int64_t check_requant_args(const char* op, const at::Tensor& acc, const at::Tensor& bias,
                                   const at::Tensor& multiplier, const at::Tensor& shift, int64_t qmin, int64_t qmax,

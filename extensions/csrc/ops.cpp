@@ -74,7 +74,11 @@ TORCH_LIBRARY(approx, m) {
   //               cleared): a layer learns of a bad input from the pass that reads x anyway, instead of
   //               a check of its own (extra launches on the GPU, a host wait on the result).
   m.def("quantize(Tensor x, Tensor scale, bool signed, Tensor(a!)? nonfinite=None) -> Tensor");
-  m.def("dequantize(Tensor acc, Tensor act_scale, Tensor weight_scale, Tensor bias) -> Tensor");
+  // dequantize with a residual (a residual block's last conv and its sum): out + residual, one more rounding, then
+  // with relu max(., 0) as torch.relu (NaN and -0.0 kept): the block's add and ReLU in the same pass.
+  m.def(
+      "dequantize(Tensor acc, Tensor act_scale, Tensor weight_scale, Tensor bias, Tensor? residual=None, "
+      "bool relu=False) -> Tensor");
   // quant.requant=integer: the accumulators requantized to the next layer's codes in integer arithmetic
   // (runner/quant.py reference_requantize; gemmlowp / TFLite style fixed-point multiplier):
   //   v = int64(acc) + bias[n];  p = v * multiplier[n];  code = ((p >> (shift[n] - 1)) + 1) >> 1

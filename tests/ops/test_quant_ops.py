@@ -43,6 +43,49 @@ def test_dequantize_equals_eager_expression(gen, backend, device, shape):
 
 
 @pytest.mark.parametrize("backend,device", [("python", "cpu"), *backend_params()])
+@pytest.mark.parametrize("shape", [(3, 6, 4, 5), (2, 16, 8, 8), (4, 5, 3, 3), (5, 7)])
+def test_dequantize_with_residual_equals_the_blocks_add_and_relu(gen, backend, device, shape):
+    """A residual block's end in one pass: relu(dequantize(acc) + residual) as its own forward computes it (eager
+    add, in-place ReLU), on the vector (planes of whole 4-element vectors) and scalar kernels; NaN as torch.relu
+    leaves it, sums that cancel to +0.0 and come out negative by one rounding."""
+    acc = torch.randint(-(2**20), 2**20, shape, generator=gen, dtype=torch.int32)
+    acc.view(-1)[:4] = torch.tensor([0, 0, 7, -7], dtype=torch.int32)
+    sa = torch.tensor(0.0031)
+    sw, bias = torch.rand(shape[1], generator=gen) + 0.01, torch.randn(shape[1], generator=gen) * 50
+    bias[0] = -0.0
+    plain = reference.reference_dequantize(acc, sa, sw, bias)
+    residual = torch.randn(shape, generator=gen) * 3000
+    residual.view(-1)[:4] = torch.tensor([-0.0, float("nan"), 0.0, 0.0])
+    residual.view(-1)[4:8] = -plain.view(-1)[4:8]  # exact cancellation
+    residual.view(-1)[8:12] = torch.nextafter(-plain.view(-1)[8:12], torch.tensor(0.0))  # one rounding from 0
+    # the block's own add and ReLU on the same device (a GPU's float add gives its canonical NaN, not the operand's)
+    args, res = [t.to(device) for t in (acc, sa, sw, bias)], residual.to(device)
+    want_sum = (plain.to(device) + res).cpu()
+    want = torch.relu(want_sum.clone())
+    got = ops.dequantize(*args, res, True, backend=backend).cpu()
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))  # the bits: -0.0 and NaN included
+    got_sum = ops.dequantize(*args, res, False, backend=backend).cpu()
+    assert torch.equal(got_sum.view(torch.int32), want_sum.view(torch.int32))
+    got_relu = ops.dequantize(*args, None, True, backend=backend).cpu()
+    assert torch.equal(got_relu.view(torch.int32), torch.relu(plain).view(torch.int32))
+    assert (want < plain).any() and (want == 0).any() and (want > 0).any()  # the cases above are all there
+    assert want.view(-1)[1].isnan() and not want.view(-1)[4].signbit()  # NaN kept; a cancelled sum is +0.0
+
+
+@pytest.mark.parametrize("backend,device", [("python", "cpu"), *backend_params()])
+def test_dequantize_rejects_a_residual_of_another_shape_or_dtype(backend, device):
+    acc = torch.zeros(2, 3, 4, 4, dtype=torch.int32, device=device)
+    args = (acc, torch.tensor(0.1, device=device), torch.ones(3, device=device), torch.ones(3, device=device))
+    error = ValueError if backend == "python" else RuntimeError
+    for bad in (torch.zeros(2, 3, 4, 1, device=device), torch.zeros(2, 3, 4, 4, device=device, dtype=torch.float64)):
+        with pytest.raises(error, match="residual"):
+            ops.dequantize(*args, bad, True, backend=backend)
+    if backend != "python":
+        with pytest.raises(RuntimeError, match="contiguous"):
+            torch.ops.approx.dequantize(*args, torch.zeros(2, 3, 4, 4, device=device).transpose(2, 3), True)
+
+
+@pytest.mark.parametrize("backend,device", [("python", "cpu"), *backend_params()])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), None])
 def test_quantize_flags_non_finite_input(gen, backend, device, bad):
     """The flag is set exactly when some element is NaN or Inf (anywhere in a large input: every block of
@@ -74,6 +117,9 @@ def test_opcheck_quant_ops(gen, backend, device):
     acc = torch.randint(-1000, 1000, (4, 3, 5, 5), generator=gen, dtype=torch.int32).to(device)
     torch.library.opcheck(torch.ops.approx.dequantize.default,
                           (acc, s, torch.rand(3, device=device), torch.randn(3, device=device)))
+    torch.library.opcheck(torch.ops.approx.dequantize.default,
+                          (acc, s, torch.rand(3, device=device), torch.randn(3, device=device),
+                           torch.randn(4, 3, 5, 5, device=device), True))
 
 
 @pytest.mark.parametrize("backend,device", backend_params())

@@ -1,4 +1,5 @@
-// CPU kernels for approx::quantize, approx::dequantize, approx::requantize and requantize_codes (arithmetic: see ../ops.cpp).
+// CPU kernels for approx::quantize, approx::dequantize (with a residual block's add and ReLU), approx::requantize
+// and requantize_codes (arithmetic: see ../ops.cpp).
 // setup.py compiles with -ffp-contract=off, so `a * b + c` below is two roundings, as in eager PyTorch.
 //
 // The loops are written so that a build without -march runs them in vector registers: quantize in SSE2
@@ -88,13 +89,15 @@ at::Tensor quantize_cpu(const at::Tensor& x, const at::Tensor& scale, bool is_si
 }
 
 at::Tensor dequantize_cpu(const at::Tensor& acc, const at::Tensor& act_scale, const at::Tensor& weight_scale,
-                          const at::Tensor& bias) {
+                          const at::Tensor& bias, const std::optional<at::Tensor>& residual, bool relu) {
   const int64_t n = approx_checks::check_dequantize(acc, act_scale, weight_scale, bias);
+  approx_checks::check_residual(residual, acc);
   const int64_t inner = approx_checks::plane_size(acc);
   const float sa = act_scale.item<float>();
   const float* sw = weight_scale.data_ptr<float>();
   const float* b = bias.data_ptr<float>();
   const int32_t* in = acc.data_ptr<int32_t>();
+  const float* res = residual ? residual->data_ptr<float>() : nullptr;
   auto out = at::empty(acc.sizes(), acc.options().dtype(at::kFloat));
   float* o = out.data_ptr<float>();
   const int64_t rows = acc.size(0) * n;  // one (batch, channel) plane of `inner` values each
@@ -105,6 +108,13 @@ at::Tensor dequantize_cpu(const at::Tensor& acc, const at::Tensor& act_scale, co
       const int32_t* src = in + r * inner;
       float* dst = o + r * inner;
       for (int64_t i = 0; i < inner; ++i) dst[i] = static_cast<float>(src[i]) * s + bc;
+      if (res != nullptr) {
+        const float* add = res + r * inner;
+        for (int64_t i = 0; i < inner; ++i) dst[i] += add[i];
+      }
+      if (relu) {  // v < 0, not max: NaN and -0.0 stay, as torch.relu keeps them
+        for (int64_t i = 0; i < inner; ++i) dst[i] = dst[i] < 0.0f ? 0.0f : dst[i];
+      }
     }
   });
   return out;

@@ -1,4 +1,5 @@
-// CUDA kernels for approx::quantize, approx::dequantize, approx::requantize and requantize_codes (arithmetic: see ../ops.cpp).
+// CUDA kernels for approx::quantize, approx::dequantize (with a residual block's add and ReLU), approx::requantize
+// and requantize_codes (arithmetic: see ../ops.cpp).
 // The _rn intrinsics fix each float operation to one IEEE round-to-nearest step, whatever
 // --use_fast_math or FMA contraction would otherwise do, so results equal the CPU kernels.
 #include <ATen/ATen.h>
@@ -38,20 +39,27 @@ __global__ void quantize_kernel(const float* __restrict__ x, const float* __rest
 // there are fewer than 2^31 vectors: the channel comes from 32-bit multiply-high divisions, where the per-element
 // 64-bit division of the kernels below cost about half their time (ResNet-20's dequantize at batch 1,000 ran at
 // half the memory bandwidth). The arithmetic per element is theirs.
+// add (a residual r) and relu: the residual block's add and ReLU (../ops.cpp), the add one more rounding.
+__device__ __forceinline__ float dequant_one(int32_t acc, float scale, float b, bool add, float r, bool relu) {
+  float v = __fadd_rn(__fmul_rn(__int2float_rn(acc), scale), b);
+  if (add) v = __fadd_rn(v, r);
+  return relu && v < 0.0f ? 0.0f : v;  // not fmaxf: NaN and -0.0 stay, as torch.relu keeps them
+}
+
 __global__ void dequantize_vec4_kernel(const int4* __restrict__ acc, const float* __restrict__ sa,
                                        const float* __restrict__ sw, const float* __restrict__ bias,
-                                       float4* __restrict__ out, unsigned nvec, approx_cuda::FastDiv per_row,
-                                       approx_cuda::FastDiv channels) {
+                                       const float4* __restrict__ residual, bool relu, float4* __restrict__ out,
+                                       unsigned nvec, approx_cuda::FastDiv per_row, approx_cuda::FastDiv channels) {
   const float a = *sa;
+  const bool add = residual != nullptr;
   for (unsigned v = blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += gridDim.x * blockDim.x) {
     const unsigned row = approx_cuda::fdiv(v, per_row);
     const unsigned c = row - approx_cuda::fdiv(row, channels) * channels.d;
     const float scale = __fmul_rn(a, sw[c]), b = bias[c];
     const int4 q = acc[v];
-    out[v] = make_float4(__fadd_rn(__fmul_rn(__int2float_rn(q.x), scale), b),
-                         __fadd_rn(__fmul_rn(__int2float_rn(q.y), scale), b),
-                         __fadd_rn(__fmul_rn(__int2float_rn(q.z), scale), b),
-                         __fadd_rn(__fmul_rn(__int2float_rn(q.w), scale), b));
+    const float4 r = add ? residual[v] : make_float4(0.f, 0.f, 0.f, 0.f);
+    out[v] = make_float4(dequant_one(q.x, scale, b, add, r.x, relu), dequant_one(q.y, scale, b, add, r.y, relu),
+                         dequant_one(q.z, scale, b, add, r.z, relu), dequant_one(q.w, scale, b, add, r.w, relu));
   }
 }
 
@@ -138,11 +146,13 @@ __global__ void quantize_vec4_kernel(const float4* __restrict__ x, const float* 
 
 __global__ void dequantize_kernel(const int32_t* __restrict__ acc, const float* __restrict__ sa,
                                   const float* __restrict__ sw, const float* __restrict__ bias,
-                                  float* __restrict__ out, int64_t total, int64_t n, int64_t inner) {
+                                  const float* __restrict__ residual, bool relu, float* __restrict__ out,
+                                  int64_t total, int64_t n, int64_t inner) {
   const float a = *sa;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t c = (i / inner) % n;
-    out[i] = __fadd_rn(__fmul_rn(__int2float_rn(acc[i]), __fmul_rn(a, sw[c])), bias[c]);
+    const bool add = residual != nullptr;
+    out[i] = dequant_one(acc[i], __fmul_rn(a, sw[c]), bias[c], add, add ? residual[i] : 0.f, relu);
   }
 }
 
@@ -202,26 +212,29 @@ at::Tensor quantize_cuda(const at::Tensor& x, const at::Tensor& scale, bool is_s
 }
 
 at::Tensor dequantize_cuda(const at::Tensor& acc, const at::Tensor& act_scale, const at::Tensor& weight_scale,
-                           const at::Tensor& bias) {
+                           const at::Tensor& bias, const std::optional<at::Tensor>& residual, bool relu) {
   const int64_t n = approx_checks::check_dequantize(acc, act_scale, weight_scale, bias);
+  approx_checks::check_residual(residual, acc);
   const c10::cuda::CUDAGuard guard(acc.device());
   auto out = at::empty(acc.sizes(), acc.options().dtype(at::kFloat));
   const int64_t total = acc.numel();
   if (total == 0) return out;
   const int64_t inner = approx_checks::plane_size(acc);
-  if (vec4_rows(acc, total, inner, out)) {
+  const float* res = residual ? residual->data_ptr<float>() : nullptr;
+  if (vec4_rows(acc, total, inner, out) && reinterpret_cast<uintptr_t>(res) % 16 == 0) {
     const unsigned nvec = static_cast<unsigned>(total / 4);
     dequantize_vec4_kernel<<<grid_for(nvec), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
         reinterpret_cast<const int4*>(acc.data_ptr<int32_t>()), act_scale.data_ptr<float>(),
-        weight_scale.data_ptr<float>(), bias.data_ptr<float>(), reinterpret_cast<float4*>(out.data_ptr<float>()),
-        nvec, approx_cuda::make_fastdiv(static_cast<unsigned>(inner / 4)),
+        weight_scale.data_ptr<float>(), bias.data_ptr<float>(), reinterpret_cast<const float4*>(res), relu,
+        reinterpret_cast<float4*>(out.data_ptr<float>()), nvec,
+        approx_cuda::make_fastdiv(static_cast<unsigned>(inner / 4)),
         approx_cuda::make_fastdiv(static_cast<unsigned>(n)));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return out;
   }
   dequantize_kernel<<<grid_for(total), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
       acc.data_ptr<int32_t>(), act_scale.data_ptr<float>(), weight_scale.data_ptr<float>(),
-      bias.data_ptr<float>(), out.data_ptr<float>(), total, n, inner);
+      bias.data_ptr<float>(), res, relu, out.data_ptr<float>(), total, n, inner);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }

@@ -1,0 +1,170 @@
+"""Residual blocks' ends in their last LUT layer (runner.linking.fuse_residual_ends): at inference the block's
+add and ReLU run in that layer's dequantize, with the logits of the blocks' own forwards bit for bit; a hook that
+could see the values between, autograd, a fake-quant layer or a block of another class keep the block's forward."""
+import contextlib
+import copy
+import io
+
+import pytest
+import torch
+from torch import nn
+
+import runner.ops
+from runner.layers import approximate, consumer_links, quantized_layers
+from runner.linking import fuse_residual_ends
+from tests.conftest import has_cpp
+from tests.test_linking import QCFG, _converted
+from tests.test_linking_codes import _input
+
+BACKENDS = ["python", pytest.param("cpp", marks=pytest.mark.skipif(not has_cpp(), reason="needs the C++ extension"))]
+
+
+@contextlib.contextmanager
+def _fused():
+    """A list that counts the dequantizes given a residual (a block's end fused) while the block runs."""
+    calls = []
+    real = runner.ops.dequantize
+
+    def recording(acc, *args, **kwargs):
+        residual = args[3] if len(args) > 3 else kwargs.get("residual")
+        if residual is not None:
+            calls.append(tuple(acc.shape))
+        return real(acc, *args, **kwargs)
+    runner.ops.dequantize = recording
+    try:
+        yield calls
+    finally:
+        runner.ops.dequantize = real
+
+
+def _unfused(model: nn.Module) -> nn.Module:
+    """A copy whose blocks are their original classes again: each block's own forward, the codes hand-offs kept."""
+    model = copy.deepcopy(model)
+    for m in model.modules():
+        if type(m).__name__.startswith("Fused"):
+            m.__class__ = type(m).__mro__[2]  # (fused, _FusedEnd, the original, ...)
+    return model
+
+
+def _forward(model, x, grad=False):
+    with _fused() as calls, torch.set_grad_enabled(grad):
+        return model(x), len(calls)
+
+
+def _torchvision_models():
+    torchvision = pytest.importorskip("torchvision")
+    from torchvision.models.resnet import Bottleneck, ResNet
+    return ((lambda: torchvision.models.resnet18(num_classes=10), 8),
+            (lambda: ResNet(Bottleneck, [1, 2, 1, 1], num_classes=10), 5))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fused_ends_give_the_blocks_own_logits(backend):
+    """The zoo's ResNet-8 (BasicBlock, shortcut a Sequential: empty or conv + folded BN), torchvision's ResNet-18
+    (BasicBlock) and a Bottleneck ResNet (downsample or none): every block's end fused, the same bits as the blocks'
+    own forwards (with the codes hand-offs either way) and as the model with nothing fused or handed on."""
+    x = torch.rand(2, 3, 40, 40, generator=torch.Generator().manual_seed(6))
+    cases = [(lambda: _converted("resnet8", "cifar10", "mul8s_1L2J", backend)[1], _input("cifar10"), 3)]
+    for ctor, want in _torchvision_models():
+        torch.manual_seed(0)
+        cases.append((lambda ctor=ctor: approximate(ctor().eval(), "mul8s_1L2J", x, QCFG, backend=backend)[1], x, want))
+    for build, inp, want in cases:
+        approx = build()
+        got, fused = _forward(approx, inp)
+        ref, none = _forward(_unfused(approx), inp)
+        hook = nn.modules.module.register_module_forward_hook(lambda m, a, o: None)  # nothing fused nor handed on
+        try:
+            plain, also_none = _forward(approx, inp)
+        finally:
+            hook.remove()
+        assert (fused, none, also_none) == (want, 0, 0)
+        assert torch.equal(got, ref) and torch.equal(got, plain)
+
+
+def test_a_hook_autograd_or_fake_quant_keeps_the_blocks_forward():
+    fq, approx = _converted("resnet8", "cifar10", "mul8s_1L2J")
+    x = _input("cifar10")
+    ref, fused = _forward(approx, x)
+    conv2 = approx.layer2[0].conv2
+    seen = []
+    handle = conv2.register_forward_hook(lambda m, a, out: seen.append(out))
+    got, fused_hooked = _forward(approx, x)
+    handle.remove()
+    assert torch.equal(got, ref) and (fused, fused_hooked) == (3, 2)
+    assert len(seen) == 1 and (seen[0] < 0).any()  # conv2's own output, before the add and the ReLU
+    handle = approx.layer1[0].relu.register_forward_hook(lambda m, a, out: None)
+    assert _forward(approx, x)[1] == 2
+    handle.remove()
+    assert _forward(fq, x)[1] == 0  # fake-quant layers take no residual; their blocks run as they were
+
+    # autograd: the block's sum and ReLU in torch, the same values and gradients as the blocks' own forwards
+    unfused = _unfused(approx)
+    for m in (approx, unfused):
+        m.requires_grad_(True)
+    xs = [x.clone().requires_grad_(True) for _ in range(2)]
+    outs = [_forward(m, xi, grad=True) for m, xi in zip((approx, unfused), xs)]
+    assert outs[0][1] == 0 and torch.equal(outs[0][0], outs[1][0])
+    for out, _ in outs:
+        out.square().sum().backward()
+    assert torch.equal(xs[0].grad, xs[1].grad)
+    assert torch.equal(conv2.weight.grad, unfused.layer2[0].conv2.weight.grad)
+
+
+def test_links_save_load_and_other_block_classes_are_unchanged():
+    """fx traces the blocks' own forwards (the same consumer links); a saved model loads with its fused classes;
+    a block of a subclass with a forward of its own is not swapped."""
+    torchvision = pytest.importorskip("torchvision")
+    from torchvision.models.resnet import BasicBlock
+
+    _, approx = _converted("resnet8", "cifar10", "mul8s_1L2J")
+    assert consumer_links(approx) == consumer_links(_unfused(approx))
+    x = _input("cifar10")
+    buf = io.BytesIO()
+    torch.save(approx, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert type(loaded.layer1[0]) is type(approx.layer1[0]) and torch.equal(_forward(loaded, x)[0], _forward(approx, x)[0])
+
+    class Mine(BasicBlock):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    model = torchvision.models.resnet18(num_classes=10)
+    model.layer1[0] = Mine(64, 64)
+    fuse_residual_ends(model)
+    assert type(model.layer1[0]) is Mine and type(model.layer1[1]).__name__.startswith("Fused")
+    assert type(model.layer1[1]).__mro__[2] is BasicBlock
+
+
+def test_a_residual_of_another_shape_is_broadcast_as_the_add_would():
+    _, approx = _converted("resnet8", "cifar10", "mul8s_1L2J")
+    conv2 = approx.layer1[0].conv2
+    inp = torch.rand(2, conv2.weight.shape[1], 8, 8, generator=torch.Generator().manual_seed(2))
+    residual = torch.randn(1, conv2.weight.shape[0], 1, 8, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(conv2(inp, residual=residual), torch.relu(conv2(inp) + residual))
+        for layer in quantized_layers(approx).values():
+            assert getattr(layer, "takes_residual", False)
+
+
+@pytest.mark.cuda
+def test_cuda_fused_ends_eager_and_graphed_give_the_cpu_logits():
+    """On a GPU (dequantize's vector kernel at 32 x 32 and 16 x 16 planes, the scalar one at 7 x 7), eager and
+    replayed from a CUDA graph: the blocks' own logits on the CPU, bit for bit."""
+    from runner.graphs import GraphedForward
+
+    x = torch.rand(4, 3, 56, 56, generator=torch.Generator().manual_seed(7))
+    models = [(_converted("resnet8", "cifar10", "mul8s_1L2J", "cpp")[1], _input("cifar10"))]
+    for ctor, _ in _torchvision_models():
+        torch.manual_seed(0)
+        models.append((approximate(ctor().eval(), "mul8s_1L2J", x, QCFG, backend="cpp")[1], x))
+    for model, inp in models:
+        cpu, _ = _forward(_unfused(model), inp)
+        for layer in quantized_layers(model).values():
+            layer.backend = "cuda"
+        model, xc = model.cuda(), inp.cuda()
+        got, fused = _forward(model, xc)
+        graphed = GraphedForward(model)
+        replayed = [graphed(xc) for _ in range(2)]
+        assert fused and not graphed.failure
+        assert all(torch.equal(t.cpu(), cpu) for t in (got, *replayed))

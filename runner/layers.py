@@ -357,9 +357,9 @@ class _Approx(_Quantized):
         self._weight_seen = None
         self.refresh_weight_quant()
 
-    def forward(self, x, residual: torch.Tensor | None = None):
-        """The layer's output; with a residual (float, the output's shape), relu(output + residual): a residual
-        block's sum and ReLU, which inference computes in the layer's last pass (runner.linking.fuse_residual_ends)."""
+    def forward(self, x, residual: torch.Tensor | None = None, relu: bool = False):
+        """The layer's output; with a residual (float, the output's shape), output + residual, then with relu its
+        ReLU: a residual block's end, which inference computes in the layer's last pass (linking.fuse_residual_ends)."""
         self.refresh_weight_quant()
         self._last_input_shape = tuple(x.shape)  # for auto_picks: auto picks per call shape
         scale = self.input_scale(x)
@@ -367,7 +367,7 @@ class _Approx(_Quantized):
             x = handed_float(x)
             self._check_input(x.detach())
             out = self._autograd_forward(x, scale)
-            return out if residual is None else torch.relu(out + residual)
+            return out if residual is None else ops.block_end(out, residual, relu)
         bias, requant = self._finish_args(scale)
         codes, consumer = handed_codes(x, self), self.__dict__["_consumer"]
         # the consumer's signedness where it alone reads the output (and reads codes): those, not fl(code * s)
@@ -375,7 +375,7 @@ class _Approx(_Quantized):
             codes_alone(self, consumer, self._link_steps) else None
         flag = self._input_flag(x, defer=True) if codes is None else None  # handed codes are finite
         out = self._inference_forward(x, scale, bias, requant, nonfinite=flag, codes=codes, codes_signed=signed,
-                                      residual=residual)
+                                      residual=residual, relu=relu)
         self._read_kernel_flag(x)  # (a flag still clear where codes were handed)
         if residual is not None:
             return out

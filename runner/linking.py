@@ -348,15 +348,47 @@ def handed_float(x: torch.Tensor) -> torch.Tensor:
     return codes.float() * consumer.input_scale(None).detach()
 
 
-# A residual block's end: its last layer's output, (folded BatchNorm's Identity,) + the shortcut, a ReLU. Where that
+# A residual block's end: its last layer's output, (folded BatchNorm's Identity,) + the shortcut, (a ReLU). Where that
 # layer is a LUT layer (takes_residual) and nothing else could see the values between, inference computes the sum
 # and the ReLU in the layer's last pass (approx::dequantize's residual: the same float operations, the same bits),
-# not in three more passes over the output. The block classes are swapped for subclasses whose forward does so and
-# otherwise runs the original one (fx traces the original: the links above stay what they were).
-_BLOCK_ENDS = {  # (module, class): (the convs and BatchNorms in order, the last one's pair ending the block; shortcut)
-    ("torchvision.models.resnet", "BasicBlock"): ((("conv1", "bn1"), ("conv2", "bn2")), "downsample"),
-    ("torchvision.models.resnet", "Bottleneck"): ((("conv1", "bn1"), ("conv2", "bn2"), ("conv3", "bn3")), "downsample"),
-    ("runner.models.resnet", "BasicBlock"): ((("conv1", "bn1"), ("conv2", "bn2")), "shortcut"),
+# not in up to three more passes over the output. The block classes are swapped for subclasses whose forward does
+# so and otherwise runs the original one (fx traces the original: the links above stay what they were).
+@dataclass(frozen=True)
+class BlockEnd:
+    steps: list[nn.Module]        # what runs before the last layer, in order, as the block's forward runs it
+    last: nn.Module               # the last layer, then its BatchNorm (folded: Identity)
+    norm: nn.Module
+    shortcut: nn.Module | None    # None: the block's input itself
+    relu: nn.Module | None        # the ReLU after the sum (None: none)
+    bypassed: tuple[nn.Module, ...] = ()  # containers whose children run here without their own call (hooks)
+
+
+def _resnet_end(*names: str):
+    """The end of a block that computes relu(bn(last(...)) + shortcut(x)), its steps named in order."""
+    def end(block):
+        shortcut = getattr(block, "downsample", None) if hasattr(block, "downsample") else block.shortcut
+        return BlockEnd([getattr(block, n) for n in names[:-2]], getattr(block, names[-2]), getattr(block, names[-1]),
+                        shortcut, block.relu)
+    return end
+
+
+def _torchvision_inverted_end(block):  # x + conv(x), conv = [..., project Conv2d, BatchNorm2d]; no ReLU
+    return BlockEnd(list(block.conv)[:-2], block.conv[-2], block.conv[-1], None, None, (block.conv,)) \
+        if block.use_res_connect else None
+
+
+def _zoo_inverted_end(block):  # x + project(depthwise(expand(x))), project = [Conv2d, BatchNorm2d]
+    return BlockEnd([block.expand, block.depthwise], block.project[0], block.project[1], None, None,
+                    (block.project,)) if block.residual else None
+
+
+_BLOCK_ENDS = {  # (module, class): its end (exactly those classes, not subclasses with forwards of their own)
+    ("torchvision.models.resnet", "BasicBlock"): _resnet_end("conv1", "bn1", "relu", "conv2", "bn2"),
+    ("torchvision.models.resnet", "Bottleneck"): _resnet_end("conv1", "bn1", "relu", "conv2", "bn2", "relu",
+                                                             "conv3", "bn3"),
+    ("runner.models.resnet", "BasicBlock"): _resnet_end("conv1", "bn1", "relu", "conv2", "bn2"),
+    ("torchvision.models.mobilenetv2", "InvertedResidual"): _torchvision_inverted_end,
+    ("runner.models.mobilenetv2", "InvertedResidual"): _zoo_inverted_end,
 }
 _FUSED: dict[type, type] = {}
 
@@ -365,18 +397,23 @@ class _FusedEnd:
     """Mixin of a residual block whose last LUT layer adds the shortcut and applies the ReLU (see above)."""
 
     def forward(self, x):
-        steps, shortcut = _BLOCK_ENDS[self._block_key]
-        last, norm, relu = getattr(self, steps[-1][0]), getattr(self, steps[-1][1]), self.relu
-        if (isinstance(x, fx.Proxy) or not getattr(last, "takes_residual", False) or type(norm) is not nn.Identity
-                or type(relu) not in (nn.ReLU, CodesReLU) or x.dtype != torch.float32 or _global_hooks()
-                or any(_hooked(m) for m in (last, norm, relu))):
+        end = None if isinstance(x, fx.Proxy) else _BLOCK_ENDS[self._block_key](self)
+        if end is None or not self._fuses(end, x):
             return super().forward(x)
-        shortcut = getattr(self, shortcut)
-        residual = x if shortcut is None else shortcut(x)
+        residual = x if end.shortcut is None else end.shortcut(x)
         out = x
-        for conv, bn in steps[:-1]:
-            out = relu(getattr(self, bn)(getattr(self, conv)(out)))
-        return last(out, residual=residual)
+        for step in end.steps:
+            out = step(out)
+        return end.last(out, residual=residual, relu=end.relu is not None)
+
+    @staticmethod
+    def _fuses(end: BlockEnd, x: torch.Tensor) -> bool:
+        """Nothing could see the values between: no hook on the last layer, its BatchNorm, the ReLU or a container
+        passed over, none global; the BatchNorm folded, the ReLU a plain one, a LUT layer last, a float32 input."""
+        return (getattr(end.last, "takes_residual", False) and type(end.norm) is nn.Identity
+                and x.dtype == torch.float32 and (end.relu is None or type(end.relu) in (nn.ReLU, CodesReLU))
+                and not _global_hooks() and not any(_hooked(m) for m in (end.last, end.norm, end.relu) if m is not None)
+                and not any(m._forward_hooks or m._forward_pre_hooks for m in end.bypassed))
 
 
 def _fused_class(block: type) -> type:

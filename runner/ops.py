@@ -228,13 +228,20 @@ def requantize_codes(acc, bias, multiplier, shift, qmin, qmax, signed, *, backen
     return _compiled("requantize_codes", backend, acc)(acc, bias, multiplier, shift, qmin, qmax, signed)
 
 
-def finish(acc, act_scale, weight_scale, bias, requant=None, *, backend="cpp", residual=None):
+def finish(acc, act_scale, weight_scale, bias, requant=None, *, backend="cpp", residual=None, relu=False):
     """A layer's last step: dequantize (requant None) or requantize to the next layer's codes (requant: the
-    arguments of requantize after acc); with a residual, relu(that + residual): a residual block's end."""
+    arguments of requantize after acc); with a residual, block_end of that: a residual block's end."""
     if requant is None:
-        return dequantize(acc, act_scale, weight_scale, bias, residual, residual is not None, backend=backend)
+        return dequantize(acc, act_scale, weight_scale, bias, residual, relu, backend=backend)
     out = requantize(acc, *requant, backend=backend)
-    return out if residual is None else torch.relu(out + residual)
+    return out if residual is None else block_end(out, residual, relu)
+
+
+def block_end(out, residual, relu: bool):
+    """out + residual, then torch.relu with relu: a residual block's end as its forward computes it, and what
+    dequantize's residual and relu compute in its pass."""
+    out = out + residual
+    return torch.relu(out) if relu else out
 
 
 def _register_fakes():

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from runner.errors import UserError
 from runner.exact_conv import unfold
-from runner.ops import finish, lut_bmm, lut_conv2d, lut_grad_a, lut_grad_w, lut_linear, quantize, requantize_codes
+from runner.ops import block_end, finish, lut_bmm, lut_conv2d, lut_grad_a, lut_grad_w, lut_linear, quantize, requantize_codes
 from runner.reference import conv_output_size
 
 # Autograd lives here, on float-level ops, not on lut_linear / lut_conv2d: those take integer codes,
@@ -37,37 +37,38 @@ def check_grad_mode(grad):
 
 
 def qforward_linear(x, weight_codes, weight_scale, act_scale, bias, lut, signed, backend, algo, nonfinite=None,
-                     requant=None, codes=None, codes_signed=None, residual=None):
+                     requant=None, codes=None, codes_signed=None, residual=None, relu=False):
     """Inference: x's codes (given as `codes`, handed on by the previous layer, or quantized here), the LUT
     sums, then finish; with codes_signed (the next layer's signedness, not None), requant's codes themselves
     (requantize_codes: that layer's input codes, no float tensor); with a residual (float, the output's shape),
-    relu(finish + residual)."""
+    a residual block's end: finish + residual, with relu its ReLU (ops.block_end)."""
     if codes is None:
         codes = quantize(x.contiguous(), act_scale, signed, backend=backend, nonfinite=nonfinite)
     lead = codes.shape[:-1]
     acc = lut_linear(codes.reshape(-1, codes.shape[-1]), weight_codes, lut, backend=backend, algo=algo)
     shape = (*lead, acc.shape[-1])
     rows = None if residual is None or residual.shape != shape else residual.contiguous().reshape(acc.shape)
-    out = _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend, rows).reshape(shape)
-    return out if residual is None or rows is not None else torch.relu(out + residual)  # a broadcast residual
+    out = _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend, rows, relu)
+    out = out.reshape(shape)
+    return out if residual is None or rows is not None else block_end(out, residual, relu)  # a broadcast residual
 
 
 def qforward_conv2d(x, weight_codes, weight_scale, act_scale, bias, lut, stride, padding, dilation, groups,
                      signed, backend, algo, nonfinite=None, requant=None, codes=None, codes_signed=None,
-                     residual=None):
+                     residual=None, relu=False):
     """qforward_linear's steps for a conv."""
     if codes is None:
         codes = quantize(x.contiguous(), act_scale, signed, backend=backend, nonfinite=nonfinite)
     acc = lut_conv2d(codes, weight_codes, lut, stride, padding, dilation, groups, backend=backend, algo=algo)
     residual = None if residual is None else residual.contiguous()
-    return _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend, residual)
+    return _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend, residual, relu)
 
 
-def _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend, residual=None):
+def _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend, residual=None, relu=False):
     if residual is not None and (residual.shape != acc.shape or residual.dtype != torch.float32):  # broadcast, cast
-        return torch.relu(finish(acc, act_scale, weight_scale, bias, requant, backend=backend) + residual)
+        return block_end(finish(acc, act_scale, weight_scale, bias, requant, backend=backend), residual, relu)
     if codes_signed is None:
-        return finish(acc, act_scale, weight_scale, bias, requant, backend=backend, residual=residual)
+        return finish(acc, act_scale, weight_scale, bias, requant, backend=backend, residual=residual, relu=relu)
     bias_q, m0, shift, _, qmin, qmax = requant
     return requantize_codes(acc, bias_q, m0, shift, qmin, qmax, codes_signed, backend=backend)
 

@@ -55,16 +55,19 @@ def _torchvision_models():
     torchvision = pytest.importorskip("torchvision")
     from torchvision.models.resnet import Bottleneck, ResNet
     return ((lambda: torchvision.models.resnet18(num_classes=10), 8),
-            (lambda: ResNet(Bottleneck, [1, 2, 1, 1], num_classes=10), 5))
+            (lambda: ResNet(Bottleneck, [1, 2, 1, 1], num_classes=10), 5),
+            (lambda: torchvision.models.mobilenet_v2(num_classes=10), 10))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fused_ends_give_the_blocks_own_logits(backend):
-    """The zoo's ResNet-8 (BasicBlock, shortcut a Sequential: empty or conv + folded BN), torchvision's ResNet-18
-    (BasicBlock) and a Bottleneck ResNet (downsample or none): every block's end fused, the same bits as the blocks'
-    own forwards (with the codes hand-offs either way) and as the model with nothing fused or handed on."""
+    """The zoo's ResNet-8 (BasicBlock, shortcut a Sequential: empty or conv + folded BN) and MobileNetV2 (the add
+    without a ReLU), torchvision's ResNet-18 (BasicBlock), a Bottleneck ResNet (downsample or none) and MobileNetV2:
+    every residual block's end fused, the same bits as the blocks' own forwards (with the codes hand-offs either
+    way) and as the model with nothing fused or handed on."""
     x = torch.rand(2, 3, 40, 40, generator=torch.Generator().manual_seed(6))
-    cases = [(lambda: _converted("resnet8", "cifar10", "mul8s_1L2J", backend)[1], _input("cifar10"), 3)]
+    cases = [(lambda: _converted("resnet8", "cifar10", "mul8s_1L2J", backend)[1], _input("cifar10"), 3),
+             (lambda: _converted("mobilenetv2", "mnist5k", "mul8s_1L2J", backend)[1], _input("mnist5k"), 4)]
     for ctor, want in _torchvision_models():
         torch.manual_seed(0)
         cases.append((lambda ctor=ctor: approximate(ctor().eval(), "mul8s_1L2J", x, QCFG, backend=backend)[1], x, want))
@@ -96,6 +99,12 @@ def test_a_hook_autograd_or_fake_quant_keeps_the_blocks_forward():
     assert _forward(approx, x)[1] == 2
     handle.remove()
     assert _forward(fq, x)[1] == 0  # fake-quant layers take no residual; their blocks run as they were
+    _, mobile = _converted("mobilenetv2", "mnist5k", "mul8s_1L2J")
+    xm = _input("mnist5k")
+    ref_m, fused_m = _forward(mobile, xm)
+    mobile.blocks[2].project.register_forward_hook(lambda m, a, out: seen.append(out))  # a container passed over
+    got_m, fused_hooked_m = _forward(mobile, xm)
+    assert torch.equal(got_m, ref_m) and (fused_m, fused_hooked_m) == (4, 3) and len(seen) == 2
 
     # autograd: the block's sum and ReLU in torch, the same values and gradients as the blocks' own forwards
     unfused = _unfused(approx)
@@ -142,7 +151,8 @@ def test_a_residual_of_another_shape_is_broadcast_as_the_add_would():
     inp = torch.rand(2, conv2.weight.shape[1], 8, 8, generator=torch.Generator().manual_seed(2))
     residual = torch.randn(1, conv2.weight.shape[0], 1, 8, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        assert torch.equal(conv2(inp, residual=residual), torch.relu(conv2(inp) + residual))
+        assert torch.equal(conv2(inp, residual=residual, relu=True), torch.relu(conv2(inp) + residual))
+        assert torch.equal(conv2(inp, residual=residual), conv2(inp) + residual)
         for layer in quantized_layers(approx).values():
             assert getattr(layer, "takes_residual", False)
 

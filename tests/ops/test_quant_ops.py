@@ -43,7 +43,7 @@ def test_dequantize_equals_eager_expression(gen, backend, device, shape):
 
 
 @pytest.mark.parametrize("backend,device", [("python", "cpu"), *backend_params()])
-@pytest.mark.parametrize("shape", [(3, 6, 4, 5), (2, 16, 8, 8), (4, 5, 3, 3), (5, 7)])
+@pytest.mark.parametrize("shape", [(3, 6, 4, 5), (2, 16, 8, 8), (4, 5, 3, 3), (2, 8, 7, 7), (6, 10), (5, 7)])
 def test_dequantize_with_residual_equals_the_blocks_add_and_relu(gen, backend, device, shape):
     """A residual block's end in one pass: relu(dequantize(acc) + residual) as its own forward computes it (eager
     add, in-place ReLU), on the vector (planes of whole 4-element vectors) and scalar kernels; NaN as torch.relu
@@ -301,10 +301,13 @@ def test_quantize_vectorised_and_tail_lengths(gen, backend, device, signed):
 
 
 @pytest.mark.parametrize("backend,device", backend_params())
-@pytest.mark.parametrize("shape", [(3, 6, 4, 5), (2, 16, 8, 8), (2, 3, 1, 4), (64, 16, 32, 32), (4, 5, 3, 3)])
+@pytest.mark.parametrize("shape", [(3, 6, 4, 5), (2, 16, 8, 8), (2, 3, 1, 4), (64, 16, 32, 32), (4, 5, 3, 3),
+                                   (2, 8, 7, 7), (6, 10), (4099, 12), (5, 7), (4, 64, 100, 100), (4097, 640)])
 def test_dequantize_and_requantize_per_channel_on_conv_shapes(gen, backend, device, shape):
-    """Conv outputs [B, N, H, W]: planes of whole 4-element vectors (the GPU's vectorised kernels) or not; each
-    element's channel scale, bias and multiplier are its own (a channel mix-up shows)."""
+    """Conv outputs [B, N, H, W] and Linear outputs [M, N]: planes of whole 4-element vectors (the GPU's vector
+    kernels a plane at a time), 4-element vectors across planes or rows (element by element: 7x7, [M, N]) and
+    neither (the scalar kernels); each element's channel scale, bias and multiplier are its own (a mix-up shows).
+    The last two take several loop iterations a GPU thread, the last with one step of its two."""
     acc = torch.randint(-(2**20), 2**20, shape, generator=gen, dtype=torch.int32)
     sa = torch.tensor(0.0031)
     sw, fbias = torch.rand(shape[1], generator=gen) + 0.01, torch.randn(shape[1], generator=gen) * 50

@@ -14,6 +14,7 @@
 
 #include "../checks.h"
 #include "common.cuh"
+#include "kernels.h"
 
 namespace {
 
@@ -35,10 +36,39 @@ __global__ void quantize_kernel(const float* __restrict__ x, const float* __rest
   if (bad && nonfinite != nullptr) *nonfinite = true;  // every writer stores the same value: no atomic needed
 }
 
-// Four elements a thread, as 16-byte loads and stores, where the rows are whole vectors (inner % 4 == 0) and
-// there are fewer than 2^31 vectors: the channel comes from 32-bit multiply-high divisions, where the per-element
-// 64-bit division of the kernels below cost about half their time (ResNet-20's dequantize at batch 1,000 ran at
-// half the memory bandwidth). The arithmetic per element is theirs.
+// The vector kernels below take four consecutive elements a step (16-byte loads of floats or int32 sums), two steps
+// a loop iteration: both steps' loads are issued before either's stores, twice the bytes in flight of one step a
+// thread, over a grid of at most 8 blocks an SM (stream_grid) whose threads loop, so a thread's set-up (quantize's
+// reciprocal) serves many steps. On an H200 one step a thread over one thread a step ran quantize at 3.3 TB/s.
+template <class Load, class Store>
+__device__ __forceinline__ void grid_loop2(unsigned nvec, Load load, Store store) {
+  const unsigned stride = gridDim.x * blockDim.x;  // nvec < 2^31 and stride < 2^20: no sum below wraps
+  for (unsigned v = blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += 2 * stride) {
+    const bool two = v + stride < nvec;
+    const auto a = load(v);
+    const auto b = load(two ? v + stride : v);
+    store(v, a);
+    if (two) store(v + stride, b);
+  }
+}
+
+// The channels of step v's four elements, of rows of `per` elements (kPlane: rows of `per` steps, inner % 4 == 0, one
+// channel for all four) cycling through `channels`: 32-bit multiply-high divisions, where the per-element 64-bit
+// division of the scalar kernels cost about half their time (ResNet-20's dequantize ran at half the bandwidth).
+template <bool kPlane>
+__device__ __forceinline__ uint4 channels4(unsigned v, const approx_cuda::FastDiv& per,
+                                           const approx_cuda::FastDiv& channels) {
+  auto of = [&](unsigned i) {
+    const unsigned row = approx_cuda::fdiv(i, per);
+    return row - approx_cuda::fdiv(row, channels) * channels.d;
+  };
+  if (kPlane) {
+    const unsigned c = of(v);
+    return make_uint4(c, c, c, c);
+  }
+  return make_uint4(of(4 * v), of(4 * v + 1), of(4 * v + 2), of(4 * v + 3));
+}
+
 // add (a residual r) and relu: the residual block's add and ReLU (../ops.cpp), the add one more rounding.
 __device__ __forceinline__ float dequant_one(int32_t acc, float scale, float b, bool add, float r, bool relu) {
   float v = __fadd_rn(__fmul_rn(__int2float_rn(acc), scale), b);
@@ -46,21 +76,27 @@ __device__ __forceinline__ float dequant_one(int32_t acc, float scale, float b, 
   return relu && v < 0.0f ? 0.0f : v;  // not fmaxf: NaN and -0.0 stay, as torch.relu keeps them
 }
 
-__global__ void dequantize_vec4_kernel(const int4* __restrict__ acc, const float* __restrict__ sa,
+template <bool kPlane>
+__global__ void __launch_bounds__(256, 8) dequantize_vec4_kernel(const int4* __restrict__ acc, const float* __restrict__ sa,
                                        const float* __restrict__ sw, const float* __restrict__ bias,
                                        const float4* __restrict__ residual, bool relu, float4* __restrict__ out,
-                                       unsigned nvec, approx_cuda::FastDiv per_row, approx_cuda::FastDiv channels) {
+                                       unsigned nvec, approx_cuda::FastDiv per, approx_cuda::FastDiv channels) {
   const float a = *sa;
   const bool add = residual != nullptr;
-  for (unsigned v = blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += gridDim.x * blockDim.x) {
-    const unsigned row = approx_cuda::fdiv(v, per_row);
-    const unsigned c = row - approx_cuda::fdiv(row, channels) * channels.d;
-    const float scale = __fmul_rn(a, sw[c]), b = bias[c];
-    const int4 q = acc[v];
-    const float4 r = add ? residual[v] : make_float4(0.f, 0.f, 0.f, 0.f);
-    out[v] = make_float4(dequant_one(q.x, scale, b, add, r.x, relu), dequant_one(q.y, scale, b, add, r.y, relu),
-                         dequant_one(q.z, scale, b, add, r.z, relu), dequant_one(q.w, scale, b, add, r.w, relu));
-  }
+  struct In {
+    int4 q;
+    float4 r;
+  };
+  grid_loop2(
+      nvec, [&](unsigned v) { return In{acc[v], add ? residual[v] : make_float4(0.f, 0.f, 0.f, 0.f)}; },
+      [&](unsigned v, const In& in) {
+        const uint4 c = channels4<kPlane>(v, per, channels);
+        auto one = [&](int32_t q, unsigned ch, float r) {
+          return dequant_one(q, __fmul_rn(a, sw[ch]), bias[ch], add, r, relu);
+        };
+        out[v] = make_float4(one(in.q.x, c.x, in.r.x), one(in.q.y, c.y, in.r.y), one(in.q.z, c.z, in.r.z),
+                             one(in.q.w, c.w, in.r.w));
+      });
 }
 
 __device__ __forceinline__ int requant_code(int32_t acc, int32_t bias, int32_t multiplier, int32_t shift, int64_t qmin,
@@ -76,20 +112,22 @@ __device__ __forceinline__ float requant_one(int32_t acc, int32_t bias, int32_t 
   return __fmul_rn(__int2float_rn(requant_code(acc, bias, multiplier, shift, qmin, qmax)), os);
 }
 
-// requantize_codes: a thread's 4 codes as one 4-byte store (the low byte of each code, int8 or uint8 alike)
-__global__ void requantize_codes_vec4_kernel(const int4* __restrict__ acc, const int32_t* __restrict__ bias,
+// requantize_codes: a step's 4 codes as one 4-byte store (the low byte of each code, int8 or uint8 alike)
+template <bool kPlane>
+__global__ void __launch_bounds__(256, 8) requantize_codes_vec4_kernel(const int4* __restrict__ acc, const int32_t* __restrict__ bias,
                                              const int32_t* __restrict__ multiplier,
                                              const int32_t* __restrict__ shift, uint32_t* __restrict__ out,
-                                             unsigned nvec, approx_cuda::FastDiv per_row,
-                                             approx_cuda::FastDiv channels, int64_t qmin, int64_t qmax) {
-  for (unsigned v = blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += gridDim.x * blockDim.x) {
-    const unsigned row = approx_cuda::fdiv(v, per_row);
-    const unsigned c = row - approx_cuda::fdiv(row, channels) * channels.d;
-    const int32_t b = bias[c], m = multiplier[c], sh = shift[c];
-    const int4 q = acc[v];
-    auto byte = [&](int32_t a) { return static_cast<uint32_t>(requant_code(a, b, m, sh, qmin, qmax)) & 0xFFu; };
-    out[v] = byte(q.x) | byte(q.y) << 8 | byte(q.z) << 16 | byte(q.w) << 24;
-  }
+                                             unsigned nvec, approx_cuda::FastDiv per, approx_cuda::FastDiv channels,
+                                             int64_t qmin, int64_t qmax) {
+  grid_loop2(
+      nvec, [&](unsigned v) { return acc[v]; },
+      [&](unsigned v, const int4& q) {
+        const uint4 c = channels4<kPlane>(v, per, channels);
+        auto byte = [&](int32_t a, unsigned ch) {
+          return static_cast<uint32_t>(requant_code(a, bias[ch], multiplier[ch], shift[ch], qmin, qmax)) & 0xFFu;
+        };
+        out[v] = byte(q.x, c.x) | byte(q.y, c.y) << 8 | byte(q.z, c.z) << 16 | byte(q.w, c.w) << 24;
+      });
 }
 
 template <typename T>
@@ -103,32 +141,53 @@ __global__ void requantize_codes_kernel(const int32_t* __restrict__ acc, const i
   }
 }
 
-__global__ void requantize_vec4_kernel(const int4* __restrict__ acc, const int32_t* __restrict__ bias,
+template <bool kPlane>
+__global__ void __launch_bounds__(256, 8) requantize_vec4_kernel(const int4* __restrict__ acc, const int32_t* __restrict__ bias,
                                        const int32_t* __restrict__ multiplier, const int32_t* __restrict__ shift,
                                        const float* __restrict__ out_scale, float4* __restrict__ out, unsigned nvec,
-                                       approx_cuda::FastDiv per_row, approx_cuda::FastDiv channels, int64_t qmin,
+                                       approx_cuda::FastDiv per, approx_cuda::FastDiv channels, int64_t qmin,
                                        int64_t qmax) {
   const float os = *out_scale;
-  for (unsigned v = blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += gridDim.x * blockDim.x) {
-    const unsigned row = approx_cuda::fdiv(v, per_row);
-    const unsigned c = row - approx_cuda::fdiv(row, channels) * channels.d;
-    const int32_t b = bias[c], m = multiplier[c], sh = shift[c];
-    const int4 q = acc[v];
-    out[v] = make_float4(requant_one(q.x, b, m, sh, os, qmin, qmax), requant_one(q.y, b, m, sh, os, qmin, qmax),
-                         requant_one(q.z, b, m, sh, os, qmin, qmax), requant_one(q.w, b, m, sh, os, qmin, qmax));
-  }
+  grid_loop2(
+      nvec, [&](unsigned v) { return acc[v]; },
+      [&](unsigned v, const int4& q) {
+        const uint4 c = channels4<kPlane>(v, per, channels);
+        auto one = [&](int32_t a, unsigned ch) {
+          return requant_one(a, bias[ch], multiplier[ch], shift[ch], os, qmin, qmax);
+        };
+        out[v] = make_float4(one(q.x, c.x), one(q.y, c.y), one(q.z, c.z), one(q.w, c.w));
+      });
 }
 
-// Whether the vec4 kernels take a [B, N, inner] tensor of `total` elements.
-bool vec4_rows(const at::Tensor& acc, int64_t total, int64_t inner, const at::Tensor& out) {
-  return inner % 4 == 0 && total / 4 < (1ll << 31) && acc.size(1) < (1ll << 31) &&
-         reinterpret_cast<uintptr_t>(acc.data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0;
+// How the vector kernels take a [B, N, inner] tensor of `total` elements: not at all (the scalar kernels), by planes
+// (inner % 4 == 0: a step's elements share a channel), or element by element (total % 4 == 0: a Linear layer's
+// [M, N], a 7x7 plane). Element indices are 32-bit there.
+enum class Vec4 { kNo, kPlane, kElement };
+Vec4 vec4_plan(const at::Tensor& acc, int64_t total, int64_t inner, const at::Tensor& out) {
+  const bool aligned = reinterpret_cast<uintptr_t>(acc.data_ptr()) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0 && acc.size(1) < (1ll << 31);
+  if (!aligned || total % 4 || total / 4 >= (1ll << 31)) return Vec4::kNo;
+  if (inner % 4 == 0) return Vec4::kPlane;
+  return total < (1ll << 32) ? Vec4::kElement : Vec4::kNo;
 }
 
-// quantize_kernel four elements a thread: a 16-byte load, a 4-byte store of the codes (n % 4 == 0, aligned).
+// The FastDivs of vec4_plan's kernels: rows of inner / 4 steps, or of inner elements.
+std::pair<approx_cuda::FastDiv, approx_cuda::FastDiv> vec4_divs(Vec4 plan, int64_t inner, int64_t n) {
+  return {approx_cuda::make_fastdiv(static_cast<unsigned>(plan == Vec4::kPlane ? inner / 4 : inner)),
+          approx_cuda::make_fastdiv(static_cast<unsigned>(n))};
+}
+
+// Blocks of 256 threads for grid_loop2 over nvec steps: one step a thread, at most 8 blocks an SM (the vector
+// kernels' __launch_bounds__ keep them within 32 registers, so all 8 are resident at once: no second wave).
+dim3 stream_grid(int64_t nvec) {
+  const int64_t sms = approx_cuda::sm_count();
+  return dim3(static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((nvec + 255) / 256, sms * 8))));
+}
+
+// quantize_kernel four elements a step: a 16-byte load, a 4-byte store of the codes (n % 4 == 0, aligned).
 template <typename T>
-__global__ void quantize_vec4_kernel(const float4* __restrict__ x, const float* __restrict__ scale,
-                                     uint32_t* __restrict__ out, int64_t nvec, float qmin, float qmax,
+__global__ void __launch_bounds__(256, 8) quantize_vec4_kernel(const float4* __restrict__ x, const float* __restrict__ scale,
+                                     uint32_t* __restrict__ out, unsigned nvec, float qmin, float qmax,
                                      bool* __restrict__ nonfinite) {
   const float inv = __fdiv_rn(1.0f, *scale);
   bool bad = false;
@@ -137,10 +196,9 @@ __global__ void quantize_vec4_kernel(const float4* __restrict__ x, const float* 
     const float q = rintf(__fmul_rn(v, inv));
     return static_cast<uint32_t>(static_cast<uint8_t>(static_cast<T>(fminf(fmaxf(q, qmin), qmax))));
   };
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nvec; i += (int64_t)gridDim.x * blockDim.x) {
-    const float4 v = x[i];
-    out[i] = one(v.x) | (one(v.y) << 8) | (one(v.z) << 16) | (one(v.w) << 24);
-  }
+  grid_loop2(
+      nvec, [&](unsigned v) { return x[v]; },
+      [&](unsigned v, const float4& f) { out[v] = one(f.x) | (one(f.y) << 8) | (one(f.z) << 16) | (one(f.w) << 24); });
   if (bad && nonfinite != nullptr) *nonfinite = true;
 }
 
@@ -187,17 +245,17 @@ at::Tensor quantize_cuda(const at::Tensor& x, const at::Tensor& scale, bool is_s
   const int64_t n = x.numel();
   if (n == 0) return out;
   auto stream = c10::cuda::getCurrentCUDAStream();
-  if (n % 4 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
+  if (n % 4 == 0 && n / 4 < (1ll << 31) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(out.data_ptr()) % 4 == 0) {
-    const int64_t nvec = n / 4;
+    const unsigned nvec = static_cast<unsigned>(n / 4);
     auto* xv = reinterpret_cast<const float4*>(x.data_ptr<float>());
     auto* ov = reinterpret_cast<uint32_t*>(out.data_ptr());
     if (is_signed)
-      quantize_vec4_kernel<int8_t><<<grid_for(nvec), 256, 0, stream>>>(xv, scale.data_ptr<float>(), ov, nvec, -128.f,
-                                                                       127.f, flag);
+      quantize_vec4_kernel<int8_t><<<stream_grid(nvec), 256, 0, stream>>>(xv, scale.data_ptr<float>(), ov, nvec,
+                                                                          -128.f, 127.f, flag);
     else
-      quantize_vec4_kernel<uint8_t><<<grid_for(nvec), 256, 0, stream>>>(xv, scale.data_ptr<float>(), ov, nvec, 0.f,
-                                                                        255.f, flag);
+      quantize_vec4_kernel<uint8_t><<<stream_grid(nvec), 256, 0, stream>>>(xv, scale.data_ptr<float>(), ov, nvec,
+                                                                           0.f, 255.f, flag);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return out;
   }
@@ -221,14 +279,15 @@ at::Tensor dequantize_cuda(const at::Tensor& acc, const at::Tensor& act_scale, c
   if (total == 0) return out;
   const int64_t inner = approx_checks::plane_size(acc);
   const float* res = residual ? residual->data_ptr<float>() : nullptr;
-  if (vec4_rows(acc, total, inner, out) && reinterpret_cast<uintptr_t>(res) % 16 == 0) {
+  const Vec4 plan = reinterpret_cast<uintptr_t>(res) % 16 ? Vec4::kNo : vec4_plan(acc, total, inner, out);
+  if (plan != Vec4::kNo) {
     const unsigned nvec = static_cast<unsigned>(total / 4);
-    dequantize_vec4_kernel<<<grid_for(nvec), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
+    const auto [per, channels] = vec4_divs(plan, inner, n);
+    auto kern = plan == Vec4::kPlane ? dequantize_vec4_kernel<true> : dequantize_vec4_kernel<false>;
+    kern<<<stream_grid(nvec), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
         reinterpret_cast<const int4*>(acc.data_ptr<int32_t>()), act_scale.data_ptr<float>(),
         weight_scale.data_ptr<float>(), bias.data_ptr<float>(), reinterpret_cast<const float4*>(res), relu,
-        reinterpret_cast<float4*>(out.data_ptr<float>()), nvec,
-        approx_cuda::make_fastdiv(static_cast<unsigned>(inner / 4)),
-        approx_cuda::make_fastdiv(static_cast<unsigned>(n)));
+        reinterpret_cast<float4*>(out.data_ptr<float>()), nvec, per, channels);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return out;
   }
@@ -247,14 +306,15 @@ at::Tensor requantize_cuda(const at::Tensor& acc, const at::Tensor& bias, const 
   const int64_t total = acc.numel();
   if (total == 0) return out;
   const int64_t inner = approx_checks::plane_size(acc);
-  if (vec4_rows(acc, total, inner, out)) {
+  const Vec4 plan = vec4_plan(acc, total, inner, out);
+  if (plan != Vec4::kNo) {
     const unsigned nvec = static_cast<unsigned>(total / 4);
-    requantize_vec4_kernel<<<grid_for(nvec), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
+    const auto [per, channels] = vec4_divs(plan, inner, n);
+    auto kern = plan == Vec4::kPlane ? requantize_vec4_kernel<true> : requantize_vec4_kernel<false>;
+    kern<<<stream_grid(nvec), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
         reinterpret_cast<const int4*>(acc.data_ptr<int32_t>()), bias.data_ptr<int32_t>(),
         multiplier.data_ptr<int32_t>(), shift.data_ptr<int32_t>(), out_scale.data_ptr<float>(),
-        reinterpret_cast<float4*>(out.data_ptr<float>()), nvec,
-        approx_cuda::make_fastdiv(static_cast<unsigned>(inner / 4)),
-        approx_cuda::make_fastdiv(static_cast<unsigned>(n)), qmin, qmax);
+        reinterpret_cast<float4*>(out.data_ptr<float>()), nvec, per, channels, qmin, qmax);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return out;
   }
@@ -274,13 +334,15 @@ at::Tensor requantize_codes_cuda(const at::Tensor& acc, const at::Tensor& bias, 
   if (total == 0) return out;
   const int64_t inner = approx_checks::plane_size(acc);
   auto stream = c10::cuda::getCurrentCUDAStream();
-  if (vec4_rows(acc, total, inner, out)) {
+  const Vec4 plan = vec4_plan(acc, total, inner, out);
+  if (plan != Vec4::kNo) {
     const unsigned nvec = static_cast<unsigned>(total / 4);
-    requantize_codes_vec4_kernel<<<grid_for(nvec), 256, 0, stream>>>(
+    const auto [per, channels] = vec4_divs(plan, inner, n);
+    auto kern = plan == Vec4::kPlane ? requantize_codes_vec4_kernel<true> : requantize_codes_vec4_kernel<false>;
+    kern<<<stream_grid(nvec), 256, 0, stream>>>(
         reinterpret_cast<const int4*>(acc.data_ptr<int32_t>()), bias.data_ptr<int32_t>(),
         multiplier.data_ptr<int32_t>(), shift.data_ptr<int32_t>(), reinterpret_cast<uint32_t*>(out.data_ptr()), nvec,
-        approx_cuda::make_fastdiv(static_cast<unsigned>(inner / 4)),
-        approx_cuda::make_fastdiv(static_cast<unsigned>(n)), qmin, qmax);
+        per, channels, qmin, qmax);
   } else if (is_signed) {
     requantize_codes_kernel<int8_t><<<grid_for(total), 256, 0, stream>>>(
         acc.data_ptr<int32_t>(), bias.data_ptr<int32_t>(), multiplier.data_ptr<int32_t>(), shift.data_ptr<int32_t>(),

@@ -23,8 +23,9 @@ from runner.errors import UserError
 from runner.exact_conv import exact_conv2d, exact_linear
 from runner.float64_steps import float64_steps
 from runner.layer_checks import NonFiniteInputCheck, check_accumulator, check_finite, reduction_length
-from runner.linking import (clamps_keep_codes, codes_alone, find_consumers, fuse_residual_ends, hand_codes, hand_off_path,
-                            handed_codes, handed_float, mark_codes, pass_codes_through_clamps)
+from runner.linking import (RELU_END, clamps_keep_codes, codes_alone, find_consumers, fuse_residual_ends, hand_codes,
+                            hand_off_path, handed_codes, handed_float, mark_codes, pass_codes_through_clamps,
+                            relu_applied)
 from runner.pooling import pair_pools
 from runner.models import fold_input_normalization, set_module
 from runner.quant import (ActStats, QuantConfig, act_qrange, act_scale_from_amax, calibrate, dequantized_bias,
@@ -67,6 +68,7 @@ class _Quantized(nn.Module):
         # way (link_consumers). Plain attributes: modules of the model already, not submodules.
         object.__setattr__(self, "_consumer", None)
         self._link_clamps, self._link_steps = (), None  # steps: a linking.HandOffPath
+        self._relu_end = None  # (the ReLU module its output reaches next, the HandOffPath there): find_consumers
         self.granularity = qcfg.weight
         # below 1 only while retraining (set_weight_scale_factor): weight scale factor * max|w| / 127
         self.weight_scale_factor = 1.0
@@ -374,11 +376,13 @@ class _Approx(_Quantized):
         signed = consumer.signed if requant is not None and residual is None and \
             codes_alone(self, consumer, self._link_steps) else None
         flag = self._input_flag(x, defer=True) if codes is None else None  # handed codes are finite
+        relu_end = residual is None and requant is None and self._relu_end is not None and \
+            codes_alone(self, *self._relu_end)
         out = self._inference_forward(x, scale, bias, requant, nonfinite=flag, codes=codes, codes_signed=signed,
-                                      residual=residual, relu=relu)
+                                      residual=residual, relu=relu or relu_end)
         self._read_kernel_flag(x)  # (a flag still clear where codes were handed)
-        if residual is not None:
-            return out
+        if residual is not None or relu_end:
+            return relu_applied(out) if relu_end else out
         return self._hand_on(out, requant) if signed is None else hand_codes(out, consumer)
 
     def auto_pick(self) -> str:
@@ -500,12 +504,14 @@ def link_consumers(model: nn.Module, links: dict | None = None) -> None:
     pass_codes_through_clamps(model)
     for m in layers.values():
         object.__setattr__(m, "_consumer", None)
-        m._link_clamps, m._link_steps, m._requant_cache = (), None, None
+        m._link_clamps, m._link_steps, m._requant_cache, m._relu_end = (), None, None, None
     if links is None:
         links = consumer_links(model)
     modules = dict(model.named_modules())
     for name, (consumer, clamps, steps) in links.items():
-        if not layers[consumer].dynamic:
+        if clamps is RELU_END:  # no consumer; a ReLU module next
+            layers[name]._relu_end = (modules[consumer], hand_off_path(model, [modules[s] for s in steps]))
+        elif not layers[consumer].dynamic:
             object.__setattr__(layers[name], "_consumer", layers[consumer])
             layers[name]._link_clamps = clamps
             path = steps is not None and isinstance(layers[consumer], _Approx)  # a consumer that reads handed codes

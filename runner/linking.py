@@ -100,6 +100,8 @@ def clamps_keep_codes(clamps: Clamps, scale: torch.Tensor, signed: bool) -> bool
 
 
 CODES_ATTR = "_approx_codes"  # set on a producer's requantized output whose way to its consumer has clamps
+RELU_ATTR = "_approx_relu"  # set on a producer's output that it applied the ReLU it reaches next to (relu_applied)
+RELU_END: Clamps = ((0.0, float("inf")), (0.0, float("inf")))  # find_consumers' mark of a ReLU end (no consumer)
 
 
 class _PassesCodes:
@@ -124,7 +126,8 @@ class CodesReLU6(_PassesCodes, nn.ReLU6):
 
 
 class CodesReLU(_PassesCodes, nn.ReLU):
-    pass
+    def forward(self, x):  # also what its producer already applied the ReLU to (relu_applied)
+        return x if getattr(x, RELU_ATTR, False) else super().forward(x)
 
 
 _PASSING = {nn.Hardtanh: CodesHardtanh, nn.ReLU6: CodesReLU6, nn.ReLU: CodesReLU}
@@ -181,7 +184,7 @@ def _graph_consumers(model: nn.Module, is_layer) -> dict:
     for name, nodes in calls.items():
         if len(nodes) != 1:  # one layer called at two places: no single consumer
             continue
-        value, clamps, steps = nodes[0], (), ()
+        value, clamps, steps, relu_end = nodes[0], (), (), None
         while True:
             readers = _readers(value)
             if len(readers) != 1 or not _reads_only_first(readers[0], value):
@@ -192,6 +195,9 @@ def _graph_consumers(model: nn.Module, is_layer) -> dict:
                 if is_layer(module):
                     found[name] = (step.target, clamps, steps)
                     break
+                if relu_end is None and steps is not None and type(module) in (nn.ReLU, CodesReLU) and \
+                        all(type(modules[s]) is nn.Identity for s in steps):
+                    relu_end = (step.target, RELU_END, steps)
                 more = module_clamps(module)
                 steps = None if steps is None else steps + (step.target,)
             elif step.op in ("call_function", "call_method"):
@@ -201,6 +207,8 @@ def _graph_consumers(model: nn.Module, is_layer) -> dict:
             if more is None:
                 break
             value, clamps = step, clamps + more
+        if name not in found and relu_end is not None:
+            found[name] = relu_end
     return found
 
 
@@ -226,7 +234,9 @@ def _stage_consumers(model: nn.Module, is_layer) -> dict:
 
 def find_consumers(model: nn.Module, is_layer) -> dict[str, tuple[str, Clamps, tuple[str, ...] | None]]:
     """{layer name: (its consumer's name, the clamps on the way, the modules on the way or None where a function
-    is among the steps)} for the modules is_layer accepts. The forward
+    is among the steps)} for the modules is_layer accepts; for a layer with no consumer whose output a ReLU module
+    reads next (through Identity modules alone: a folded BatchNorm), (that ReLU's name, RELU_END, those Identity
+    modules): the layer may apply the ReLU in its last pass (relu_applied). The forward
     is traced symbolically (no data runs); a forward fx cannot trace (control flow on values, say) falls back
     to the model's stages() if it has them, else links nothing, as requant=float hands every value on."""
     try:
@@ -320,6 +330,14 @@ def hand_codes(codes: torch.Tensor, consumer: nn.Module) -> torch.Tensor:
     marked for the passing clamps on the way and carrying the codes for consumer (handed_codes)."""
     out = mark_codes(codes.new_empty((), dtype=torch.float32).expand(codes.shape))
     setattr(out, HANDED_ATTR, (codes, consumer))
+    return out
+
+
+def relu_applied(out: torch.Tensor) -> torch.Tensor:
+    """out, marked as its producer's output with the ReLU the producer reaches next applied (find_consumers' RELU_END
+    link, where codes_alone allows it: nothing else could see the values before the ReLU): that ReLU (CodesReLU)
+    passes it through."""
+    setattr(out, RELU_ATTR, True)
     return out
 
 

@@ -1,6 +1,7 @@
 """Residual blocks' ends in their last LUT layer (runner.linking.fuse_residual_ends): at inference the block's
 add and ReLU run in that layer's dequantize, with the logits of the blocks' own forwards bit for bit; a hook that
-could see the values between, autograd, a fake-quant layer or a block of another class keep the block's forward."""
+could see the values between, autograd, a fake-quant layer or a block of another class keep the block's forward.
+Likewise a layer with no LUT consumer whose output a ReLU reads next (a stem) applies that ReLU itself."""
 import contextlib
 import copy
 import io
@@ -20,15 +21,19 @@ BACKENDS = ["python", pytest.param("cpp", marks=pytest.mark.skipif(not has_cpp()
 
 
 @contextlib.contextmanager
-def _fused():
-    """A list that counts the dequantizes given a residual (a block's end fused) while the block runs."""
+def _fused(relu_ends=None):
+    """A list that counts the dequantizes given a residual (a block's end fused) while the block runs; relu_ends, a
+    list if given, those given only relu (a layer's ReLU end)."""
     calls = []
     real = runner.ops.dequantize
 
     def recording(acc, *args, **kwargs):
         residual = args[3] if len(args) > 3 else kwargs.get("residual")
+        relu = args[4] if len(args) > 4 else kwargs.get("relu", False)
         if residual is not None:
             calls.append(tuple(acc.shape))
+        elif relu and relu_ends is not None:
+            relu_ends.append(tuple(acc.shape))
         return real(acc, *args, **kwargs)
     runner.ops.dequantize = recording
     try:
@@ -178,3 +183,47 @@ def test_cuda_fused_ends_eager_and_graphed_give_the_cpu_logits():
         replayed = [graphed(xc) for _ in range(2)]
         assert fused and not graphed.failure
         assert all(torch.equal(t.cpu(), cpu) for t in (got, *replayed))
+
+
+def _relu_ends(model, x):
+    """(logits, the dequantizes that applied a layer's ReLU end, how often a ReLU module computed a ReLU)."""
+    ends, relus = [], []
+    real = torch.nn.functional.relu
+
+    def counting(*args, **kwargs):
+        relus.append(1)
+        return real(*args, **kwargs)
+    torch.nn.functional.relu = counting
+    try:
+        with _fused(ends), torch.no_grad():
+            return model(x), ends, len(relus)
+    finally:
+        torch.nn.functional.relu = real
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_stem_applies_its_relu_in_its_last_pass(backend):
+    """The stems of the zoo's ResNet-8 (conv, folded BN, ReLU, then read by a block's conv1 and its shortcut) and of
+    torchvision's ResNet-18 (then a max-pool): the ReLU in the stem conv's dequantize, which that ReLU passes on; the
+    logits of the model with nothing fused; a hook on the ReLU, or the conv called by itself, and it runs apart."""
+    torchvision = pytest.importorskip("torchvision")
+    x = torch.rand(2, 3, 40, 40, generator=torch.Generator().manual_seed(6))
+    torch.manual_seed(0)
+    tv = approximate(torchvision.models.resnet18(num_classes=10).eval(), "mul8s_1L2J", x, QCFG, backend=backend)[1]
+    for approx, inp in ((_converted("resnet8", "cifar10", "mul8s_1L2J", backend)[1], _input("cifar10")), (tv, x)):
+        got, ends, relus = _relu_ends(approx, inp)
+        hook = nn.modules.module.register_module_forward_hook(lambda m, a, o: None)
+        try:
+            ref, none, _ = _relu_ends(approx, inp)
+        finally:
+            hook.remove()
+        # every ReLU module passed its input on: the stem's (applied by the conv), the blocks' (codes, fused ends)
+        assert len(ends) == 1 and relus == 0 and none == [] and torch.equal(got, ref)
+        seen = []
+        handle = approx.relu.register_forward_pre_hook(lambda m, a: seen.append(bool((a[0] < 0).any())))
+        hooked, ends_hooked, _ = _relu_ends(approx, inp)
+        handle.remove()
+        assert ends_hooked == [] and torch.equal(hooked, ref) and seen == [True]  # the ReLU saw the conv's output
+        with torch.no_grad():
+            alone = approx.conv1(inp)
+        assert (alone < 0).any()  # called by itself, the conv's own output

@@ -36,14 +36,19 @@ __global__ void quantize_kernel(const float* __restrict__ x, const float* __rest
   if (bad && nonfinite != nullptr) *nonfinite = true;  // every writer stores the same value: no atomic needed
 }
 
-// The vector kernels below take four consecutive elements a step (16-byte loads of floats or int32 sums), two steps
-// a loop iteration: both steps' loads are issued before either's stores, twice the bytes in flight of one step a
-// thread, over a grid of at most 8 blocks an SM (stream_grid) whose threads loop, so a thread's set-up (quantize's
-// reciprocal) serves many steps. On an H200 one step a thread over one thread a step ran quantize at 3.3 TB/s.
-template <class Load, class Store>
-__device__ __forceinline__ void grid_loop2(unsigned nvec, Load load, Store store) {
-  const unsigned stride = gridDim.x * blockDim.x;  // nvec < 2^31 and stride < 2^20: no sum below wraps
-  for (unsigned v = blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += 2 * stride) {
+// The vector kernels below take four consecutive elements a step (16-byte loads of floats or int32 sums). Those that
+// read one stream (quantize, requantize) take two steps a loop iteration, both steps' loads issued before either's
+// stores, over a grid of at most 8 blocks an SM (stream_grid) whose threads loop, so a thread's set-up (quantize's
+// reciprocal) serves many steps: on an H200 quantize went from 3.3 to 4.0 TB/s. dequantize, which reads two (the sums
+// and a residual), ran 5 % slower so and keeps one step a thread over as many threads as steps (grid_for).
+template <int kSteps, class Load, class Store>
+__device__ __forceinline__ void grid_loop(unsigned nvec, Load load, Store store) {
+  const unsigned stride = gridDim.x * blockDim.x;  // nvec < 2^31 and kSteps * stride < 2^31: no sum below wraps
+  for (unsigned v = blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += kSteps * stride) {
+    if (kSteps == 1) {
+      store(v, load(v));
+      continue;
+    }
     const bool two = v + stride < nvec;
     const auto a = load(v);
     const auto b = load(two ? v + stride : v);
@@ -77,7 +82,7 @@ __device__ __forceinline__ float dequant_one(int32_t acc, float scale, float b, 
 }
 
 template <bool kPlane>
-__global__ void __launch_bounds__(256, 8) dequantize_vec4_kernel(const int4* __restrict__ acc, const float* __restrict__ sa,
+__global__ void dequantize_vec4_kernel(const int4* __restrict__ acc, const float* __restrict__ sa,
                                        const float* __restrict__ sw, const float* __restrict__ bias,
                                        const float4* __restrict__ residual, bool relu, float4* __restrict__ out,
                                        unsigned nvec, approx_cuda::FastDiv per, approx_cuda::FastDiv channels) {
@@ -87,7 +92,7 @@ __global__ void __launch_bounds__(256, 8) dequantize_vec4_kernel(const int4* __r
     int4 q;
     float4 r;
   };
-  grid_loop2(
+  grid_loop<1>(
       nvec, [&](unsigned v) { return In{acc[v], add ? residual[v] : make_float4(0.f, 0.f, 0.f, 0.f)}; },
       [&](unsigned v, const In& in) {
         const uint4 c = channels4<kPlane>(v, per, channels);
@@ -119,7 +124,7 @@ __global__ void __launch_bounds__(256, 8) requantize_codes_vec4_kernel(const int
                                              const int32_t* __restrict__ shift, uint32_t* __restrict__ out,
                                              unsigned nvec, approx_cuda::FastDiv per, approx_cuda::FastDiv channels,
                                              int64_t qmin, int64_t qmax) {
-  grid_loop2(
+  grid_loop<2>(
       nvec, [&](unsigned v) { return acc[v]; },
       [&](unsigned v, const int4& q) {
         const uint4 c = channels4<kPlane>(v, per, channels);
@@ -148,7 +153,7 @@ __global__ void __launch_bounds__(256, 8) requantize_vec4_kernel(const int4* __r
                                        approx_cuda::FastDiv per, approx_cuda::FastDiv channels, int64_t qmin,
                                        int64_t qmax) {
   const float os = *out_scale;
-  grid_loop2(
+  grid_loop<2>(
       nvec, [&](unsigned v) { return acc[v]; },
       [&](unsigned v, const int4& q) {
         const uint4 c = channels4<kPlane>(v, per, channels);
@@ -177,7 +182,7 @@ std::pair<approx_cuda::FastDiv, approx_cuda::FastDiv> vec4_divs(Vec4 plan, int64
           approx_cuda::make_fastdiv(static_cast<unsigned>(n))};
 }
 
-// Blocks of 256 threads for grid_loop2 over nvec steps: one step a thread, at most 8 blocks an SM (the vector
+// Blocks of 256 threads for grid_loop<2> over nvec steps: one step a thread, at most 8 blocks an SM (the vector
 // kernels' __launch_bounds__ keep them within 32 registers, so all 8 are resident at once: no second wave).
 dim3 stream_grid(int64_t nvec) {
   const int64_t sms = approx_cuda::sm_count();
@@ -196,7 +201,7 @@ __global__ void __launch_bounds__(256, 8) quantize_vec4_kernel(const float4* __r
     const float q = rintf(__fmul_rn(v, inv));
     return static_cast<uint32_t>(static_cast<uint8_t>(static_cast<T>(fminf(fmaxf(q, qmin), qmax))));
   };
-  grid_loop2(
+  grid_loop<2>(
       nvec, [&](unsigned v) { return x[v]; },
       [&](unsigned v, const float4& f) { out[v] = one(f.x) | (one(f.y) << 8) | (one(f.z) << 16) | (one(f.w) << 24); });
   if (bad && nonfinite != nullptr) *nonfinite = true;
@@ -284,7 +289,7 @@ at::Tensor dequantize_cuda(const at::Tensor& acc, const at::Tensor& act_scale, c
     const unsigned nvec = static_cast<unsigned>(total / 4);
     const auto [per, channels] = vec4_divs(plan, inner, n);
     auto kern = plan == Vec4::kPlane ? dequantize_vec4_kernel<true> : dequantize_vec4_kernel<false>;
-    kern<<<stream_grid(nvec), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
+    kern<<<grid_for(nvec), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
         reinterpret_cast<const int4*>(acc.data_ptr<int32_t>()), act_scale.data_ptr<float>(),
         weight_scale.data_ptr<float>(), bias.data_ptr<float>(), reinterpret_cast<const float4*>(res), relu,
         reinterpret_cast<float4*>(out.data_ptr<float>()), nvec, per, channels);

@@ -369,7 +369,7 @@ class _Approx(_Quantized):
             x = handed_float(x)
             self._check_input(x.detach())
             out = self._autograd_forward(x, scale)
-            return out if residual is None else ops.block_end(out, residual, relu)
+            return out if residual is None and not relu else ops.block_end(out, residual, relu)
         bias, requant = self._finish_args(scale)
         codes, consumer = handed_codes(x, self), self.__dict__["_consumer"]
         # the consumer's signedness where it alone reads the output (and reads codes): those, not fl(code * s)

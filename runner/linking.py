@@ -456,8 +456,9 @@ def __getattr__(name: str):
 
 
 def fuse_residual_ends(model: nn.Module) -> None:
-    """Swap the model's residual blocks of the known kinds (torchvision's BasicBlock and Bottleneck, the zoo's
-    BasicBlock; exactly those classes, not subclasses with forwards of their own) for their fused subclasses."""
+    """Swap the model's residual blocks of the known kinds (_BLOCK_ENDS: torchvision's BasicBlock, Bottleneck and
+    InvertedResidual, the zoo's BasicBlock and InvertedResidual; exactly those classes, not subclasses with forwards
+    of their own) for their fused subclasses."""
     for m in model.modules():
         if (type(m).__module__, type(m).__name__) in _BLOCK_ENDS and not isinstance(m, _FusedEnd):
             m.__class__ = _fused_class(type(m))

@@ -234,13 +234,13 @@ def finish(acc, act_scale, weight_scale, bias, requant=None, *, backend="cpp", r
     if requant is None:
         return dequantize(acc, act_scale, weight_scale, bias, residual, relu, backend=backend)
     out = requantize(acc, *requant, backend=backend)
-    return out if residual is None else block_end(out, residual, relu)
+    return out if residual is None and not relu else block_end(out, residual, relu)
 
 
 def block_end(out, residual, relu: bool):
-    """out + residual, then torch.relu with relu: a residual block's end as its forward computes it, and what
-    dequantize's residual and relu compute in its pass."""
-    out = out + residual
+    """out + residual (where given), then torch.relu with relu: a residual block's end as its forward computes it,
+    and what dequantize's residual and relu compute in its pass."""
+    out = out if residual is None else out + residual
     return torch.relu(out) if relu else out
 
 

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from runner.errors import UserError
 from runner.exact_conv import unfold
-from runner.ops import block_end, finish, lut_bmm, lut_conv2d, lut_grad_a, lut_grad_w, lut_linear, quantize, requantize_codes
+from runner.ops import (block_end, finish, lut_bmm, lut_conv2d, lut_grad_a, lut_grad_w, lut_linear, quantize,
+                        requantize_codes)
 from runner.reference import conv_output_size
 
 # Autograd lives here, on float-level ops, not on lut_linear / lut_conv2d: those take integer codes,

@@ -137,7 +137,8 @@ def test_links_save_load_and_other_block_classes_are_unchanged():
     torch.save(approx, buf)
     buf.seek(0)
     loaded = torch.load(buf, weights_only=False)
-    assert type(loaded.layer1[0]) is type(approx.layer1[0]) and torch.equal(_forward(loaded, x)[0], _forward(approx, x)[0])
+    assert type(loaded.layer1[0]) is type(approx.layer1[0])
+    assert torch.equal(_forward(loaded, x)[0], _forward(approx, x)[0])
 
     class Mine(BasicBlock):
         def forward(self, x):

@@ -37,10 +37,10 @@ __global__ void quantize_kernel(const float* __restrict__ x, const float* __rest
 }
 
 // The vector kernels below take four consecutive elements a step (16-byte loads of floats or int32 sums). Those that
-// read one stream (quantize, requantize) take two steps a loop iteration, both steps' loads issued before either's
-// stores, over a grid of at most 8 blocks an SM (stream_grid) whose threads loop, so a thread's set-up (quantize's
-// reciprocal) serves many steps: on an H200 quantize went from 3.3 to 4.0 TB/s. dequantize, which reads two (the sums
-// and a residual), ran 5 % slower so and keeps one step a thread over as many threads as steps (grid_for).
+// read one stream (quantize, requantize, requantize_codes) take two steps a loop iteration, both steps' loads issued
+// before either's stores, over a grid of at most 8 blocks an SM (stream_grid) whose threads loop, so a thread's set-up
+// (quantize's reciprocal) serves many steps: on an H200 quantize went from 3.3 to 4.0 TB/s. dequantize, which reads
+// two (the sums and a residual), ran 5 % slower so and keeps one step a thread over as many threads as steps.
 template <int kSteps, class Load, class Store>
 __device__ __forceinline__ void grid_loop(unsigned nvec, Load load, Store store) {
   const unsigned stride = gridDim.x * blockDim.x;  // nvec < 2^31 and kSteps * stride < 2^31: no sum below wraps

@@ -24,8 +24,8 @@ from runner.exact_conv import exact_conv2d, exact_linear
 from runner.float64_steps import float64_steps
 from runner.layer_checks import NonFiniteInputCheck, check_accumulator, check_finite, reduction_length
 from runner.linking import (RELU_END, clamps_keep_codes, codes_alone, find_consumers, fuse_residual_ends, hand_codes,
-                            hand_off_path, handed_codes, handed_float, mark_codes, pass_codes_through_clamps,
-                            relu_applied)
+                            hand_off_path, hand_side_codes, handed_codes, handed_float, mark_codes,
+                            pass_codes_through_clamps, relu_applied, side_codes_for)
 from runner.pooling import pair_pools
 from runner.models import fold_input_normalization, set_module
 from runner.quant import (ActStats, QuantConfig, act_qrange, act_scale_from_amax, calibrate, dequantized_bias,
@@ -303,7 +303,7 @@ class _FakeQuant(_Quantized):
 
 
 class _Approx(_Quantized):
-    takes_residual = True  # forward(x, residual=...): runner.linking.fuse_residual_ends
+    lut_layer = True  # forward(x, residual=, relu=, codes_for=), reads handed codes: runner.linking
 
     def __init__(self, layer, multiplier, qcfg, stats, backend: str, algo: str, grad: str = "ste", name: str = "?"):
         k = reduction_length(layer)
@@ -359,9 +359,10 @@ class _Approx(_Quantized):
         self._weight_seen = None
         self.refresh_weight_quant()
 
-    def forward(self, x, residual: torch.Tensor | None = None, relu: bool = False):
+    def forward(self, x, residual: torch.Tensor | None = None, relu: bool = False, codes_for=None):
         """The layer's output; with a residual (float, the output's shape), output + residual, then with relu its
-        ReLU: a residual block's end, which inference computes in the layer's last pass (linking.fuse_residual_ends)."""
+        ReLU: a residual block's end, which inference computes in the layer's last pass (linking.fuse_residual_ends);
+        codes_for: the LUT layer that reads that output next, whose input codes the same pass writes (side codes)."""
         self.refresh_weight_quant()
         self._last_input_shape = tuple(x.shape)  # for auto_picks: auto picks per call shape
         scale = self.input_scale(x)
@@ -373,16 +374,19 @@ class _Approx(_Quantized):
         bias, requant = self._finish_args(scale)
         codes, consumer = handed_codes(x, self), self.__dict__["_consumer"]
         # the consumer's signedness where it alone reads the output (and reads codes): those, not fl(code * s)
-        signed = consumer.signed if requant is not None and residual is None and \
+        signed = consumer.signed if requant is not None and residual is None and not relu and \
             codes_alone(self, consumer, self._link_steps) else None
         flag = self._input_flag(x, defer=True) if codes is None else None  # handed codes are finite
         relu_end = residual is None and requant is None and self._relu_end is not None and \
             codes_alone(self, *self._relu_end)
+        side = side_codes_for(codes_for, residual) if residual is not None and requant is None else None
+        end = None if residual is None and not (relu or relu_end) else \
+            ops.LayerEnd(residual, relu or relu_end, *(side or ()))
         out = self._inference_forward(x, scale, bias, requant, nonfinite=flag, codes=codes, codes_signed=signed,
-                                      residual=residual, relu=relu or relu_end)
+                                      end=end)
         self._read_kernel_flag(x)  # (a flag still clear where codes were handed)
         if residual is not None or relu_end:
-            return relu_applied(out) if relu_end else out
+            return hand_side_codes(out, side[0], codes_for) if side else relu_applied(out) if relu_end else out
         return self._hand_on(out, requant) if signed is None else hand_codes(out, consumer)
 
     def auto_pick(self) -> str:

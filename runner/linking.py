@@ -252,6 +252,7 @@ def find_consumers(model: nn.Module, is_layer) -> dict[str, tuple[str, Clamps, t
 
 
 HANDED_ATTR = "_approx_handed"  # (codes, consumer) on a placeholder for fl(codes * the consumer's input scale)
+SIDE_ATTR = "_approx_side"  # (codes, consumer, version) on a float output whose consumer's codes came with it
 
 
 def _passes_unchanged(module: nn.Module) -> bool:
@@ -333,6 +334,25 @@ def hand_codes(codes: torch.Tensor, consumer: nn.Module) -> torch.Tensor:
     return out
 
 
+def side_codes_for(consumer: nn.Module | None, like: torch.Tensor):
+    """(an empty int8 / uint8 tensor of like's shape, consumer's input scale) for a layer's last pass to fill with
+    consumer's input codes of its output, where consumer is a LUT layer with a static scale on like's device and
+    autograd is off (its forward reads codes then); else None."""
+    if consumer is None or not getattr(consumer, "lut_layer", False) or consumer.dynamic or torch.is_grad_enabled():
+        return None
+    scale = consumer.input_scale(None).detach()
+    if scale.device != like.device:
+        return None
+    return torch.empty(like.shape, dtype=torch.int8 if consumer.signed else torch.uint8, device=like.device), scale
+
+
+def hand_side_codes(out: torch.Tensor, codes: torch.Tensor, consumer: nn.Module) -> torch.Tensor:
+    """out, carrying consumer's input codes of it (side_codes_for, filled): consumer reads them instead of quantizing
+    out, while out has not changed since (its version); every other reader takes out itself."""
+    setattr(out, SIDE_ATTR, (codes, consumer, out._version))
+    return out
+
+
 def relu_applied(out: torch.Tensor) -> torch.Tensor:
     """out, marked as its producer's output with the ReLU the producer reaches next applied (find_consumers' RELU_END
     link, where codes_alone allows it: nothing else could see the values before the ReLU): that ReLU (CodesReLU)
@@ -348,10 +368,12 @@ def mark_codes(out: torch.Tensor) -> torch.Tensor:
 
 
 def handed_codes(x: torch.Tensor, consumer: nn.Module) -> torch.Tensor | None:
-    """The codes handed to consumer with x (hand_codes), None for an ordinary input."""
+    """The codes handed to consumer with x (hand_codes, or hand_side_codes while x is unchanged since), None for an
+    ordinary input."""
     handed = getattr(x, HANDED_ATTR, None)
     if handed is None:
-        return None
+        side = getattr(x, SIDE_ATTR, None)
+        return side[0] if side is not None and side[1] is consumer and side[2] == x._version else None
     if handed[1] is not consumer:  # never by codes_alone's conditions; no layer may read a placeholder
         raise RuntimeError("a LUT layer's codes reached a layer other than their consumer")
     return handed[0]
@@ -367,7 +389,7 @@ def handed_float(x: torch.Tensor) -> torch.Tensor:
 
 
 # A residual block's end: its last layer's output, (folded BatchNorm's Identity,) + the shortcut, (a ReLU). Where that
-# layer is a LUT layer (takes_residual) and nothing else could see the values between, inference computes the sum
+# layer is a LUT layer (lut_layer) and nothing else could see the values between, inference computes the sum
 # and the ReLU in the layer's last pass (approx::dequantize's residual: the same float operations, the same bits),
 # not in up to three more passes over the output. The block classes are swapped for subclasses whose forward does
 # so and otherwise runs the original one (fx traces the original: the links above stay what they were).
@@ -422,13 +444,15 @@ class _FusedEnd:
         out = x
         for step in end.steps:
             out = step(out)
-        return end.last(out, residual=residual, relu=end.relu is not None)
+        nxt = self.__dict__.get("_next_block")  # its first layer reads this block's output next: its codes come along
+        return end.last(out, residual=residual, relu=end.relu is not None,
+                        codes_for=None if nxt is None else _first_layer(nxt))
 
     @staticmethod
     def _fuses(end: BlockEnd, x: torch.Tensor) -> bool:
         """Nothing could see the values between: no hook on the last layer, its BatchNorm, the ReLU or a container
         passed over, none global; the BatchNorm folded, the ReLU a plain one, a LUT layer last, a float32 input."""
-        return (getattr(end.last, "takes_residual", False) and type(end.norm) is nn.Identity
+        return (getattr(end.last, "lut_layer", False) and type(end.norm) is nn.Identity
                 and x.dtype == torch.float32 and (end.relu is None or type(end.relu) in (nn.ReLU, CodesReLU))
                 and not _global_hooks() and not any(_hooked(m) for m in (end.last, end.norm, end.relu) if m is not None)
                 and not any(m._forward_hooks or m._forward_pre_hooks for m in end.bypassed))
@@ -455,10 +479,25 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _first_layer(block: nn.Module) -> nn.Module:
+    """The module a block of _BLOCK_ENDS' kinds calls first on its input (its first conv, inside a Sequential)."""
+    first = block.conv1 if hasattr(block, "conv1") else block.conv[0] if hasattr(block, "conv") else \
+        block.depthwise if type(block.expand) is nn.Identity else block.expand
+    while isinstance(first, nn.Sequential) and len(first):
+        first = first[0]
+    return first
+
+
 def fuse_residual_ends(model: nn.Module) -> None:
     """Swap the model's residual blocks of the known kinds (_BLOCK_ENDS: torchvision's BasicBlock, Bottleneck and
     InvertedResidual, the zoo's BasicBlock and InvertedResidual; exactly those classes, not subclasses with forwards
-    of their own) for their fused subclasses."""
+    of their own) for their fused subclasses; a block that a Sequential runs right after another hands its first
+    layer's input codes on from the other's end (side codes, checked by identity and version where read)."""
     for m in model.modules():
         if (type(m).__module__, type(m).__name__) in _BLOCK_ENDS and not isinstance(m, _FusedEnd):
             m.__class__ = _fused_class(type(m))
+    for seq in model.modules():  # a block followed by another in a Sequential: the next one's first layer's codes
+        if type(seq) is nn.Sequential:
+            for block, nxt in zip(seq, list(seq)[1:]):
+                if isinstance(block, _FusedEnd) and isinstance(nxt, _FusedEnd):
+                    object.__setattr__(block, "_next_block", nxt)  # a plain attribute, not a submodule

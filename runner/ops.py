@@ -10,6 +10,7 @@ torch.ops.approx.* from the compiled extension runner._C (extensions/csrc/ops.cp
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -192,17 +193,23 @@ def quantize(x, scale, signed, *, backend="cpp", nonfinite=None):
     return _compiled("quantize", backend, x)(x.contiguous(), scale.contiguous(), signed, nonfinite)
 
 
-def dequantize(acc, act_scale, weight_scale, bias, residual=None, relu=False, *, backend="cpp"):
+def dequantize(acc, act_scale, weight_scale, bias, residual=None, relu=False, codes=None, codes_scale=None, *,
+               backend="cpp"):
     """fp32 acc * (act_scale * weight_scale[n]) + bias[n], channel dim 1; then + residual and torch.relu where
-    given (a residual block's add and ReLU in the same pass)."""
+    given (a residual block's add and ReLU in the same pass). codes (int8 / uint8 of acc's shape), with
+    codes_scale: filled with quantize(output, codes_scale)'s codes in the same pass (the next layer's input)."""
     _check_backend(backend)
     if backend == "python":
         if residual is not None and (residual.shape != acc.shape or residual.dtype != torch.float32):
             raise ValueError(f"dequantize: `residual` must be float32 of acc's shape {list(acc.shape)}, got "
                              f"{residual.dtype} {list(residual.shape)}")
-        return reference_dequantize(acc, act_scale, weight_scale, bias, residual, relu)
+        out = reference_dequantize(acc, act_scale, weight_scale, bias, residual, relu)
+        if codes is not None:
+            codes.copy_(reference_quantize(out, codes_scale, codes.dtype == torch.int8))
+        return out
+    scale = None if codes_scale is None else codes_scale.reshape(()).contiguous()
     return _compiled("dequantize", backend, acc)(acc, act_scale.reshape(()).contiguous(), weight_scale, bias,
-                                                 residual, relu)
+                                                 residual, relu, codes, scale)
 
 
 def requantize(acc, bias, multiplier, shift, out_scale, qmin, qmax, *, backend="cpp"):
@@ -228,13 +235,41 @@ def requantize_codes(acc, bias, multiplier, shift, qmin, qmax, signed, *, backen
     return _compiled("requantize_codes", backend, acc)(acc, bias, multiplier, shift, qmin, qmax, signed)
 
 
-def finish(acc, act_scale, weight_scale, bias, requant=None, *, backend="cpp", residual=None, relu=False):
+@dataclass(frozen=True)
+class LayerEnd:
+    """What a layer's last pass does after its dequantize: add a residual block's shortcut (residual: float, the
+    output's shape) and apply its ReLU (relu), and fill `codes` (int8 / uint8, the output's shape) with the output's
+    codes at codes_scale: the next layer's input, beside the float output its other readers take."""
+    residual: torch.Tensor | None = None
+    relu: bool = False
+    codes: torch.Tensor | None = None
+    codes_scale: torch.Tensor | None = None
+
+    def fits(self, acc: torch.Tensor) -> bool:
+        """dequantize takes it as it is (else finish computes it in torch ops: a broadcast residual)."""
+        return (self.residual is None or (self.residual.shape == acc.shape and self.residual.dtype == torch.float32)) \
+            and (self.codes is None or self.codes.shape == acc.shape)
+
+
+def finish(acc, act_scale, weight_scale, bias, requant=None, *, backend="cpp", end: LayerEnd | None = None):
     """A layer's last step: dequantize (requant None) or requantize to the next layer's codes (requant: the
-    arguments of requantize after acc); with a residual, block_end of that: a residual block's end."""
-    if requant is None:
-        return dequantize(acc, act_scale, weight_scale, bias, residual, relu, backend=backend)
-    out = requantize(acc, *requant, backend=backend)
-    return out if residual is None and not relu else block_end(out, residual, relu)
+    arguments of requantize after acc); then `end` (LayerEnd), in dequantize's pass where it fits."""
+    if requant is None and (end is None or end.fits(acc)):
+        e = end or LayerEnd()
+        return dequantize(acc, act_scale, weight_scale, bias, e.residual, e.relu, e.codes, e.codes_scale,
+                          backend=backend)
+    out = requantize(acc, *requant, backend=backend) if requant is not None else \
+        dequantize(acc, act_scale, weight_scale, bias, backend=backend)
+    return out if end is None else apply_end(out, end, backend)
+
+
+def apply_end(out, end: LayerEnd, backend: str):
+    """`end` applied in torch ops to a layer's float output: what dequantize's pass computes where it fits."""
+    out = block_end(out, end.residual, end.relu)
+    if end.codes is not None:
+        end.codes.copy_(quantize(out.contiguous(), end.codes_scale, end.codes.dtype == torch.int8,
+                                 backend=backend).reshape(end.codes.shape))
+    return out
 
 
 def block_end(out, residual, relu: bool):
@@ -270,7 +305,7 @@ def _register_fakes():
         return torch.empty_like(x, dtype=torch.int8 if signed else torch.uint8)
 
     @torch.library.register_fake("approx::dequantize")
-    def _(acc, act_scale, weight_scale, bias, residual=None, relu=False):
+    def _(acc, act_scale, weight_scale, bias, residual=None, relu=False, codes=None, codes_scale=None):
         torch._check(acc.dim() >= 2, lambda: "dequantize: acc must be [B, N, ...]")
         return torch.empty_like(acc, dtype=torch.float32)
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from runner.errors import UserError
 from runner.exact_conv import unfold
-from runner.ops import (block_end, finish, lut_bmm, lut_conv2d, lut_grad_a, lut_grad_w, lut_linear, quantize,
+from runner.ops import (LayerEnd, apply_end, finish, lut_bmm, lut_conv2d, lut_grad_a, lut_grad_w, lut_linear, quantize,
                         requantize_codes)
 from runner.reference import conv_output_size
 
@@ -38,38 +38,40 @@ def check_grad_mode(grad):
 
 
 def qforward_linear(x, weight_codes, weight_scale, act_scale, bias, lut, signed, backend, algo, nonfinite=None,
-                     requant=None, codes=None, codes_signed=None, residual=None, relu=False):
+                     requant=None, codes=None, codes_signed=None, end: LayerEnd | None = None):
     """Inference: x's codes (given as `codes`, handed on by the previous layer, or quantized here), the LUT
     sums, then finish; with codes_signed (the next layer's signedness, not None), requant's codes themselves
-    (requantize_codes: that layer's input codes, no float tensor); with a residual (float, the output's shape),
-    a residual block's end: finish + residual, with relu its ReLU (ops.block_end)."""
+    (requantize_codes: that layer's input codes, no float tensor); `end` (ops.LayerEnd: a residual block's end,
+    the next layer's codes) on the output, of the output's shape."""
     if codes is None:
         codes = quantize(x.contiguous(), act_scale, signed, backend=backend, nonfinite=nonfinite)
     lead = codes.shape[:-1]
     acc = lut_linear(codes.reshape(-1, codes.shape[-1]), weight_codes, lut, backend=backend, algo=algo)
     shape = (*lead, acc.shape[-1])
-    rows = None if residual is None or residual.shape != shape else residual.contiguous().reshape(acc.shape)
-    out = _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend, rows, relu)
-    out = out.reshape(shape)
-    return out if residual is None or rows is not None else block_end(out, residual, relu)  # a broadcast residual
+    rows = None  # end as [M, N] rows, where its tensors have the output's shape
+    if end is not None and (end.residual is None or end.residual.shape == shape) and \
+            (end.codes is None or end.codes.shape == shape):
+        rows = LayerEnd(None if end.residual is None else end.residual.contiguous().reshape(acc.shape), end.relu,
+                        None if end.codes is None else end.codes.view(acc.shape), end.codes_scale)
+    out = _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend, rows).reshape(shape)
+    return out if end is None or rows is not None else apply_end(out, end, backend)  # a broadcast residual
 
 
 def qforward_conv2d(x, weight_codes, weight_scale, act_scale, bias, lut, stride, padding, dilation, groups,
                      signed, backend, algo, nonfinite=None, requant=None, codes=None, codes_signed=None,
-                     residual=None, relu=False):
+                     end: LayerEnd | None = None):
     """qforward_linear's steps for a conv."""
     if codes is None:
         codes = quantize(x.contiguous(), act_scale, signed, backend=backend, nonfinite=nonfinite)
     acc = lut_conv2d(codes, weight_codes, lut, stride, padding, dilation, groups, backend=backend, algo=algo)
-    residual = None if residual is None else residual.contiguous()
-    return _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend, residual, relu)
+    if end is not None and end.residual is not None:
+        end = LayerEnd(end.residual.contiguous(), end.relu, end.codes, end.codes_scale)
+    return _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend, end)
 
 
-def _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend, residual=None, relu=False):
-    if residual is not None and (residual.shape != acc.shape or residual.dtype != torch.float32):  # broadcast, cast
-        return block_end(finish(acc, act_scale, weight_scale, bias, requant, backend=backend), residual, relu)
+def _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend, end=None):
     if codes_signed is None:
-        return finish(acc, act_scale, weight_scale, bias, requant, backend=backend, residual=residual, relu=relu)
+        return finish(acc, act_scale, weight_scale, bias, requant, backend=backend, end=end)
     bias_q, m0, shift, _, qmin, qmax = requant
     return requantize_codes(acc, bias_q, m0, shift, qmin, qmax, codes_signed, backend=backend)
 

@@ -12,7 +12,7 @@ from torch import nn
 
 import runner.ops
 from runner.layers import approximate, consumer_links, quantized_layers
-from runner.linking import fuse_residual_ends
+from runner.linking import SIDE_ATTR, fuse_residual_ends
 from tests.conftest import has_cpp
 from tests.test_linking import QCFG, _converted
 from tests.test_linking_codes import _input
@@ -56,6 +56,24 @@ def _forward(model, x, grad=False):
         return model(x), len(calls)
 
 
+@contextlib.contextmanager
+def _side_uses():
+    """A list of the layers that read the codes a block's end wrote for them (side codes) while the block runs."""
+    used = []
+    real = runner.layers.handed_codes
+
+    def recording(x, consumer):
+        codes = real(x, consumer)
+        if codes is not None and getattr(x, SIDE_ATTR, None) is not None:
+            used.append(consumer.layer_name)
+        return codes
+    runner.layers.handed_codes = recording
+    try:
+        yield used
+    finally:
+        runner.layers.handed_codes = real
+
+
 def _torchvision_models():
     torchvision = pytest.importorskip("torchvision")
     from torchvision.models.resnet import Bottleneck, ResNet
@@ -69,16 +87,20 @@ def test_fused_ends_give_the_blocks_own_logits(backend):
     """The zoo's ResNet-8 (BasicBlock, shortcut a Sequential: empty or conv + folded BN) and MobileNetV2 (the add
     without a ReLU), torchvision's ResNet-18 (BasicBlock), a Bottleneck ResNet (downsample or none) and MobileNetV2:
     every residual block's end fused, the same bits as the blocks' own forwards (with the codes hand-offs either
-    way) and as the model with nothing fused or handed on."""
+    way) and as the model with nothing fused or handed on; the next block's first layer reads the codes the end
+    wrote for it."""
     x = torch.rand(2, 3, 40, 40, generator=torch.Generator().manual_seed(6))
     cases = [(lambda: _converted("resnet8", "cifar10", "mul8s_1L2J", backend)[1], _input("cifar10"), 3),
              (lambda: _converted("mobilenetv2", "mnist5k", "mul8s_1L2J", backend)[1], _input("mnist5k"), 4)]
     for ctor, want in _torchvision_models():
         torch.manual_seed(0)
         cases.append((lambda ctor=ctor: approximate(ctor().eval(), "mul8s_1L2J", x, QCFG, backend=backend)[1], x, want))
-    for build, inp, want in cases:
+    side_want = [0, 3, 4, 1, 10]  # blocks a Sequential runs right after a fused one: their first layers' codes
+    for (build, inp, want), side in zip(cases, side_want):
         approx = build()
-        got, fused = _forward(approx, inp)
+        with _side_uses() as used:
+            got, fused = _forward(approx, inp)
+        assert len(used) == side, used
         ref, none = _forward(_unfused(approx), inp)
         hook = nn.modules.module.register_module_forward_hook(lambda m, a, o: None)  # nothing fused nor handed on
         try:
@@ -160,7 +182,7 @@ def test_a_residual_of_another_shape_is_broadcast_as_the_add_would():
         assert torch.equal(conv2(inp, residual=residual, relu=True), torch.relu(conv2(inp) + residual))
         assert torch.equal(conv2(inp, residual=residual), conv2(inp) + residual)
         for layer in quantized_layers(approx).values():
-            assert getattr(layer, "takes_residual", False)
+            assert getattr(layer, "lut_layer", False)
 
 
 @pytest.mark.cuda
@@ -228,3 +250,29 @@ def test_a_stem_applies_its_relu_in_its_last_pass(backend):
         with torch.no_grad():
             alone = approx.conv1(inp)
         assert (alone < 0).any()  # called by itself, the conv's own output
+
+
+def test_side_codes_are_read_only_by_their_layer_and_only_while_unchanged():
+    """A block's output changed in place after its end wrote the next layer's codes (a forward hook here): that
+    layer quantizes the output itself; the logits stay those of the model with nothing fused. Another layer handed
+    the output does not take the codes."""
+    torchvision = pytest.importorskip("torchvision")
+    x = torch.rand(2, 3, 40, 40, generator=torch.Generator().manual_seed(6))
+    torch.manual_seed(0)
+    approx = approximate(torchvision.models.resnet18(num_classes=10).eval(), "mul8s_1L2J", x, QCFG, backend="python")[1]
+    with _side_uses() as used:
+        ref, _ = _forward(approx, x)
+    assert "layer1.1.conv1" in used
+    handle = approx.layer1[0].register_forward_hook(lambda m, a, out: out.mul_(1.0))  # same values, a new version
+    with _side_uses() as used_after:
+        got, _ = _forward(approx, x)
+    handle.remove()
+    assert torch.equal(got, ref) and "layer1.1.conv1" not in used_after and len(used_after) == len(used) - 1
+    seen = []
+    handle = approx.layer1[0].register_forward_hook(lambda m, a, out: seen.append(out))
+    with torch.no_grad():
+        approx(x)
+    handle.remove()
+    out = seen[0]
+    assert runner.layers.handed_codes(out, approx.layer1[1].conv1) is not None
+    assert runner.layers.handed_codes(out, approx.layer2[0].conv1) is None

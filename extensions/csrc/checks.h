@@ -99,6 +99,22 @@ inline void check_residual(const std::optional<at::Tensor>& residual, const at::
   TORCH_CHECK(r.is_contiguous(), "dequantize: `residual` must be contiguous");
 }
 
+// dequantize's optional codes (int8 / uint8 of acc's shape, contiguous, on its device) and their scale.
+inline void check_dequantize_codes(const std::optional<at::Tensor>& codes, const std::optional<at::Tensor>& scale,
+                                   const at::Tensor& acc) {
+  TORCH_CHECK(codes.has_value() == scale.has_value(), "dequantize: `codes` and `codes_scale` come together");
+  if (!codes) return;
+  const at::Tensor& c = *codes;
+  TORCH_CHECK(c.scalar_type() == at::kChar || c.scalar_type() == at::kByte,
+              std::string("dequantize: `codes` must be int8 or uint8, got ") + T(c));
+  TORCH_CHECK(c.sizes() == acc.sizes(),
+              "dequantize: `codes` must have acc's shape " + D(acc.sizes()) + ", got " + D(c.sizes()));
+  TORCH_CHECK(c.device() == acc.device(),
+              "dequantize: `codes` must be on " + acc.device().str() + ", got " + c.device().str());
+  TORCH_CHECK(c.is_contiguous(), "dequantize: `codes` must be contiguous");
+  check_scale("dequantize", *scale, acc, 1, "codes_scale");
+}
+
 // The accumulators, the code range [lo, hi] qmin and qmax must lie in, and the per-channel int32 parameters.
 inline int64_t check_requant_args(const char* op, const at::Tensor& acc, const at::Tensor& bias,
                                   const at::Tensor& multiplier, const at::Tensor& shift, int64_t qmin, int64_t qmax,

@@ -75,10 +75,12 @@ TORCH_LIBRARY(approx, m) {
   //               a check of its own (extra launches on the GPU, a host wait on the result).
   m.def("quantize(Tensor x, Tensor scale, bool signed, Tensor(a!)? nonfinite=None) -> Tensor");
   // dequantize with a residual (a residual block's last conv and its sum): out + residual, one more rounding, then
-  // with relu max(., 0) as torch.relu (NaN and -0.0 kept): the block's add and ReLU in the same pass.
+  // with relu max(., 0) as torch.relu (NaN and -0.0 kept): the block's add and ReLU in the same pass. With codes
+  // (int8 or uint8 of acc's shape) and codes_scale (0-d float32), the pass also writes quantize(out, codes_scale)'s
+  // codes into codes: the next layer's input codes, beside the float output its other readers take.
   m.def(
       "dequantize(Tensor acc, Tensor act_scale, Tensor weight_scale, Tensor bias, Tensor? residual=None, "
-      "bool relu=False) -> Tensor");
+      "bool relu=False, Tensor(a!)? codes=None, Tensor? codes_scale=None) -> Tensor");
   // quant.requant=integer: the accumulators requantized to the next layer's codes in integer arithmetic
   // (runner/quant.py reference_requantize; gemmlowp / TFLite style fixed-point multiplier):
   //   v = int64(acc) + bias[n];  p = v * multiplier[n];  code = ((p >> (shift[n] - 1)) + 1) >> 1

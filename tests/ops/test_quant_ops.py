@@ -69,6 +69,11 @@ def test_dequantize_with_residual_equals_the_blocks_add_and_relu(gen, backend, d
     got_relu = ops.dequantize(*args, None, True, backend=backend).cpu()
     assert torch.equal(got_relu.view(torch.int32), torch.relu(plain).view(torch.int32))
     assert (want < plain).any() and (want == 0).any() and (want > 0).any()  # the cases above are all there
+    for dtype in (torch.int8, torch.uint8):  # the next layer's codes of the output, written in the same pass
+        codes, cs = torch.full(shape, 99, dtype=dtype, device=device), torch.tensor(0.37, device=device)
+        got = ops.dequantize(*args, res, True, codes, cs, backend=backend)
+        assert torch.equal(got.cpu().view(torch.int32), want.view(torch.int32))
+        assert torch.equal(codes.cpu(), reference.reference_quantize(want, cs.cpu(), dtype == torch.int8))
     assert want.view(-1)[1].isnan() and not want.view(-1)[4].signbit()  # NaN kept; a cancelled sum is +0.0
 
 
@@ -83,6 +88,13 @@ def test_dequantize_rejects_a_residual_of_another_shape_or_dtype(backend, device
     if backend != "python":
         with pytest.raises(RuntimeError, match="contiguous"):
             torch.ops.approx.dequantize(*args, torch.zeros(2, 3, 4, 4, device=device).transpose(2, 3), True)
+        scale = torch.tensor(0.1, device=device)
+        for codes, match in ((torch.zeros(2, 3, 4, 4, dtype=torch.int32, device=device), "int8 or uint8"),
+                             (torch.zeros(2, 3, 4, 1, dtype=torch.int8, device=device), "acc's shape")):
+            with pytest.raises(RuntimeError, match=match):
+                torch.ops.approx.dequantize(*args, None, False, codes, scale)
+        with pytest.raises(RuntimeError, match="come together"):
+            torch.ops.approx.dequantize(*args, None, False, torch.zeros(2, 3, 4, 4, dtype=torch.int8, device=device))
 
 
 @pytest.mark.parametrize("backend,device", [("python", "cpu"), *backend_params()])
@@ -120,6 +132,10 @@ def test_opcheck_quant_ops(gen, backend, device):
     torch.library.opcheck(torch.ops.approx.dequantize.default,
                           (acc, s, torch.rand(3, device=device), torch.randn(3, device=device),
                            torch.randn(4, 3, 5, 5, device=device), True))
+    torch.library.opcheck(torch.ops.approx.dequantize.default,
+                          (acc, s, torch.rand(3, device=device), torch.randn(3, device=device),
+                           torch.randn(4, 3, 5, 5, device=device), True,
+                           torch.zeros(4, 3, 5, 5, dtype=torch.uint8, device=device), torch.tensor(0.02, device=device)))
 
 
 @pytest.mark.parametrize("backend,device", backend_params())

@@ -89,9 +89,11 @@ at::Tensor quantize_cpu(const at::Tensor& x, const at::Tensor& scale, bool is_si
 }
 
 at::Tensor dequantize_cpu(const at::Tensor& acc, const at::Tensor& act_scale, const at::Tensor& weight_scale,
-                          const at::Tensor& bias, const std::optional<at::Tensor>& residual, bool relu) {
+                          const at::Tensor& bias, const std::optional<at::Tensor>& residual, bool relu,
+                          const std::optional<at::Tensor>& codes, const std::optional<at::Tensor>& codes_scale) {
   const int64_t n = approx_checks::check_dequantize(acc, act_scale, weight_scale, bias);
   approx_checks::check_residual(residual, acc);
+  approx_checks::check_dequantize_codes(codes, codes_scale, acc);
   const int64_t inner = approx_checks::plane_size(acc);
   const float sa = act_scale.item<float>();
   const float* sw = weight_scale.data_ptr<float>();
@@ -117,6 +119,13 @@ at::Tensor dequantize_cpu(const at::Tensor& acc, const at::Tensor& act_scale, co
       }
     }
   });
+  if (codes) {  // quantize's own loop over the output: its codes by construction (a second pass on the CPU)
+    const float inv = 1.0f / codes_scale->item<float>();
+    if (codes->scalar_type() == at::kChar)
+      quantize_loop(o, codes->data_ptr<int8_t>(), out.numel(), inv, -128.f, 127.f);
+    else
+      quantize_loop(o, codes->data_ptr<uint8_t>(), out.numel(), inv, 0.f, 255.f);
+  }
   return out;
 }
 

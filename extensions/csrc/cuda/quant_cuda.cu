@@ -21,6 +21,21 @@ namespace {
 using approx_checks::check_nonfinite_flag;
 using approx_checks::check_scale;
 
+// quantize's arithmetic for one value, the code as a float (every kernel that writes activation codes uses it)
+__device__ __forceinline__ float quantized(float v, float inv, float qmin, float qmax) {
+  return fminf(fmaxf(rintf(__fmul_rn(v, inv)), qmin), qmax);
+}
+
+// Where dequantize also writes the next layer's codes: their scale and range, and quantized's low byte of a value.
+struct CodesOut {
+  const float* scale = nullptr;  // null: no codes
+  float qmin = 0.f, qmax = 0.f;
+  __device__ __forceinline__ float inv() const { return scale ? __fdiv_rn(1.0f, *scale) : 0.f; }
+  __device__ __forceinline__ uint32_t byte(float v, float inv) const {
+    return static_cast<uint32_t>(static_cast<int>(quantized(v, inv, qmin, qmax))) & 0xFFu;
+  }
+};
+
 template <typename T>
 __global__ void quantize_kernel(const float* __restrict__ x, const float* __restrict__ scale, T* __restrict__ out,
                                 int64_t n, float qmin, float qmax, bool* __restrict__ nonfinite) {
@@ -30,8 +45,7 @@ __global__ void quantize_kernel(const float* __restrict__ x, const float* __rest
     const float v = x[i];
     // all exponent bits set: Inf or NaN. A bit test, as --use_fast_math may fold isfinite() to true.
     bad |= (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
-    const float q = rintf(__fmul_rn(v, inv));
-    out[i] = static_cast<T>(fminf(fmaxf(q, qmin), qmax));
+    out[i] = static_cast<T>(quantized(v, inv, qmin, qmax));
   }
   if (bad && nonfinite != nullptr) *nonfinite = true;  // every writer stores the same value: no atomic needed
 }
@@ -85,8 +99,9 @@ template <bool kPlane>
 __global__ void dequantize_vec4_kernel(const int4* __restrict__ acc, const float* __restrict__ sa,
                                        const float* __restrict__ sw, const float* __restrict__ bias,
                                        const float4* __restrict__ residual, bool relu, float4* __restrict__ out,
-                                       unsigned nvec, approx_cuda::FastDiv per, approx_cuda::FastDiv channels) {
-  const float a = *sa;
+                                       uint32_t* __restrict__ codes, CodesOut co, unsigned nvec,
+                                       approx_cuda::FastDiv per, approx_cuda::FastDiv channels) {
+  const float a = *sa, inv = co.inv();
   const bool add = residual != nullptr;
   struct In {
     int4 q;
@@ -99,8 +114,11 @@ __global__ void dequantize_vec4_kernel(const int4* __restrict__ acc, const float
         auto one = [&](int32_t q, unsigned ch, float r) {
           return dequant_one(q, __fmul_rn(a, sw[ch]), bias[ch], add, r, relu);
         };
-        out[v] = make_float4(one(in.q.x, c.x, in.r.x), one(in.q.y, c.y, in.r.y), one(in.q.z, c.z, in.r.z),
-                             one(in.q.w, c.w, in.r.w));
+        const float4 f = make_float4(one(in.q.x, c.x, in.r.x), one(in.q.y, c.y, in.r.y), one(in.q.z, c.z, in.r.z),
+                                     one(in.q.w, c.w, in.r.w));
+        out[v] = f;
+        if (codes != nullptr)
+          codes[v] = co.byte(f.x, inv) | co.byte(f.y, inv) << 8 | co.byte(f.z, inv) << 16 | co.byte(f.w, inv) << 24;
       });
 }
 
@@ -198,8 +216,7 @@ __global__ void __launch_bounds__(256, 8) quantize_vec4_kernel(const float4* __r
   bool bad = false;
   auto one = [&](float v) {
     bad |= (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
-    const float q = rintf(__fmul_rn(v, inv));
-    return static_cast<uint32_t>(static_cast<uint8_t>(static_cast<T>(fminf(fmaxf(q, qmin), qmax))));
+    return static_cast<uint32_t>(static_cast<uint8_t>(static_cast<T>(quantized(v, inv, qmin, qmax))));
   };
   grid_loop<2>(
       nvec, [&](unsigned v) { return x[v]; },
@@ -210,12 +227,14 @@ __global__ void __launch_bounds__(256, 8) quantize_vec4_kernel(const float4* __r
 __global__ void dequantize_kernel(const int32_t* __restrict__ acc, const float* __restrict__ sa,
                                   const float* __restrict__ sw, const float* __restrict__ bias,
                                   const float* __restrict__ residual, bool relu, float* __restrict__ out,
-                                  int64_t total, int64_t n, int64_t inner) {
-  const float a = *sa;
+                                  uint8_t* __restrict__ codes, CodesOut co, int64_t total, int64_t n, int64_t inner) {
+  const float a = *sa, inv = co.inv();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t c = (i / inner) % n;
     const bool add = residual != nullptr;
-    out[i] = dequant_one(acc[i], __fmul_rn(a, sw[c]), bias[c], add, add ? residual[i] : 0.f, relu);
+    const float f = dequant_one(acc[i], __fmul_rn(a, sw[c]), bias[c], add, add ? residual[i] : 0.f, relu);
+    out[i] = f;
+    if (codes != nullptr) codes[i] = static_cast<uint8_t>(co.byte(f, inv));
   }
 }
 
@@ -275,16 +294,26 @@ at::Tensor quantize_cuda(const at::Tensor& x, const at::Tensor& scale, bool is_s
 }
 
 at::Tensor dequantize_cuda(const at::Tensor& acc, const at::Tensor& act_scale, const at::Tensor& weight_scale,
-                           const at::Tensor& bias, const std::optional<at::Tensor>& residual, bool relu) {
+                           const at::Tensor& bias, const std::optional<at::Tensor>& residual, bool relu,
+                           const std::optional<at::Tensor>& codes, const std::optional<at::Tensor>& codes_scale) {
   const int64_t n = approx_checks::check_dequantize(acc, act_scale, weight_scale, bias);
   approx_checks::check_residual(residual, acc);
+  approx_checks::check_dequantize_codes(codes, codes_scale, acc);
   const c10::cuda::CUDAGuard guard(acc.device());
   auto out = at::empty(acc.sizes(), acc.options().dtype(at::kFloat));
   const int64_t total = acc.numel();
   if (total == 0) return out;
   const int64_t inner = approx_checks::plane_size(acc);
   const float* res = residual ? residual->data_ptr<float>() : nullptr;
-  const Vec4 plan = reinterpret_cast<uintptr_t>(res) % 16 ? Vec4::kNo : vec4_plan(acc, total, inner, out);
+  CodesOut co;
+  uint8_t* cp = nullptr;
+  if (codes) {
+    const bool is_signed = codes->scalar_type() == at::kChar;
+    co = CodesOut{codes_scale->data_ptr<float>(), is_signed ? -128.f : 0.f, is_signed ? 127.f : 255.f};
+    cp = reinterpret_cast<uint8_t*>(codes->data_ptr());
+  }
+  const bool aligned = reinterpret_cast<uintptr_t>(res) % 16 == 0 && reinterpret_cast<uintptr_t>(cp) % 4 == 0;
+  const Vec4 plan = aligned ? vec4_plan(acc, total, inner, out) : Vec4::kNo;
   if (plan != Vec4::kNo) {
     const unsigned nvec = static_cast<unsigned>(total / 4);
     const auto [per, channels] = vec4_divs(plan, inner, n);
@@ -292,13 +321,13 @@ at::Tensor dequantize_cuda(const at::Tensor& acc, const at::Tensor& act_scale, c
     kern<<<grid_for(nvec), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
         reinterpret_cast<const int4*>(acc.data_ptr<int32_t>()), act_scale.data_ptr<float>(),
         weight_scale.data_ptr<float>(), bias.data_ptr<float>(), reinterpret_cast<const float4*>(res), relu,
-        reinterpret_cast<float4*>(out.data_ptr<float>()), nvec, per, channels);
+        reinterpret_cast<float4*>(out.data_ptr<float>()), reinterpret_cast<uint32_t*>(cp), co, nvec, per, channels);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return out;
   }
   dequantize_kernel<<<grid_for(total), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
       acc.data_ptr<int32_t>(), act_scale.data_ptr<float>(), weight_scale.data_ptr<float>(),
-      bias.data_ptr<float>(), res, relu, out.data_ptr<float>(), total, n, inner);
+      bias.data_ptr<float>(), res, relu, out.data_ptr<float>(), cp, co, total, n, inner);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }

@@ -1,3 +1,4 @@
+import contextlib
 import os
 import signal
 import subprocess
@@ -117,3 +118,22 @@ def _outputs_stay_out_of_the_clone():
     yield
     new = sorted(_outputs_in_the_clone() - before)
     assert not new, f"the test wrote {new} into the clone; give it paths.results= and paths.checkpoints= under tmp_path"
+
+
+@contextlib.contextmanager
+def recording(owner, name: str, keep):
+    """owner.<name> wrapped while the block runs: the list it yields gets keep(args, kwargs, result) of each call,
+    where that is not None (which calls a forward made, and with what)."""
+    seen, real = [], getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        out = real(*args, **kwargs)
+        item = keep(args, kwargs, out)
+        if item is not None:
+            seen.append(item)
+        return out
+    setattr(owner, name, wrapper)
+    try:
+        yield seen
+    finally:
+        setattr(owner, name, real)

@@ -2,8 +2,6 @@
 consumer reads (through steps that return it unchanged) gives that consumer requantize_codes' codes and no float
 tensor. The logits are those of the float hand-offs bit for bit; a layer called by itself, a hook that could see
 the value, autograd, or a fake-quant consumer get floats as before."""
-import contextlib
-
 import pytest
 import torch
 from torch import nn
@@ -11,7 +9,7 @@ from torch import nn
 import runner.layers
 from runner.layers import approximate, quantized_layers
 from runner.linking import HANDED_ATTR, handed_float
-from tests.conftest import has_cpp
+from tests.conftest import has_cpp, recording
 from tests.test_linking import QCFG, _converted
 from tests.test_models import SHAPES
 
@@ -23,21 +21,9 @@ def _input(data, n=8, seed=3):
     return torch.rand(n, c, side, side, generator=torch.Generator().manual_seed(seed))
 
 
-@contextlib.contextmanager
 def _handed():
     """[(consumer's name, the placeholder its producer handed)], one a hand-off of codes alone while the block runs."""
-    handed = []
-    real = runner.layers.hand_codes
-
-    def recording(codes, consumer):
-        out = real(codes, consumer)
-        handed.append((consumer.layer_name, out))
-        return out
-    runner.layers.hand_codes = recording
-    try:
-        yield handed
-    finally:
-        runner.layers.hand_codes = real
+    return recording(runner.layers, "hand_codes", lambda args, kwargs, out: (args[1].layer_name, out))
 
 
 def _forward(model, x, float_hand_offs=False, grad=False):

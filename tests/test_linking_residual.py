@@ -2,7 +2,6 @@
 add and ReLU run in that layer's dequantize, with the logits of the blocks' own forwards bit for bit; a hook that
 could see the values between, autograd, a fake-quant layer or a block of another class keep the block's forward.
 Likewise a layer with no LUT consumer whose output a ReLU reads next (a stem) applies that ReLU itself."""
-import contextlib
 import copy
 import io
 
@@ -13,33 +12,25 @@ from torch import nn
 import runner.ops
 from runner.layers import approximate, consumer_links, quantized_layers
 from runner.linking import SIDE_ATTR, fuse_residual_ends
-from tests.conftest import has_cpp
+from tests.conftest import has_cpp, recording
 from tests.test_linking import QCFG, _converted
 from tests.test_linking_codes import _input
 
 BACKENDS = ["python", pytest.param("cpp", marks=pytest.mark.skipif(not has_cpp(), reason="needs the C++ extension"))]
 
 
-@contextlib.contextmanager
-def _fused(relu_ends=None):
-    """A list that counts the dequantizes given a residual (a block's end fused) while the block runs; relu_ends, a
-    list if given, those given only relu (a layer's ReLU end)."""
-    calls = []
-    real = runner.ops.dequantize
+def _dequantizes(keep):
+    """The dequantize calls keep(residual, relu, acc) picks while the block runs."""
+    def pick(args, kwargs, out):
+        residual = args[4] if len(args) > 4 else kwargs.get("residual")
+        relu = args[5] if len(args) > 5 else kwargs.get("relu", False)
+        return keep(residual, relu, args[0])
+    return recording(runner.ops, "dequantize", pick)
 
-    def recording(acc, *args, **kwargs):
-        residual = args[3] if len(args) > 3 else kwargs.get("residual")
-        relu = args[4] if len(args) > 4 else kwargs.get("relu", False)
-        if residual is not None:
-            calls.append(tuple(acc.shape))
-        elif relu and relu_ends is not None:
-            relu_ends.append(tuple(acc.shape))
-        return real(acc, *args, **kwargs)
-    runner.ops.dequantize = recording
-    try:
-        yield calls
-    finally:
-        runner.ops.dequantize = real
+
+def _fused():
+    """The dequantizes given a residual (a block's end fused) while the block runs."""
+    return _dequantizes(lambda residual, relu, acc: tuple(acc.shape) if residual is not None else None)
 
 
 def _unfused(model: nn.Module) -> nn.Module:
@@ -56,22 +47,12 @@ def _forward(model, x, grad=False):
         return model(x), len(calls)
 
 
-@contextlib.contextmanager
 def _side_uses():
-    """A list of the layers that read the codes a block's end wrote for them (side codes) while the block runs."""
-    used = []
-    real = runner.layers.handed_codes
-
-    def recording(x, consumer):
-        codes = real(x, consumer)
-        if codes is not None and getattr(x, SIDE_ATTR, None) is not None:
-            used.append(consumer.layer_name)
-        return codes
-    runner.layers.handed_codes = recording
-    try:
-        yield used
-    finally:
-        runner.layers.handed_codes = real
+    """The layers that read the codes a block's end wrote for them (side codes) while the block runs."""
+    def keep(args, kwargs, codes):
+        x, consumer = args
+        return consumer.layer_name if codes is not None and getattr(x, SIDE_ATTR, None) is not None else None
+    return recording(runner.layers, "handed_codes", keep)
 
 
 def _torchvision_models():
@@ -210,18 +191,9 @@ def test_cuda_fused_ends_eager_and_graphed_give_the_cpu_logits():
 
 def _relu_ends(model, x):
     """(logits, the dequantizes that applied a layer's ReLU end, how often a ReLU module computed a ReLU)."""
-    ends, relus = [], []
-    real = torch.nn.functional.relu
-
-    def counting(*args, **kwargs):
-        relus.append(1)
-        return real(*args, **kwargs)
-    torch.nn.functional.relu = counting
-    try:
-        with _fused(ends), torch.no_grad():
-            return model(x), ends, len(relus)
-    finally:
-        torch.nn.functional.relu = real
+    relu_only = _dequantizes(lambda residual, relu, acc: tuple(acc.shape) if relu and residual is None else None)
+    with relu_only as ends, recording(torch.nn.functional, "relu", lambda a, k, o: 1) as relus, torch.no_grad():
+        return model(x), ends, len(relus)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

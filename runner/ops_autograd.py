@@ -5,6 +5,8 @@ the custom ops approx::qlinear / approx::qconv2d / approx::qmatmul and their reg
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
@@ -65,7 +67,7 @@ def qforward_conv2d(x, weight_codes, weight_scale, act_scale, bias, lut, stride,
         codes = quantize(x.contiguous(), act_scale, signed, backend=backend, nonfinite=nonfinite)
     acc = lut_conv2d(codes, weight_codes, lut, stride, padding, dilation, groups, backend=backend, algo=algo)
     if end is not None and end.residual is not None:
-        end = LayerEnd(end.residual.contiguous(), end.relu, end.codes, end.codes_scale)
+        end = dataclasses.replace(end, residual=end.residual.contiguous())
     return _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend, end)
 
 

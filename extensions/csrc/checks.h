@@ -87,16 +87,20 @@ inline int64_t check_dequantize(const at::Tensor& acc, const at::Tensor& act_sca
   return n;
 }
 
+// A tensor dequantize reads or writes beside acc (its residual, its codes): acc's shape, on its device, contiguous.
+inline void check_beside_acc(const at::Tensor& t, const at::Tensor& acc, const std::string& name) {
+  const std::string what = "dequantize: `" + name + "` must ";
+  TORCH_CHECK(t.sizes() == acc.sizes(), what + "have acc's shape " + D(acc.sizes()) + ", got " + D(t.sizes()));
+  TORCH_CHECK(t.device() == acc.device(), what + "be on " + acc.device().str() + ", got " + t.device().str());
+  TORCH_CHECK(t.is_contiguous(), what + "be contiguous");
+}
+
 // dequantize's optional residual: float32 of acc's shape, on its device, contiguous.
 inline void check_residual(const std::optional<at::Tensor>& residual, const at::Tensor& acc) {
   if (!residual) return;
-  const at::Tensor& r = *residual;
-  TORCH_CHECK(r.scalar_type() == at::kFloat, std::string("dequantize: `residual` must be float32, got ") + T(r));
-  TORCH_CHECK(r.sizes() == acc.sizes(),
-              "dequantize: `residual` must have acc's shape " + D(acc.sizes()) + ", got " + D(r.sizes()));
-  TORCH_CHECK(r.device() == acc.device(),
-              "dequantize: `residual` must be on " + acc.device().str() + ", got " + r.device().str());
-  TORCH_CHECK(r.is_contiguous(), "dequantize: `residual` must be contiguous");
+  TORCH_CHECK(residual->scalar_type() == at::kFloat,
+              std::string("dequantize: `residual` must be float32, got ") + T(*residual));
+  check_beside_acc(*residual, acc, "residual");
 }
 
 // dequantize's optional codes (int8 / uint8 of acc's shape, contiguous, on its device) and their scale.
@@ -104,14 +108,9 @@ inline void check_dequantize_codes(const std::optional<at::Tensor>& codes, const
                                    const at::Tensor& acc) {
   TORCH_CHECK(codes.has_value() == scale.has_value(), "dequantize: `codes` and `codes_scale` come together");
   if (!codes) return;
-  const at::Tensor& c = *codes;
-  TORCH_CHECK(c.scalar_type() == at::kChar || c.scalar_type() == at::kByte,
-              std::string("dequantize: `codes` must be int8 or uint8, got ") + T(c));
-  TORCH_CHECK(c.sizes() == acc.sizes(),
-              "dequantize: `codes` must have acc's shape " + D(acc.sizes()) + ", got " + D(c.sizes()));
-  TORCH_CHECK(c.device() == acc.device(),
-              "dequantize: `codes` must be on " + acc.device().str() + ", got " + c.device().str());
-  TORCH_CHECK(c.is_contiguous(), "dequantize: `codes` must be contiguous");
+  TORCH_CHECK(codes->scalar_type() == at::kChar || codes->scalar_type() == at::kByte,
+              std::string("dequantize: `codes` must be int8 or uint8, got ") + T(*codes));
+  check_beside_acc(*codes, acc, "codes");
   check_scale("dequantize", *scale, acc, 1, "codes_scale");
 }
 

@@ -137,11 +137,11 @@ __device__ __forceinline__ float requant_one(int32_t acc, int32_t bias, int32_t 
 
 // requantize_codes: a step's 4 codes as one 4-byte store (the low byte of each code, int8 or uint8 alike)
 template <bool kPlane>
-__global__ void __launch_bounds__(256, 8) requantize_codes_vec4_kernel(const int4* __restrict__ acc, const int32_t* __restrict__ bias,
-                                             const int32_t* __restrict__ multiplier,
-                                             const int32_t* __restrict__ shift, uint32_t* __restrict__ out,
-                                             unsigned nvec, approx_cuda::FastDiv per, approx_cuda::FastDiv channels,
-                                             int64_t qmin, int64_t qmax) {
+__global__ void __launch_bounds__(256, 8)
+    requantize_codes_vec4_kernel(const int4* __restrict__ acc, const int32_t* __restrict__ bias,
+                                 const int32_t* __restrict__ multiplier, const int32_t* __restrict__ shift,
+                                 uint32_t* __restrict__ out, unsigned nvec, approx_cuda::FastDiv per,
+                                 approx_cuda::FastDiv channels, int64_t qmin, int64_t qmax) {
   grid_loop<2>(
       nvec, [&](unsigned v) { return acc[v]; },
       [&](unsigned v, const int4& q) {
@@ -165,11 +165,11 @@ __global__ void requantize_codes_kernel(const int32_t* __restrict__ acc, const i
 }
 
 template <bool kPlane>
-__global__ void __launch_bounds__(256, 8) requantize_vec4_kernel(const int4* __restrict__ acc, const int32_t* __restrict__ bias,
-                                       const int32_t* __restrict__ multiplier, const int32_t* __restrict__ shift,
-                                       const float* __restrict__ out_scale, float4* __restrict__ out, unsigned nvec,
-                                       approx_cuda::FastDiv per, approx_cuda::FastDiv channels, int64_t qmin,
-                                       int64_t qmax) {
+__global__ void __launch_bounds__(256, 8)
+    requantize_vec4_kernel(const int4* __restrict__ acc, const int32_t* __restrict__ bias,
+                           const int32_t* __restrict__ multiplier, const int32_t* __restrict__ shift,
+                           const float* __restrict__ out_scale, float4* __restrict__ out, unsigned nvec,
+                           approx_cuda::FastDiv per, approx_cuda::FastDiv channels, int64_t qmin, int64_t qmax) {
   const float os = *out_scale;
   grid_loop<2>(
       nvec, [&](unsigned v) { return acc[v]; },
@@ -209,9 +209,9 @@ dim3 stream_grid(int64_t nvec) {
 
 // quantize_kernel four elements a step: a 16-byte load, a 4-byte store of the codes (n % 4 == 0, aligned).
 template <typename T>
-__global__ void __launch_bounds__(256, 8) quantize_vec4_kernel(const float4* __restrict__ x, const float* __restrict__ scale,
-                                     uint32_t* __restrict__ out, unsigned nvec, float qmin, float qmax,
-                                     bool* __restrict__ nonfinite) {
+__global__ void __launch_bounds__(256, 8)
+    quantize_vec4_kernel(const float4* __restrict__ x, const float* __restrict__ scale, uint32_t* __restrict__ out,
+                         unsigned nvec, float qmin, float qmax, bool* __restrict__ nonfinite) {
   const float inv = __fdiv_rn(1.0f, *scale);
   bool bad = false;
   auto one = [&](float v) {

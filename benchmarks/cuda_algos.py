@@ -6,7 +6,8 @@ convolutions that expanded_window does not take, at several batch sizes: which v
 
 --shapes takes shape names and groups of them: `lenet` (the default: LeNet-5 and the small extra
 convolutions), `r50` (ResNet-50's distinct 1x1 convs, per image), `r50k` (its 7x7 stem and distinct
-3x3 convs), `vit` (ViT-B/16's Linear layers, 197 tokens an image). --check compares every variant's
+3x3 convs), `vit` (ViT-B/16's Linear layers, 197 tokens an image),
+`mbv2dw` (MobileNetV2's distinct depthwise 3x3 convs). --check compares every variant's
 whole output with `direct`'s (exact), and `direct`'s first image (linear: first 16 rows) with the
 python reference.
 
@@ -57,6 +58,11 @@ SHAPES["r50k_stem"] = ((3, 224, 224), (64, 3, 7, 7), 2, 3, 1)
 for c, hw, st in ((64, 56, 1), (128, 56, 2), (128, 28, 1), (256, 28, 2), (256, 14, 1), (512, 14, 2), (512, 7, 1)):
     SHAPES[f"r50k_{c}x{hw}" + ("_s2" if st == 2 else "")] = ((c, hw, hw), (c, c, 3, 3), st, 1, 1)
 GROUPS["r50k"] = [k for k in SHAPES if k.startswith("r50k_")]
+# MobileNetV2 (torchvision): every distinct depthwise 3x3 conv, input per image (C, H, W), padding 1
+for c, hw, st in ((32, 112, 1), (96, 112, 2), (144, 56, 1), (144, 56, 2), (192, 28, 1), (192, 28, 2), (384, 14, 1),
+                  (576, 14, 1), (576, 14, 2), (960, 7, 1)):
+    SHAPES[f"mbv2dw_{c}x{hw}" + ("_s2" if st == 2 else "")] = ((c, hw, hw), (c, 1, 3, 3), st, 1, c)
+GROUPS["mbv2dw"] = [k for k in SHAPES if k.startswith("mbv2dw_")]
 # ViT-B/16: 197 tokens an image (rows = batch x 197), K -> N
 for name, k, n in (("qkv", 768, 2304), ("proj", 768, 768), ("fc1", 768, 3072), ("fc2", 3072, 768)):
     SHAPES[f"vit_{name}"] = ((197, k), (n, k), None, None, None)
@@ -99,7 +105,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--algos", default=None, help="default: every variant the kernels list, and auto")
-    ap.add_argument("--shapes", default="lenet", help="names, or groups: lenet, r50, r50k, vit")
+    ap.add_argument("--shapes", default="lenet", help="names, or groups: lenet, r50, r50k, vit, mbv2dw")
     ap.add_argument("--check", action="store_true", help="every variant against direct, direct against the reference")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()

@@ -200,16 +200,20 @@ def dequantize(acc, act_scale, weight_scale, bias, residual=None, relu=False, co
     codes_scale: filled with quantize(output, codes_scale)'s codes in the same pass (the next layer's input)."""
     _check_backend(backend)
     if backend == "python":
-        if residual is not None and (residual.shape != acc.shape or residual.dtype != torch.float32):
-            raise ValueError(f"dequantize: `residual` must be float32 of acc's shape {list(acc.shape)}, got "
-                             f"{residual.dtype} {list(residual.shape)}")
-        out = reference_dequantize(acc, act_scale, weight_scale, bias, residual, relu)
-        if codes is not None:
-            codes.copy_(reference_quantize(out, codes_scale, codes.dtype == torch.int8))
-        return out
+        return _dequantize_python(acc, act_scale, weight_scale, bias, residual, relu, codes, codes_scale)
     scale = None if codes_scale is None else codes_scale.reshape(()).contiguous()
     return _compiled("dequantize", backend, acc)(acc, act_scale.reshape(()).contiguous(), weight_scale, bias,
                                                  residual, relu, codes, scale)
+
+
+def _dequantize_python(acc, act_scale, weight_scale, bias, residual, relu, codes, codes_scale):
+    if residual is not None and (residual.shape != acc.shape or residual.dtype != torch.float32):
+        raise ValueError(f"dequantize: `residual` must be float32 of acc's shape {list(acc.shape)}, got "
+                         f"{residual.dtype} {list(residual.shape)}")
+    out = reference_dequantize(acc, act_scale, weight_scale, bias, residual, relu)
+    if codes is not None:
+        codes.copy_(reference_quantize(out, codes_scale, codes.dtype == torch.int8))
+    return out
 
 
 def requantize(acc, bias, multiplier, shift, out_scale, qmin, qmax, *, backend="cpp"):
@@ -235,6 +239,36 @@ def requantize_codes(acc, bias, multiplier, shift, qmin, qmax, signed, *, backen
     return _compiled("requantize_codes", backend, acc)(acc, bias, multiplier, shift, qmin, qmax, signed)
 
 
+def _conv_args(stride, padding, dilation):
+    return list(as_pair(stride, "stride")), list(as_pair(padding, "padding")), list(as_pair(dilation, "dilation"))
+
+
+def lut_conv2d_dequantize(a, w, lut, stride, padding, dilation, groups, act_scale, weight_scale, bias, residual=None,
+                          relu=False, codes=None, codes_scale=None, *, backend="cpp", algo="auto"):
+    """dequantize(lut_conv2d(a, w, lut, ...), act_scale, weight_scale, bias, residual, relu, codes, codes_scale) in
+    one op, the same values bit for bit: on CUDA expanded_window applies the end in its own stores, so the int32
+    sums are neither written nor read back."""
+    _check_backend(backend)
+    if backend == "python":
+        acc = lut_conv2d(a, w, lut, stride, padding, dilation, groups, backend=backend, algo=algo)
+        return _dequantize_python(acc, act_scale, weight_scale, bias, residual, relu, codes, codes_scale)
+    scale = None if codes_scale is None else codes_scale.reshape(()).contiguous()
+    return _compiled("lut_conv2d_dequantize", backend, a)(
+        a, w, lut, *_conv_args(stride, padding, dilation), groups, algo, act_scale.reshape(()).contiguous(),
+        weight_scale, bias, residual, relu, codes, scale)
+
+
+def lut_conv2d_requantize_codes(a, w, lut, stride, padding, dilation, groups, bias, multiplier, shift, qmin, qmax,
+                                signed, *, backend="cpp", algo="auto"):
+    """requantize_codes(lut_conv2d(a, w, lut, ...), ...) in one op (as lut_conv2d_dequantize): a hand-off's codes."""
+    _check_backend(backend)
+    if backend == "python":
+        acc = lut_conv2d(a, w, lut, stride, padding, dilation, groups, backend=backend, algo=algo)
+        return requantize_codes(acc, bias, multiplier, shift, qmin, qmax, signed, backend=backend)
+    return _compiled("lut_conv2d_requantize_codes", backend, a)(
+        a, w, lut, *_conv_args(stride, padding, dilation), groups, algo, bias, multiplier, shift, qmin, qmax, signed)
+
+
 @dataclass(frozen=True)
 class LayerEnd:
     """What a layer's last pass does after its dequantize: add a residual block's shortcut (residual: float, the
@@ -247,8 +281,12 @@ class LayerEnd:
 
     def fits(self, acc: torch.Tensor) -> bool:
         """dequantize takes it as it is (else finish computes it in torch ops: a broadcast residual)."""
-        return (self.residual is None or (self.residual.shape == acc.shape and self.residual.dtype == torch.float32)) \
-            and (self.codes is None or self.codes.shape == acc.shape)
+        return self.fits_shape(acc.shape)
+
+    def fits_shape(self, shape) -> bool:
+        """fits() for sums of this shape."""
+        return (self.residual is None or (self.residual.shape == shape and self.residual.dtype == torch.float32)) \
+            and (self.codes is None or self.codes.shape == shape)
 
 
 def finish(acc, act_scale, weight_scale, bias, requant=None, *, backend="cpp", end: LayerEnd | None = None):
@@ -292,13 +330,15 @@ def _register_fakes():
         torch._check(a.shape[1] == w.shape[1], lambda: "lut_linear: K of a and w differ")
         return a.new_empty((a.shape[0], w.shape[0]), dtype=torch.int32)
 
+    def conv_shape(a, w, stride, padding, dilation):
+        torch._check(a.dim() == 4 and w.dim() == 4, lambda: "lut_conv2d: expected 4-d a and w")
+        ho, wo = conv_output_size(a.shape[2], a.shape[3], w.shape[2], w.shape[3], as_pair(stride, "stride"),
+                                  as_pair(padding, "padding"), as_pair(dilation, "dilation"))
+        return a.shape[0], w.shape[0], ho, wo
+
     @torch.library.register_fake("approx::lut_conv2d")
     def _(a, w, lut, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, algo="auto"):
-        torch._check(a.dim() == 4 and w.dim() == 4, lambda: "lut_conv2d: expected 4-d a and w")
-        ho, wo = conv_output_size(a.shape[2], a.shape[3], w.shape[2], w.shape[3],
-                                  as_pair(stride, "stride"), as_pair(padding, "padding"),
-                                  as_pair(dilation, "dilation"))
-        return a.new_empty((a.shape[0], w.shape[0], ho, wo), dtype=torch.int32)
+        return a.new_empty(conv_shape(a, w, stride, padding, dilation), dtype=torch.int32)
 
     @torch.library.register_fake("approx::quantize")
     def _(x, scale, signed, nonfinite=None):
@@ -322,6 +362,17 @@ def _register_fakes():
         def _(acc, bias, multiplier, shift, qmin, qmax, signed):
             torch._check(acc.dim() >= 2, lambda: "requantize_codes: acc must be [B, N, ...]")
             return torch.empty_like(acc, dtype=torch.int8 if signed else torch.uint8)
+
+    if hasattr(torch.ops.approx, "lut_conv2d_dequantize"):  # an older build: backend=cpp/cuda says to rebuild
+        @torch.library.register_fake("approx::lut_conv2d_dequantize")
+        def _(a, w, lut, stride, padding, dilation, groups, algo, act_scale, weight_scale, bias, residual=None,
+              relu=False, codes=None, codes_scale=None):
+            return a.new_empty(conv_shape(a, w, stride, padding, dilation), dtype=torch.float32)
+
+        @torch.library.register_fake("approx::lut_conv2d_requantize_codes")
+        def _(a, w, lut, stride, padding, dilation, groups, algo, bias, multiplier, shift, qmin, qmax, signed):
+            return a.new_empty(conv_shape(a, w, stride, padding, dilation),
+                               dtype=torch.int8 if signed else torch.uint8)
 
     def lut_bmm_fake(a, b, lut):
         torch._check(a.dim() == 3 and b.dim() == 3, lambda: "lut_bmm: expected a [B, M, K], b [B, N, K]")

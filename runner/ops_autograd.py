@@ -12,9 +12,9 @@ import torch.nn.functional as F
 
 from runner.errors import UserError
 from runner.exact_conv import unfold
-from runner.ops import (LayerEnd, apply_end, finish, lut_bmm, lut_conv2d, lut_grad_a, lut_grad_w, lut_linear, quantize,
-                        requantize_codes)
-from runner.reference import conv_output_size
+from runner.ops import (LayerEnd, apply_end, finish, lut_bmm, lut_conv2d, lut_conv2d_dequantize,
+                        lut_conv2d_requantize_codes, lut_grad_a, lut_grad_w, lut_linear, quantize, requantize_codes)
+from runner.reference import as_pair, conv_output_size
 
 # Autograd lives here, on float-level ops, not on lut_linear / lut_conv2d: those take integer codes,
 # which have no gradient, and the gradient of a quantized layer needs what only the float level
@@ -65,9 +65,22 @@ def qforward_conv2d(x, weight_codes, weight_scale, act_scale, bias, lut, stride,
     """qforward_linear's steps for a conv."""
     if codes is None:
         codes = quantize(x.contiguous(), act_scale, signed, backend=backend, nonfinite=nonfinite)
-    acc = lut_conv2d(codes, weight_codes, lut, stride, padding, dilation, groups, backend=backend, algo=algo)
     if end is not None and end.residual is not None:
         end = dataclasses.replace(end, residual=end.residual.contiguous())
+    conv = (codes, weight_codes, lut, stride, padding, dilation, groups)
+    # the conv and its end in one op where the end is one the op takes (a kernel may apply it in its stores)
+    if codes_signed is not None:
+        bias_q, m0, shift, _, qmin, qmax = requant
+        return lut_conv2d_requantize_codes(*conv, bias_q, m0, shift, qmin, qmax, codes_signed, backend=backend,
+                                           algo=algo)
+    shape = (codes.shape[0], weight_codes.shape[0],
+             *conv_output_size(codes.shape[2], codes.shape[3], weight_codes.shape[2], weight_codes.shape[3],
+                               as_pair(stride, "stride"), as_pair(padding, "padding"), as_pair(dilation, "dilation")))
+    if requant is None and (end is None or end.fits_shape(shape)):
+        e = end or LayerEnd()
+        return lut_conv2d_dequantize(*conv, act_scale, weight_scale, bias, e.residual, e.relu, e.codes, e.codes_scale,
+                                     backend=backend, algo=algo)
+    acc = lut_conv2d(*conv, backend=backend, algo=algo)
     return _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend, end)
 
 

@@ -2,6 +2,7 @@
 add and ReLU run in that layer's dequantize, with the logits of the blocks' own forwards bit for bit; a hook that
 could see the values between, autograd, a fake-quant layer or a block of another class keep the block's forward.
 Likewise a layer with no LUT consumer whose output a ReLU reads next (a stem) applies that ReLU itself."""
+import contextlib
 import copy
 import io
 
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 import runner.ops
+import runner.ops_autograd
 from runner.layers import approximate, consumer_links, quantized_layers
 from runner.linking import SIDE_ATTR, fuse_residual_ends
 from tests.conftest import has_cpp, recording
@@ -19,13 +21,34 @@ from tests.test_linking_codes import _input
 BACKENDS = ["python", pytest.param("cpp", marks=pytest.mark.skipif(not has_cpp(), reason="needs the C++ extension"))]
 
 
+@contextlib.contextmanager
 def _dequantizes(keep):
-    """The dequantize calls keep(residual, relu, acc) picks while the block runs."""
-    def pick(args, kwargs, out):
-        residual = args[4] if len(args) > 4 else kwargs.get("residual")
-        relu = args[5] if len(args) > 5 else kwargs.get("relu", False)
-        return keep(residual, relu, args[0])
-    return recording(runner.ops, "dequantize", pick)
+    """The dequantizes keep(residual, relu, output) picks while the block runs: dequantize's calls and those of the
+    conv ops that end in one (lut_conv2d_dequantize, as the conv layers call it)."""
+    def picker(at):  # where residual is among the positional arguments (relu follows it)
+        def pick(args, kwargs, out):
+            residual = args[at] if len(args) > at else kwargs.get("residual")
+            relu = args[at + 1] if len(args) > at + 1 else kwargs.get("relu", False)
+            return keep(residual, relu, out)
+        return pick
+    with recording(runner.ops, "dequantize", picker(4)) as plain, \
+            recording(runner.ops_autograd, "lut_conv2d_dequantize", picker(10)) as convs:
+        yield _Both(plain, convs)
+
+
+class _Both:
+    """Two recordings read as one list."""
+    def __init__(self, *parts):
+        self.parts = parts
+
+    def __len__(self):
+        return sum(map(len, self.parts))
+
+    def __iter__(self):
+        return iter([x for p in self.parts for x in p])
+
+    def __eq__(self, other):
+        return list(self) == list(other)
 
 
 def _fused():

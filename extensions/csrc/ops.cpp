@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "fused.h"
 
 // `import runner._C` only loads the library: the ops register through the static initialisers
 // of TORCH_LIBRARY / TORCH_LIBRARY_IMPL, so the module itself is empty (no pybind).
@@ -104,4 +105,56 @@ TORCH_LIBRARY(approx, m) {
   //   lut_grad_w: out[n, k] = sum_m grad[m, n] * slope[row(a[m, k])][w[n, k] + 128]   float32 [N, K]
   m.def("lut_grad_a(Tensor a, Tensor w, Tensor grad, Tensor slope) -> Tensor");
   m.def("lut_grad_w(Tensor a, Tensor w, Tensor grad, Tensor slope) -> Tensor");
+  // A conv layer and its end in one op: lut_conv2d's sums, then dequantize (with its residual, relu and codes) or
+  // requantize_codes of them, the same values bit for bit: the two ops run one after the other (the composite
+  // below, the CPU kernel), except where CUDA's variant applies the end in its own stores (expanded_window), so the
+  // int32 sums are neither written nor read back.
+  m.def(
+      "lut_conv2d_dequantize(Tensor a, Tensor w, Tensor lut, int[2] stride, int[2] padding, int[2] dilation, "
+      "int groups, str algo, Tensor act_scale, Tensor weight_scale, Tensor bias, Tensor? residual=None, "
+      "bool relu=False, Tensor(a!)? codes=None, Tensor? codes_scale=None) -> Tensor");
+  m.def(
+      "lut_conv2d_requantize_codes(Tensor a, Tensor w, Tensor lut, int[2] stride, int[2] padding, "
+      "int[2] dilation, int groups, str algo, Tensor bias, Tensor multiplier, Tensor shift, int qmin, int qmax, "
+      "bool signed) -> Tensor");
+}
+
+namespace approx_fused {
+
+at::Tensor lut_conv2d_dequantize(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
+                                 c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                                 int64_t groups, c10::string_view algo, const at::Tensor& act_scale,
+                                 const at::Tensor& weight_scale, const at::Tensor& bias,
+                                 const std::optional<at::Tensor>& residual, bool relu,
+                                 const std::optional<at::Tensor>& codes, const std::optional<at::Tensor>& codes_scale) {
+  static const auto conv = lut_conv2d_op();
+  static const auto deq = c10::Dispatcher::singleton()
+                              .findSchemaOrThrow("approx::dequantize", "")
+                              .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                const at::Tensor&, const std::optional<at::Tensor>&, bool,
+                                                const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>();
+  return deq.call(conv.call(a, w, lut, stride, padding, dilation, groups, algo), act_scale, weight_scale, bias,
+                  residual, relu, codes, codes_scale);
+}
+
+at::Tensor lut_conv2d_requantize_codes(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
+                                       c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                                       int64_t groups, c10::string_view algo, const at::Tensor& bias,
+                                       const at::Tensor& multiplier, const at::Tensor& shift, int64_t qmin,
+                                       int64_t qmax, bool is_signed) {
+  static const auto conv = lut_conv2d_op();
+  static const auto req = c10::Dispatcher::singleton()
+                              .findSchemaOrThrow("approx::requantize_codes", "")
+                              .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                const at::Tensor&, int64_t, int64_t, bool)>();
+  return req.call(conv.call(a, w, lut, stride, padding, dilation, groups, algo), bias, multiplier, shift, qmin, qmax,
+                  is_signed);
+}
+
+}  // namespace approx_fused
+
+// The CPU kernels are the composite itself: the CPU LUT kernels have no store to put the end in.
+TORCH_LIBRARY_IMPL(approx, CPU, m) {
+  m.impl("lut_conv2d_dequantize", &approx_fused::lut_conv2d_dequantize);
+  m.impl("lut_conv2d_requantize_codes", &approx_fused::lut_conv2d_requantize_codes);
 }

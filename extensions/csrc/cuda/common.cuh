@@ -42,6 +42,27 @@ struct WindowGeo {
   int rx;                         // outputs a thread computes (8, 7 or 5)
 };
 
+// A layer's end applied in a LUT kernel's own stores (lut_ops.cpp's lut_conv2d_dequantize /
+// lut_conv2d_requantize_codes, where the variant is expanded_window): kind 0 none, the int32 sums into `out`;
+// 1 dequantize into outf (with residual, relu and codes as approx::dequantize); 2 requantize_codes into codes.
+// Per-channel arrays have Ntot entries. vec: outf and residual 16-byte aligned, codes 4-byte aligned.
+struct Epi {
+  int kind;
+  int relu, vec;
+  const float* act_scale;
+  const float* wscale;
+  const float* bias;
+  const float* residual;
+  float* outf;
+  uint8_t* codes;
+  const float* codes_scale;  // dequantize's codes: quantize's arithmetic at this scale, [cqmin, cqmax]
+  float cqmin, cqmax;
+  const int32_t* qbias;      // requantize_codes
+  const int32_t* mult;
+  const int32_t* shift;
+  long long qmin, qmax;
+};
+
 struct Params {
   // the call
   const uint8_t* a;
@@ -71,6 +92,7 @@ struct Params {
   // per variant
   WindowGeo win;       // expanded_window
   int rows_mb;         // expanded_rows / expanded_pairs: rows per block
+  Epi epi;             // kind 0 but for expanded_window under the fused entry points
 };
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }

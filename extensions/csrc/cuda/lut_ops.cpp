@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../checks.h"
+#include "../fused.h"
 #include "algos.h"
 
 namespace approx_cuda {
@@ -141,6 +142,103 @@ at::Tensor lut_conv2d_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
   return out;
 }
 
+// The variant a call of these shapes runs where that is known without running anything: a named one, or auto's
+// cached pick for the cached tables' format. kAuto where it is not (a first call, weights changing in place).
+Choice known_pick(Choice choice, const Params& p, const at::Tensor& w, const at::Tensor& lut, const ConvGeo& cg,
+                  const char* op) {
+  if (!cache_enabled() || weights_changing(w)) return Choice{kAuto};
+  if (choice.algo != kAuto) return resolve(choice, p, cg, op);
+  bool refused = false;
+  const int fmt = cached_format(p, w, lut, cg, &refused);
+  Choice pick;
+  return fmt >= 0 && cached_pick(auto_inputs(p, cg, fmt, refused), pick) ? pick : Choice{kAuto};
+}
+
+// Runs the conv with its end in the kernel's stores (p.epi) where the variant is expanded_window, the one that
+// applies it; false where it is not, and nothing ran (the caller then runs lut_conv2d and the end's op).
+bool run_with_end(Choice algo, const Params& p, const at::Tensor& w, const at::Tensor& lut, const ConvGeo& cg) {
+  const Choice pick = known_pick(algo, p, w, lut, cg, "lut_conv2d");
+  if (pick.algo < 0 || std::string(algos()[pick.algo].name) != "expanded_window") return false;
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const auto pr = get_prepared(p, w, lut, cg, true, stream, false);
+  if (!pr->has_table) return false;
+  run_choice(pick, p, *pr, cg, stream);
+  return true;
+}
+
+bool aligned(const void* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
+
+// lut_conv2d_dequantize (../ops.cpp): the sums' tensor is made for the checks and the launch parameters only; it
+// is written where the end cannot go in the stores, by the composite.
+at::Tensor lut_conv2d_dequantize_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
+                                      c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                                      int64_t groups, c10::string_view algo_name, const at::Tensor& act_scale,
+                                      const at::Tensor& weight_scale, const at::Tensor& bias,
+                                      const std::optional<at::Tensor>& residual, bool relu,
+                                      const std::optional<at::Tensor>& codes,
+                                      const std::optional<at::Tensor>& codes_scale) {
+  const auto s = approx_checks::check_conv(a, w, lut, stride, padding, dilation, groups, c10::DeviceType::CUDA);
+  const c10::cuda::CUDAGuard guard(a.device());
+  const Choice algo = parse_choice(std::string(algo_name), "lut_conv2d");
+  at::Tensor acc = at::empty({s.B, s.N, s.Ho, s.Wo}, a.options().dtype(at::kInt));
+  approx_checks::check_dequantize(acc, act_scale, weight_scale, bias);
+  approx_checks::check_residual(residual, acc);
+  approx_checks::check_dequantize_codes(codes, codes_scale, acc);
+  if (acc.numel() > 0 && s.K > 0) {
+    ConvGeo cg;
+    Params p = conv_params(a, w, &acc, s, cg);
+    at::Tensor out = at::empty(acc.sizes(), acc.options().dtype(at::kFloat));
+    Epi& e = p.epi;
+    e.kind = 1;
+    e.relu = relu;
+    e.act_scale = act_scale.data_ptr<float>();
+    e.wscale = weight_scale.data_ptr<float>();
+    e.bias = bias.data_ptr<float>();
+    e.residual = residual ? residual->data_ptr<float>() : nullptr;
+    e.outf = out.data_ptr<float>();
+    if (codes) {
+      const bool is_signed = codes->scalar_type() == at::kChar;
+      e.codes = reinterpret_cast<uint8_t*>(codes->data_ptr());
+      e.codes_scale = codes_scale->data_ptr<float>();
+      e.cqmin = is_signed ? -128.f : 0.f;
+      e.cqmax = is_signed ? 127.f : 255.f;
+    }
+    e.vec = aligned(e.outf, 16) && aligned(e.residual, 16) && aligned(e.codes, 4);
+    if (run_with_end(algo, p, w, lut, cg)) return out;
+  }
+  return approx_fused::lut_conv2d_dequantize(a, w, lut, stride, padding, dilation, groups, algo_name, act_scale,
+                                             weight_scale, bias, residual, relu, codes, codes_scale);
+}
+
+at::Tensor lut_conv2d_requantize_codes_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
+                                            c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                            c10::IntArrayRef dilation, int64_t groups, c10::string_view algo_name,
+                                            const at::Tensor& bias, const at::Tensor& multiplier,
+                                            const at::Tensor& shift, int64_t qmin, int64_t qmax, bool is_signed) {
+  const auto s = approx_checks::check_conv(a, w, lut, stride, padding, dilation, groups, c10::DeviceType::CUDA);
+  const c10::cuda::CUDAGuard guard(a.device());
+  const Choice algo = parse_choice(std::string(algo_name), "lut_conv2d");
+  at::Tensor acc = at::empty({s.B, s.N, s.Ho, s.Wo}, a.options().dtype(at::kInt));
+  approx_checks::check_requantize_codes(acc, bias, multiplier, shift, qmin, qmax, is_signed);
+  if (acc.numel() > 0 && s.K > 0) {
+    ConvGeo cg;
+    Params p = conv_params(a, w, &acc, s, cg);
+    at::Tensor out = at::empty(acc.sizes(), acc.options().dtype(is_signed ? at::kChar : at::kByte));
+    Epi& e = p.epi;
+    e.kind = 2;
+    e.codes = reinterpret_cast<uint8_t*>(out.data_ptr());
+    e.qbias = bias.data_ptr<int32_t>();
+    e.mult = multiplier.data_ptr<int32_t>();
+    e.shift = shift.data_ptr<int32_t>();
+    e.qmin = qmin;
+    e.qmax = qmax;
+    e.vec = aligned(e.codes, 4);
+    if (run_with_end(algo, p, w, lut, cg)) return out;
+  }
+  return approx_fused::lut_conv2d_requantize_codes(a, w, lut, stride, padding, dilation, groups, algo_name, bias,
+                                                   multiplier, shift, qmin, qmax, is_signed);
+}
+
 // For the call's shapes: every variant, the device memory its prepared tables take (-1 where it
 // does not run the shape), why not ("" where it does), and auto's pick ("" until auto has run
 // this shape; picks are timed on the first call).
@@ -187,4 +285,6 @@ TORCH_LIBRARY_IMPL(approx, CUDA, m) {
   m.impl("lut_linear", &approx_cuda::lut_linear_cuda);
   m.impl("lut_conv2d", &approx_cuda::lut_conv2d_cuda);
   m.impl("lut_algos", &approx_cuda::lut_algos_cuda);
+  m.impl("lut_conv2d_dequantize", &approx_cuda::lut_conv2d_dequantize_cuda);
+  m.impl("lut_conv2d_requantize_codes", &approx_cuda::lut_conv2d_requantize_codes_cuda);
 }

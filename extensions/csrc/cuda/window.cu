@@ -2,6 +2,7 @@
 // 3-wide one at stride 2, or 1x1 (see below).
 #include "launch.cuh"
 #include "ptx.cuh"
+#include "quant_math.cuh"
 
 namespace approx_cuda {
 namespace {
@@ -23,7 +24,36 @@ constexpr int kWinThreads = 256;
 // channels fit at once (LeNet's, ResNet's first stages) do not pay.
 // CP: channels a table chunk covers. 1, or 4 for 1x1 convs (Cg % 4 == 0): a chunk of one 1x1 tap gives each
 // thread only RX lookups between two barriers.
-template <typename TT, int KW, int SW, int RX, bool CHUNKED, int CP>
+// EPI: the layer's end in the stores (Params::epi; 0: the int32 sums), its own instantiation.
+template <int RX, int EPI>
+__device__ __forceinline__ void window_end(const Params& p, const uint32_t (&v)[RX][8], long long base, int ch0,
+                                           int nch, int ox0);
+
+// The int32 sums of outputs ox0..ox0+RX-1 (those inside the row) of channels n0..n0+7 (those below N) at o.
+template <int RX>
+__device__ __forceinline__ void window_sums(const Params& p, const uint32_t (&v)[RX][8], int32_t* o, long long howo,
+                                            int n0, int ox0) {
+  if constexpr (RX == 8) {
+    if ((p.Wo & 3) == 0 && ox0 + RX <= p.Wo) {  // whole aligned 8-output rows: two 16-byte stores
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (n0 + j >= p.N) break;
+        int4* oj = reinterpret_cast<int4*>(o + j * howo);
+        oj[0] = make_int4(v[0][j], v[1][j], v[2][j], v[3][j]);
+        oj[1] = make_int4(v[4][j], v[5][j], v[6][j], v[7][j]);
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int x = 0; x < RX; ++x)
+    if (ox0 + x < p.Wo)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (n0 + j < p.N) o[j * howo + x] = static_cast<int32_t>(v[x][j]);
+}
+
+template <typename TT, int KW, int SW, int RX, bool CHUNKED, int CP, int EPI>
 __device__ __forceinline__ void window_body(const Params& p, int cc, uint8_t* smem) {
   constexpr int VPR = sizeof(TT) == 2 ? 1 : 2;
   constexpr int NW = (SW * (RX - 1) + KW + 3) / 4, CQ = KW * CP * 256 * VPR;
@@ -129,37 +159,89 @@ __device__ __forceinline__ void window_body(const Params& p, int cc, uint8_t* sm
   if (!live) return;
   const int n0 = ng * 8;
   const long long howo = (long long)p.win.Ho * p.Wo;
-  int32_t* o = p.out + ((b * p.Ntot + (long long)grp * p.N + n0) * p.win.Ho + oy) * (long long)p.Wo + ox0;
+  const long long obase = ((b * p.Ntot + (long long)grp * p.N + n0) * p.win.Ho + oy) * (long long)p.Wo + ox0;
+  int32_t* const o = p.out + obase;
   uint32_t v[RX][8];
 #pragma unroll
   for (int x = 0; x < RX; ++x) finish_row<TT>(s[x], h[x], static_cast<uint32_t>(p.K), v[x]);
-  if constexpr (RX == 8) {
-    if ((p.Wo & 3) == 0 && ox0 + RX <= p.Wo) {  // whole aligned 8-output rows: two 16-byte stores
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        if (n0 + j >= p.N) break;
-        int4* oj = reinterpret_cast<int4*>(o + j * howo);
-        oj[0] = make_int4(v[0][j], v[1][j], v[2][j], v[3][j]);
-        oj[1] = make_int4(v[4][j], v[5][j], v[6][j], v[7][j]);
-      }
-      return;
-    }
-  }
-#pragma unroll
-  for (int x = 0; x < RX; ++x)
-    if (ox0 + x < p.Wo)
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if (n0 + j < p.N) o[j * howo + x] = static_cast<int32_t>(v[x][j]);
+  if constexpr (EPI != 0) window_end<RX, EPI>(p, v, obase, grp * p.N + n0, min(8, p.N - n0), ox0);
+  else window_sums<RX>(p, v, o, howo, n0, ox0);
 }
 
-template <int KW, int SW, int RX, int MODE, bool CHUNKED, int CP>
+// The end of outputs ox0..ox0+RX-1 (those inside the row) of channels ch0..ch0+nch-1 at base (the int32 sums'
+// index of channel ch0, output ox0): approx::dequantize's or approx::requantize_codes' arithmetic per value
+// (quant_math.cuh), 16-byte stores of 4 outputs where a whole aligned run of 8 is in the row (Params::epi.vec).
+template <int RX, int EPI>
+__device__ __forceinline__ void window_end(const Params& p, const uint32_t (&v)[RX][8], long long base, int ch0,
+                                           int nch, int ox0) {
+  const Epi& e = p.epi;
+  const long long howo = p.HoWo;
+  const bool whole = RX == 8 && e.vec && (p.Wo & 3) == 0 && ox0 + RX <= p.Wo;
+  const float a = EPI == 1 ? *e.act_scale : 0.f;
+  const CodesOut co{e.codes_scale, e.cqmin, e.cqmax};
+  const float inv = EPI == 1 ? co.inv() : 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    if (j >= nch) break;
+    const int ch = ch0 + j;
+    const long long at = base + j * howo;
+    if constexpr (EPI == 1) {
+      const float scale = __fmul_rn(a, e.wscale[ch]), bj = e.bias[ch];
+      const bool add = e.residual != nullptr;
+      float f[RX];
+      if (whole) {
+#pragma unroll
+        for (int q = 0; q < RX; q += 4) {
+          const float4 r =
+              add ? *reinterpret_cast<const float4*>(e.residual + at + q) : make_float4(0.f, 0.f, 0.f, 0.f);
+          f[q] = dequant_one(static_cast<int32_t>(v[q][j]), scale, bj, add, r.x, e.relu);
+          f[q + 1] = dequant_one(static_cast<int32_t>(v[q + 1][j]), scale, bj, add, r.y, e.relu);
+          f[q + 2] = dequant_one(static_cast<int32_t>(v[q + 2][j]), scale, bj, add, r.z, e.relu);
+          f[q + 3] = dequant_one(static_cast<int32_t>(v[q + 3][j]), scale, bj, add, r.w, e.relu);
+          *reinterpret_cast<float4*>(e.outf + at + q) = make_float4(f[q], f[q + 1], f[q + 2], f[q + 3]);
+          if (e.codes)
+            *reinterpret_cast<uint32_t*>(e.codes + at + q) =
+                co.byte(f[q], inv) | co.byte(f[q + 1], inv) << 8 | co.byte(f[q + 2], inv) << 16 |
+                co.byte(f[q + 3], inv) << 24;
+        }
+        continue;
+      }
+#pragma unroll
+      for (int x = 0; x < RX; ++x) {
+        if (ox0 + x >= p.Wo) break;
+        const float fx = dequant_one(static_cast<int32_t>(v[x][j]), scale, bj, add, add ? e.residual[at + x] : 0.f,
+                                     e.relu);
+        e.outf[at + x] = fx;
+        if (e.codes) e.codes[at + x] = static_cast<uint8_t>(co.byte(fx, inv));
+      }
+    } else {
+      const int32_t qb = e.qbias[ch], m = e.mult[ch], sh = e.shift[ch];
+      auto code = [&](int x) {
+        return static_cast<uint32_t>(requant_code(static_cast<int32_t>(v[x][j]), qb, m, sh, e.qmin, e.qmax)) & 0xFFu;
+      };
+      if (whole) {
+#pragma unroll
+        for (int q = 0; q < RX; q += 4)
+          *reinterpret_cast<uint32_t*>(e.codes + at + q) =
+              code(q) | code(q + 1) << 8 | code(q + 2) << 16 | code(q + 3) << 24;
+        continue;
+      }
+#pragma unroll
+      for (int x = 0; x < RX; ++x) {
+        if (ox0 + x >= p.Wo) break;
+        e.codes[at + x] = static_cast<uint8_t>(code(x));
+      }
+    }
+  }
+}
+
+template <int KW, int SW, int RX, int MODE, bool CHUNKED, int CP, int EPI>
 __global__ void __launch_bounds__(kWinThreads, 2) window_kernel(Params p, int cc) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))
-    window_body<int16_t, KW, SW, RX, CHUNKED, CP>(p, cc, smem);
+    window_body<int16_t, KW, SW, RX, CHUNKED, CP, EPI>(p, cc, smem);
   else
-    window_body<int32_t, KW, SW, RX, CHUNKED, CP>(p, cc, smem);
+    window_body<int32_t, KW, SW, RX, CHUNKED, CP, EPI>(p, cc, smem);
 }
 
 // The kernel width the table row of a chunk holds (K = Cg * kh * kw).
@@ -257,15 +339,23 @@ void set_window_geometry(Params& p, const ConvGeo& cg) {
   window_geometry(p, cg.kw, 8);  // the default; launch_window redoes it for a configuration's rx
 }
 
-template <int KW, int SW, int RX, int MODE, int CP = 1>
-void launch_window_t(const Params& p, int cc, cudaStream_t stream) {
-  auto kern = cc < p.Cg ? window_kernel<KW, SW, RX, MODE, true, CP> : window_kernel<KW, SW, RX, MODE, false, CP>;
+template <int KW, int SW, int RX, int MODE, int CP, int EPI>
+void launch_window_e(const Params& p, int cc, cudaStream_t stream) {
+  auto kern = cc < p.Cg ? window_kernel<KW, SW, RX, MODE, true, CP, EPI>
+                        : window_kernel<KW, SW, RX, MODE, false, CP, EPI>;
   const size_t smem = window_bytes(p, KW, MODE, cc);
   set_smem(kern, smem);
   const int64_t bx = (p.win.tasks + kWinThreads - 1) / kWinThreads;
   TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
   kern<<<dim3(static_cast<unsigned>(bx), p.G, p.NG), kWinThreads, smem, stream>>>(p, cc);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <int KW, int SW, int RX, int MODE, int CP = 1>
+void launch_window_t(const Params& p, int cc, cudaStream_t stream) {
+  if (p.epi.kind == 1) launch_window_e<KW, SW, RX, MODE, CP, 1>(p, cc, stream);
+  else if (p.epi.kind == 2) launch_window_e<KW, SW, RX, MODE, CP, 2>(p, cc, stream);
+  else launch_window_e<KW, SW, RX, MODE, CP, 0>(p, cc, stream);
 }
 
 template <int MODE>

@@ -1,0 +1,138 @@
+"""approx::lut_conv2d_dequantize / lut_conv2d_requantize_codes: a conv and its end in one op give what
+lut_conv2d followed by dequantize (with a residual, ReLU and the next layer's codes) or requantize_codes gives, bit
+for bit, on every backend; on CUDA expanded_window applies the end in its own stores (named, and auto's cached
+pick), every other variant runs the two ops."""
+import pytest
+import torch
+
+from runner import ops
+from runner.quant import requant_multiplier
+
+from .conftest import backend_params, codes, random_lut, weights
+
+CONVS = [
+    # (B, C, H, W), (N, kh, kw), stride, padding
+    ((2, 16, 12, 12), (24, 3, 3), 1, 1),   # whole aligned runs of 8 outputs: the 16-byte stores
+    ((3, 8, 14, 14), (13, 3, 3), 1, 1),    # 14-wide rows (7 outputs a thread), N not a multiple of 8
+    ((2, 6, 10, 9), (16, 3, 3), 2, 1),     # stride 2, odd width: the scalar stores
+    ((2, 12, 8, 8), (20, 1, 1), 1, 0),     # 1x1: 4 channels a table chunk
+    ((1, 5, 11, 11), (9, 5, 5), 1, 2),     # 5x5
+]
+
+
+def _same(got, want):
+    """Equal bit for bit (-0.0 is not 0.0), NaN where NaN."""
+    got = got.cpu()
+    if got.dtype != torch.float32:
+        return got.dtype == want.dtype and torch.equal(got, want)
+    nan = torch.isnan(want)
+    return torch.equal(torch.isnan(got), nan) and torch.equal(got.masked_fill(nan, 0).view(torch.int32),
+                                                              want.masked_fill(nan, 0).view(torch.int32))
+
+
+def _end_args(gen, shape, n):
+    sa = torch.tensor(0.0123)
+    sw, bias = torch.rand(n, generator=gen) * 0.01 + 1e-4, torch.randn(n, generator=gen) * 20
+    residual = torch.randn(shape, generator=gen) * 300
+    residual.view(-1)[:2] = torch.tensor([float("nan"), -0.0])
+    return sa, sw, bias, residual
+
+
+def _requant(gen, n):
+    m0, shift = requant_multiplier(torch.rand(n, dtype=torch.float64, generator=gen) * 1e-3 + 1e-5)
+    return torch.randint(-5000, 5000, (n,), generator=gen, dtype=torch.int32), m0, shift
+
+
+def _algos(backend):
+    # CUDA: expanded_window named (8 outputs a thread; 7 where a 3- or 5-wide kernel's rows allow it; 2 channels
+    # staged at a time, so the planes are restaged between table chunks), auto (its first call times and falls back,
+    # the second runs its cached pick), and direct (never applies the end itself)
+    return ("expanded_window", "expanded_window_x7", "expanded_window_c2", "auto", "auto", "direct") \
+        if backend == "cuda" else ("auto",)
+
+
+@pytest.mark.parametrize("backend,device", [("python", "cpu"), *backend_params()])
+@pytest.mark.parametrize("case", range(len(CONVS)))
+@pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
+def test_fused_ends_equal_the_conv_and_its_end(gen, backend, device, case, signed):
+    (b, c, h, w_), (n, kh, kw), stride, pad = CONVS[case]
+    a, w = codes(gen, (b, c, h, w_), signed), weights(gen, (n, c, kh, kw))
+    if not signed:
+        w[w == -128] = -127
+    lut = random_lut(gen, -3000, 3000)
+    conv = (stride, pad, 1, 1)
+    acc = ops.lut_conv2d(a, w, lut, *conv, backend="python")
+    sa, sw, bias, residual = _end_args(gen, acc.shape, n)
+    qbias, m0, shift = _requant(gen, n)
+    cs = torch.tensor(0.7)
+    want_codes = torch.empty(acc.shape, dtype=torch.int8 if signed else torch.uint8)
+    want = {
+        "plain": ops.dequantize(acc, sa, sw, bias, backend="python"),
+        "relu": ops.dequantize(acc, sa, sw, bias, None, True, backend="python"),
+        "block": ops.dequantize(acc, sa, sw, bias, residual, True, want_codes, cs, backend="python"),
+        "handoff": ops.requantize_codes(acc, qbias, m0, shift, -128 if signed else 0, 127 if signed else 255, signed,
+                                        backend="python"),
+    }
+    dev = [t.to(device) for t in (a, w, lut, sa, sw, bias, residual, qbias, m0, shift, cs)]
+    ad, wd, ld, sad, swd, bd, rd, qbd, md, shd, csd = dev
+    for algo in _algos(backend):
+        what = f"{CONVS[case]} {backend} {algo}"
+        got = ops.lut_conv2d_dequantize(ad, wd, ld, *conv, sad, swd, bd, backend=backend, algo=algo)
+        assert _same(got, want["plain"]), what
+        got = ops.lut_conv2d_dequantize(ad, wd, ld, *conv, sad, swd, bd, None, True, backend=backend, algo=algo)
+        assert _same(got, want["relu"]), what
+        got_codes = torch.full(acc.shape, 77, dtype=want_codes.dtype, device=device)
+        got = ops.lut_conv2d_dequantize(ad, wd, ld, *conv, sad, swd, bd, rd, True, got_codes, csd, backend=backend,
+                                        algo=algo)
+        assert _same(got, want["block"]) and _same(got_codes, want_codes), what
+        got = ops.lut_conv2d_requantize_codes(ad, wd, ld, *conv, qbd, md, shd, -128 if signed else 0,
+                                              127 if signed else 255, signed, backend=backend, algo=algo)
+        assert _same(got, want["handoff"]), what
+
+
+@pytest.mark.parametrize("backend,device", backend_params())
+def test_fused_end_with_a_misaligned_residual_and_codes(gen, backend, device):
+    """Views one element into their storage: no 16-byte (residual) or 4-byte (codes) alignment, so the stores go
+    one value at a time; the values are the same."""
+    a, w, lut = codes(gen, (2, 8, 16, 16), True), weights(gen, (16, 8, 3, 3)), random_lut(gen, -3000, 3000)
+    acc = ops.lut_conv2d(a, w, lut, 1, 1, backend="python")
+    sa, sw, bias, residual = _end_args(gen, acc.shape, 16)
+    want_codes = torch.empty(acc.shape, dtype=torch.int8)
+    want = ops.dequantize(acc, sa, sw, bias, residual, True, want_codes, torch.tensor(0.5), backend="python")
+    res = torch.empty(acc.numel() + 1, device=device)[1:].view(acc.shape).copy_(residual.to(device))
+    got_codes = torch.zeros(acc.numel() + 1, dtype=torch.int8, device=device)[1:].view(acc.shape)
+    for algo in _algos(backend):
+        got = ops.lut_conv2d_dequantize(a.to(device), w.to(device), lut.to(device), 1, 1, 1, 1, sa.to(device),
+                                        sw.to(device), bias.to(device), res, True, got_codes,
+                                        torch.tensor(0.5, device=device), backend=backend, algo=algo)
+        assert _same(got, want) and _same(got_codes, want_codes), algo
+
+
+@pytest.mark.parametrize("backend,device", [("python", "cpu"), *backend_params()])
+def test_fused_ends_reject_what_their_end_rejects(gen, backend, device):
+    a, w, lut = codes(gen, (1, 4, 6, 6), True), weights(gen, (8, 4, 3, 3)), random_lut(gen)
+    t = [x.to(device) for x in (a, w, lut, torch.tensor(0.1), torch.rand(8), torch.randn(8))]
+    with pytest.raises((RuntimeError, ValueError), match="residual"):
+        ops.lut_conv2d_dequantize(*t[:3], 1, 1, 1, 1, *t[3:], torch.zeros(1, 8, 5, 5, device=device),
+                                  backend=backend)
+    with pytest.raises((RuntimeError, ValueError), match="qmin"):
+        ops.lut_conv2d_requantize_codes(*t[:3], 1, 1, 1, 1, torch.zeros(8, dtype=torch.int32, device=device),
+                                        torch.ones(8, dtype=torch.int32, device=device),
+                                        torch.ones(8, dtype=torch.int32, device=device), 0, 255, True, backend=backend)
+
+
+@pytest.mark.parametrize("backend,device", backend_params())
+def test_opcheck_fused_ends(gen, backend, device):
+    a, w, lut = codes(gen, (2, 8, 9, 9), False), weights(gen, (12, 8, 3, 3)), random_lut(gen, -3000, 3000)
+    w[w == -128] = -127
+    a, w, lut = a.to(device), w.to(device), lut.to(device)
+    sa, sw, bias = torch.tensor(0.02, device=device), torch.rand(12, device=device), torch.randn(12, device=device)
+    conv = ([1, 1], [1, 1], [1, 1], 1, "auto")
+    torch.library.opcheck(torch.ops.approx.lut_conv2d_dequantize.default, (a, w, lut, *conv, sa, sw, bias))
+    torch.library.opcheck(torch.ops.approx.lut_conv2d_dequantize.default,
+                          (a, w, lut, *conv, sa, sw, bias, torch.randn(2, 12, 9, 9, device=device), True,
+                           torch.zeros(2, 12, 9, 9, dtype=torch.uint8, device=device),
+                           torch.tensor(0.3, device=device)))
+    qb, m0, shift = (t.to(device) for t in _requant(gen, 12))
+    torch.library.opcheck(torch.ops.approx.lut_conv2d_requantize_codes.default,
+                          (a, w, lut, *conv, qb, m0, shift, 0, 255, False))

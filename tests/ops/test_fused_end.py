@@ -17,6 +17,7 @@ CONVS = [
     ((2, 6, 10, 9), (16, 3, 3), 2, 1),     # stride 2, odd width: the scalar stores
     ((2, 12, 8, 8), (20, 1, 1), 1, 0),     # 1x1: 4 channels a table chunk
     ((1, 5, 11, 11), (9, 5, 5), 1, 2),     # 5x5
+    ((2, 8, 16, 16), (12, 3, 3), 1, 1, 2),  # 2 groups: each group's channels at their place in the output
 ]
 
 
@@ -55,12 +56,13 @@ def _algos(backend):
 @pytest.mark.parametrize("case", range(len(CONVS)))
 @pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
 def test_fused_ends_equal_the_conv_and_its_end(gen, backend, device, case, signed):
-    (b, c, h, w_), (n, kh, kw), stride, pad = CONVS[case]
-    a, w = codes(gen, (b, c, h, w_), signed), weights(gen, (n, c, kh, kw))
+    (b, c, h, w_), (n, kh, kw), stride, pad, *grouped = CONVS[case]
+    groups = grouped[0] if grouped else 1
+    a, w = codes(gen, (b, c, h, w_), signed), weights(gen, (n, c // groups, kh, kw))
     if not signed:
         w[w == -128] = -127
     lut = random_lut(gen, -3000, 3000)
-    conv = (stride, pad, 1, 1)
+    conv = (stride, pad, 1, groups)
     acc = ops.lut_conv2d(a, w, lut, *conv, backend="python")
     sa, sw, bias, residual = _end_args(gen, acc.shape, n)
     qbias, m0, shift = _requant(gen, n)

@@ -50,8 +50,7 @@ def algo_table(a, w, lut, stride=1, padding=0, dilation=1, groups=1, *, backend=
         return [dict(algo=n, applies=True, workspace_bytes=0, note="", auto_pick=False, auto_pick_name="")
                 for n in PYTHON_ALGOS]
     op = _compiled("lut_algos", backend, a)
-    names, nbytes, notes, pick = op(a, w, lut, list(as_pair(stride, "stride")), list(as_pair(padding, "padding")),
-                                    list(as_pair(dilation, "dilation")), groups)
+    names, nbytes, notes, pick = op(a, w, lut, *_conv_args(stride, padding, dilation), groups)
     # a configuration of a variant (expanded_rows_r2_c1, expanded_window_c16, expanded_gemm_r8w) belongs to
     # its variant's row: the longest variant name it extends
     base = max((n for n in names if pick == n or pick.startswith(n + "_")), key=len, default=pick)
@@ -171,9 +170,18 @@ def lut_conv2d(a, w, lut, stride=1, padding=0, dilation=1, groups=1, *, backend=
     if backend == "python":
         _check_algo_name("lut_conv2d", algo)
         return reference_lut_conv2d(a, w, lut, stride, padding, dilation, groups)
-    op = _compiled("lut_conv2d", backend, a)
-    return op(a, w, lut, list(as_pair(stride, "stride")), list(as_pair(padding, "padding")),
-              list(as_pair(dilation, "dilation")), groups, algo)
+    return _compiled("lut_conv2d", backend, a)(a, w, lut, *_conv_args(stride, padding, dilation), groups, algo)
+
+
+def _conv_args(stride, padding, dilation):
+    """The convs' geometry as the ops' int[2] arguments."""
+    return list(as_pair(stride, "stride")), list(as_pair(padding, "padding")), list(as_pair(dilation, "dilation"))
+
+
+def conv_out_shape(a_shape, w_shape, stride, padding, dilation) -> tuple[int, int, int, int]:
+    """(B, N, Ho, Wo) of a conv of codes a_shape with weights w_shape (lut_conv2d's output)."""
+    ho, wo = conv_output_size(a_shape[2], a_shape[3], w_shape[2], w_shape[3], *_conv_args(stride, padding, dilation))
+    return a_shape[0], w_shape[0], ho, wo
 
 
 def mark_non_finite(flag: torch.Tensor, x: torch.Tensor) -> None:
@@ -237,10 +245,6 @@ def requantize_codes(acc, bias, multiplier, shift, qmin, qmax, signed, *, backen
         code = reference_requantize_codes(acc, bias, multiplier, shift, qmin, qmax)
         return code.to(torch.int8 if signed else torch.uint8)
     return _compiled("requantize_codes", backend, acc)(acc, bias, multiplier, shift, qmin, qmax, signed)
-
-
-def _conv_args(stride, padding, dilation):
-    return list(as_pair(stride, "stride")), list(as_pair(padding, "padding")), list(as_pair(dilation, "dilation"))
 
 
 def lut_conv2d_dequantize(a, w, lut, stride, padding, dilation, groups, act_scale, weight_scale, bias, residual=None,
@@ -332,9 +336,7 @@ def _register_fakes():
 
     def conv_shape(a, w, stride, padding, dilation):
         torch._check(a.dim() == 4 and w.dim() == 4, lambda: "lut_conv2d: expected 4-d a and w")
-        ho, wo = conv_output_size(a.shape[2], a.shape[3], w.shape[2], w.shape[3], as_pair(stride, "stride"),
-                                  as_pair(padding, "padding"), as_pair(dilation, "dilation"))
-        return a.shape[0], w.shape[0], ho, wo
+        return conv_out_shape(a.shape, w.shape, stride, padding, dilation)
 
     @torch.library.register_fake("approx::lut_conv2d")
     def _(a, w, lut, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, algo="auto"):

@@ -12,9 +12,8 @@ import torch.nn.functional as F
 
 from runner.errors import UserError
 from runner.exact_conv import unfold
-from runner.ops import (LayerEnd, apply_end, finish, lut_bmm, lut_conv2d, lut_conv2d_dequantize,
+from runner.ops import (LayerEnd, apply_end, conv_out_shape, finish, lut_bmm, lut_conv2d, lut_conv2d_dequantize,
                         lut_conv2d_requantize_codes, lut_grad_a, lut_grad_w, lut_linear, quantize, requantize_codes)
-from runner.reference import as_pair, conv_output_size
 
 # Autograd lives here, on float-level ops, not on lut_linear / lut_conv2d: those take integer codes,
 # which have no gradient, and the gradient of a quantized layer needs what only the float level
@@ -51,8 +50,7 @@ def qforward_linear(x, weight_codes, weight_scale, act_scale, bias, lut, signed,
     acc = lut_linear(codes.reshape(-1, codes.shape[-1]), weight_codes, lut, backend=backend, algo=algo)
     shape = (*lead, acc.shape[-1])
     rows = None  # end as [M, N] rows, where its tensors have the output's shape
-    if end is not None and (end.residual is None or end.residual.shape == shape) and \
-            (end.codes is None or end.codes.shape == shape):
+    if end is not None and end.fits_shape(shape):
         rows = LayerEnd(None if end.residual is None else end.residual.contiguous().reshape(acc.shape), end.relu,
                         None if end.codes is None else end.codes.view(acc.shape), end.codes_scale)
     out = _finish_or_codes(acc, act_scale, weight_scale, bias, requant, codes_signed, backend, rows).reshape(shape)
@@ -73,10 +71,8 @@ def qforward_conv2d(x, weight_codes, weight_scale, act_scale, bias, lut, stride,
         bias_q, m0, shift, _, qmin, qmax = requant
         return lut_conv2d_requantize_codes(*conv, bias_q, m0, shift, qmin, qmax, codes_signed, backend=backend,
                                            algo=algo)
-    shape = (codes.shape[0], weight_codes.shape[0],
-             *conv_output_size(codes.shape[2], codes.shape[3], weight_codes.shape[2], weight_codes.shape[3],
-                               as_pair(stride, "stride"), as_pair(padding, "padding"), as_pair(dilation, "dilation")))
-    if requant is None and (end is None or end.fits_shape(shape)):
+    if requant is None and (end is None or end.fits_shape(conv_out_shape(codes.shape, weight_codes.shape, stride,
+                                                                          padding, dilation))):
         e = end or LayerEnd()
         return lut_conv2d_dequantize(*conv, act_scale, weight_scale, bias, e.residual, e.relu, e.codes, e.codes_scale,
                                      backend=backend, algo=algo)
@@ -119,8 +115,7 @@ def _(x, weight, bias, weight_codes, weight_scale, act_scale, lut, slope_a, slop
 @qconv2d.register_fake
 def _(x, weight, bias, weight_codes, weight_scale, act_scale, lut, slope_a, slope_w, stride, padding, dilation,
       groups, signed, backend, algo, grad):
-    ho, wo = conv_output_size(x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], stride, padding, dilation)
-    return x.new_empty((x.shape[0], weight.shape[0], ho, wo))
+    return x.new_empty(conv_out_shape(x.shape, weight.shape, stride, padding, dilation))
 
 
 def _fake_quant_with_mask(x, scale, qmin, qmax):

@@ -168,8 +168,26 @@ bool run_with_end(Choice algo, const Params& p, const at::Tensor& w, const at::T
 
 bool aligned(const void* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
-// lut_conv2d_dequantize (../ops.cpp): the sums' tensor is made for the checks and the launch parameters only; it
-// is written where the end cannot go in the stores, by the composite.
+// A conv and its end, the end in the kernel's stores where the variant applies it (run_with_end): check_end(sums)
+// checks the end's arguments against a placeholder of the sums' shape on their device, freed before anything runs;
+// fill_end(epi, out) sets the end for an output of `dtype`. Undefined where it did not run (a variant that cannot
+// apply the end, a first call, an empty conv): the caller then runs the composite, which makes its own sums.
+template <class CheckEnd, class FillEnd>
+at::Tensor conv_with_end(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut, c10::IntArrayRef stride,
+                         c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups,
+                         c10::string_view algo_name, at::ScalarType dtype, CheckEnd check_end, FillEnd fill_end) {
+  const auto s = approx_checks::check_conv(a, w, lut, stride, padding, dilation, groups, c10::DeviceType::CUDA);
+  const c10::cuda::CUDAGuard guard(a.device());
+  const Choice algo = parse_choice(std::string(algo_name), "lut_conv2d");
+  check_end(at::empty({s.B, s.N, s.Ho, s.Wo}, a.options().dtype(at::kInt)));
+  if (s.B * s.N * s.Ho * s.Wo == 0 || s.K == 0) return at::Tensor();
+  ConvGeo cg;
+  Params p = conv_params(a, w, nullptr, s, cg);
+  at::Tensor out = at::empty({s.B, s.N, s.Ho, s.Wo}, a.options().dtype(dtype));
+  fill_end(p.epi, out);
+  return run_with_end(algo, p, w, lut, cg) ? out : at::Tensor();
+}
+
 at::Tensor lut_conv2d_dequantize_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
                                       c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
                                       int64_t groups, c10::string_view algo_name, const at::Tensor& act_scale,
@@ -177,18 +195,12 @@ at::Tensor lut_conv2d_dequantize_cuda(const at::Tensor& a, const at::Tensor& w, 
                                       const std::optional<at::Tensor>& residual, bool relu,
                                       const std::optional<at::Tensor>& codes,
                                       const std::optional<at::Tensor>& codes_scale) {
-  const auto s = approx_checks::check_conv(a, w, lut, stride, padding, dilation, groups, c10::DeviceType::CUDA);
-  const c10::cuda::CUDAGuard guard(a.device());
-  const Choice algo = parse_choice(std::string(algo_name), "lut_conv2d");
-  at::Tensor acc = at::empty({s.B, s.N, s.Ho, s.Wo}, a.options().dtype(at::kInt));
-  approx_checks::check_dequantize(acc, act_scale, weight_scale, bias);
-  approx_checks::check_residual(residual, acc);
-  approx_checks::check_dequantize_codes(codes, codes_scale, acc);
-  if (acc.numel() > 0 && s.K > 0) {
-    ConvGeo cg;
-    Params p = conv_params(a, w, &acc, s, cg);
-    at::Tensor out = at::empty(acc.sizes(), acc.options().dtype(at::kFloat));
-    Epi& e = p.epi;
+  auto check_end = [&](const at::Tensor& acc) {
+    approx_checks::check_dequantize(acc, act_scale, weight_scale, bias);
+    approx_checks::check_residual(residual, acc);
+    approx_checks::check_dequantize_codes(codes, codes_scale, acc);
+  };
+  auto fill_end = [&](Epi& e, const at::Tensor& out) {
     e.kind = 1;
     e.relu = relu;
     e.act_scale = act_scale.data_ptr<float>();
@@ -204,10 +216,13 @@ at::Tensor lut_conv2d_dequantize_cuda(const at::Tensor& a, const at::Tensor& w, 
       e.cqmax = is_signed ? 127.f : 255.f;
     }
     e.vec = aligned(e.outf, 16) && aligned(e.residual, 16) && aligned(e.codes, 4);
-    if (run_with_end(algo, p, w, lut, cg)) return out;
-  }
-  return approx_fused::lut_conv2d_dequantize(a, w, lut, stride, padding, dilation, groups, algo_name, act_scale,
-                                             weight_scale, bias, residual, relu, codes, codes_scale);
+  };
+  at::Tensor out = conv_with_end(a, w, lut, stride, padding, dilation, groups, algo_name, at::kFloat, check_end,
+                                 fill_end);
+  return out.defined() ? out
+                       : approx_fused::lut_conv2d_dequantize(a, w, lut, stride, padding, dilation, groups, algo_name,
+                                                             act_scale, weight_scale, bias, residual, relu, codes,
+                                                             codes_scale);
 }
 
 at::Tensor lut_conv2d_requantize_codes_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
@@ -215,16 +230,10 @@ at::Tensor lut_conv2d_requantize_codes_cuda(const at::Tensor& a, const at::Tenso
                                             c10::IntArrayRef dilation, int64_t groups, c10::string_view algo_name,
                                             const at::Tensor& bias, const at::Tensor& multiplier,
                                             const at::Tensor& shift, int64_t qmin, int64_t qmax, bool is_signed) {
-  const auto s = approx_checks::check_conv(a, w, lut, stride, padding, dilation, groups, c10::DeviceType::CUDA);
-  const c10::cuda::CUDAGuard guard(a.device());
-  const Choice algo = parse_choice(std::string(algo_name), "lut_conv2d");
-  at::Tensor acc = at::empty({s.B, s.N, s.Ho, s.Wo}, a.options().dtype(at::kInt));
-  approx_checks::check_requantize_codes(acc, bias, multiplier, shift, qmin, qmax, is_signed);
-  if (acc.numel() > 0 && s.K > 0) {
-    ConvGeo cg;
-    Params p = conv_params(a, w, &acc, s, cg);
-    at::Tensor out = at::empty(acc.sizes(), acc.options().dtype(is_signed ? at::kChar : at::kByte));
-    Epi& e = p.epi;
+  auto check_end = [&](const at::Tensor& acc) {
+    approx_checks::check_requantize_codes(acc, bias, multiplier, shift, qmin, qmax, is_signed);
+  };
+  auto fill_end = [&](Epi& e, const at::Tensor& out) {
     e.kind = 2;
     e.codes = reinterpret_cast<uint8_t*>(out.data_ptr());
     e.qbias = bias.data_ptr<int32_t>();
@@ -233,10 +242,13 @@ at::Tensor lut_conv2d_requantize_codes_cuda(const at::Tensor& a, const at::Tenso
     e.qmin = qmin;
     e.qmax = qmax;
     e.vec = aligned(e.codes, 4);
-    if (run_with_end(algo, p, w, lut, cg)) return out;
-  }
-  return approx_fused::lut_conv2d_requantize_codes(a, w, lut, stride, padding, dilation, groups, algo_name, bias,
-                                                   multiplier, shift, qmin, qmax, is_signed);
+  };
+  at::Tensor out = conv_with_end(a, w, lut, stride, padding, dilation, groups, algo_name,
+                                 is_signed ? at::kChar : at::kByte, check_end, fill_end);
+  return out.defined() ? out
+                       : approx_fused::lut_conv2d_requantize_codes(a, w, lut, stride, padding, dilation, groups,
+                                                                   algo_name, bias, multiplier, shift, qmin, qmax,
+                                                                   is_signed);
 }
 
 // For the call's shapes: every variant, the device memory its prepared tables take (-1 where it

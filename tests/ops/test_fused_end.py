@@ -1,7 +1,7 @@
 """approx::lut_conv2d_dequantize / lut_conv2d_requantize_codes: a conv and its end in one op give what
 lut_conv2d followed by dequantize (with a residual, ReLU and the next layer's codes) or requantize_codes gives, bit
-for bit, on every backend; on CUDA expanded_window applies the end in its own stores (named, and auto's cached
-pick), every other variant runs the two ops."""
+for bit, on every backend; on CUDA expanded_window and an unsplit expanded_gemm apply the end in their own stores
+(named, and auto's cached pick), every other variant runs the two ops."""
 import pytest
 import torch
 
@@ -44,24 +44,30 @@ def _requant(gen, n):
     return torch.randint(-5000, 5000, (n,), generator=gen, dtype=torch.int32), m0, shift
 
 
-def _algos(backend):
+def _algos(backend, groups=1):
     # CUDA: expanded_window named (8 outputs a thread; 7 where a 3- or 5-wide kernel's rows allow it; 2 channels
-    # staged at a time, so the planes are restaged between table chunks), auto (its first call times and falls back,
-    # the second runs its cached pick), and direct (never applies the end itself)
-    return ("expanded_window", "expanded_window_x7", "expanded_window_c2", "auto", "auto", "direct") \
-        if backend == "cuda" else ("auto",)
+    # staged at a time, so the planes are restaged between table chunks); expanded_gemm's tiles (convs of one
+    # group): 128 R rows x 32 channels, r8c's copied build (its cp.async codes at the 1x1 case), and the tall
+    # tile and a K split, where the two ops run; auto (its first call times and falls back, the second runs its
+    # cached pick), and direct (never applies the end itself)
+    if backend != "cuda":
+        return ("auto",)
+    gemm = ("expanded_gemm_r2", "expanded_gemm_r8c", "expanded_gemm_r16c", "expanded_gemm_r8c_k2") \
+        if groups == 1 else ()
+    return ("expanded_window", "expanded_window_x7", "expanded_window_c2", *gemm, "auto", "auto", "direct")
 
 
 @pytest.mark.parametrize("backend,device", [("python", "cpu"), *backend_params()])
 @pytest.mark.parametrize("case", range(len(CONVS)))
 @pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
-def test_fused_ends_equal_the_conv_and_its_end(gen, backend, device, case, signed):
+@pytest.mark.parametrize("products", [3000, 2**20], ids=["int16", "int32"])  # the kernels' two table formats
+def test_fused_ends_equal_the_conv_and_its_end(gen, backend, device, case, signed, products):
     (b, c, h, w_), (n, kh, kw), stride, pad, *grouped = CONVS[case]
     groups = grouped[0] if grouped else 1
     a, w = codes(gen, (b, c, h, w_), signed), weights(gen, (n, c // groups, kh, kw))
     if not signed:
         w[w == -128] = -127
-    lut = random_lut(gen, -3000, 3000)
+    lut = random_lut(gen, -products, products)
     conv = (stride, pad, 1, groups)
     acc = ops.lut_conv2d(a, w, lut, *conv, backend="python")
     sa, sw, bias, residual = _end_args(gen, acc.shape, n)
@@ -77,7 +83,7 @@ def test_fused_ends_equal_the_conv_and_its_end(gen, backend, device, case, signe
     }
     dev = [t.to(device) for t in (a, w, lut, sa, sw, bias, residual, qbias, m0, shift, cs)]
     ad, wd, ld, sad, swd, bd, rd, qbd, md, shd, csd = dev
-    for algo in _algos(backend):
+    for algo in _algos(backend, groups):
         what = f"{CONVS[case]} {backend} {algo}"
         got = ops.lut_conv2d_dequantize(ad, wd, ld, *conv, sad, swd, bd, backend=backend, algo=algo)
         assert _same(got, want["plain"]), what
@@ -138,3 +144,37 @@ def test_opcheck_fused_ends(gen, backend, device):
     qb, m0, shift = (t.to(device) for t in _requant(gen, 12))
     torch.library.opcheck(torch.ops.approx.lut_conv2d_requantize_codes.default,
                           (a, w, lut, *conv, qb, m0, shift, 0, 255, False))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("algo,hw,in_stores", [
+    ("expanded_window", 12, True), ("expanded_window", 11, True), ("expanded_gemm_r2", 12, True),
+    ("expanded_gemm_r8c", 12, True), ("expanded_gemm_r8c", 11, False),  # 121-output planes: the two ops
+    ("expanded_gemm_r16c", 12, False), ("expanded_gemm_r8c_k2", 12, False), ("direct", 12, False)])
+def test_which_variants_apply_the_end_in_their_stores(gen, algo, hw, in_stores):
+    """The values cannot tell the end in a kernel's stores from the two ops (they are the same bits): the kernels a
+    call launches can. Where the variant applies the end, no quant kernel runs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    a, w, lut = codes(gen, (2, 16, hw, hw), False), weights(gen, (24, 16, 3, 3)), random_lut(gen, -3000, 3000)
+    w[w == -128] = -127
+    a, w, lut = a.cuda(), w.cuda(), lut.cuda()
+    sa, sw, bias = torch.tensor(0.02).cuda(), torch.rand(24).cuda(), torch.randn(24).cuda()
+    residual, cs = torch.randn(2, 24, hw, hw).cuda(), torch.tensor(0.3).cuda()
+    out_codes = torch.empty(2, 24, hw, hw, dtype=torch.uint8).cuda()
+    qb, m0, shift = (t.cuda() for t in _requant(gen, 24))
+
+    def calls():
+        ops.lut_conv2d_dequantize(a, w, lut, 1, 1, 1, 1, sa, sw, bias, residual, True, out_codes, cs,
+                                  backend="cuda", algo=algo)
+        ops.lut_conv2d_requantize_codes(a, w, lut, 1, 1, 1, 1, qb, m0, shift, 0, 255, False, backend="cuda",
+                                        algo=algo)
+    calls()  # table builds
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        calls()
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert kernels, "the profiler saw no kernel"
+    quant = [k for k in kernels if "quantize" in k]
+    assert (not quant) == in_stores, kernels

@@ -43,7 +43,8 @@ struct WindowGeo {
 };
 
 // A layer's end applied in a LUT kernel's own stores (lut_ops.cpp's lut_conv2d_dequantize /
-// lut_conv2d_requantize_codes, where the variant is expanded_window): kind 0 none, the int32 sums into `out`;
+// lut_conv2d_requantize_codes, where the variant is expanded_window or an unsplit expanded_gemm): kind 0 none,
+// the int32 sums into `out`;
 // 1 dequantize into outf (with residual, relu and codes as approx::dequantize); 2 requantize_codes into codes.
 // Per-channel arrays have Ntot entries. vec: outf and residual 16-byte aligned, codes 4-byte aligned.
 struct Epi {
@@ -92,7 +93,7 @@ struct Params {
   // per variant
   WindowGeo win;       // expanded_window
   int rows_mb;         // expanded_rows / expanded_pairs: rows per block
-  Epi epi;             // kind 0 but for expanded_window under the fused entry points
+  Epi epi;             // kind 0 but under the fused entry points (lut_ops.cpp's applies_end)
 };
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }

@@ -67,7 +67,7 @@ constexpr int kGemmSlot = 2 * 256 * 128;       // bytes of one stage's table (4 
 // past r8c's slots, codes, staging and copied codes: KB's row addresses (12 B a row)
 constexpr int gemm_smem_kb_base(int bm) { return 2 * kGemmSlot + 2 * bm * 4 + 128 * kGemmRawRow + 8 * bm; }
 
-template <int R, int BUILD, bool KX, bool SK, bool AC = false>
+template <int R, int BUILD, bool KX, bool SK, bool AC = false, bool EPI = false>
 __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
   constexpr int TH = kGemmThreads, BM = TH / 4 * R, LR = (BM + TH - 1) / TH;
   constexpr bool WH = BUILD == 1, CO = BUILD == 2;
@@ -386,17 +386,20 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
     if (!live[i]) continue;
     uint32_t v[8];
     finish_row<int16_t>(s[i], h[i], taps, v);
-    gemm_store(p, m0 + g + 128 * i, n0 + 8 * j, v, add);
+    if constexpr (EPI) end_put<BM, 8>(smem, g + 128 * i, 8 * j, v);
+    else gemm_store(p, m0 + g + 128 * i, n0 + 8 * j, v, add);
   }
+  if constexpr (EPI) end_tile<BM, kGemmBN, 8>(p, smem, m0, n0);
 }
 
-template <int R, int MODE, int BUILD, bool KX, bool SK, bool AC = false>
+// EPI: a conv's end in the stores (Params::epi), its own instantiation: the others keep their code and registers.
+template <int R, int MODE, int BUILD, bool KX, bool SK, bool AC = false, bool EPI = false>
 __global__ void __launch_bounds__(kGemmThreads, 1) gemm_kernel(Params p) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))
-    gemm16_body<R, BUILD, KX, SK, AC>(p, smem);
+    gemm16_body<R, BUILD, KX, SK, AC, EPI>(p, smem);
   else
-    gemm32_body<R, KX>(p);
+    gemm32_body<R, KX, kGemmBN, EPI>(p);
 }
 
 int64_t gemm_blocks(const Params& p, int r) {
@@ -414,6 +417,10 @@ Config gemm_default(const Params& p) {
 constexpr size_t gemm_smem(int r, int build) {
   return 2 * kGemmSlot + 2 * (kGemmThreads / 4 * r) * 4 + (build == 2 ? 128 * kGemmRawRow + 20 * (128 * r) : 0);
 }
+// a conv's end stages the tile's int32 sums in it (end_put)
+static_assert(gemm_smem(2, 0) >= kGemmBN * end_stride<256, 8>() * 4 &&
+              gemm_smem(4, 0) >= kGemmBN * end_stride<512, 8>() * 4 &&
+              gemm_smem(8, 0) >= kGemmBN * end_stride<1024, 8>() * 4);
 
 template <int R, int MODE, int BUILD>
 void launch_gemm_t(const Params& p, int ks, cudaStream_t stream) {
@@ -433,6 +440,14 @@ void launch_gemm_t(const Params& p, int ks, cudaStream_t stream) {
       ? (ks > 1 ? gemm_kernel<R, MODE, BUILD, true, S2> : gemm_kernel<R, MODE, BUILD, true, false>)
       : ac ? (ks > 1 ? gemm_kernel<R, MODE, BUILD, false, S2, CA> : gemm_kernel<R, MODE, BUILD, false, false, CA>)
            : (ks > 1 ? gemm_kernel<R, MODE, BUILD, false, S2> : gemm_kernel<R, MODE, BUILD, false, false>);
+  if (p.epi.kind != 0) {
+    // a conv's end: lut_ops.cpp's run_with_end runs it unsplit, with the tables' format known (MODE 1 or 2)
+    TORCH_CHECK(MODE != 0 && ks == 1, "approx expanded_gemm: a conv's end needs an unsplit tile of known format");
+    if constexpr (MODE != 0)
+      kern = gemm_kx(p) ? gemm_kernel<R, MODE, BUILD, true, false, false, true>
+                        : ac ? gemm_kernel<R, MODE, BUILD, false, false, CA, true>
+                             : gemm_kernel<R, MODE, BUILD, false, false, false, true>;
+  }
   set_smem(kern, smem);
   const int64_t bx = (p.M + BM - 1) / BM;
   TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");

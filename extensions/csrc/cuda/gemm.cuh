@@ -1,8 +1,9 @@
 // Device code both expanded_gemm tile families share (gemm.cu: 128 R rows x 32 channels;
-// gemm_tall.cu: 2048 rows x 16 channels): where a row's codes are, the stores, a K split's
-// stages, the int32 path; and the tall tile's launcher.
+// gemm_tall.cu: 2048 rows x 16 channels): where a row's codes are, the stores, a conv's end in place
+// of them (gemm.cu's tile and the int32 path), a K split's stages, the int32 path; and the tall tile's launcher.
 #pragma once
 #include "launch.cuh"
+#include "quant_math.cuh"
 
 namespace approx_cuda {
 
@@ -101,6 +102,131 @@ __device__ __forceinline__ void gemm_store(const Params& p, long long m, int nb,
   }
 }
 
+// A conv layer's end (Params::epi) in place of a row's sums: dequantize's arithmetic (residual, ReLU, the next
+// layer's codes) or requantize_codes', per value as the quant kernels compute it (quant_math.cuh).
+__device__ __forceinline__ void end_value(const Epi& e, long long at, int32_t acc, float scale, float bias,
+                                          const CodesOut& co, float inv, int32_t qb, int32_t mult, int32_t shift) {
+  if (e.kind == 1) {
+    const bool add = e.residual != nullptr;
+    const float f = dequant_one(acc, scale, bias, add, add ? e.residual[at] : 0.f, e.relu);
+    e.outf[at] = f;
+    if (e.codes) e.codes[at] = static_cast<uint8_t>(co.byte(f, inv));
+  } else {
+    e.codes[at] = static_cast<uint8_t>(requant_code(acc, qb, mult, shift, e.qmin, e.qmax));
+  }
+}
+
+// The int32 path's end: channels nb..nb+NC-1 (< N) of row m, one value a store.
+template <int NC>
+__device__ __forceinline__ void gemm_end(const Params& p, long long m, int nb, const uint32_t (&v)[NC]) {
+  const Epi& e = p.epi;
+  const long long b = m / p.HoWo, at0 = (b * p.Ntot + nb) * p.HoWo + (m - b * p.HoWo);
+  const CodesOut co{e.codes_scale, e.cqmin, e.cqmax};
+  const float a = e.kind == 1 ? *e.act_scale : 0.f, inv = e.kind == 1 ? co.inv() : 0.f;
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    const int n = nb + c;
+    if (n >= p.N) break;
+    if (e.kind == 1) end_value(e, at0 + c * p.HoWo, v[c], __fmul_rn(a, e.wscale[n]), e.bias[n], co, inv, 0, 0, 0);
+    else end_value(e, at0 + c * p.HoWo, v[c], 0.f, 0.f, co, inv, e.qbias[n], e.mult[n], e.shift[n]);
+  }
+}
+
+// The int16 tile's end (gemm.cu) goes through shared memory, free after its stage loop's last barrier, so that its
+// stores run along output pixels as the quant kernels' do, and the sums' registers are free before it runs (inline
+// in the row stores, R = 8 tiles spilled in their stage loops). end_put: a thread's NC channels c0.. of tile row r
+// into [channels][BM + 8 / NC] int32, channel-major, the pad putting a warp's 8 quads x 4 lanes on 32 banks.
+template <int BM, int NC>
+constexpr int end_stride() { return BM + 8 / NC; }
+
+template <int BM, int NC>
+__device__ __forceinline__ void end_put(uint8_t* smem, int r, int c0, const uint32_t (&v)[NC]) {
+  int32_t* tile = reinterpret_cast<int32_t*>(smem);
+#pragma unroll
+  for (int c = 0; c < NC; ++c) tile[(c0 + c) * end_stride<BM, NC>() + r] = static_cast<int32_t>(v[c]);
+}
+
+// Dequantize's end of a tile column (channel n, its sums col[0..rows)), a warp's lanes along the rows: Q rows a
+// lane (4: a plane's rows come in aligned fours, 16-byte residual loads and output stores), U slots of them a batch.
+// A batch's residual loads are issued before its stores: the compiler cannot know that the output and the residual
+// do not alias, so with one load a row each would wait out the memory's latency in turn (measured: the end several
+// times slower than the separate pass it replaces).
+template <int Q, int U, class AtOf>
+__device__ __forceinline__ void end_column(const Epi& e, const int32_t* col, int rows, int lane, float scale,
+                                           float bias, const CodesOut& co, float inv, AtOf at_of) {
+  const bool add = e.residual != nullptr;
+  for (int r0 = Q * lane; r0 < rows; r0 += U * 32 * Q) {
+    long long at[U];
+    float rv[U][Q];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int r = r0 + 32 * Q * u;
+      at[u] = at_of(r);
+#pragma unroll
+      for (int x = 0; x < Q; ++x) rv[u][x] = 0.f;
+      if (add && r < rows) {
+        if constexpr (Q == 4) {
+          const float4 v = __ldg(reinterpret_cast<const float4*>(e.residual + at[u]));
+          rv[u][0] = v.x, rv[u][1] = v.y, rv[u][2] = v.z, rv[u][3] = v.w;
+        } else {
+          rv[u][0] = __ldg(e.residual + at[u]);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int r = r0 + 32 * Q * u;
+      if (r >= rows) break;
+      float f[Q];
+#pragma unroll
+      for (int x = 0; x < Q; ++x) f[x] = dequant_one(col[r + x], scale, bias, add, rv[u][x], e.relu);
+      if constexpr (Q == 4) {
+        *reinterpret_cast<float4*>(e.outf + at[u]) = make_float4(f[0], f[1], f[2], f[3]);
+        if (e.codes)
+          *reinterpret_cast<uint32_t*>(e.codes + at[u]) =
+              co.byte(f[0], inv) | co.byte(f[1], inv) << 8 | co.byte(f[2], inv) << 16 | co.byte(f[3], inv) << 24;
+      } else {
+        e.outf[at[u]] = f[0];
+        if (e.codes) e.codes[at[u]] = static_cast<uint8_t>(co.byte(f[0], inv));
+      }
+    }
+  }
+}
+
+// After every thread's end_put: warp w takes channels w, w + 16, ... of the tile (BN of them from n0), its lanes
+// along the rows (consecutive pixels of a channel's plane: coalesced), the channel's constants loaded once.
+template <int BM, int BN, int NC>
+__device__ __forceinline__ void end_tile(const Params& p, const uint8_t* smem, long long m0, int n0) {
+  __syncthreads();
+  const int32_t* tile = reinterpret_cast<const int32_t*>(smem);
+  const Epi& e = p.epi;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const long long b0 = m0 / p.HoWo;
+  const unsigned pix0 = static_cast<unsigned>(m0 - b0 * p.HoWo);  // + a tile row: < 2^31 (conv_params' bounds)
+  const int rows = static_cast<int>(min(p.M - m0, static_cast<long long>(BM)));
+  const CodesOut co{e.codes_scale, e.cqmin, e.cqmax};
+  const float a = e.kind == 1 ? *e.act_scale : 0.f, inv = e.kind == 1 ? co.inv() : 0.f;
+  // m0, HoWo % 4 == 0: rows 4i..4i+3 lie in one plane, their index a multiple of 4
+  const bool four = e.vec && (p.HoWo & 3) == 0;
+  for (int ch = warp; ch < BN && n0 + ch < p.N; ch += kGemmThreads / 32) {
+    const int n = n0 + ch;
+    const int32_t* col = tile + ch * end_stride<BM, NC>();
+    auto at_of = [&](int r) {
+      const unsigned off = pix0 + r, db = fdiv(off, p.fHoWo);
+      return ((b0 + db) * p.Ntot + n) * p.HoWo + (off - db * static_cast<unsigned>(p.HoWo));
+    };
+    if (e.kind == 2) {
+      const int32_t qb = e.qbias[n], mult = e.mult[n], shift = e.shift[n];
+      for (int r = lane; r < rows; r += 32)
+        e.codes[at_of(r)] = static_cast<uint8_t>(requant_code(col[r], qb, mult, shift, e.qmin, e.qmax));
+    } else if (four) {
+      end_column<4, 4>(e, col, rows, lane, __fmul_rn(a, e.wscale[n]), e.bias[n], co, inv, at_of);
+    } else {
+      end_column<1, 16>(e, col, rows, lane, __fmul_rn(a, e.wscale[n]), e.bias[n], co, inv, at_of);
+    }
+  }
+}
+
 // A block's stages [qa, qb) of the K / 4: all of them, or (SK) its K split's share, empty where the
 // split outnumbers the stages.
 template <bool SK>
@@ -154,7 +280,8 @@ __device__ __forceinline__ void put_pair_words(uint32_t* dst, const int4& A, con
 // int32 products: E32 straight from L1/L2, one lookup per MAC (correct, not fast; auto does not
 // time it where the format is known to be int32).
 // BN: the tile's channels (a lane's BN / 4).
-template <int R, bool KX, int BN = 32>
+// EPI: a conv's end in place of the sums (gemm_end), its own instantiation.
+template <int R, bool KX, int BN = 32, bool EPI = false>
 __device__ __forceinline__ void gemm32_body(const Params& p) {
   constexpr int BM = kGemmThreads / 4 * R, NC = BN / 4;
   const int t = threadIdx.x, g = t >> 2, j = t & 3;
@@ -176,7 +303,8 @@ __device__ __forceinline__ void gemm32_body(const Params& p) {
           if (nb + c < p.N) v[c] += static_cast<uint32_t>(__ldg(er + __ldg(p.w + (long long)(nb + c) * p.K + k0 + kk)));
       }
     }
-    gemm_store<NC>(p, m, nb, v, false);
+    if constexpr (EPI) gemm_end<NC>(p, m, nb, v);
+    else gemm_store<NC>(p, m, nb, v, false);
   }
 }
 

@@ -154,14 +154,25 @@ Choice known_pick(Choice choice, const Params& p, const at::Tensor& w, const at:
   return fmt >= 0 && cached_pick(auto_inputs(p, cg, fmt, refused), pick) ? pick : Choice{kAuto};
 }
 
-// Runs the conv with its end in the kernel's stores (p.epi) where the variant is expanded_window, the one that
-// applies it; false where it is not, and nothing ran (the caller then runs lut_conv2d and the end's op).
+// The variants that apply an end in their stores: expanded_window, and expanded_gemm's 128 R-row tiles unsplit (a
+// K split's blocks add partial sums into the output) where a channel's plane is a multiple of 4 outputs (its rows
+// in aligned fours: on 7x7 planes the end's short runs of stores measured slower than the two ops, as did the tall
+// tile's end; benchmarks/imagenet.md, "A conv's end in expanded_gemm's stores").
+bool applies_end(const Choice& c, const Params& p) {
+  if (c.algo < 0) return false;
+  const std::string name = algos()[c.algo].name;
+  return name == "expanded_window" ||
+         (name == "expanded_gemm" && c.cfg.ks <= 1 && c.cfg.build != 3 && p.HoWo % 4 == 0);
+}
+
+// Runs the conv with its end in the kernel's stores (p.epi) where the variant applies it (applies_end); false
+// where it does not, and nothing ran (the caller then runs lut_conv2d and the end's op).
 bool run_with_end(Choice algo, const Params& p, const at::Tensor& w, const at::Tensor& lut, const ConvGeo& cg) {
   const Choice pick = known_pick(algo, p, w, lut, cg, "lut_conv2d");
-  if (pick.algo < 0 || std::string(algos()[pick.algo].name) != "expanded_window") return false;
+  if (!applies_end(pick, p)) return false;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const auto pr = get_prepared(p, w, lut, cg, true, stream, false);
-  if (!pr->has_table) return false;
+  const auto pr = get_prepared(p, w, lut, cg, algos()[pick.algo].table, stream, false);
+  if ((algos()[pick.algo].table && !pr->has_table) || pr->fmt == 0) return false;  // fmt: cached, so known
   run_choice(pick, p, *pr, cg, stream);
   return true;
 }

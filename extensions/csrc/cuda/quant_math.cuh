@@ -1,5 +1,6 @@
 // The quant ops' arithmetic for one value (../ops.cpp), shared by their kernels (quant_cuda.cu) and by the LUT
-// kernels that apply a layer's end in their own stores (expanded_window): the same intrinsics, so the same bits.
+// kernels that apply a layer's end in their own stores (expanded_window, expanded_gemm): the same intrinsics, so the
+// same bits.
 // The _rn intrinsics fix each float operation to one IEEE round-to-nearest step.
 #pragma once
 #include <cstdint>

@@ -46,6 +46,8 @@ esac
 case $mode in speed|all)
   step "layers" bash -c "python3 benchmarks/cuda_layers.py --repeat 30 --algos auto --out '$out/layers.json' 2>&1 \
     | tee '$out/layers.log' | tail -14"
+  step "conv ends: one op against lut_conv2d and the end's op" bash -c "python3 benchmarks/fused_end.py --shapes r50,r50k \
+    --batch 64 2>&1 | tee '$out/fused_end.log' | tail -60"
   step "zoo at batch 1,000, eager and graphed" bash -c "python3 benchmarks/zoo_gpu.py --models lenet5,resnet20 \
     --layer-batches 1000 --model-batches 1000 --algos auto --out '$out/zoo' 2>&1 | grep -E '^(lenet5|resnet20) ' \
     | tee '$out/zoo.log'"

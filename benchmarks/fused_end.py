@@ -69,8 +69,9 @@ def main() -> None:
         conv = (a, w, lut, stride, pad, 1, groups)
         acc = ops.lut_conv2d(*conv, backend="cuda")
         pick = next((r["auto_pick_name"] for r in ops.algo_table(*conv, backend="cuda") if r["auto_pick"]), "?")
+        shape_ends = ends(wshape[0], acc.shape, dev)
         for end in args.ends.split(","):
-            two, one = ends(wshape[0], acc.shape, dev)[end]
+            two, one = shape_ends[end]
             paths = {"two": lambda: two(ops.lut_conv2d(*conv, backend="cuda")), "one": lambda: one(conv)}
             ms = {k: [] for k in paths}
             for fn in paths.values():

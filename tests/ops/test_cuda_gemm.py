@@ -111,3 +111,44 @@ def test_gemm_declines():
         with pytest.raises(RuntimeError, match="expanded_gemm.*conv of one group"):
             ops.lut_conv2d(x, torch.zeros((4, 2, kh, kh), dtype=torch.int8, device=DEV), lut, [1, 1], [0, 0], [1, 1],
                            2, "expanded_gemm")
+
+
+POINTWISE = [
+    # (B, C, H, W), N, stride, the layout auto runs it in: 1x1 convs without padding, at >= 2048 output rows
+    ((8, 24, 33, 31), 40, 2, "sampled"),        # odd sizes: the last sampled row and column are the input's last
+    ((12, 16, 20, 18), 36, (2, 1), "sampled"),  # sampled in one dimension
+    ((44, 20, 7, 7), 44, 1, "folded"),          # 49-pixel planes, 2156 rows: one image of [C, 44 x 49]
+    ((48, 12, 14, 14), 28, 2, "folded"),        # sampled to 7x7, then folded: 2352 rows
+    ((46, 12, 7, 7), 20, 1, "given"),           # 2254 rows: not a multiple of 4
+    ((40, 12, 7, 7), 24, 1, "given"),           # 1960 rows: less than two tiles
+    ((2, 8, 20, 20), 12, 2, "given"),           # strided, 200 rows
+    ((40, 12, 8, 8), 20, 1, "given"),           # planes of a multiple of 4 already
+]
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
+@pytest.mark.parametrize("case", range(len(POINTWISE)))
+def test_auto_runs_pointwise_convs_in_its_layout(case, signed):
+    """auto runs a 1x1 conv without padding in the layout of expanded_gemm's copied codes: a strided one as the
+    stride-1 conv of its sampled codes, 7x7-like planes with the batch folded into one image. The sums are the
+    reference's, and auto's pick is recorded for the layout it ran in (the shapes' own entry is what tells that
+    the layout was taken: each case's channel counts are its own)."""
+    (b, c, h, wd_), n, stride, layout = POINTWISE[case]
+    gen = torch.Generator().manual_seed(900 + case * 2 + signed)
+    lut = make_lut(gen, "int16")
+    a, w = make_codes(gen, (b, c, h, wd_), signed), make_weights(gen, (n, c, 1, 1), signed)
+    want = reference_lut_conv2d(a, w, lut, stride, 0, 1, 1)
+    ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
+    got = poisoned_call(lambda: ops.lut_conv2d(ad, wd, ld, _pair(stride), [0, 0], [1, 1], 1, "auto"), tuple(want.shape))
+    check_equal(got, want, f"{POINTWISE[case]} signed={signed}")
+    sh, sw = _pair(stride)
+    sampled = ad[:, :, ::sh, ::sw]
+    ran = {"given": ad, "sampled": sampled.contiguous(),
+           "folded": sampled.transpose(0, 1).contiguous().view(1, c, b, -1)}[layout]
+    from runner.ops import algo_table
+
+    def pick(x, s):
+        return [r["auto_pick_name"] for r in algo_table(x, wd, ld, s, backend="cuda") if r["auto_pick"]]
+    ran_stride = stride if layout == "given" else 1
+    assert pick(ran, ran_stride), f"auto's pick is not recorded for the {layout} layout"
+    assert pick(ad, stride) == pick(ran, ran_stride)  # lut_algos reports it for the shapes as given

@@ -18,6 +18,11 @@ CONVS = [
     ((2, 12, 8, 8), (20, 1, 1), 1, 0),     # 1x1: 4 channels a table chunk
     ((1, 5, 11, 11), (9, 5, 5), 1, 2),     # 5x5
     ((2, 8, 16, 16), (12, 3, 3), 1, 1, 2),  # 2 groups: each group's channels at their place in the output
+    # 1x1 convs without padding, which CUDA's auto runs in its own layout (>= 2048 output rows): strided, as the
+    # stride-1 conv of the sampled codes (16x17 planes: its end in the stores); 7x7 planes, the batch folded into
+    # one image (the two ops)
+    ((8, 12, 32, 34), (20, 1, 1), 2, 0),
+    ((44, 8, 7, 7), (12, 1, 1), 1, 0),
 ]
 
 
@@ -150,27 +155,38 @@ def test_opcheck_fused_ends(gen, backend, device):
 @pytest.mark.parametrize("algo,hw,in_stores", [
     ("expanded_window", 12, True), ("expanded_window", 11, True), ("expanded_gemm_r2", 12, True),
     ("expanded_gemm_r8c", 12, True), ("expanded_gemm_r8c", 11, False),  # 121-output planes: the two ops
-    ("expanded_gemm_r16c", 12, False), ("expanded_gemm_r8c_k2", 12, False), ("direct", 12, False)])
+    ("expanded_gemm_r16c", 12, False), ("expanded_gemm_r8c_k2", 12, False), ("direct", 12, False),
+    ("expanded_gemm_r8c", "1x1 s2", True), ("auto", "1x1 s2", None)])
 def test_which_variants_apply_the_end_in_their_stores(gen, algo, hw, in_stores):
     """The values cannot tell the end in a kernel's stores from the two ops (they are the same bits): the kernels a
-    call launches can. Where the variant applies the end, no quant kernel runs."""
+    call launches can. Where the variant applies the end, no quant kernel runs. "1x1 s2": a strided 1x1 conv, which
+    auto runs as the stride-1 conv of its sampled codes (12x12 planes), with the end in the stores where its pick
+    for that layout applies it (None: read from the pick)."""
     from torch.profiler import ProfilerActivity, profile
 
-    a, w, lut = codes(gen, (2, 16, hw, hw), False), weights(gen, (24, 16, 3, 3)), random_lut(gen, -3000, 3000)
+    pointwise = hw == "1x1 s2"
+    b, size, k, stride, pad = (16, 24, 1, 2, 0) if pointwise else (2, hw, 3, 1, 1)  # 1x1 s2: 2304 output rows
+    out_hw = 12 if pointwise else hw
+    a, w, lut = codes(gen, (b, 16, size, size), False), weights(gen, (24, 16, k, k)), random_lut(gen, -3000, 3000)
     w[w == -128] = -127
     a, w, lut = a.cuda(), w.cuda(), lut.cuda()
     sa, sw, bias = torch.tensor(0.02).cuda(), torch.rand(24).cuda(), torch.randn(24).cuda()
-    residual, cs = torch.randn(2, 24, hw, hw).cuda(), torch.tensor(0.3).cuda()
-    out_codes = torch.empty(2, 24, hw, hw, dtype=torch.uint8).cuda()
+    residual, cs = torch.randn(b, 24, out_hw, out_hw).cuda(), torch.tensor(0.3).cuda()
+    out_codes = torch.empty(b, 24, out_hw, out_hw, dtype=torch.uint8).cuda()
     qb, m0, shift = (t.cuda() for t in _requant(gen, 24))
 
     def calls():
-        ops.lut_conv2d_dequantize(a, w, lut, 1, 1, 1, 1, sa, sw, bias, residual, True, out_codes, cs,
+        ops.lut_conv2d_dequantize(a, w, lut, stride, pad, 1, 1, sa, sw, bias, residual, True, out_codes, cs,
                                   backend="cuda", algo=algo)
-        ops.lut_conv2d_requantize_codes(a, w, lut, 1, 1, 1, 1, qb, m0, shift, 0, 255, False, backend="cuda",
+        ops.lut_conv2d_requantize_codes(a, w, lut, stride, pad, 1, 1, qb, m0, shift, 0, 255, False, backend="cuda",
                                         algo=algo)
-    calls()  # table builds
+    calls()  # table builds (and auto's trials)
     torch.cuda.synchronize()
+    if in_stores is None:  # lut_ops.cpp's applies_end for auto's pick in the sampled layout
+        pick = next(r["auto_pick_name"] for r in ops.algo_table(a[:, :, ::2, ::2].contiguous(), w, lut, backend="cuda")
+                    if r["auto_pick"])
+        in_stores = pick.startswith("expanded_window") or (
+            pick.startswith("expanded_gemm") and "_k" not in pick and "r16c" not in pick)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         calls()
         torch.cuda.synchronize()

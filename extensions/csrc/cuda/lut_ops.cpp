@@ -126,6 +126,42 @@ at::Tensor lut_linear_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
   return out;
 }
 
+// auto's layouts for a pointwise conv (1x1, no padding, one group). It is a GEMM over its output pixels in any
+// order, so auto copies the codes into the layout of expanded_gemm's copied-codes path (cp.async: stride 1, planes
+// of a multiple of 4 pixels), which pays for the copy: a strided conv's sampled pixels made contiguous run as a
+// stride-1 conv, and planes of another size (ResNet-50's 7x7) get the batch folded into one image ([C, B x plane]
+// codes, the sums transposed back). Both where the conv has at least two tiles of output rows: on an H200 the
+// layouts gained 4-15 % at ResNet-50's batch 64 and 256 and lost 2-3 % at 1,568 folded rows (batch 32). A named
+// variant runs the shape as given. Measured in benchmarks/imagenet.md, "Pointwise convs in the copied-codes layout".
+constexpr int64_t kLayoutRows = 2048;
+
+struct Pointwise {
+  bool rewrite = false, folded = false;
+  std::vector<int64_t> sizes;  // the codes' sizes in the layout the conv runs in
+};
+
+Pointwise pointwise_layout(const approx_checks::ConvShape& s, const Choice& algo) {
+  Pointwise l;
+  if (algo.algo != kAuto || s.kh != 1 || s.kw != 1 || s.ph != 0 || s.pw != 0 || s.groups != 1) return l;
+  const int64_t plane = s.Ho * s.Wo, rows = s.B * plane;
+  if (rows < kLayoutRows) return l;
+  l.folded = plane % 4 != 0 && rows % 4 == 0 && s.C % 4 == 0 && s.B < (1 << 15) && s.C * rows < (1ll << 31);
+  l.rewrite = l.folded || s.sh > 1 || s.sw > 1;
+  l.sizes = l.folded ? std::vector<int64_t>{1, s.C, s.B, plane} : std::vector<int64_t>{s.B, s.C, s.Ho, s.Wo};
+  return l;
+}
+
+at::Tensor pointwise_codes(const at::Tensor& a, const approx_checks::ConvShape& s, const Pointwise& l) {
+  const at::Tensor sampled = a.slice(2, 0, s.H, s.sh).slice(3, 0, s.W, s.sw);  // all of it at stride 1
+  return l.folded ? sampled.transpose(0, 1).contiguous().view(l.sizes) : sampled.contiguous();
+}
+
+// The launch parameters of a pointwise conv in auto's layout; codes: its codes (or a placeholder of their shape).
+Params layout_params(const at::Tensor& codes, const at::Tensor& w, const at::Tensor& lut, ConvGeo& cg) {
+  return conv_params(codes, w, nullptr,
+                     approx_checks::check_conv(codes, w, lut, {1, 1}, {0, 0}, {1, 1}, 1, c10::DeviceType::CUDA), cg);
+}
+
 at::Tensor lut_conv2d_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
                            c10::IntArrayRef stride, c10::IntArrayRef padding,
                            c10::IntArrayRef dilation, int64_t groups, c10::string_view algo_name) {
@@ -133,6 +169,11 @@ at::Tensor lut_conv2d_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
                                            c10::DeviceType::CUDA);
   const c10::cuda::CUDAGuard guard(a.device());
   const Choice algo = parse_choice(std::string(algo_name), "lut_conv2d");
+  const Pointwise l = pointwise_layout(s, algo);
+  if (l.rewrite && s.B * s.N * s.Ho * s.Wo > 0 && s.K > 0) {  // the sums are the conv's in that layout
+    const at::Tensor sums = lut_conv2d_cuda(pointwise_codes(a, s, l), w, lut, {1, 1}, {0, 0}, {1, 1}, 1, algo_name);
+    return l.folded ? sums.view({s.N, s.B, s.Ho, s.Wo}).transpose(0, 1).contiguous() : sums;
+  }
   at::Tensor out = at::empty({s.B, s.N, s.Ho, s.Wo}, a.options().dtype(at::kInt));
   if (out.numel() == 0) return out;
   if (s.K == 0) return out.zero_();
@@ -166,13 +207,17 @@ bool applies_end(const Choice& c, const Params& p) {
 }
 
 // Runs the conv with its end in the kernel's stores (p.epi) where the variant applies it (applies_end); false
-// where it does not, and nothing ran (the caller then runs lut_conv2d and the end's op).
-bool run_with_end(Choice algo, const Params& p, const at::Tensor& w, const at::Tensor& lut, const ConvGeo& cg) {
+// where it does not, and nothing ran (the caller then runs lut_conv2d and the end's op). codes() gives the codes the
+// conv reads, made only once it is known to run (until then p.a may point at a placeholder of their shape).
+template <class Codes>
+bool run_with_end(Choice algo, Params p, const at::Tensor& w, const at::Tensor& lut, const ConvGeo& cg, Codes codes) {
   const Choice pick = known_pick(algo, p, w, lut, cg, "lut_conv2d");
   if (!applies_end(pick, p)) return false;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const auto pr = get_prepared(p, w, lut, cg, algos()[pick.algo].table, stream, false);
   if ((algos()[pick.algo].table && !pr->has_table) || pr->fmt == 0) return false;  // fmt: cached, so known
+  const at::Tensor a = codes();
+  p.a = reinterpret_cast<const uint8_t*>(a.data_ptr());
   run_choice(pick, p, *pr, cg, stream);
   return true;
 }
@@ -192,11 +237,14 @@ at::Tensor conv_with_end(const at::Tensor& a, const at::Tensor& w, const at::Ten
   const Choice algo = parse_choice(std::string(algo_name), "lut_conv2d");
   check_end(at::empty({s.B, s.N, s.Ho, s.Wo}, a.options().dtype(at::kInt)));
   if (s.B * s.N * s.Ho * s.Wo == 0 || s.K == 0) return at::Tensor();
+  const Pointwise l = pointwise_layout(s, algo);
+  if (l.folded) return at::Tensor();  // the composite: its lut_conv2d folds, then the end's op
   ConvGeo cg;
-  Params p = conv_params(a, w, nullptr, s, cg);
+  Params p = l.rewrite ? layout_params(at::empty(l.sizes, a.options()), w, lut, cg) : conv_params(a, w, nullptr, s, cg);
   at::Tensor out = at::empty({s.B, s.N, s.Ho, s.Wo}, a.options().dtype(dtype));
   fill_end(p.epi, out);
-  return run_with_end(algo, p, w, lut, cg) ? out : at::Tensor();
+  return run_with_end(algo, p, w, lut, cg, [&] { return l.rewrite ? pointwise_codes(a, s, l) : a; }) ? out
+                                                                                                     : at::Tensor();
 }
 
 at::Tensor lut_conv2d_dequantize_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
@@ -272,13 +320,16 @@ lut_algos_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
   const c10::cuda::CUDAGuard guard(a.device());
   Params p;
   ConvGeo cg;
+  Params pick_p;  // the shapes auto's pick was made for: a pointwise conv's in auto's layout
+  ConvGeo pick_cg;
   if (a.dim() == 4) {
-    p = conv_params(a, w, nullptr,
-                    approx_checks::check_conv(a, w, lut, stride, padding, dilation, groups,
-                                              c10::DeviceType::CUDA),
-                    cg);
+    const auto s = approx_checks::check_conv(a, w, lut, stride, padding, dilation, groups, c10::DeviceType::CUDA);
+    p = pick_p = conv_params(a, w, nullptr, s, cg);
+    pick_cg = cg;
+    const Pointwise l = pointwise_layout(s, Choice{kAuto});
+    if (l.rewrite) pick_p = layout_params(at::empty(l.sizes, a.options()), w, lut, pick_cg);
   } else {
-    p = linear_params(a, w, nullptr, approx_checks::check_linear(a, w, lut, c10::DeviceType::CUDA));
+    p = pick_p = linear_params(a, w, nullptr, approx_checks::check_linear(a, w, lut, c10::DeviceType::CUDA));
   }
   std::vector<std::string> names, notes;
   std::vector<int64_t> bytes;
@@ -294,9 +345,9 @@ lut_algos_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
   Choice pick;
   bool found = false;
   bool refused = false;
-  for (int fmt : {cached_format(p, w, lut, cg, &refused), lut_format(lut, p.xmask == 0), 0}) {
+  for (int fmt : {cached_format(pick_p, w, lut, pick_cg, &refused), lut_format(lut, p.xmask == 0), 0}) {
     if (fmt < 0 || found) continue;
-    found = cached_pick(auto_inputs(p, cg, fmt, refused), pick);
+    found = cached_pick(auto_inputs(pick_p, pick_cg, fmt, refused), pick);
   }
   return {names, bytes, notes, found ? choice_name(pick) : std::string()};
 }

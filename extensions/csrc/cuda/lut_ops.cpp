@@ -130,8 +130,9 @@ at::Tensor lut_linear_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
 // order, so auto copies the codes into the layout of expanded_gemm's copied-codes path (cp.async: stride 1, planes
 // of a multiple of 4 pixels), which pays for the copy: a strided conv's sampled pixels made contiguous run as a
 // stride-1 conv, and planes of another size (ResNet-50's 7x7) get the batch folded into one image ([C, B x plane]
-// codes, the sums transposed back). Both where the conv has at least two tiles of output rows: on an H200 the
-// layouts gained 4-15 % at ResNet-50's batch 64 and 256 and lost 2-3 % at 1,568 folded rows (batch 32). A named
+// codes, the sums transposed back). Both where the conv has at least two tiles of output rows: on an H200 they took
+// 0.82-0.94 of the best variant's time on the shapes as given at ResNet-50's batch 64 and 256, and folded at 1,568
+// rows (batch 32) 1.02-1.03. A named
 // variant runs the shape as given. Measured in benchmarks/imagenet.md, "Pointwise convs in the copied-codes layout".
 constexpr int64_t kLayoutRows = 2048;
 
@@ -240,7 +241,8 @@ at::Tensor conv_with_end(const at::Tensor& a, const at::Tensor& w, const at::Ten
   const Pointwise l = pointwise_layout(s, algo);
   if (l.folded) return at::Tensor();  // the composite: its lut_conv2d folds, then the end's op
   ConvGeo cg;
-  Params p = l.rewrite ? layout_params(at::empty(l.sizes, a.options()), w, lut, cg) : conv_params(a, w, nullptr, s, cg);
+  Params p = l.rewrite ? layout_params(at::empty(l.sizes, a.options()), w, lut, cg)  // a placeholder of its codes
+                        : conv_params(a, w, nullptr, s, cg);
   at::Tensor out = at::empty({s.B, s.N, s.Ho, s.Wo}, a.options().dtype(dtype));
   fill_end(p.epi, out);
   return run_with_end(algo, p, w, lut, cg, [&] { return l.rewrite ? pointwise_codes(a, s, l) : a; }) ? out

@@ -15,6 +15,7 @@ if not torch.cuda.is_available():
 from tests.ops.test_cuda import (  # noqa: E402  (skips itself without CUDA kernels)
     DEV, check_equal, make_codes, make_lut, make_weights, poisoned_call)
 
+from runner.ops import algo_table  # noqa: E402
 from runner.reference import reference_lut_conv2d, reference_lut_linear  # noqa: E402
 
 ops = torch.ops.approx
@@ -145,8 +146,6 @@ def test_auto_runs_pointwise_convs_in_its_layout(case, signed):
     sampled = ad[:, :, ::sh, ::sw]
     ran = {"given": ad, "sampled": sampled.contiguous(),
            "folded": sampled.transpose(0, 1).contiguous().view(1, c, b, -1)}[layout]
-    from runner.ops import algo_table
-
     def pick(x, s):
         return [r["auto_pick_name"] for r in algo_table(x, wd, ld, s, backend="cuda") if r["auto_pick"]]
     ran_stride = stride if layout == "given" else 1

@@ -132,8 +132,8 @@ at::Tensor lut_linear_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
 // stride-1 conv, and planes of another size (ResNet-50's 7x7) get the batch folded into one image ([C, B x plane]
 // codes, the sums transposed back). Both where the conv has at least two tiles of output rows: on an H200 they took
 // 0.82-0.94 of the best variant's time on the shapes as given at ResNet-50's batch 64 and 256, and folded at 1,568
-// rows (batch 32) 1.02-1.03. A named
-// variant runs the shape as given. Measured in benchmarks/imagenet.md, "Pointwise convs in the copied-codes layout".
+// rows (batch 32) 1.02-1.03. A named variant runs the shape as given. Measured in benchmarks/imagenet.md,
+// "Pointwise convs in the copied-codes layout".
 constexpr int64_t kLayoutRows = 2048;
 
 struct Pointwise {
@@ -145,7 +145,7 @@ Pointwise pointwise_layout(const approx_checks::ConvShape& s, const Choice& algo
   Pointwise l;
   if (algo.algo != kAuto || s.kh != 1 || s.kw != 1 || s.ph != 0 || s.pw != 0 || s.groups != 1) return l;
   const int64_t plane = s.Ho * s.Wo, rows = s.B * plane;
-  if (rows < kLayoutRows) return l;
+  if (rows < kLayoutRows || s.N == 0 || s.K == 0) return l;  // an empty conv runs as given
   l.folded = plane % 4 != 0 && rows % 4 == 0 && s.C % 4 == 0 && s.B < (1 << 15) && s.C * rows < (1ll << 31);
   l.rewrite = l.folded || s.sh > 1 || s.sw > 1;
   l.sizes = l.folded ? std::vector<int64_t>{1, s.C, s.B, plane} : std::vector<int64_t>{s.B, s.C, s.Ho, s.Wo};
@@ -157,8 +157,12 @@ at::Tensor pointwise_codes(const at::Tensor& a, const approx_checks::ConvShape& 
   return l.folded ? sampled.transpose(0, 1).contiguous().view(l.sizes) : sampled.contiguous();
 }
 
-// The launch parameters of a pointwise conv in auto's layout; codes: its codes (or a placeholder of their shape).
-Params layout_params(const at::Tensor& codes, const at::Tensor& w, const at::Tensor& lut, ConvGeo& cg) {
+// The launch parameters of a pointwise conv in auto's layout l, before its codes are copied: made from a placeholder
+// of their shape, freed on return, so p.a is set to the codes' (run_with_end) before anything reads it (a cached
+// pick's and table's lookups read only the shapes).
+Params layout_params(const Pointwise& l, const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
+                     ConvGeo& cg) {
+  const at::Tensor codes = at::empty(l.sizes, a.options());
   return conv_params(codes, w, nullptr,
                      approx_checks::check_conv(codes, w, lut, {1, 1}, {0, 0}, {1, 1}, 1, c10::DeviceType::CUDA), cg);
 }
@@ -171,7 +175,7 @@ at::Tensor lut_conv2d_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
   const c10::cuda::CUDAGuard guard(a.device());
   const Choice algo = parse_choice(std::string(algo_name), "lut_conv2d");
   const Pointwise l = pointwise_layout(s, algo);
-  if (l.rewrite && s.B * s.N * s.Ho * s.Wo > 0 && s.K > 0) {  // the sums are the conv's in that layout
+  if (l.rewrite) {  // the sums are the conv's in that layout
     const at::Tensor sums = lut_conv2d_cuda(pointwise_codes(a, s, l), w, lut, {1, 1}, {0, 0}, {1, 1}, 1, algo_name);
     return l.folded ? sums.view({s.N, s.B, s.Ho, s.Wo}).transpose(0, 1).contiguous() : sums;
   }
@@ -241,8 +245,7 @@ at::Tensor conv_with_end(const at::Tensor& a, const at::Tensor& w, const at::Ten
   const Pointwise l = pointwise_layout(s, algo);
   if (l.folded) return at::Tensor();  // the composite: its lut_conv2d folds, then the end's op
   ConvGeo cg;
-  Params p = l.rewrite ? layout_params(at::empty(l.sizes, a.options()), w, lut, cg)  // a placeholder of its codes
-                        : conv_params(a, w, nullptr, s, cg);
+  Params p = l.rewrite ? layout_params(l, a, w, lut, cg) : conv_params(a, w, nullptr, s, cg);
   at::Tensor out = at::empty({s.B, s.N, s.Ho, s.Wo}, a.options().dtype(dtype));
   fill_end(p.epi, out);
   return run_with_end(algo, p, w, lut, cg, [&] { return l.rewrite ? pointwise_codes(a, s, l) : a; }) ? out
@@ -329,7 +332,7 @@ lut_algos_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
     p = pick_p = conv_params(a, w, nullptr, s, cg);
     pick_cg = cg;
     const Pointwise l = pointwise_layout(s, Choice{kAuto});
-    if (l.rewrite) pick_p = layout_params(at::empty(l.sizes, a.options()), w, lut, pick_cg);
+    if (l.rewrite) pick_p = layout_params(l, a, w, lut, pick_cg);
   } else {
     p = pick_p = linear_params(a, w, nullptr, approx_checks::check_linear(a, w, lut, c10::DeviceType::CUDA));
   }

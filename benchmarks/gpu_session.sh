@@ -48,8 +48,8 @@ case $mode in speed|all)
     | tee '$out/layers.log' | tail -14"
   step "conv ends: one op against lut_conv2d and the end's op" bash -c "python3 benchmarks/fused_end.py --shapes r50,r50k \
     --batch 64 2>&1 | tee '$out/fused_end.log' | tail -60"
-  step "pointwise convs: auto's layouts against every variant on the shapes as given" bash -c "python3 \
-    benchmarks/pointwise_layout.py --batches 1,8,32,64,256 2>&1 | tee '$out/pointwise_layout.log' | tail -26"
+  step "1x1 and 3x3 convs: auto's GEMM layout against every variant on the shapes as given" bash -c "python3 \
+    benchmarks/gemm_layout.py --batches 1,8,32,64,256 2>&1 | tee '$out/gemm_layout.log' | tail -76"
   step "zoo at batch 1,000, eager and graphed" bash -c "python3 benchmarks/zoo_gpu.py --models lenet5,resnet20 \
     --layer-batches 1000 --model-batches 1000 --algos auto --out '$out/zoo' 2>&1 | grep -E '^(lenet5|resnet20) ' \
     | tee '$out/zoo.log'"

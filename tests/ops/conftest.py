@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from runner import _ext
+from runner.reference import as_pair
 from runner.multipliers.core import exact_lut  # noqa: F401  (re-exported for the op tests)
 
 
@@ -53,3 +54,14 @@ def weights(gen, shape):
 @pytest.fixture
 def gen():
     return torch.Generator().manual_seed(1234)
+
+
+def taps_of(a, kernel, stride, padding, dilation):
+    """im2col: [B, C kh kw, Ho, Wo], tap (c, ky, kx) of each output pixel, code 0 in the padding."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, *(as_pair(v, '') for v in (stride, padding, dilation))
+    b, c, h, w = a.shape
+    hp, wp = h + 2 * ph, w + 2 * pw
+    ho, wo = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
+    padded = torch.nn.functional.pad(a, (pw, pw, ph, ph)).contiguous()
+    view = padded.as_strided((b, c, kh, kw, ho, wo), (c * hp * wp, hp * wp, dh * wp, dw, sh * wp, sw))
+    return view.reshape(b, c * kh * kw, ho, wo).contiguous()

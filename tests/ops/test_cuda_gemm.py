@@ -17,6 +17,7 @@ from tests.ops.test_cuda import (  # noqa: E402  (skips itself without CUDA kern
 
 from runner.ops import algo_table  # noqa: E402
 from runner.reference import reference_lut_conv2d, reference_lut_linear  # noqa: E402
+from tests.ops.conftest import taps_of  # noqa: E402
 
 ops = torch.ops.approx
 
@@ -114,40 +115,56 @@ def test_gemm_declines():
                            2, "expanded_gemm")
 
 
-POINTWISE = [
-    # (B, C, H, W), N, stride, the layout auto runs it in: 1x1 convs without padding, at >= 2048 output rows
-    ((8, 24, 33, 31), 40, 2, "sampled"),        # odd sizes: the last sampled row and column are the input's last
-    ((12, 16, 20, 18), 36, (2, 1), "sampled"),  # sampled in one dimension
-    ((44, 20, 7, 7), 44, 1, "folded"),          # 49-pixel planes, 2156 rows: one image of [C, 44 x 49]
-    ((48, 12, 14, 14), 28, 2, "folded"),        # sampled to 7x7, then folded: 2352 rows
-    ((46, 12, 7, 7), 20, 1, "given"),           # 2254 rows: not a multiple of 4
-    ((40, 12, 7, 7), 24, 1, "given"),           # 1960 rows: less than two tiles
-    ((2, 8, 20, 20), 12, 2, "given"),           # strided, 200 rows
-    ((40, 12, 8, 8), 20, 1, "given"),           # planes of a multiple of 4 already
+LAYOUTS = [
+    # (B, C, H, W), (N, kh, kw), stride, padding, dilation, the layout auto runs it in (lut_ops.cpp's gemm_layout):
+    # a conv of one group at >= 2048 output rows, K a multiple of 4, as a stride-1 1x1 conv over its taps
+    ((8, 24, 33, 31), (40, 1, 1), 2, 0, 1, "taps"),        # odd sizes: the last sampled row and column the input's
+    ((12, 16, 20, 18), (36, 1, 1), (2, 1), 0, 1, "taps"),  # sampled in one dimension
+    ((44, 20, 7, 7), (44, 1, 1), 1, 0, 1, "folded"),       # 49-pixel planes, 2156 rows: one image of [C, 44 x 49]
+    ((48, 12, 14, 14), (28, 1, 1), 2, 0, 1, "folded"),     # sampled to 7x7, then folded: 2352 rows
+    ((46, 12, 7, 7), (20, 1, 1), 1, 0, 1, "given"),        # 2254 rows: not a multiple of 4
+    ((40, 12, 7, 7), (24, 1, 1), 1, 0, 1, "given"),        # 1960 rows: less than two tiles
+    ((2, 8, 20, 20), (12, 1, 1), 2, 0, 1, "given"),        # strided, 200 rows
+    ((40, 12, 8, 8), (20, 1, 1), 1, 0, 1, "given"),        # planes of a multiple of 4 already
+    ((10, 8, 16, 16), (36, 3, 3), 1, 1, 1, "given"),       # 3x3, stride 1, 16x16 planes: expanded_window's
+    ((12, 12, 31, 29), (20, 3, 3), 2, 1, 1, "taps"),       # stride 2: im2col, padded taps code 0; 16x15 planes
+    ((3, 4, 30, 34), (9, 5, 5), 1, (2, 3), 2, "taps"),     # 5x5, dilation 2, uneven padding: 26x32 planes
+    ((44, 16, 7, 7), (40, 3, 3), 1, 1, 1, "folded"),       # ResNet-50 layer4's 3x3 geometry, 2156 rows
+    ((48, 8, 13, 13), (12, 3, 3), 2, 1, 1, "folded"),      # strided to 7x7, then folded
+    ((12, 6, 16, 16), (12, 3, 3), 1, 1, 1, "given"),       # K = 54: not a multiple of 4
+    ((4, 3, 48, 48), (16, 7, 7), 2, 3, 1, "given"),        # the stem's K = 147
+    ((7, 8, 16, 16), (12, 3, 3), 1, 1, 1, "given"),        # 1792 rows: less than two tiles
+    ((46, 8, 7, 7), (12, 3, 3), 1, 1, 1, "given"),         # 2254 rows of 49-pixel planes: not foldable
 ]
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
-@pytest.mark.parametrize("case", range(len(POINTWISE)))
-def test_auto_runs_pointwise_convs_in_its_layout(case, signed):
-    """auto runs a 1x1 conv without padding in the layout of expanded_gemm's copied codes: a strided one as the
-    stride-1 conv of its sampled codes, 7x7-like planes with the batch folded into one image. The sums are the
-    reference's, and auto's pick is recorded for the layout it ran in (the shapes' own entry is what tells that
-    the layout was taken: each case's channel counts are its own)."""
-    (b, c, h, wd_), n, stride, layout = POINTWISE[case]
+@pytest.mark.parametrize("case", range(len(LAYOUTS)))
+def test_auto_runs_convs_in_its_gemm_layout(case, signed):
+    """auto runs a conv of one group as expanded_gemm's stride-1 1x1 conv over its taps, whose codes it copies with
+    cp.async: a strided 1x1 conv's sampled codes, a KxK conv's im2col, 7x7-like planes with the batch folded into
+    one image. The sums are the reference's, and auto's pick is recorded for the layout it ran in (the shapes' own
+    entry is what tells that the layout was taken: each case's channel counts are its own)."""
+    (b, c, h, wd_), (n, kh, kw), stride, pad, dil, layout = LAYOUTS[case]
     gen = torch.Generator().manual_seed(900 + case * 2 + signed)
     lut = make_lut(gen, "int16")
-    a, w = make_codes(gen, (b, c, h, wd_), signed), make_weights(gen, (n, c, 1, 1), signed)
-    want = reference_lut_conv2d(a, w, lut, stride, 0, 1, 1)
+    a, w = make_codes(gen, (b, c, h, wd_), signed), make_weights(gen, (n, c, kh, kw), signed)
+    want = reference_lut_conv2d(a, w, lut, stride, pad, dil, 1)
     ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
-    got = poisoned_call(lambda: ops.lut_conv2d(ad, wd, ld, _pair(stride), [0, 0], [1, 1], 1, "auto"), tuple(want.shape))
-    check_equal(got, want, f"{POINTWISE[case]} signed={signed}")
-    sh, sw = _pair(stride)
-    sampled = ad[:, :, ::sh, ::sw]
-    ran = {"given": ad, "sampled": sampled.contiguous(),
-           "folded": sampled.transpose(0, 1).contiguous().view(1, c, b, -1)}[layout]
-    def pick(x, s):
-        return [r["auto_pick_name"] for r in algo_table(x, wd, ld, s, backend="cuda") if r["auto_pick"]]
-    ran_stride = stride if layout == "given" else 1
-    assert pick(ran, ran_stride), f"auto's pick is not recorded for the {layout} layout"
-    assert pick(ad, stride) == pick(ran, ran_stride)  # lut_algos reports it for the shapes as given
+    got = poisoned_call(lambda: ops.lut_conv2d(ad, wd, ld, _pair(stride), _pair(pad), _pair(dil), 1, "auto"),
+                        tuple(want.shape))
+    check_equal(got, want, f"{LAYOUTS[case]} signed={signed}")
+    torch.library.opcheck(ops.lut_conv2d.default, (ad, wd, ld, _pair(stride), _pair(pad), _pair(dil), 1, "auto"))
+    taps = taps_of(ad, (kh, kw), stride, pad, dil)
+    ran, ran_w = ad, wd
+    if layout != "given":
+        ran, ran_w = taps, wd.view(n, -1, 1, 1)
+    if layout == "folded":
+        ran = taps.transpose(0, 1).contiguous().view(1, taps.shape[1], b, -1)
+
+    def pick(x, wx, conv):
+        return [r["auto_pick_name"] for r in algo_table(x, wx, ld, *conv, backend="cuda") if r["auto_pick"]]
+    ran_conv = (stride, pad, dil) if layout == "given" else (1, 0, 1)
+    assert pick(ran, ran_w, ran_conv), f"auto's pick is not recorded for the {layout} layout"
+    # lut_algos reports it for the shapes as given
+    assert pick(ad, wd, (stride, pad, dil)) == pick(ran, ran_w, ran_conv)

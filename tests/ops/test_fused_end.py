@@ -8,7 +8,7 @@ import torch
 from runner import ops
 from runner.quant import requant_multiplier
 
-from .conftest import backend_params, codes, random_lut, weights
+from .conftest import backend_params, codes, random_lut, taps_of, weights
 
 CONVS = [
     # (B, C, H, W), (N, kh, kw), stride, padding
@@ -23,6 +23,10 @@ CONVS = [
     # one image (the two ops)
     ((8, 12, 32, 34), (20, 1, 1), 2, 0),
     ((44, 8, 7, 7), (12, 1, 1), 1, 0),
+    # 3x3 convs, which it runs as a 1x1 conv over their taps (im2col): strided to 16x16 planes (the end in the
+    # stores), 7x7 ones folded (the two ops)
+    ((10, 8, 32, 32), (20, 3, 3), 2, 1),
+    ((44, 4, 7, 7), (12, 3, 3), 1, 1),
 ]
 
 
@@ -156,17 +160,17 @@ def test_opcheck_fused_ends(gen, backend, device):
     ("expanded_window", 12, True), ("expanded_window", 11, True), ("expanded_gemm_r2", 12, True),
     ("expanded_gemm_r8c", 12, True), ("expanded_gemm_r8c", 11, False),  # 121-output planes: the two ops
     ("expanded_gemm_r16c", 12, False), ("expanded_gemm_r8c_k2", 12, False), ("direct", 12, False),
-    ("expanded_gemm_r8c", "1x1 s2", True), ("auto", "1x1 s2", None)])
+    ("expanded_gemm_r8c", "1x1 s2", True), ("auto", "1x1 s2", None), ("auto", "3x3 taps", None)])
 def test_which_variants_apply_the_end_in_their_stores(gen, algo, hw, in_stores):
     """The values cannot tell the end in a kernel's stores from the two ops (they are the same bits): the kernels a
-    call launches can. Where the variant applies the end, no quant kernel runs. "1x1 s2": a strided 1x1 conv, which
-    auto runs as the stride-1 conv of its sampled codes (12x12 planes), with the end in the stores where its pick
-    for that layout applies it (None: read from the pick)."""
+    call launches can. Where the variant applies the end, no quant kernel runs. "1x1 s2" and "3x3 taps": a strided
+    1x1 conv and a strided 3x3 conv of 2304 output rows, which auto runs as a stride-1 1x1 conv over their taps
+    (12x12 planes), with the end in the stores where its pick for that layout applies it (None: read from the
+    pick)."""
     from torch.profiler import ProfilerActivity, profile
 
-    pointwise = hw == "1x1 s2"
-    b, size, k, stride, pad = (16, 24, 1, 2, 0) if pointwise else (2, hw, 3, 1, 1)  # 1x1 s2: 2304 output rows
-    out_hw = 12 if pointwise else hw
+    b, size, k, stride, pad = {"1x1 s2": (16, 24, 1, 2, 0), "3x3 taps": (16, 24, 3, 2, 1)}.get(hw, (2, hw, 3, 1, 1))
+    out_hw = 12 if isinstance(hw, str) else hw
     a, w, lut = codes(gen, (b, 16, size, size), False), weights(gen, (24, 16, k, k)), random_lut(gen, -3000, 3000)
     w[w == -128] = -127
     a, w, lut = a.cuda(), w.cuda(), lut.cuda()
@@ -182,8 +186,9 @@ def test_which_variants_apply_the_end_in_their_stores(gen, algo, hw, in_stores):
                                         algo=algo)
     calls()  # table builds (and auto's trials)
     torch.cuda.synchronize()
-    if in_stores is None:  # lut_ops.cpp's applies_end for auto's pick in the sampled layout
-        pick = next(r["auto_pick_name"] for r in ops.algo_table(a[:, :, ::2, ::2].contiguous(), w, lut, backend="cuda")
+    if in_stores is None:  # lut_ops.cpp's applies_end for auto's pick in the layout of the taps
+        taps = taps_of(a, (k, k), stride, pad, 1)
+        pick = next(r["auto_pick_name"] for r in ops.algo_table(taps, w.view(24, -1, 1, 1), lut, backend="cuda")
                     if r["auto_pick"])
         in_stores = pick.startswith("expanded_window") or (
             pick.startswith("expanded_gemm") and "_k" not in pick and "r16c" not in pick)

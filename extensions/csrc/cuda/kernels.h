@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../checks.h"
 #include "common.cuh"
 
 namespace approx_cuda {
@@ -97,5 +98,8 @@ std::string depthwise_why_not(const Params& p, const ConvGeo& cg);         // de
 void launch_depthwise(const Params& p, const ConvGeo& cg, cudaStream_t stream);
 std::string depthwise_rows_why_not(const Params& p, const ConvGeo& cg);    // depthwise_rows.cu
 void launch_depthwise_rows(const Params& p, const ConvGeo& cg, int fmt, cudaStream_t stream);
+// layouts.cu: a conv's codes (one group) in auto's GEMM layout, out [B][K][Ho][Wo] or folded [K][B][Ho][Wo]
+void launch_gemm_layout(const at::Tensor& a, at::Tensor& out, const approx_checks::ConvShape& s, bool folded,
+                        cudaStream_t stream);
 
 }  // namespace approx_cuda

@@ -126,45 +126,58 @@ at::Tensor lut_linear_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
   return out;
 }
 
-// auto's layouts for a pointwise conv (1x1, no padding, one group). It is a GEMM over its output pixels in any
-// order, so auto copies the codes into the layout of expanded_gemm's copied-codes path (cp.async: stride 1, planes
-// of a multiple of 4 pixels), which pays for the copy: a strided conv's sampled pixels made contiguous run as a
-// stride-1 conv, and planes of another size (ResNet-50's 7x7) get the batch folded into one image ([C, B x plane]
-// codes, the sums transposed back). Both where the conv has at least two tiles of output rows: on an H200 they took
-// 0.82-0.94 of the best variant's time on the shapes as given at ResNet-50's batch 64 and 256, and folded at 1,568
-// rows (batch 32) 1.02-1.03. A named variant runs the shape as given. Measured in benchmarks/imagenet.md,
-// "Pointwise convs in the copied-codes layout".
+// auto's GEMM layout for a conv of one group: its codes copied so that expanded_gemm runs it as a 1x1 conv of stride 1
+// over its taps (tap k = (c, ky, kx) of an output pixel, as the weights [N][C][kh][kw] are [N][K]) on the path that
+// copies a stage's codes with cp.async (planes of a multiple of 4 pixels, K a multiple of 4). A pointwise conv of
+// stride 1 on such planes is that already; a strided one gets its sampled pixels, a strided or dilated KxK conv its
+// taps (im2col: K / C times its codes, a tap in the padding code 0, as every kernel reads it), and planes of another
+// size (ResNet-50's 7x7) the batch folded into one image ([K, B x plane] codes, the sums transposed back), a KxK
+// conv's too. Both where the conv has at least two tiles of output rows. A KxK conv of stride 1 on planes of a
+// multiple of 4 stays as given: expanded_window runs it, on a network's activations up to 1.3x faster than on the
+// uniform codes it was tuned on, and faster than the layout. On an H200 the pointwise layouts took 0.82-0.94 of the
+// best variant's time on the shapes as given at ResNet-50's batch 64 and 256, and folded at 1,568 rows (batch 32)
+// 1.02-1.03; ResNet-18's 3x3 convs on 7x7 planes 0.86. Measured in benchmarks/imagenet.md, "Pointwise convs in the
+// copied-codes layout" and "3x3 convs as a GEMM over their taps". A named variant runs the shape as given.
 constexpr int64_t kLayoutRows = 2048;
+constexpr int64_t kLayoutBytes = 1ll << 30;  // the taps' codes at most: a KxK conv's copy is K / C times its input
 
-struct Pointwise {
+struct GemmLayout {
   bool rewrite = false, folded = false;
   std::vector<int64_t> sizes;  // the codes' sizes in the layout the conv runs in
 };
 
-Pointwise pointwise_layout(const approx_checks::ConvShape& s, const Choice& algo) {
-  Pointwise l;
-  if (algo.algo != kAuto || s.kh != 1 || s.kw != 1 || s.ph != 0 || s.pw != 0 || s.groups != 1) return l;
+GemmLayout gemm_layout(const approx_checks::ConvShape& s, const Choice& algo) {
+  GemmLayout l;
   const int64_t plane = s.Ho * s.Wo, rows = s.B * plane;
-  if (rows < kLayoutRows || s.N == 0 || s.K == 0) return l;  // an empty conv runs as given
-  l.folded = plane % 4 != 0 && rows % 4 == 0 && s.C % 4 == 0 && s.B < (1 << 15) && s.C * rows < (1ll << 31);
-  l.rewrite = l.folded || s.sh > 1 || s.sw > 1;
-  l.sizes = l.folded ? std::vector<int64_t>{1, s.C, s.B, plane} : std::vector<int64_t>{s.B, s.C, s.Ho, s.Wo};
+  // an empty conv runs as given
+  if (algo.algo != kAuto || s.groups != 1 || rows < kLayoutRows || s.N == 0 || s.K % 4 != 0 ||
+      s.K * rows > kLayoutBytes)
+    return l;
+  l.folded = plane % 4 != 0 && rows % 4 == 0 && s.B < (1 << 15) && plane < (1 << 15);  // conv_params' bounds
+  const bool stride1 = s.sh == 1 && s.sw == 1;
+  const bool as_given = s.kh == 1 && s.kw == 1 ? stride1 && s.ph == 0 && s.pw == 0 : stride1 && s.dh == 1 && s.dw == 1;
+  l.rewrite = l.folded || (plane % 4 == 0 && !as_given);
+  l.sizes = l.folded ? std::vector<int64_t>{1, s.K, s.B, plane} : std::vector<int64_t>{s.B, s.K, s.Ho, s.Wo};
   return l;
 }
 
-at::Tensor pointwise_codes(const at::Tensor& a, const approx_checks::ConvShape& s, const Pointwise& l) {
-  const at::Tensor sampled = a.slice(2, 0, s.H, s.sh).slice(3, 0, s.W, s.sw);  // all of it at stride 1
-  return l.folded ? sampled.transpose(0, 1).contiguous().view(l.sizes) : sampled.contiguous();
+at::Tensor layout_codes(const at::Tensor& a, const approx_checks::ConvShape& s, const GemmLayout& l) {
+  at::Tensor codes = at::empty(l.sizes, a.options());
+  launch_gemm_layout(a, codes, s, l.folded, c10::cuda::getCurrentCUDAStream());
+  return codes;
 }
 
-// The launch parameters of a pointwise conv in auto's layout l, before its codes are copied: made from a placeholder
-// of their shape, freed on return, so p.a is set to the codes' (run_with_end) before anything reads it (a cached
-// pick's and table's lookups read only the shapes).
-Params layout_params(const Pointwise& l, const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
+// The weights of the conv in the layout: [N][K] as a 1x1 conv's (a view: the same tensor to the table cache).
+at::Tensor layout_weights(const at::Tensor& w) { return w.view({w.size(0), -1, 1, 1}); }
+
+// The launch parameters of a conv in auto's layout l, before its codes are copied: made from a placeholder of their
+// shape, freed on return, so p.a is set to the codes' (run_with_end) before anything reads it (a cached pick's and
+// table's lookups read only the shapes). lw: layout_weights.
+Params layout_params(const GemmLayout& l, const at::Tensor& a, const at::Tensor& lw, const at::Tensor& lut,
                      ConvGeo& cg) {
   const at::Tensor codes = at::empty(l.sizes, a.options());
-  return conv_params(codes, w, nullptr,
-                     approx_checks::check_conv(codes, w, lut, {1, 1}, {0, 0}, {1, 1}, 1, c10::DeviceType::CUDA), cg);
+  return conv_params(codes, lw, nullptr,
+                     approx_checks::check_conv(codes, lw, lut, {1, 1}, {0, 0}, {1, 1}, 1, c10::DeviceType::CUDA), cg);
 }
 
 at::Tensor lut_conv2d_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
@@ -174,9 +187,10 @@ at::Tensor lut_conv2d_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
                                            c10::DeviceType::CUDA);
   const c10::cuda::CUDAGuard guard(a.device());
   const Choice algo = parse_choice(std::string(algo_name), "lut_conv2d");
-  const Pointwise l = pointwise_layout(s, algo);
+  const GemmLayout l = gemm_layout(s, algo);
   if (l.rewrite) {  // the sums are the conv's in that layout
-    const at::Tensor sums = lut_conv2d_cuda(pointwise_codes(a, s, l), w, lut, {1, 1}, {0, 0}, {1, 1}, 1, algo_name);
+    const at::Tensor sums =
+        lut_conv2d_cuda(layout_codes(a, s, l), layout_weights(w), lut, {1, 1}, {0, 0}, {1, 1}, 1, algo_name);
     return l.folded ? sums.view({s.N, s.B, s.Ho, s.Wo}).transpose(0, 1).contiguous() : sums;
   }
   at::Tensor out = at::empty({s.B, s.N, s.Ho, s.Wo}, a.options().dtype(at::kInt));
@@ -242,14 +256,15 @@ at::Tensor conv_with_end(const at::Tensor& a, const at::Tensor& w, const at::Ten
   const Choice algo = parse_choice(std::string(algo_name), "lut_conv2d");
   check_end(at::empty({s.B, s.N, s.Ho, s.Wo}, a.options().dtype(at::kInt)));
   if (s.B * s.N * s.Ho * s.Wo == 0 || s.K == 0) return at::Tensor();
-  const Pointwise l = pointwise_layout(s, algo);
+  const GemmLayout l = gemm_layout(s, algo);
   if (l.folded) return at::Tensor();  // the composite: its lut_conv2d folds, then the end's op
   ConvGeo cg;
-  Params p = l.rewrite ? layout_params(l, a, w, lut, cg) : conv_params(a, w, nullptr, s, cg);
+  const at::Tensor lw = l.rewrite ? layout_weights(w) : w;
+  Params p = l.rewrite ? layout_params(l, a, lw, lut, cg) : conv_params(a, w, nullptr, s, cg);
   at::Tensor out = at::empty({s.B, s.N, s.Ho, s.Wo}, a.options().dtype(dtype));
   fill_end(p.epi, out);
-  return run_with_end(algo, p, w, lut, cg, [&] { return l.rewrite ? pointwise_codes(a, s, l) : a; }) ? out
-                                                                                                     : at::Tensor();
+  return run_with_end(algo, p, lw, lut, cg, [&] { return l.rewrite ? layout_codes(a, s, l) : a; }) ? out
+                                                                                                   : at::Tensor();
 }
 
 at::Tensor lut_conv2d_dequantize_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
@@ -325,14 +340,15 @@ lut_algos_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
   const c10::cuda::CUDAGuard guard(a.device());
   Params p;
   ConvGeo cg;
-  Params pick_p;  // the shapes auto's pick was made for: a pointwise conv's in auto's layout
+  Params pick_p;  // the shapes auto's pick was made for: a conv's in auto's layout
   ConvGeo pick_cg;
+  at::Tensor pick_w = w;
   if (a.dim() == 4) {
     const auto s = approx_checks::check_conv(a, w, lut, stride, padding, dilation, groups, c10::DeviceType::CUDA);
     p = pick_p = conv_params(a, w, nullptr, s, cg);
     pick_cg = cg;
-    const Pointwise l = pointwise_layout(s, Choice{kAuto});
-    if (l.rewrite) pick_p = layout_params(l, a, w, lut, pick_cg);
+    const GemmLayout l = gemm_layout(s, Choice{kAuto});
+    if (l.rewrite) pick_w = layout_weights(w), pick_p = layout_params(l, a, pick_w, lut, pick_cg);
   } else {
     p = pick_p = linear_params(a, w, nullptr, approx_checks::check_linear(a, w, lut, c10::DeviceType::CUDA));
   }
@@ -350,7 +366,7 @@ lut_algos_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
   Choice pick;
   bool found = false;
   bool refused = false;
-  for (int fmt : {cached_format(pick_p, w, lut, pick_cg, &refused), lut_format(lut, p.xmask == 0), 0}) {
+  for (int fmt : {cached_format(pick_p, pick_w, lut, pick_cg, &refused), lut_format(lut, p.xmask == 0), 0}) {
     if (fmt < 0 || found) continue;
     found = cached_pick(auto_inputs(pick_p, pick_cg, fmt, refused), pick);
   }

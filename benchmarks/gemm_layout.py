@@ -1,0 +1,85 @@
+"""auto's GEMM layout for convs of one group (extensions/csrc/cuda/lut_ops.cpp, `gemm_layout`): the conv run as
+expanded_gemm's stride-1 1x1 conv over its taps, whose codes that kernel copies with cp.async. A strided 1x1 conv
+gets its sampled codes, a 3x3 conv its taps (im2col, cuda/layouts.cu), planes that are not a multiple of 4 pixels
+(7x7) the batch folded into one image. Per ResNet shape and batch: `auto` (which takes the layout, the copy
+included) against every variant named on the shapes as given (a named variant runs them as given), so
+`auto / best` below 1 is what the layout gains over any pick auto could make without it.
+
+    python benchmarks/gemm_layout.py [--shapes 1x1,3x3] [--batches 1,8,16,32,64,256] [--repeat 20]
+
+Each call replayed from a CUDA graph captured after warm-up calls (auto's trials, the table builds), as `compare`
+times a model: eager, small batches time the host's dispatch, which the layouts' extra ops lengthen. Medians of
+`repeat` CUDA-event timings (runner.evaluate.device_timer), the replays alternated; every result checked equal to
+`direct`'s. Results: benchmarks/imagenet.md, "Pointwise convs in the copied-codes layout" and "3x3 convs as a
+GEMM over their taps"."""
+import argparse
+import statistics
+
+import torch
+
+import runner._C  # noqa: F401
+from runner.evaluate import device_timer
+from runner.multipliers.core import exact_lut
+from runner.ops import algo_table
+
+# (C, H, N, kernel, stride), padding kernel // 2. 1x1: ResNet-50's strided ones (the downsamples) and those on 7x7
+# planes. 3x3: ResNet-50's (C -> C) and ResNet-18's strided ones (C -> 2 C).
+SHAPES = {
+    "1x1": [(256, 56, 512, 1, 2), (512, 28, 1024, 1, 2), (1024, 14, 2048, 1, 2), (512, 7, 2048, 1, 1),
+            (2048, 7, 512, 1, 1)],
+    "3x3": [(64, 56, 64, 3, 1), (128, 56, 128, 3, 2), (128, 28, 128, 3, 1), (256, 28, 256, 3, 2),
+            (256, 14, 256, 3, 1), (512, 14, 512, 3, 2), (512, 7, 512, 3, 1), (64, 56, 128, 3, 2),
+            (128, 28, 256, 3, 2), (256, 14, 512, 3, 2)],
+}
+NAMED = ("expanded_gemm_r8c", "expanded_gemm_r8c_k2", "expanded_gemm_r8c_k3", "expanded_gemm_r8c_k4",
+         "expanded_gemm_r8c_k5", "expanded_gemm_r8c_k8", "expanded_gemm_r8c_k16", "expanded_gemm_r8c_k33",
+         "expanded_gemm_r16c", "expanded_gemm_r16c_k2", "expanded_window", "expanded_window_c13",
+         "expanded_window_x7_c18", "expanded_window_x7_c21")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="1x1,3x3")
+    ap.add_argument("--batches", default="1,8,16,32,64,256")
+    ap.add_argument("--repeat", type=int, default=20)
+    args = ap.parse_args()
+    lut = exact_lut(signed=False).cuda()
+    timer = device_timer(torch.device("cuda"))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"{'shape':26} {'batch':>5} {'auto us':>9} {'best named us':>14} {'auto / best':>11}  "
+          "best named, auto's pick")
+    for c, hw, n, k, s in (shape for group in args.shapes.split(",") for shape in SHAPES[group]):
+        w = torch.randint(-127, 128, (n, c, k, k), generator=gen, dtype=torch.int8, device="cuda")
+        conv_args = ([s, s], [k // 2, k // 2], [1, 1], 1)
+        for batch in (int(b) for b in args.batches.split(",")):
+            a = torch.randint(0, 256, (batch, c, hw, hw), generator=gen, dtype=torch.uint8, device="cuda")
+            conv = lambda algo: torch.ops.approx.lut_conv2d(a, w, lut, *conv_args, algo)  # noqa: E731
+            want = conv("direct")
+            algos = []
+            for algo in ("auto", *NAMED):
+                try:
+                    ok = torch.equal(conv(algo), want)
+                except RuntimeError:  # a variant that does not run the shape
+                    continue
+                assert ok, f"{algo} differs from direct at {(c, hw, n, k, s)}, batch {batch}"
+                for _ in range(2):
+                    conv(algo)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    conv(algo)
+                algos.append((algo, graph))
+            ts = {algo: [] for algo, _ in algos}
+            for _ in range(args.repeat):
+                for algo, graph in algos:
+                    ts[algo].append(timer(graph.replay))
+            med = {algo: statistics.median(t) for algo, t in ts.items()}
+            best = min(NAMED, key=lambda k: med.get(k, float("inf")))
+            pick = next((r["auto_pick_name"] for r in algo_table(a, w, lut, *conv_args[:3], backend="cuda")
+                         if r["auto_pick"]), "")
+            print(f"{k}x{k} {c}x{hw}->{n} s{s}".ljust(26) + f" {batch:5} {med['auto']:9.1f} {med[best]:14.1f} "
+                  f"{med['auto'] / med[best]:11.3f}  {best}, {pick}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

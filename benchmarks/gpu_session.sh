@@ -50,6 +50,8 @@ case $mode in speed|all)
     --batch 64 2>&1 | tee '$out/fused_end.log' | tail -60"
   step "1x1 and 3x3 convs: auto's GEMM layout against every variant on the shapes as given" bash -c "python3 \
     benchmarks/gemm_layout.py --batches 1,8,32,64,256 2>&1 | tee '$out/gemm_layout.log' | tail -76"
+  step "ResNet-50's convs on the codes they get: auto against every variant on the shapes as given" bash -c \
+    "python3 benchmarks/gemm_layout.py --model resnet50 --batches 64 --repeat 10 2>&1 | tee '$out/gemm_layout_r50.log'"
   step "zoo at batch 1,000, eager and graphed" bash -c "python3 benchmarks/zoo_gpu.py --models lenet5,resnet20 \
     --layer-batches 1000 --model-batches 1000 --algos auto --out '$out/zoo' 2>&1 | grep -E '^(lenet5|resnet20) ' \
     | tee '$out/zoo.log'"

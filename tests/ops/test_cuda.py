@@ -603,6 +603,12 @@ def test_empty_and_k0():
     out = ops.lut_linear(torch.zeros((4, 0), dtype=torch.int8, device=DEV),
                          torch.zeros((3, 0), dtype=torch.int8, device=DEV), lut, "auto")
     assert out.shape == (4, 3) and int(out.abs().sum()) == 0
+    # a conv of no input channels, with rows enough for auto's GEMM layout (lut_ops.cpp's gemm_layout): zeros
+    for kernel, stride in ((3, 2), (3, 1), (1, 2)):
+        out = ops.lut_conv2d(torch.zeros((64, 0, 14, 14), dtype=torch.int8, device=DEV),
+                             torch.zeros((8, 0, kernel, kernel), dtype=torch.int8, device=DEV), lut,
+                             [stride, stride], [kernel // 2] * 2, [1, 1], 1, "auto")
+        assert out.shape == (64, 8, 14 // stride, 14 // stride) and int(out.abs().sum()) == 0
 
 
 def test_opcheck_cuda():

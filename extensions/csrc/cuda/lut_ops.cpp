@@ -150,7 +150,7 @@ GemmLayout gemm_layout(const approx_checks::ConvShape& s, const Choice& algo) {
   GemmLayout l;
   const int64_t plane = s.Ho * s.Wo, rows = s.B * plane;
   // an empty conv runs as given
-  if (algo.algo != kAuto || s.groups != 1 || rows < kLayoutRows || s.N == 0 || s.K % 4 != 0 ||
+  if (algo.algo != kAuto || s.groups != 1 || rows < kLayoutRows || s.N == 0 || s.K == 0 || s.K % 4 != 0 ||
       s.K * rows > kLayoutBytes)
     return l;
   l.folded = plane % 4 != 0 && rows % 4 == 0 && s.B < (1 << 15) && plane < (1 << 15);  // conv_params' bounds

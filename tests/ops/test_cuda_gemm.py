@@ -142,8 +142,8 @@ LAYOUTS = [
 @pytest.mark.parametrize("case", range(len(LAYOUTS)))
 def test_auto_runs_convs_in_its_gemm_layout(case, signed):
     """auto runs a conv of one group as expanded_gemm's stride-1 1x1 conv over its taps, whose codes it copies with
-    cp.async: a strided 1x1 conv's sampled codes, a KxK conv's im2col, 7x7-like planes with the batch folded into
-    one image. The sums are the reference's, and auto's pick is recorded for the layout it ran in (the shapes' own
+    cp.async: a strided 1x1 conv's sampled codes, a strided or dilated KxK conv's im2col, 7x7-like planes with the
+    batch folded into one image (a KxK conv of stride 1 on other planes runs as given, expanded_window's). The sums are the reference's, and auto's pick is recorded for the layout it ran in (the shapes' own
     entry is what tells that the layout was taken: each case's channel counts are its own)."""
     (b, c, h, wd_), (n, kh, kw), stride, pad, dil, layout = LAYOUTS[case]
     gen = torch.Generator().manual_seed(900 + case * 2 + signed)

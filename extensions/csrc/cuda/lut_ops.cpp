@@ -154,8 +154,10 @@ GemmLayout gemm_layout(const approx_checks::ConvShape& s, const Choice& algo) {
       s.K * rows > kLayoutBytes)
     return l;
   l.folded = plane % 4 != 0 && rows % 4 == 0 && s.B < (1 << 15) && plane < (1 << 15);  // conv_params' bounds
-  const bool stride1 = s.sh == 1 && s.sw == 1;
-  const bool as_given = s.kh == 1 && s.kw == 1 ? stride1 && s.ph == 0 && s.pw == 0 : stride1 && s.dh == 1 && s.dw == 1;
+  // as given: a pointwise conv already on that path, a KxK one that expanded_window runs (stride 1, dilation 1)
+  const bool pointwise = s.kh == 1 && s.kw == 1;
+  const bool as_given =
+      s.sh == 1 && s.sw == 1 && (pointwise ? s.ph == 0 && s.pw == 0 : s.dh == 1 && s.dw == 1);
   l.rewrite = l.folded || (plane % 4 == 0 && !as_given);
   l.sizes = l.folded ? std::vector<int64_t>{1, s.K, s.B, plane} : std::vector<int64_t>{s.B, s.K, s.Ho, s.Wo};
   return l;

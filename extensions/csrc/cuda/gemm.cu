@@ -100,38 +100,10 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
     for (int u = 0; u < LR; ++u)
       if (t + TH * u < BM) cod[slot * BM + t + TH * u] = cw[u];
   };
-  // AC: copy u of a stage is idx = t + TH u, tap idx / (BM / 4), rows 4 (idx % (BM / 4)) + 0..3
-  // (M % 4 == 0: all or none past M). Codes past M are left as they are: any byte is a code, and
-  // those rows are never stored.
   uint8_t* codp = smem + 2 * kGemmSlot + 2 * BM * 4 + 128 * kGemmRawRow;  // AC: [2][4 taps][BM] bytes
-  const uint8_t* csrc[LR];
-  bool cval[LR];
-#pragma unroll
-  for (int u = 0; u < LR && AC; ++u) {
-    const int idx = t + TH * u;
-    const long long m = m0 + 4 * (idx % (BM / 4)), b = m / p.HoWo;
-    cval[u] = idx < BM && m < p.M;
-    csrc[u] = p.a + (cval[u] ? (b * p.C + idx / (BM / 4)) * p.HoWo + (m - b * p.HoWo) : 0);
-  }
-  auto issue = [&](int q, int slot) {  // stage q's codes into codp[slot]
-#pragma unroll
-    for (int u = 0; u < LR; ++u)
-      if (cval[u]) cp_async4(codp + slot * 4 * BM + 4 * (t + TH * u), csrc[u] + q * 4LL * p.HoWo);
-    cp_async_commit();
-  };
-  // 4 rows' words from their 4 taps' bytes (a 4 x 4 byte transpose)
-  auto convert = [&](int slot) {
-    if (t >= BM / 4) return;
-    const uint8_t* src = codp + slot * 4 * BM + 4 * t;
-    uint32_t w[4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) w[c] = *reinterpret_cast<const uint32_t*>(src + c * BM);
-    const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
-    const uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
-    *reinterpret_cast<uint4*>(cod + slot * BM + 4 * t) =
-        make_uint4(__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
-                   __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632));
-  };
+  const CodeCopies<BM, TH, LR, AC> copies(p, m0, t);
+  auto issue = [&](int q, int slot) { copies.issue(p, codp + slot * 4 * BM, q, t); };  // stage q's into codp[slot]
+  auto convert = [&](int slot) { convert_codes<BM>(codp + slot * 4 * BM, cod + slot * BM, t); };
   const uint32_t cxm = AC || (KX && CO) ? 0x01010101u * p.xmask : 0u;  // raw codes: LUT row = code ^ xmask
   // KX with CO: a stage's code bytes loaded at the step's start and stored one STS.U8 each after
   // barrier A, nothing between load and store for ptxas to place where the load stalls
@@ -433,9 +405,7 @@ void launch_gemm_t(const Params& p, int ks, cudaStream_t stream) {
   ks = S2 ? std::max(1, std::min(ks, (p.K + 3) / 4)) : 1;
   // CO's codes by cp.async where a 1x1 conv's layout allows it (gemm16_body's AC)
   constexpr bool CA = BUILD == 2;
-  const bool ac = CA && p.conv && !gemm_kx(p) && p.sh == 1 && p.sw == 1 && p.ph == 0 && p.pw == 0 &&
-                  (long long)p.H * p.W == p.HoWo && p.HoWo % 4 == 0 && p.K % 4 == 0 &&
-                  (reinterpret_cast<uintptr_t>(p.a) & 3) == 0;
+  const bool ac = CA && gemm_copies_codes(p);
   auto kern = gemm_kx(p)
       ? (ks > 1 ? gemm_kernel<R, MODE, BUILD, true, S2> : gemm_kernel<R, MODE, BUILD, true, false>)
       : ac ? (ks > 1 ? gemm_kernel<R, MODE, BUILD, false, S2, CA> : gemm_kernel<R, MODE, BUILD, false, false, CA>)

@@ -3,6 +3,7 @@
 // of them (gemm.cu's tile and the int32 path), a K split's stages, the int32 path; and the tall tile's launcher.
 #pragma once
 #include "launch.cuh"
+#include "ptx.cuh"
 #include "quant_math.cuh"
 
 namespace approx_cuda {
@@ -225,6 +226,55 @@ __device__ __forceinline__ void end_tile(const Params& p, const uint8_t* smem, l
       end_column<1, 16>(e, col, rows, lane, __fmul_rn(a, e.wscale[n]), e.bias[n], co, inv, at_of);
     }
   }
+}
+
+// Copied codes (AC: a 1x1 conv at stride 1 without padding, planes of a multiple of 4 pixels, K a multiple of 4): a
+// stage's codes by cp.async, 4 rows of one tap a copy (a plane's rows come in aligned fours), into plane-major bytes
+// [4 taps][BM] that convert_codes turns into row words, not through registers. Copy u of thread t is idx = t + TH u:
+// tap idx / (BM / 4), rows 4 (idx % (BM / 4)) + 0..3 (M % 4 == 0: all or none past M). Codes past M are left as
+// they are: any byte is a code, and those rows are never stored. ON = false: nothing (the tile does not copy).
+template <int BM, int TH, int LR, bool ON>
+struct CodeCopies {
+  const uint8_t* src[LR];
+  bool val[LR];
+  __device__ __forceinline__ CodeCopies(const Params& p, long long m0, int t) {
+#pragma unroll
+    for (int u = 0; u < LR && ON; ++u) {
+      const int idx = t + TH * u;
+      const long long m = m0 + 4 * (idx % (BM / 4)), b = m / p.HoWo;
+      val[u] = idx < BM && m < p.M;
+      src[u] = p.a + (val[u] ? (b * p.C + idx / (BM / 4)) * p.HoWo + (m - b * p.HoWo) : 0);
+    }
+  }
+  // stage q's codes into bytes [4 taps][BM] at dst, one commit group
+  __device__ __forceinline__ void issue(const Params& p, uint8_t* dst, int q, int t) const {
+#pragma unroll
+    for (int u = 0; u < LR; ++u)
+      if (val[u]) cp_async4(dst + 4 * (t + TH * u), src[u] + q * 4LL * p.HoWo);
+    cp_async_commit();
+  }
+};
+
+// Rows 4t..4t+3's words (raw codes, byte c tap c) from their 4 taps' bytes [4 taps][BM] (a 4 x 4 byte transpose).
+template <int BM>
+__device__ __forceinline__ void convert_codes(const uint8_t* bytes, uint32_t* words, int t) {
+  if (t >= BM / 4) return;
+  const uint8_t* src = bytes + 4 * t;
+  uint32_t w[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) w[c] = *reinterpret_cast<const uint32_t*>(src + c * BM);
+  const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
+  const uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
+  *reinterpret_cast<uint4*>(words + 4 * t) =
+      make_uint4(__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632), __byte_perm(hi01, hi23, 0x5410),
+                 __byte_perm(hi01, hi23, 0x7632));
+}
+
+// Whether a call takes the copied codes (AC above): tap k of row m is then a[b][k][pixel], 4-byte aligned runs.
+inline bool gemm_copies_codes(const Params& p) {
+  return p.conv && p.K == p.C && p.sh == 1 && p.sw == 1 && p.ph == 0 && p.pw == 0 &&
+         (long long)p.H * p.W == p.HoWo && p.HoWo % 4 == 0 && p.K % 4 == 0 &&
+         (reinterpret_cast<uintptr_t>(p.a) & 3) == 0;
 }
 
 // A block's stages [qa, qb) of the K / 4: all of them, or (SK) its K split's share, empty where the

@@ -22,7 +22,9 @@
 // (all banks); the staging rows are ordered [tap][lo/hi channel][pair word], 528 B apart, so a
 // quarter warp's 16-byte loads read 8 consecutive rows, 8 distinct bank groups.
 // Shared memory: 2 slots (64 KiB), 2 x 2048 code words (16 KiB), staging 64 x 528 B (33 KiB), the
-// rows' code addresses (24 KiB): 137 KiB. Measured (H200): 13 % fewer shared-memory wavefronts than
+// rows' code addresses (24 KiB): 137 KiB. A 1x1 conv at stride 1 on planes of a multiple of 4 pixels (what auto's
+// GEMM layout makes of most convs) copies its codes by cp.async instead, as r8c does (gemm.cuh's CodeCopies), into
+// the addresses' area. Measured (H200): 13 % fewer shared-memory wavefronts than
 // r8c, 24 % more instructions; faster on ViT-B/16's Linear layers only (benchmarks/imagenet.md).
 
 #include <algorithm>
@@ -36,7 +38,8 @@ constexpr int kTallRows = 2048;      // rows a block: 16 a thread
 constexpr int kTallBN = 16;          // channels a block: 4 a thread
 constexpr int kTallSlot = 256 * 128;  // one stage's table: [code][4 taps][8 pair words]
 
-template <bool KX, bool SK>
+// AC: the codes copied by cp.async (gemm.cuh's CodeCopies) into the rows' address area, which they then leave unused.
+template <bool KX, bool SK, bool AC>
 __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
   constexpr int TH = kGemmThreads, BM = kTallRows, LR = BM / TH, R = BM / (TH / 4);
   const int t = threadIdx.x, g = t >> 2, jj = t & 3;
@@ -56,7 +59,7 @@ __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
   long long* rbase = reinterpret_cast<long long*>(stg + 64 * kGemmRawRow);  // [BM]
   int* riyx = reinterpret_cast<int*>(rbase + BM);                          // [BM], KxK convs
 #pragma unroll
-  for (int u = 0; u < LR; ++u) {
+  for (int u = 0; u < LR && !AC; ++u) {
     const int r = t + TH * u;
     if (r >= rows) continue;
     const GemmRow gr = gemm_row<KX>(p, m0 + r);
@@ -74,6 +77,11 @@ __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
 #pragma unroll
     for (int u = 0; u < LR; ++u) cod[slot * BM + t + TH * u] = cw[u];
   };
+  uint8_t* codp = reinterpret_cast<uint8_t*>(rbase);  // AC: [2][4 taps][BM] bytes (16 KiB of the area's 24)
+  const CodeCopies<BM, TH, LR, AC> copies(p, m0, t);
+  auto issue = [&](int q, int slot) { copies.issue(p, codp + slot * 4 * BM, q, t); };  // stage q's into codp[slot]
+  auto convert = [&](int slot) { convert_codes<BM>(codp + slot * 4 * BM, cod + slot * BM, t); };
+  const uint32_t cxm = AC ? 0x01010101u * p.xmask : 0u;  // copied codes are raw: LUT row = code ^ xmask
 
   // Staging row rr = kk * 16 + hl * 8 + pw: channel n0 + 2 pw + hl at tap 4 q + kk, the Et16 row of
   // its weight, copied by 8 lanes (lane rc the 16-byte pieces rc of its 4 lines: a warp-wide load
@@ -129,10 +137,18 @@ __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
   {
     uint32_t cw[LR];
     int4 L[4];
-    codes_of(qa, cw);
+    if (AC) {
+      issue(qa, qa & 1);
+      cp_async_wait<0>();
+      __syncthreads();
+      convert(qa & 1);
+      if (qb - qa > 1) issue(qa + 1, (qa + 1) & 1);
+    } else {
+      codes_of(qa, cw);
+    }
     raw_load(qa, L);
     raw_store(L);
-    put_codes(qa & 1, cw);
+    if (!AC) put_codes(qa & 1, cw);
     __syncthreads();
     transpose(qa & 1);
     if (qb - qa > 1) {
@@ -141,6 +157,7 @@ __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
       raw_store(L);
     }
   }
+  if (AC) cp_async_wait<0>();
   __syncthreads();
   for (int q = qa; q < qb; ++q) {
     const int slot = q & 1;
@@ -148,19 +165,22 @@ __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
     uint32_t cw[LR];
     int4 L[4];
     if (nxt) {  // slot ^ 1 was last read in stage q - 1, before the barrier that ended it
-      codes_of(q + 1, cw);
+      if (AC) convert(slot ^ 1);  // stage q + 1's bytes, copied in step q - 1
+      else codes_of(q + 1, cw);
       transpose(slot ^ 1);
-      put_codes(slot ^ 1, cw);
+      if (!AC) put_codes(slot ^ 1, cw);
     }
+    if (AC && nxt2) issue(q + 2, slot);  // codp[slot] was converted in step q - 1
     if (nxt2) raw_load(q + 2, L);
 #pragma unroll
-    for (int i = 0; i < R; ++i) cr[i] = __byte_perm(cod[slot * BM + g + 128 * i], 0, rot);
+    for (int i = 0; i < R; ++i) cr[i] = __byte_perm(cod[slot * BM + g + 128 * i] ^ cxm, 0, rot);
     sum_steps(slot, 0);
     if (nxt2) {
       __syncthreads();  // A: the staging area is read
       raw_store(L);
     }
     sum_steps(slot, 2);
+    if (AC) cp_async_wait<0>();
     __syncthreads();
   }
   // the stages again, not kept live through the loop
@@ -177,11 +197,11 @@ __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
 
 // MODE: 1 int16 products; 0 the format read on the device (the int32 path where they do not fit,
 // its first split doing all of a K split).
-template <int MODE, bool KX, bool SK>
+template <int MODE, bool KX, bool SK, bool AC = false>
 __global__ void __launch_bounds__(kGemmThreads, 1) tall_kernel(Params p) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || read_fits16(p.flags))
-    tall_body<KX, SK>(p, smem);
+    tall_body<KX, SK, AC>(p, smem);
   else
     gemm32_body<kTallRows / (kGemmThreads / 4), KX, kTallBN>(p);
 }
@@ -195,8 +215,10 @@ void launch_tall_m(const Params& p, int ks, cudaStream_t stream) {
   TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
   TORCH_CHECK(by <= 65535, "approx expanded_gemm_r16c: needs at most 65535 x 16 output channels");
   ks = std::max(1, std::min(ks, (p.K + 3) / 4));
-  auto kern = gemm_kx(p) ? (ks > 1 ? tall_kernel<MODE, true, true> : tall_kernel<MODE, true, false>)
-                         : (ks > 1 ? tall_kernel<MODE, false, true> : tall_kernel<MODE, false, false>);
+  auto kern = gemm_kx(p)                ? (ks > 1 ? tall_kernel<MODE, true, true> : tall_kernel<MODE, true, false>)
+              : gemm_copies_codes(p) ? (ks > 1 ? tall_kernel<MODE, false, true, true>
+                                               : tall_kernel<MODE, false, false, true>)
+                                     : (ks > 1 ? tall_kernel<MODE, false, true> : tall_kernel<MODE, false, false>);
   set_smem(kern, smem);
   if (ks > 1)  // the splits add into it
     C10_CUDA_CHECK(cudaMemsetAsync(p.out, 0, static_cast<size_t>(p.M) * p.Ntot * sizeof(int32_t), stream));

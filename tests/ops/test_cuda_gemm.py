@@ -29,6 +29,7 @@ GEMM_CASES = [
     ((5, 12, 20, 20), (50, 1, 1), 1, 0, 1),    # 2000 rows over several images
     ((3, 24, 33, 31), (40, 1, 1), 2, 1, 1),    # stride 2, padding: padded pixels read code 0
     ((70, 9, 3, 3), (65, 1, 1), 1, 0, 1),      # 9-pixel images: a tile spans many
+    ((6, 16, 24, 24), (40, 1, 1), 1, 0, 1),    # codes copied by cp.async, 3456 rows: a second tall tile part-full
     (1300, 96, 45),                 # 2 row tiles of 1024, N below 2 channel tiles
     # KxK (implicit im2col, padding tested per tap): N never a multiple of 32, M never of a tile
     ((2, 64, 12, 12), (70, 3, 3), 1, 1, 1),    # 3x3 stride 1 pad 1, K = 576

@@ -172,14 +172,19 @@ at::Tensor layout_codes(const at::Tensor& a, const approx_checks::ConvShape& s, 
 // The weights of the conv in the layout: [N][K] as a 1x1 conv's (a view: the same tensor to the table cache).
 at::Tensor layout_weights(const at::Tensor& w) { return w.view({w.size(0), -1, 1, 1}); }
 
-// The launch parameters of a conv in auto's layout l, before its codes are copied: made from a placeholder of their
-// shape, freed on return, so p.a is set to the codes' (run_with_end) before anything reads it (a cached pick's and
-// table's lookups read only the shapes). lw: layout_weights.
-Params layout_params(const GemmLayout& l, const at::Tensor& a, const at::Tensor& lw, const at::Tensor& lut,
-                     ConvGeo& cg) {
-  const at::Tensor codes = at::empty(l.sizes, a.options());
-  return conv_params(codes, lw, nullptr,
-                     approx_checks::check_conv(codes, lw, lut, {1, 1}, {0, 0}, {1, 1}, 1, c10::DeviceType::CUDA), cg);
+// The launch parameters of a conv s in auto's layout l, before its codes are copied: those of the stride-1 1x1 conv
+// over l's sizes. p.a is the given codes' until run_with_end sets the copy's, before anything reads it (a cached
+// pick's and table's lookups read only the shapes). lw: layout_weights.
+Params layout_params(const GemmLayout& l, const approx_checks::ConvShape& s, const at::Tensor& a,
+                     const at::Tensor& lw, ConvGeo& cg) {
+  approx_checks::ConvShape ls{};
+  ls.B = l.sizes[0];
+  ls.C = ls.Cg = ls.K = s.K;
+  ls.H = ls.Ho = l.sizes[2];
+  ls.W = ls.Wo = l.sizes[3];
+  ls.N = s.N;
+  ls.kh = ls.kw = ls.sh = ls.sw = ls.dh = ls.dw = ls.groups = 1;
+  return conv_params(a, lw, nullptr, ls, cg);
 }
 
 at::Tensor lut_conv2d_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
@@ -262,7 +267,7 @@ at::Tensor conv_with_end(const at::Tensor& a, const at::Tensor& w, const at::Ten
   if (l.folded) return at::Tensor();  // the composite: its lut_conv2d folds, then the end's op
   ConvGeo cg;
   const at::Tensor lw = l.rewrite ? layout_weights(w) : w;
-  Params p = l.rewrite ? layout_params(l, a, lw, lut, cg) : conv_params(a, w, nullptr, s, cg);
+  Params p = l.rewrite ? layout_params(l, s, a, lw, cg) : conv_params(a, w, nullptr, s, cg);
   at::Tensor out = at::empty({s.B, s.N, s.Ho, s.Wo}, a.options().dtype(dtype));
   fill_end(p.epi, out);
   return run_with_end(algo, p, lw, lut, cg, [&] { return l.rewrite ? layout_codes(a, s, l) : a; }) ? out
@@ -350,7 +355,7 @@ lut_algos_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
     p = pick_p = conv_params(a, w, nullptr, s, cg);
     pick_cg = cg;
     const GemmLayout l = gemm_layout(s, Choice{kAuto});
-    if (l.rewrite) pick_w = layout_weights(w), pick_p = layout_params(l, a, pick_w, lut, pick_cg);
+    if (l.rewrite) pick_w = layout_weights(w), pick_p = layout_params(l, s, a, pick_w, pick_cg);
   } else {
     p = pick_p = linear_params(a, w, nullptr, approx_checks::check_linear(a, w, lut, c10::DeviceType::CUDA));
   }

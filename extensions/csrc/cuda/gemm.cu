@@ -259,14 +259,8 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
     {
       uint32_t cw[LR];
       int4 L[4];
-      if (AC) {
-        issue(qa, qa & 1);
-        cp_async_wait<0>();
-        __syncthreads();
-        convert(qa & 1);
-        if (qb - qa > 1) issue(qa + 1, (qa + 1) & 1);
-      }
-      if (!AC) codes_of(qa, cw);
+      if (AC) first_copied_codes(qa, qb, issue, convert);
+      else codes_of(qa, cw);
       if (KB) for (int u = 0; u < LR; ++u) cw[u] ^= 0x01010101u * p.xmask;  // raw, as put_bytes leaves them
       raw_load(qa, 0, L);
       raw_store(0, L);

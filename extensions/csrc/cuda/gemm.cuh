@@ -270,6 +270,17 @@ __device__ __forceinline__ void convert_codes(const uint8_t* bytes, uint32_t* wo
                  __byte_perm(hi01, hi23, 0x7632));
 }
 
+// The copied codes' prologue of a block's stage loop: stage qa's codes copied into area qa & 1 and turned into row
+// words, and stage qa + 1's copy issued. issue(q, area) and convert(area) are the tile's.
+template <class Issue, class Convert>
+__device__ __forceinline__ void first_copied_codes(int qa, int qb, Issue&& issue, Convert&& convert) {
+  issue(qa, qa & 1);
+  cp_async_wait<0>();
+  __syncthreads();
+  convert(qa & 1);
+  if (qb - qa > 1) issue(qa + 1, (qa + 1) & 1);
+}
+
 // Whether a call takes the copied codes (AC above): tap k of row m is then a[b][k][pixel], 4-byte aligned runs.
 inline bool gemm_copies_codes(const Params& p) {
   return p.conv && p.K == p.C && p.sh == 1 && p.sw == 1 && p.ph == 0 && p.pw == 0 &&

@@ -137,15 +137,8 @@ __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
   {
     uint32_t cw[LR];
     int4 L[4];
-    if (AC) {
-      issue(qa, qa & 1);
-      cp_async_wait<0>();
-      __syncthreads();
-      convert(qa & 1);
-      if (qb - qa > 1) issue(qa + 1, (qa + 1) & 1);
-    } else {
-      codes_of(qa, cw);
-    }
+    if (AC) first_copied_codes(qa, qb, issue, convert);
+    else codes_of(qa, cw);
     raw_load(qa, L);
     raw_store(L);
     if (!AC) put_codes(qa & 1, cw);

@@ -168,8 +168,9 @@ def test_tiled_threads_and_formats(gen, threads, lut_kind):
     """cpp tiled forced, bit-exact, on 1 and 2 threads (the second thread's first tile is not the call's
     first): channels per group not a multiple of 32 (40: a 32- and an 8-wide tile; 20, 72, 100), taps
     not a multiple of 16 or 8 (27, 75: a partial last chunk in both formats), groups whose rows are not
-    a multiple of 8, rows few (3, 9) and many (338 a group), int16 products, int32 ones, and -32768 in
-    the table (its negation, for unsigned codes and negative weights, needs int32)."""
+    a multiple of 8, rows few (3, 9) and many (338 a group), a depthwise conv of 64 groups x 4418 rows (its
+    row pointers filled by several tasks), int16 products, int32 ones, and -32768 in the table (its
+    negation, for unsigned codes and negative weights, needs int32)."""
     lut = edge16_lut(gen) if lut_kind == "edge16" else LUTS[lut_kind](gen)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -177,7 +178,8 @@ def test_tiled_threads_and_formats(gen, threads, lut_kind):
         for signed in (True, False):
             for ashape, n, k, stride, padding, groups in [((2, 6, 9, 9), 80, 3, 1, 0, 2),
                                                           ((2, 6, 13, 13), 40, 3, 1, 1, 2),
-                                                          ((1, 3, 5, 5), 72, 5, 2, 2, 1)]:
+                                                          ((1, 3, 5, 5), 72, 5, 2, 2, 1),
+                                                          ((2, 64, 47, 47), 64, 3, 1, 1, 64)]:
                 a, w = codes(gen, ashape, signed), weights(gen, (n, ashape[1] // groups, k, k))
                 want = reference.reference_lut_conv2d(a, w, lut, stride, padding, 1, groups)
                 got = ops.lut_conv2d(a, w, lut, stride, padding, 1, groups, algo="tiled")

@@ -24,8 +24,9 @@
 // Shared memory: 2 slots (64 KiB), 2 x 2048 code words (16 KiB), staging 64 x 528 B (33 KiB), the
 // rows' code addresses (24 KiB): 137 KiB. A 1x1 conv at stride 1 on planes of a multiple of 4 pixels (what auto's
 // GEMM layout makes of most convs) copies its codes by cp.async instead, as r8c does (gemm.cuh's CodeCopies), into
-// the addresses' area. Measured (H200): 13 % fewer shared-memory wavefronts than
-// r8c, 24 % more instructions; faster on ViT-B/16's Linear layers only (benchmarks/imagenet.md).
+// the addresses' area. Measured (H200): 13 % fewer shared-memory wavefronts than r8c, 24 % more instructions;
+// faster on ViT-B/16's Linear layers, and with the copied codes on 36 of ResNet-50's 54 layers at batch 64 (auto's
+// picks; benchmarks/imagenet.md, "The tall tile with codes by cp.async").
 
 #include <algorithm>
 

@@ -234,7 +234,7 @@ bool applies_end(const Choice& c, const Params& p) {
 
 // Runs the conv with its end in the kernel's stores (p.epi) where the variant applies it (applies_end); false
 // where it does not, and nothing ran (the caller then runs lut_conv2d and the end's op). codes() gives the codes the
-// conv reads, made only once it is known to run (until then p.a may point at a placeholder of their shape).
+// conv reads, made only once it is known to run (until then p.a may point at codes of another layout: layout_params).
 template <class Codes>
 bool run_with_end(Choice algo, Params p, const at::Tensor& w, const at::Tensor& lut, const ConvGeo& cg, Codes codes) {
   const Choice pick = known_pick(algo, p, w, lut, cg, "lut_conv2d");

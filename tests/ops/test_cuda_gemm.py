@@ -4,6 +4,8 @@ r16c (the tall tile), r8c and r16c with K split over 2, 3 and 64 blocks, the one
 outputs poisoned first; and the shapes and names it declines.
 
 Marked `cuda` (deselected by default; run with `-m cuda` on a GPU machine)."""
+import math
+
 import pytest
 import torch
 
@@ -169,3 +171,42 @@ def test_auto_runs_convs_in_its_gemm_layout(case, signed):
     assert pick(ran, ran_w, ran_conv), f"auto's pick is not recorded for the {layout} layout"
     # lut_algos reports it for the shapes as given
     assert pick(ad, wd, (stride, pad, dil)) == pick(ran, ran_w, ran_conv)
+
+
+LINEAR_LAYOUTS = [
+    # (M, K, N), whether auto runs it transposed (lut_ops.cpp's linear_layout): >= 2048 rows, M and K multiples of 4,
+    # the codes [K, M] as one image of H x W = M pixels, W = 4 gcd(M / 4, 4096)
+    ((2048, 64, 40), True),        # two tiles exactly: 1 x 2048
+    ((12608, 96, 72), True),       # ViT-B/16's rows at batch 64: 197 x 64
+    ((4100, 36, 20), True),        # M / 4 odd: 1025 x 4
+    ((2050, 64, 44), False),       # M not a multiple of 4
+    ((4096, 38, 48), False),       # K not a multiple of 4
+    ((2044, 64, 52), False),       # less than two tiles
+    ((131076, 4, 12), False),      # 32769 x 4: the plane's height past conv_params' bound
+]
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
+@pytest.mark.parametrize("case", range(len(LINEAR_LAYOUTS)))
+def test_auto_runs_linear_layers_transposed(case, signed):
+    """auto runs a linear layer of >= 2 row tiles, M and K multiples of 4, as expanded_gemm's stride-1 1x1 conv of
+    one image over its transposed codes, copied with cp.async, the sums transposed back. The sums are the
+    reference's, opcheck passes, and auto's pick is recorded for the shapes it ran in (each case's N is its own)."""
+    (m, k, n), transposed = LINEAR_LAYOUTS[case]
+    gen = torch.Generator().manual_seed(950 + case * 2 + signed)
+    lut = make_lut(gen, "int16")
+    a, w = make_codes(gen, (m, k), signed), make_weights(gen, (n, k), signed)
+    want = reference_lut_linear(a, w, lut)
+    ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
+    got = poisoned_call(lambda: ops.lut_linear(ad, wd, ld, "auto"), tuple(want.shape))
+    check_equal(got, want, f"{LINEAR_LAYOUTS[case]} signed={signed}")
+    torch.library.opcheck(ops.lut_linear.default, (ad, wd, ld, "auto"))
+
+    def pick(x, wx, *conv):
+        return [r["auto_pick_name"] for r in algo_table(x, wx, ld, *conv, backend="cuda") if r["auto_pick"]]
+    given = pick(ad, wd)
+    assert given, "auto's pick is not recorded"
+    if m % 4 == 0:
+        width = 4 * math.gcd(m // 4, 4096)
+        as_conv = pick(ad.t().contiguous().view(1, k, m // width, width), wd.view(n, k, 1, 1), 1, 0, 1)
+        assert as_conv == (given if transposed else []), f"transposed={transposed}: {as_conv} against {given}"

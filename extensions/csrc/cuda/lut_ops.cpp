@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <numeric>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -114,18 +115,6 @@ void run(Choice choice, const Params& p, const at::Tensor& w, const at::Tensor& 
   if (pr->has_table && !algos()[pick.algo].table) drop_table(p, w, lut, cg, stream);
 }
 
-at::Tensor lut_linear_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
-                           c10::string_view algo_name) {
-  const auto s = approx_checks::check_linear(a, w, lut, c10::DeviceType::CUDA);
-  const Choice algo = parse_choice(std::string(algo_name), "lut_linear");
-  const c10::cuda::CUDAGuard guard(a.device());
-  at::Tensor out = at::empty({s.M, s.N}, a.options().dtype(at::kInt));
-  if (s.M == 0 || s.N == 0) return out;
-  if (s.K == 0) return out.zero_();
-  run(algo, linear_params(a, w, &out, s), w, lut, ConvGeo{}, "lut_linear");
-  return out;
-}
-
 // auto's GEMM layout for a conv of one group: its codes copied so that expanded_gemm runs it as a 1x1 conv of stride 1
 // over its taps (tap k = (c, ky, kx) of an output pixel, as the weights [N][C][kh][kw] are [N][K]) on the path that
 // copies a stage's codes with cp.async (planes of a multiple of 4 pixels, K a multiple of 4). A pointwise conv of
@@ -172,17 +161,17 @@ at::Tensor layout_codes(const at::Tensor& a, const approx_checks::ConvShape& s, 
 // The weights of the conv in the layout: [N][K] as a 1x1 conv's (a view: the same tensor to the table cache).
 at::Tensor layout_weights(const at::Tensor& w) { return w.view({w.size(0), -1, 1, 1}); }
 
-// The launch parameters of a conv s in auto's layout l, before its codes are copied: those of the stride-1 1x1 conv
-// over l's sizes. p.a is the given codes' until run_with_end sets the copy's, before anything reads it (a cached
-// pick's and table's lookups read only the shapes). lw: layout_weights.
-Params layout_params(const GemmLayout& l, const approx_checks::ConvShape& s, const at::Tensor& a,
-                     const at::Tensor& lw, ConvGeo& cg) {
+// The launch parameters of a conv in auto's layout, before its codes are copied: those of the stride-1 1x1 conv over
+// codes of `sizes` ([B, K, H, W]) with N channels out. p.a is the given codes' until run_with_end sets the copy's,
+// before anything reads it (a cached pick's and table's lookups read only the shapes). lw: the weights' [N, K, 1, 1].
+Params layout_params(const std::vector<int64_t>& sizes, int64_t N, const at::Tensor& a, const at::Tensor& lw,
+                     ConvGeo& cg) {
   approx_checks::ConvShape ls{};
-  ls.B = l.sizes[0];
-  ls.C = ls.Cg = ls.K = s.K;
-  ls.H = ls.Ho = l.sizes[2];
-  ls.W = ls.Wo = l.sizes[3];
-  ls.N = s.N;
+  ls.B = sizes[0];
+  ls.C = ls.Cg = ls.K = sizes[1];
+  ls.H = ls.Ho = sizes[2];
+  ls.W = ls.Wo = sizes[3];
+  ls.N = N;
   ls.kh = ls.kw = ls.sh = ls.sw = ls.dh = ls.dw = ls.groups = 1;
   return conv_params(a, lw, nullptr, ls, cg);
 }
@@ -206,6 +195,37 @@ at::Tensor lut_conv2d_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
   ConvGeo cg;
   const Params p = conv_params(a, w, &out, s, cg);
   run(algo, p, w, lut, cg, "lut_conv2d");
+  return out;
+}
+
+// auto's layout for a linear layer: its codes transposed, [K, M] as one image of M pixels, so that expanded_gemm runs
+// it as a stride-1 1x1 conv whose stage codes it copies with cp.async; its sums come back [N, M] and are transposed.
+// As given, a row's codes are K-contiguous, 4 bytes a row a stage, and a copy by rows was slower (4-5 % on r8c). At
+// >= 2 tiles of rows, M and K multiples of 4; the plane H x W within conv_params' bounds. Empty: as given.
+std::vector<int64_t> linear_layout(const approx_checks::LinearShape& s, const Choice& algo) {
+  if (algo.algo != kAuto || s.M < kLayoutRows || s.M % 4 != 0 || s.K % 4 != 0 || s.N == 0 || s.K == 0 ||
+      s.K * s.M > kLayoutBytes)
+    return {};
+  const int64_t width = 4 * std::gcd(s.M / 4, int64_t{4096});  // a multiple of 4 that divides M, at most 16384
+  if (s.M / width >= (1 << 15)) return {};
+  return {1, s.K, s.M / width, width};
+}
+
+at::Tensor lut_linear_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
+                           c10::string_view algo_name) {
+  const auto s = approx_checks::check_linear(a, w, lut, c10::DeviceType::CUDA);
+  const Choice algo = parse_choice(std::string(algo_name), "lut_linear");
+  const c10::cuda::CUDAGuard guard(a.device());
+  const std::vector<int64_t> sizes = linear_layout(s, algo);
+  if (!sizes.empty()) {
+    const at::Tensor sums = lut_conv2d_cuda(a.t().contiguous().view(sizes), layout_weights(w), lut, {1, 1},
+                                            {0, 0}, {1, 1}, 1, algo_name);
+    return sums.view({s.N, s.M}).t().contiguous();
+  }
+  at::Tensor out = at::empty({s.M, s.N}, a.options().dtype(at::kInt));
+  if (s.M == 0 || s.N == 0) return out;
+  if (s.K == 0) return out.zero_();
+  run(algo, linear_params(a, w, &out, s), w, lut, ConvGeo{}, "lut_linear");
   return out;
 }
 
@@ -267,7 +287,7 @@ at::Tensor conv_with_end(const at::Tensor& a, const at::Tensor& w, const at::Ten
   if (l.folded) return at::Tensor();  // the composite: its lut_conv2d folds, then the end's op
   ConvGeo cg;
   const at::Tensor lw = l.rewrite ? layout_weights(w) : w;
-  Params p = l.rewrite ? layout_params(l, s, a, lw, cg) : conv_params(a, w, nullptr, s, cg);
+  Params p = l.rewrite ? layout_params(l.sizes, s.N, a, lw, cg) : conv_params(a, w, nullptr, s, cg);
   at::Tensor out = at::empty({s.B, s.N, s.Ho, s.Wo}, a.options().dtype(dtype));
   fill_end(p.epi, out);
   return run_with_end(algo, p, lw, lut, cg, [&] { return l.rewrite ? layout_codes(a, s, l) : a; }) ? out
@@ -355,9 +375,12 @@ lut_algos_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
     p = pick_p = conv_params(a, w, nullptr, s, cg);
     pick_cg = cg;
     const GemmLayout l = gemm_layout(s, Choice{kAuto});
-    if (l.rewrite) pick_w = layout_weights(w), pick_p = layout_params(l, s, a, pick_w, pick_cg);
+    if (l.rewrite) pick_w = layout_weights(w), pick_p = layout_params(l.sizes, s.N, a, pick_w, pick_cg);
   } else {
-    p = pick_p = linear_params(a, w, nullptr, approx_checks::check_linear(a, w, lut, c10::DeviceType::CUDA));
+    const auto s = approx_checks::check_linear(a, w, lut, c10::DeviceType::CUDA);
+    p = pick_p = linear_params(a, w, nullptr, s);
+    const std::vector<int64_t> sizes = linear_layout(s, Choice{kAuto});
+    if (!sizes.empty()) pick_w = layout_weights(w), pick_p = layout_params(sizes, s.N, a, pick_w, pick_cg);
   }
   std::vector<std::string> names, notes;
   std::vector<int64_t> bytes;

@@ -374,6 +374,6 @@ __device__ __forceinline__ void gemm32_body(const Params& p) {
 int64_t gemm_tall_blocks(const Params& p);
 size_t gemm_tall_smem();
 void launch_gemm_tall(const Params& p, int mode, int ks, cudaStream_t stream);
-int gemm_split(const Params& p, int64_t blocks);
+int gemm_split(const Params& p, int64_t blocks, int min_stages);
 
 }  // namespace approx_cuda

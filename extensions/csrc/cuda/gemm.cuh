@@ -103,20 +103,6 @@ __device__ __forceinline__ void gemm_store(const Params& p, long long m, int nb,
   }
 }
 
-// A conv layer's end (Params::epi) in place of a row's sums: dequantize's arithmetic (residual, ReLU, the next
-// layer's codes) or requantize_codes', per value as the quant kernels compute it (quant_math.cuh).
-__device__ __forceinline__ void end_value(const Epi& e, long long at, int32_t acc, float scale, float bias,
-                                          const CodesOut& co, float inv, int32_t qb, int32_t mult, int32_t shift) {
-  if (e.kind == 1) {
-    const bool add = e.residual != nullptr;
-    const float f = dequant_one(acc, scale, bias, add, add ? e.residual[at] : 0.f, e.relu);
-    e.outf[at] = f;
-    if (e.codes) e.codes[at] = static_cast<uint8_t>(co.byte(f, inv));
-  } else {
-    e.codes[at] = static_cast<uint8_t>(requant_code(acc, qb, mult, shift, e.qmin, e.qmax));
-  }
-}
-
 // The int32 path's end: channels nb..nb+NC-1 (< N) of row m, one value a store.
 template <int NC>
 __device__ __forceinline__ void gemm_end(const Params& p, long long m, int nb, const uint32_t (&v)[NC]) {
@@ -128,8 +114,8 @@ __device__ __forceinline__ void gemm_end(const Params& p, long long m, int nb, c
   for (int c = 0; c < NC; ++c) {
     const int n = nb + c;
     if (n >= p.N) break;
-    if (e.kind == 1) end_value(e, at0 + c * p.HoWo, v[c], __fmul_rn(a, e.wscale[n]), e.bias[n], co, inv, 0, 0, 0);
-    else end_value(e, at0 + c * p.HoWo, v[c], 0.f, 0.f, co, inv, e.qbias[n], e.mult[n], e.shift[n]);
+    if (e.kind == 1) end_one<1>(e, at0 + c * p.HoWo, v[c], __fmul_rn(a, e.wscale[n]), e.bias[n], co, inv, 0, 0, 0);
+    else end_one<2>(e, at0 + c * p.HoWo, v[c], 0.f, 0.f, co, inv, e.qbias[n], e.mult[n], e.shift[n]);
   }
 }
 

@@ -5,6 +5,8 @@
 #pragma once
 #include <cstdint>
 
+#include "common.cuh"  // Epi
+
 namespace approx_cuda {
 
 // quantize's arithmetic for one value, the code as a float (every kernel that writes activation codes uses it)
@@ -35,6 +37,21 @@ __device__ __forceinline__ int requant_code(int32_t acc, int32_t bias, int32_t m
   const int64_t p = (static_cast<int64_t>(acc) + bias) * static_cast<int64_t>(multiplier);
   const int64_t code = ((p >> (s - 1)) + 1) >> 1;
   return static_cast<int>(code < qmin ? qmin : (code > qmax ? qmax : code));
+}
+
+// A conv's end (Epi) in place of the sum acc at `at`: dequantize's arithmetic (KIND 1: residual, ReLU, the next
+// layer's codes) or requantize_codes' (KIND 2), one value a store; the LUT kernels' stores where no wider store fits.
+template <int KIND>
+__device__ __forceinline__ void end_one(const Epi& e, long long at, int32_t acc, float scale, float bias,
+                                        const CodesOut& co, float inv, int32_t qb, int32_t mult, int32_t shift) {
+  if constexpr (KIND == 1) {
+    const bool add = e.residual != nullptr;
+    const float f = dequant_one(acc, scale, bias, add, add ? e.residual[at] : 0.f, e.relu);
+    e.outf[at] = f;
+    if (e.codes) e.codes[at] = static_cast<uint8_t>(co.byte(f, inv));
+  } else {
+    e.codes[at] = static_cast<uint8_t>(requant_code(acc, qb, mult, shift, e.qmin, e.qmax));
+  }
 }
 
 }  // namespace approx_cuda

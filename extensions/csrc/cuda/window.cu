@@ -209,10 +209,7 @@ __device__ __forceinline__ void window_end(const Params& p, const uint32_t (&v)[
 #pragma unroll
       for (int x = 0; x < RX; ++x) {
         if (ox0 + x >= p.Wo) break;
-        const float fx = dequant_one(static_cast<int32_t>(v[x][j]), scale, bj, add, add ? e.residual[at + x] : 0.f,
-                                     e.relu);
-        e.outf[at + x] = fx;
-        if (e.codes) e.codes[at + x] = static_cast<uint8_t>(co.byte(fx, inv));
+        end_one<1>(e, at + x, static_cast<int32_t>(v[x][j]), scale, bj, co, inv, 0, 0, 0);
       }
     } else {
       const int32_t qb = e.qbias[ch], m = e.mult[ch], sh = e.shift[ch];
@@ -229,7 +226,7 @@ __device__ __forceinline__ void window_end(const Params& p, const uint32_t (&v)[
 #pragma unroll
       for (int x = 0; x < RX; ++x) {
         if (ox0 + x >= p.Wo) break;
-        e.codes[at + x] = static_cast<uint8_t>(code(x));
+        end_one<2>(e, at + x, static_cast<int32_t>(v[x][j]), 0.f, 0.f, co, inv, qb, m, sh);
       }
     }
   }

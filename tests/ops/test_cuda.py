@@ -349,9 +349,11 @@ def test_table_cache_size_that_is_not_a_number_is_an_error(tmp_path, value):
 
 
 def test_auto_pick_is_reported():
+    # K = 122, not a multiple of 4: auto runs the layer as given, not as a 1x1 conv over its transposed codes, whose
+    # pick test_cuda_gemm.py's test_auto_runs_linear_layers_transposed checks
     gen = torch.Generator().manual_seed(12)
-    a = make_codes(gen, (5000, 120), False).to(DEV)
-    w, lut = make_weights(gen, (84, 120), False).to(DEV), make_lut(gen, "int16").to(DEV)
+    a = make_codes(gen, (5000, 122), False).to(DEV)
+    w, lut = make_weights(gen, (84, 122), False).to(DEV), make_lut(gen, "int16").to(DEV)
     ops.lut_linear(a, w, lut, "auto")
     picks = [r for r in algo_table(a, w, lut, backend="cuda") if r["auto_pick"]]
     assert len(picks) == 1 and picks[0]["applies"] and picks[0]["auto_pick_name"].startswith(picks[0]["algo"])

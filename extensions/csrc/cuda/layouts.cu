@@ -1,6 +1,7 @@
 // A conv's codes in auto's GEMM layout (lut_ops.cpp's gemm_layout): the conv as a 1x1 conv of stride 1 over its
 // taps, tap k = (c, ky, kx) of output pixel (b, oy, ox) at out[b][k][oy][ox], or folded at out[k][b][oy][ox] (one
 // image whose plane is the batch's planes end to end). A tap in the padding is code 0, as every kernel reads it.
+// A linear layer's codes [M, K] are the folded copy of M images of 1x1 pixels: [K, M], transposed.
 // One pass over the output, 4 bytes a thread, about 0.8 TB/s on an H200 (bound by the per-byte index arithmetic, not
 // by memory); PyTorch's strided copy (as_strided, then contiguous) wrote the same bytes at 0.3.
 #include "launch.cuh"

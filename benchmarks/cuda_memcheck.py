@@ -42,7 +42,8 @@ def gemm_configs(algos):
     if "expanded_gemm" not in algos:
         return algos
     return algos + ["expanded_gemm_r2", "expanded_gemm_r4", "expanded_gemm_r8", "expanded_gemm_r8w",
-                    "expanded_gemm_r8c", "expanded_gemm_r8c_k3", "expanded_gemm_r16c", "expanded_gemm_r16c_k3"]
+                    "expanded_gemm_r8c", "expanded_gemm_r8c_k3", "expanded_gemm_r16c", "expanded_gemm_r16c_k3",
+                    "expanded_gemm_r13c", "expanded_gemm_r13c_k3"]
 
 
 def main(bmm_only=False):

@@ -1,5 +1,6 @@
 """CUDA expanded_gemm (gemm.cu, gemm_tall.cu): every configuration it has (expanded_gemm_r2/r4/r8/r8w/r8c,
-r16c (the tall tile), r8c and r16c with K split over 2, 3 and 64 blocks, the one auto would run) bit-exact against the python reference on linear layers, 1x1 convs and KxK convs
+r16c and r13c (the tall tile at 2048 and 1664 rows), r8c, r16c and r13c with K split over 2, 3 and 64 blocks, the one
+auto would run) bit-exact against the python reference on linear layers, 1x1 convs and KxK convs
 (implicit im2col: the padding tested per tap), int16 and int32 products, signed and unsigned codes,
 outputs poisoned first; and the shapes and names it declines.
 
@@ -58,6 +59,10 @@ GEMM_CASES = [
     # 14x14 planes (tiles across images, not 16-aligned), the last tile partial; 2 tiles of 64 stages
     ((6, 20, 14, 14), (36, 1, 1), 1, 0, 1),
     ((2, 256, 28, 28), (40, 1, 1), 1, 0, 1),
+    # r13c's 1664 rows: 3.25 rows a thread staged, so a thread's last staged row is past the tile for some; 3 tiles,
+    # the last with 72 rows (as given) and 32 (codes copied by cp.async)
+    (3400, 37, 40),
+    ((4, 16, 28, 30), (36, 1, 1), 1, 0, 1),
 ]
 
 
@@ -71,8 +76,8 @@ def _pair(v):
 def test_every_gemm_configuration(case, lutkind, signed):
     """auto times expanded_gemm at 2, 4 and 8 rows a thread (row tiles of 256, 512, 1024) and
     r8w (R = 8, weight bytes loaded once a half stage) and r8c (R = 8, Et16 lines copied whole into a
-    staging area, then transposed into the slot), r16c (2048 rows x 16 channels, half the build a product), and
-    r8c and r16c with K split (blocks of a split add their sums
+    staging area, then transposed into the slot), r16c (2048 rows x 16 channels, half the build a product), r13c
+    (1664 rows x 16 channels), and r8c, r16c and r13c with K split (blocks of a split add their sums
     into the zeroed output: the poison must not show; 3 splits leave uneven shares, 64 more splits than
     most cases have stages, so some get none), so each must be exact:
     int16 products (shared-memory table slices) and int32 ones (the E32 path); linear layers,
@@ -94,7 +99,8 @@ def test_every_gemm_configuration(case, lutkind, signed):
     ad, wd, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
     for algo in ("expanded_gemm", "expanded_gemm_r2", "expanded_gemm_r4", "expanded_gemm_r8", "expanded_gemm_r8w",
                  "expanded_gemm_r8c", "expanded_gemm_r8c_k2", "expanded_gemm_r8c_k3", "expanded_gemm_r8c_k64",
-                 "expanded_gemm_r16c", "expanded_gemm_r16c_k2", "expanded_gemm_r16c_k3", "expanded_gemm_r16c_k64"):
+                 "expanded_gemm_r16c", "expanded_gemm_r16c_k2", "expanded_gemm_r16c_k3", "expanded_gemm_r16c_k64",
+                 "expanded_gemm_r13c", "expanded_gemm_r13c_k3"):
         got = poisoned_call(lambda: call(ad, wd, ld, algo), tuple(want.shape))
         check_equal(got, want, f"{shape} {lutkind} signed={signed} {algo}")
 
@@ -106,7 +112,8 @@ def test_gemm_declines():
                 "expanded_gemm_r8ww", "expanded_gemm_r4c", "expanded_gemm_r8cw", "expanded_gemm_r8c_",
                 "expanded_gemm_r8c_k", "expanded_gemm_r8c_k1", "expanded_gemm_r8c_k65", "expanded_gemm_r8c_k02",
                 "expanded_gemm_r8c_k2x", "expanded_gemm_r8w_k2", "expanded_gemm_r4_k2", "expanded_gemm_r16w",
-                "expanded_gemm_r16c_k1", "expanded_gemm_r16c_k65", "expanded_gemm_r32c"):
+                "expanded_gemm_r16c_k1", "expanded_gemm_r16c_k65", "expanded_gemm_r32c", "expanded_gemm_r13",
+                "expanded_gemm_r13c_k1", "expanded_gemm_r12c"):
         with pytest.raises(RuntimeError, match="bad algo"):
             ops.lut_linear(a, torch.zeros((3, 8), dtype=torch.int8, device=DEV), lut, bad)
     with pytest.raises(RuntimeError, match="unknown algo"):  # a split names its tile: r8c_k<ks>

@@ -425,7 +425,7 @@ void launch_gemm_t(const Params& p, int ks, cudaStream_t stream) {
 template <int MODE>
 void launch_gemm_m(const Params& p, const Config& c, cudaStream_t stream) {
   const int build = MODE == 2 ? 0 : c.build;
-  if (build == 3) launch_gemm_tall(p, MODE, c.ks, stream);  // expanded_gemm_r16c (gemm_tall.cu)
+  if (build == 3) launch_gemm_tall(p, MODE, c.r, c.ks, stream);  // expanded_gemm_r16c, _r13c (gemm_tall.cu)
   else if (build == 1) launch_gemm_t<8, MODE, 1>(p, c.ks, stream);  // expanded_gemm_r8w
   else if (build == 2) launch_gemm_t<8, MODE, 2>(p, c.ks, stream);  // expanded_gemm_r8c
   else if (c.r == 8) launch_gemm_t<8, MODE, 0>(p, c.ks, stream);
@@ -495,12 +495,17 @@ std::vector<Config> gemm_candidates(const Params& p, int fmt) {
   c.build = 2;
   if (co) add_splits(out, c, p, gemm_blocks(p, 8));
   // the tall tile (2048 rows x 16 channels: half the table build a product), where a tile's rows
-  // are mostly live; split as r8c where its tiles leave SMs idle
-  if ((long long)gemm_tall_smem() <= max_smem_optin() && p.M > 1024 && (p.N + 15) / 16 <= 65535) {
-    Config tall{16};
+  // are mostly live; split as r8c where its tiles leave SMs idle. Below 32 tiles of 2048 rows, where the last tile's
+  // empty rows or a short wave cost more than 3 %, the tile of 1664 rows (r13c) too: a wave lasts as long as its
+  // fullest block, and 13 rows a thread take 0.81 of 16's time
+  for (int r : {16, 13}) {
+    Config tall{r};
     tall.build = 3;
+    if ((long long)gemm_tall_smem(r) > max_smem_optin() || p.M <= 1024 || (p.N + 15) / 16 > 65535 ||
+        (r == 13 && p.M >= 32 * 2048))
+      continue;
     out.push_back(tall);
-    add_splits(out, tall, p, gemm_tall_blocks(p));
+    add_splits(out, tall, p, gemm_tall_blocks(p, r));
   }
   return out;
 }
@@ -518,10 +523,12 @@ void launch_gemm(const Params& p, int fmt, Config c, cudaStream_t stream) {
 // "expanded_gemm_r8c": R = 8 with the CO build (Et16 lines copied whole, then transposed);
 // "expanded_gemm_r8c_k<ks>": r8c with K split over ks blocks (2..64), their sums added into the zeroed
 // output (gemm_split: where the tiles alone leave SMs idle);
-// "expanded_gemm_r16c" and "_r16c_k<ks>": the tall tile (gemm_tall.cu), 16 rows x 4 channels a thread.
+// "expanded_gemm_r16c" and "_r16c_k<ks>": the tall tile (gemm_tall.cu), 16 rows x 4 channels a thread;
+// "expanded_gemm_r13c" and "_r13c_k<ks>": the same tile at 13 rows a thread (1664 rows a block).
 std::string parse_gemm_config(const std::string& name, Config& c) {
   const std::string bad = "bad algo '" + name + "': expanded_gemm_r<2, 4 or 8>, expanded_gemm_r8w, "
-                          "expanded_gemm_r8c, expanded_gemm_r16c, or either of the last two with _k<K split, 2..64>";
+                          "expanded_gemm_r8c, expanded_gemm_r16c, expanded_gemm_r13c, or one of the last three with _k<K split, "
+                          "2..64>";
   std::string base = name;
   int ks = 0;
   const size_t at = name.find("_k", 14);  // past "expanded_gemm_"
@@ -529,12 +536,12 @@ std::string parse_gemm_config(const std::string& name, Config& c) {
     const std::string digits = name.substr(at + 2);
     base = name.substr(0, at);
     if (digits.empty() || digits.size() > 2 || digits[0] == '0' ||
-        (base != "expanded_gemm_r8c" && base != "expanded_gemm_r16c") ||
+        (base != "expanded_gemm_r8c" && base != "expanded_gemm_r16c" && base != "expanded_gemm_r13c") ||
         digits.find_first_not_of("0123456789") != std::string::npos || (ks = std::stoi(digits)) < 2 || ks > 64)
       return bad;
   }
-  if (base == "expanded_gemm_r16c") {
-    c = Config{16};
+  if (base == "expanded_gemm_r16c" || base == "expanded_gemm_r13c") {
+    c = Config{base == "expanded_gemm_r16c" ? 16 : 13};
     c.build = 3;
   } else if (base == "expanded_gemm_r8w" || base == "expanded_gemm_r8c") {
     c = Config{8};
@@ -554,7 +561,7 @@ std::string gemm_config_name(const Config& c) {
   if (c.r == 8 && c.build == 1) return "expanded_gemm_r8w";
   const std::string split = c.ks > 1 ? "_k" + std::to_string(c.ks) : "";
   if (c.r == 8 && c.build == 2) return "expanded_gemm_r8c" + split;
-  if (c.build == 3) return "expanded_gemm_r16c" + split;
+  if (c.build == 3) return "expanded_gemm_r" + std::to_string(c.r) + "c" + split;
   return c.r ? "expanded_gemm_r" + std::to_string(c.r) : "expanded_gemm";
 }
 

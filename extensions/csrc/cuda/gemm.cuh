@@ -357,9 +357,9 @@ __device__ __forceinline__ void gemm32_body(const Params& p) {
 
 // The tall tile (gemm_tall.cu): its blocks for a call, its shared memory, and its launch (mode as
 // gemm.cu's MODE: 0 format read on the device, 1 int16 products).
-int64_t gemm_tall_blocks(const Params& p);
-size_t gemm_tall_smem();
-void launch_gemm_tall(const Params& p, int mode, int ks, cudaStream_t stream);
+int64_t gemm_tall_blocks(const Params& p, int r);
+size_t gemm_tall_smem(int r);
+void launch_gemm_tall(const Params& p, int mode, int r, int ks, cudaStream_t stream);
 int gemm_split(const Params& p, int64_t blocks, int min_stages);
 
 }  // namespace approx_cuda

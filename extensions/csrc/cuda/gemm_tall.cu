@@ -35,14 +35,17 @@
 namespace approx_cuda {
 namespace {
 
-constexpr int kTallRows = 2048;      // rows a block: 16 a thread
+// R: rows a thread, 16 (2048 rows a block) or 13 (1664, expanded_gemm_r13c: ResNet-50's layer4 at batch 64, 3,136
+// rows, fills 94 % of two such tiles, 77 % of two of 2048)
+constexpr int kTallRowsPerQuad = kGemmThreads / 4;  // a block's rows: R x this
 constexpr int kTallBN = 16;          // channels a block: 4 a thread
 constexpr int kTallSlot = 256 * 128;  // one stage's table: [code][4 taps][8 pair words]
 
 // AC: the codes copied by cp.async (gemm.cuh's CodeCopies) into the rows' address area, which they then leave unused.
-template <bool KX, bool SK, bool AC>
+template <int R, bool KX, bool SK, bool AC>
 __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
-  constexpr int TH = kGemmThreads, BM = kTallRows, LR = BM / TH, R = BM / (TH / 4);
+  // LR: rows a thread stages, the last partly past BM where BM is not a multiple of TH (R = 13)
+  constexpr int TH = kGemmThreads, BM = R * kTallRowsPerQuad, LR = (BM + TH - 1) / TH;
   const int t = threadIdx.x, g = t >> 2, jj = t & 3;
   const int warp = t >> 5, lane = t & 31, qh = (lane >> 2) & 3;
   const long long m0 = (long long)blockIdx.x * BM;
@@ -76,7 +79,8 @@ __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
   };
   auto put_codes = [&](int slot, const uint32_t (&cw)[LR]) {
 #pragma unroll
-    for (int u = 0; u < LR; ++u) cod[slot * BM + t + TH * u] = cw[u];
+    for (int u = 0; u < LR; ++u)
+      if (BM % TH == 0 || t + TH * u < BM) cod[slot * BM + t + TH * u] = cw[u];
   };
   uint8_t* codp = reinterpret_cast<uint8_t*>(rbase);  // AC: [2][4 taps][BM] bytes (16 KiB of the area's 24)
   const CodeCopies<BM, TH, LR, AC> copies(p, m0, t);
@@ -191,28 +195,29 @@ __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
 
 // MODE: 1 int16 products; 0 the format read on the device (the int32 path where they do not fit,
 // its first split doing all of a K split).
-template <int MODE, bool KX, bool SK, bool AC = false>
+template <int MODE, int R, bool KX, bool SK, bool AC = false>
 __global__ void __launch_bounds__(kGemmThreads, 1) tall_kernel(Params p) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || read_fits16(p.flags))
-    tall_body<KX, SK, AC>(p, smem);
+    tall_body<R, KX, SK, AC>(p, smem);
   else
-    gemm32_body<kTallRows / (kGemmThreads / 4), KX, kTallBN>(p);
+    gemm32_body<R, KX, kTallBN>(p);
 }
 
-template <int MODE>
+template <int MODE, int R>
 void launch_tall_m(const Params& p, int ks, cudaStream_t stream) {
-  const size_t smem = gemm_tall_smem();
-  TORCH_CHECK((long long)smem <= max_smem_optin(), "approx expanded_gemm_r16c: needs ", I((int64_t)smem),
+  constexpr int BM = R * kTallRowsPerQuad;
+  const size_t smem = gemm_tall_smem(R);
+  TORCH_CHECK((long long)smem <= max_smem_optin(), "approx expanded_gemm_r", R, "c: needs ", I((int64_t)smem),
               " bytes of shared memory, the device allows ", I(max_smem_optin()));
-  const int64_t bx = (p.M + kTallRows - 1) / kTallRows, by = (p.N + kTallBN - 1) / kTallBN;
+  const int64_t bx = (p.M + BM - 1) / BM, by = (p.N + kTallBN - 1) / kTallBN;
   TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
-  TORCH_CHECK(by <= 65535, "approx expanded_gemm_r16c: needs at most 65535 x 16 output channels");
+  TORCH_CHECK(by <= 65535, "approx expanded_gemm_r", R, "c: needs at most 65535 x 16 output channels");
   ks = std::max(1, std::min(ks, (p.K + 3) / 4));
-  auto kern = gemm_kx(p)                ? (ks > 1 ? tall_kernel<MODE, true, true> : tall_kernel<MODE, true, false>)
-              : gemm_copies_codes(p) ? (ks > 1 ? tall_kernel<MODE, false, true, true>
-                                               : tall_kernel<MODE, false, false, true>)
-                                     : (ks > 1 ? tall_kernel<MODE, false, true> : tall_kernel<MODE, false, false>);
+  auto kern = gemm_kx(p)                ? (ks > 1 ? tall_kernel<MODE, R, true, true> : tall_kernel<MODE, R, true, false>)
+              : gemm_copies_codes(p) ? (ks > 1 ? tall_kernel<MODE, R, false, true, true>
+                                               : tall_kernel<MODE, R, false, false, true>)
+                                     : (ks > 1 ? tall_kernel<MODE, R, false, true> : tall_kernel<MODE, R, false, false>);
   set_smem(kern, smem);
   if (ks > 1)  // the splits add into it
     C10_CUDA_CHECK(cudaMemsetAsync(p.out, 0, static_cast<size_t>(p.M) * p.Ntot * sizeof(int32_t), stream));
@@ -222,15 +227,20 @@ void launch_tall_m(const Params& p, int ks, cudaStream_t stream) {
 
 }  // namespace
 
-size_t gemm_tall_smem() { return 2 * kTallSlot + 2 * kTallRows * 4 + 64 * kGemmRawRow + kTallRows * 12; }
-
-int64_t gemm_tall_blocks(const Params& p) {
-  return (p.M + kTallRows - 1) / kTallRows * ((p.N + kTallBN - 1) / kTallBN);
+size_t gemm_tall_smem(int r) {
+  const int bm = r * kTallRowsPerQuad;
+  return 2 * kTallSlot + 2 * bm * 4 + 64 * kGemmRawRow + bm * 12;
 }
 
-void launch_gemm_tall(const Params& p, int mode, int ks, cudaStream_t stream) {
-  if (mode == 1) launch_tall_m<1>(p, ks, stream);
-  else launch_tall_m<0>(p, ks, stream);
+int64_t gemm_tall_blocks(const Params& p, int r) {
+  const int bm = r * kTallRowsPerQuad;
+  return (p.M + bm - 1) / bm * ((p.N + kTallBN - 1) / kTallBN);
+}
+
+void launch_gemm_tall(const Params& p, int mode, int r, int ks, cudaStream_t stream) {
+  TORCH_CHECK(r == 16 || r == 13, "approx expanded_gemm: the tall tile takes 16 or 13 rows a thread, not ", r);
+  if (mode == 1) r == 16 ? launch_tall_m<1, 16>(p, ks, stream) : launch_tall_m<1, 13>(p, ks, stream);
+  else r == 16 ? launch_tall_m<0, 16>(p, ks, stream) : launch_tall_m<0, 13>(p, ks, stream);
 }
 
 }  // namespace approx_cuda

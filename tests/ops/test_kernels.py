@@ -193,6 +193,36 @@ def test_tiled_threads_and_formats(gen, threads, lut_kind):
 
 
 @pytest.mark.skipif(not any(b == "cpp" for b, _ in BACKENDS), reason="runner._C not built")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("lut_kind", ["lut16", "lut32", "edge16"])
+def test_tiled_gathers_one_channel_groups_by_pixels(gen, threads, lut_kind):
+    """cpp tiled on calls of one output channel a group and <= 64 taps (depthwise convs) computes a group's output
+    pixels 8 a vector, a tap's 8 codes loaded at once where the row stride is 1 or 2: rows of 8 and a tail (21, 17
+    outputs), stride 2 (even codes picked from two loads), strides 3 and (1, 3) and dilation (a code at a time), 2 input
+    channels a group (K = 18), 5x5 taps, no padding with the last load ending at the input's last byte, a linear layer
+    of one output; and a one-channel conv of 72 taps, which keeps the channel tiles."""
+    lut = edge16_lut(gen) if lut_kind == "edge16" else LUTS[lut_kind](gen)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for signed in (True, False):
+            for ashape, n, k, stride, padding, dilation, groups in [
+                    ((2, 16, 21, 21), 16, 3, 1, 1, 1, 16), ((2, 8, 24, 33), 8, 3, 2, 1, 1, 8),
+                    ((1, 6, 26, 29), 6, 3, 3, 1, 1, 6), ((2, 4, 13, 30), 4, 3, (1, 3), 0, 2, 4),
+                    ((2, 12, 18, 18), 6, 3, 1, 1, 1, 6), ((1, 5, 20, 20), 5, 5, 2, 2, 1, 5),
+                    ((3, 7, 10, 18), 7, 3, 1, 0, 1, 7), ((2, 8, 9, 9), 1, 3, 1, 1, 1, 1)]:
+                a, w = codes(gen, ashape, signed), weights(gen, (n, ashape[1] // groups, k, k))
+                want = reference.reference_lut_conv2d(a, w, lut, stride, padding, dilation, groups)
+                for algo in ("tiled", "auto"):
+                    got = ops.lut_conv2d(a, w, lut, stride, padding, dilation, groups, algo=algo)
+                    assert torch.equal(got, want), (signed, ashape, stride, groups, algo)
+            a, w = codes(gen, (50, 40), signed), weights(gen, (1, 40))
+            assert torch.equal(ops.lut_linear(a, w, lut, algo="tiled"), reference.reference_lut_linear(a, w, lut))
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not any(b == "cpp" for b, _ in BACKENDS), reason="runner._C not built")
 @pytest.mark.parametrize("isa", ["avx2", "base"])
 def test_cpu_isa_variants(isa):
     """The narrower instruction-set variants (chosen on older CPUs) compute the same sums."""
@@ -204,7 +234,8 @@ def test_cpu_isa_variants(isa):
         "for signed in (True, False):\n"
         "    for lk in ((-2**15 + 1, 2**15), (-2**30, 2**30)):\n"
         "        lut = random_lut(g, *lk)\n"
-        "        for ashape, wshape, groups in (((3, 6, 12, 12), (20, 3, 5, 5), 2), ((2, 4, 6, 6), (88, 4, 3, 3), 1)):\n"
+        "        for ashape, wshape, groups in (((3, 6, 12, 12), (20, 3, 5, 5), 2), ((2, 4, 6, 6), (88, 4, 3, 3), 1),\n"
+        "                                       ((2, 8, 19, 19), (8, 1, 3, 3), 8)):\n"
         "            a, w = codes(g, ashape, signed), weights(g, wshape)\n"
         "            want = reference.reference_lut_conv2d(a, w, lut, 1, 2, 1, groups)\n"
         "            for algo in ('direct', 'expanded', 'tiled'):\n"

@@ -68,6 +68,10 @@ struct Problem {
   bool conv;              // lut_conv2d (auto keeps its costs apart from lut_linear's)
 };
 
+// tiled on a call of one output channel a group and few taps (depthwise convs): a tile is a group, computed by
+// gathering 8 output pixels a vector (pixel_group), not by the channel tile, whose lanes are output channels.
+inline bool gathers_pixels(const Problem& p) { return p.Ng == 1 && p.K <= 64; }
+
 // The hot loops, once per instruction set (see lut_cpu_kernels.inc).
 #define AR_NS isabase
 #define AR_ISA 0
@@ -322,6 +326,7 @@ struct RowPointers {
   std::unique_ptr<int32_t*[]> outp;
 };
 RowPointers row_pointers(const Problem& p) {
+  if (gathers_pixels(p)) return {};
   const int64_t rpg = p.B * p.Ho * p.Wo, rpad = (rpg + isabase::kRowPad - 1) / isabase::kRowPad * isabase::kRowPad;
   const int64_t n = p.G * rpad + isabase::kRowPad;
   RowPointers rp{std::unique_ptr<const uint8_t*[]>(new const uint8_t*[n]),
@@ -484,7 +489,8 @@ lut_algos_cpu(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
   }
   // tiled: per thread, one tile's table and its rows' accumulators
   const int64_t rpg = p.B * p.Ho * p.Wo, tile_entries = 256 * kTileChannels * ((256 << 10) / (256 * kTileChannels * 2));
-  const int64_t tiled_ws = at::get_num_threads() * (tile_entries * 2 + (rpg + 8) * kTileChannels * 4);
+  const int64_t tiled_ws = at::get_num_threads() * (gathers_pixels(p) ? p.K * 256 * 4
+                                                                       : tile_entries * 2 + (rpg + 8) * kTileChannels * 4);
   return {{kAlgoNames[0], kAlgoNames[1], kAlgoNames[2]},
           {0, fits ? tbytes : -1, tiled_ws},
           {"", fits ? "" : "would need an expanded table of " + std::to_string(tbytes >> 20) + " MiB", ""},

@@ -5,7 +5,7 @@
 // K input codes relative to the pixel's top-left corner in a (zero-code padded) input. So there is
 // no im2col: the kernels read codes straight from the input through a K-entry offset table.
 //
-// Two algorithms:
+// Three algorithms:
 //   direct    one LUT lookup per MAC (lookup column precomputed per weight). No per-call table,
 //             so it suits small batches and training, where weights change every step.
 //   expanded  a weight-expanded table T[g][k][a][n] = product(a, w[g*Ng+n][k]) with the weight
@@ -14,6 +14,9 @@
 //             channels with vector loads into int32 accumulators held in registers; int16
 //             entries when every product fits. Rows go in cache-sized blocks and taps in chunks
 //             whose table slice stays in L2.
+//   tiled     the same table built every call, one tile (32 channels x 16 taps) at a time, each tile serving every
+//             row of its group: no cache, no size limit. At few rows a tile builds only the codes its rows read;
+//             a depthwise conv's tile is a group, its output pixels 8 a vector gather (lut_cpu_kernels.inc).
 // auto runs the one measured cheaper for the call (decide(), below); approx::lut_algos reports
 // decide()'s answer, so the reported pick is what runs.
 //

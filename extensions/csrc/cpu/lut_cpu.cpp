@@ -492,8 +492,8 @@ lut_algos_cpu(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
   }
   // tiled: per thread, one tile's table and its rows' accumulators
   const int64_t rpg = p.B * p.Ho * p.Wo, tile_entries = 256 * kTileChannels * ((256 << 10) / (256 * kTileChannels * 2));
-  const int64_t tiled_ws = at::get_num_threads() * (gathers_pixels(p) ? p.K * 256 * 4
-                                                                       : tile_entries * 2 + (rpg + 8) * kTileChannels * 4);
+  const int64_t tile_bytes = gathers_pixels(p) ? p.K * 256 * 4 : tile_entries * 2 + (rpg + 8) * kTileChannels * 4;
+  const int64_t tiled_ws = at::get_num_threads() * tile_bytes;
   return {{kAlgoNames[0], kAlgoNames[1], kAlgoNames[2]},
           {0, fits ? tbytes : -1, tiled_ws},
           {"", fits ? "" : "would need an expanded table of " + std::to_string(tbytes >> 20) + " MiB", ""},

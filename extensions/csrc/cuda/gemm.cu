@@ -529,8 +529,8 @@ void launch_gemm(const Params& p, int fmt, Config c, cudaStream_t stream) {
 // "expanded_gemm_r13c" and "_r13c_k<ks>": the same tile at 13 rows a thread (1664 rows a block).
 std::string parse_gemm_config(const std::string& name, Config& c) {
   const std::string bad = "bad algo '" + name + "': expanded_gemm_r<2, 4 or 8>, expanded_gemm_r8w, "
-                          "expanded_gemm_r8c, expanded_gemm_r16c, expanded_gemm_r13c, or one of the last three with _k<K split, "
-                          "2..64>";
+                          "expanded_gemm_r8c, expanded_gemm_r16c, expanded_gemm_r13c, or one of the last three "
+                          "with _k<K split, 2..64>";
   std::string base = name;
   int ks = 0;
   const size_t at = name.find("_k", 14);  // past "expanded_gemm_"

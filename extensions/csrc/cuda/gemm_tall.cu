@@ -216,10 +216,11 @@ void launch_tall_m(const Params& p, int ks, cudaStream_t stream) {
   TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
   TORCH_CHECK(by <= 65535, "approx expanded_gemm_r", R, "c: needs at most 65535 x 16 output channels");
   ks = std::max(1, std::min(ks, (p.K + 3) / 4));
-  auto kern = gemm_kx(p)                ? (ks > 1 ? tall_kernel<MODE, R, true, true> : tall_kernel<MODE, R, true, false>)
+  auto kern = gemm_kx(p)             ? (ks > 1 ? tall_kernel<MODE, R, true, true> : tall_kernel<MODE, R, true, false>)
               : gemm_copies_codes(p) ? (ks > 1 ? tall_kernel<MODE, R, false, true, true>
                                                : tall_kernel<MODE, R, false, false, true>)
-                                     : (ks > 1 ? tall_kernel<MODE, R, false, true> : tall_kernel<MODE, R, false, false>);
+                                     : (ks > 1 ? tall_kernel<MODE, R, false, true>
+                                               : tall_kernel<MODE, R, false, false>);
   set_smem(kern, smem);
   if (ks > 1)  // the splits add into it
     C10_CUDA_CHECK(cudaMemsetAsync(p.out, 0, static_cast<size_t>(p.M) * p.Ntot * sizeof(int32_t), stream));

@@ -69,11 +69,20 @@ struct Problem {
   int64_t Ng;             // output channels per group
   int64_t Np;             // Ng rounded up to a multiple of 8 (table row length)
   bool conv;              // lut_conv2d (auto keeps its costs apart from lut_linear's)
+  const uint8_t* seen = nullptr;  // tiled at few rows: [G][K][256], the codes a group's rows read at each tap
 };
 
 // tiled on a call of one output channel a group and few taps (depthwise convs): a tile is a group, computed by
 // gathering 8 output pixels a vector (pixel_group), not by the channel tile, whose lanes are output channels.
 inline bool gathers_pixels(const Problem& p) { return p.Ng == 1 && p.K <= 64; }
+
+// tiled at <= 2048 rows a group: a tile builds only the codes the group's rows read at each tap. A network's
+// activations take few of the 256 (8-75 a channel at ResNet-18's and MobileNetV2's 14x14 and 7x7 layers at batch 8),
+// where the build would cost 0.16-0.65 table entries a product; above, it is a small share and the codes vary more.
+constexpr int64_t kSparseRows = 2048;
+inline bool builds_seen_codes(const Problem& p) {
+  return p.B * p.Ho * p.Wo <= kSparseRows && !gathers_pixels(p) && p.G * p.K <= (1 << 18);
+}
 
 // The hot loops, once per instruction set (see lut_cpu_kernels.inc).
 #define AR_NS isabase
@@ -327,6 +336,7 @@ int64_t tiles_of(const Problem& p) { return p.G * ((p.Np + kTileChannels - 1) / 
 struct RowPointers {
   std::unique_ptr<const uint8_t*[]> base;
   std::unique_ptr<int32_t*[]> outp;
+  std::vector<uint8_t> seen;  // builds_seen_codes: [G][K][256] (Problem::seen), marked once for all of a call's tiles
 };
 RowPointers row_pointers(const Problem& p) {
   if (gathers_pixels(p)) return {};
@@ -342,6 +352,18 @@ RowPointers row_pointers(const Problem& p) {
   });
   std::fill(rp.base.get() + n - isabase::kRowPad, rp.base.get() + n, nullptr);
   std::fill(rp.outp.get() + n - isabase::kRowPad, rp.outp.get() + n, nullptr);
+  if (builds_seen_codes(p)) {  // the padding rows repeat their group's last row
+    rp.seen.assign(p.G * p.K * 256, 0);
+    const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, rpg));
+    at::parallel_for(0, p.G * p.K, grain, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const uint8_t* const* b = rp.base.get() + i / p.K * rpad;
+        const int32_t o = p.off[i % p.K];
+        uint8_t* s = rp.seen.data() + i * 256;
+        for (int64_t r = 0; r < rpg; ++r) s[b[r][o]] = 1;
+      }
+    });
+  }
   return rp;
 }
 
@@ -352,9 +374,11 @@ void tiled_range(const Problem& p, const int32_t* lut, const WeightCols& wc, boo
   const uint32_t* keep = wc.keep.data();
   const uint8_t* const* base = rp.base.get();
   int32_t* const* outp = rp.outp.get();
+  Problem q = p;
+  q.seen = rp.seen.empty() ? nullptr : rp.seen.data();
   auto body = [&](int64_t s, int64_t t) {
-    if (fit16) { AR_DISPATCH(tiled16, lut, col, neg, keep, p, base, outp, s, t) }
-    else { AR_DISPATCH(tiled32, lut, col, neg, keep, p, base, outp, s, t) }
+    if (fit16) { AR_DISPATCH(tiled16, lut, col, neg, keep, q, base, outp, s, t) }
+    else { AR_DISPATCH(tiled32, lut, col, neg, keep, q, base, outp, s, t) }
   };
   if (parallel) at::parallel_for(t0, t1, 1, body);
   else if (t0 < t1) body(t0, t1);

@@ -344,7 +344,8 @@ RowPointers row_pointers(const Problem& p) {
   const int64_t n = p.G * rpad + isabase::kRowPad;
   RowPointers rp{std::unique_ptr<const uint8_t*[]>(new const uint8_t*[n]),
                  std::unique_ptr<int32_t*[]>(new int32_t*[n])};
-  at::parallel_for(0, p.G, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, rpg)), [&](int64_t g0, int64_t g1) {
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, rpg));  // ~64 K rows a task
+  at::parallel_for(0, p.G, grain, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       isabase::next_block(p, g * rpg, (g + 1) * rpg, rpg, rp.base.get() + g * rpad, rp.outp.get() + g * rpad);
       std::fill(rp.outp.get() + g * rpad + rpg, rp.outp.get() + (g + 1) * rpad, nullptr);
@@ -354,7 +355,6 @@ RowPointers row_pointers(const Problem& p) {
   std::fill(rp.outp.get() + n - isabase::kRowPad, rp.outp.get() + n, nullptr);
   if (builds_seen_codes(p)) {  // the padding rows repeat their group's last row
     rp.seen.assign(p.G * p.K * 256, 0);
-    const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, rpg));
     at::parallel_for(0, p.G * p.K, grain, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         const uint8_t* const* b = rp.base.get() + i / p.K * rpad;

@@ -161,19 +161,24 @@ at::Tensor layout_codes(const at::Tensor& a, const approx_checks::ConvShape& s, 
 // The weights of the conv in the layout: [N][K] as a 1x1 conv's (a view: the same tensor to the table cache).
 at::Tensor layout_weights(const at::Tensor& w) { return w.view({w.size(0), -1, 1, 1}); }
 
+// The shape of a stride-1 1x1 conv of one group, without padding, over codes [B, K, H, W] with N channels out.
+approx_checks::ConvShape pointwise_shape(int64_t B, int64_t K, int64_t H, int64_t W, int64_t N) {
+  approx_checks::ConvShape s{};
+  s.B = B;
+  s.C = s.Cg = s.K = K;
+  s.H = s.Ho = H;
+  s.W = s.Wo = W;
+  s.N = N;
+  s.kh = s.kw = s.sh = s.sw = s.dh = s.dw = s.groups = 1;
+  return s;
+}
+
 // The launch parameters of a conv in auto's layout, before its codes are copied: those of the stride-1 1x1 conv over
 // codes of `sizes` ([B, K, H, W]) with N channels out. p.a is the given codes' until run_with_end sets the copy's,
 // before anything reads it (a cached pick's and table's lookups read only the shapes). lw: the weights' [N, K, 1, 1].
 Params layout_params(const std::vector<int64_t>& sizes, int64_t N, const at::Tensor& a, const at::Tensor& lw,
                      ConvGeo& cg) {
-  approx_checks::ConvShape ls{};
-  ls.B = sizes[0];
-  ls.C = ls.Cg = ls.K = sizes[1];
-  ls.H = ls.Ho = sizes[2];
-  ls.W = ls.Wo = sizes[3];
-  ls.N = N;
-  ls.kh = ls.kw = ls.sh = ls.sw = ls.dh = ls.dw = ls.groups = 1;
-  return conv_params(a, lw, nullptr, ls, cg);
+  return conv_params(a, lw, nullptr, pointwise_shape(sizes[0], sizes[1], sizes[2], sizes[3], N), cg);
 }
 
 at::Tensor lut_conv2d_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
@@ -220,13 +225,8 @@ at::Tensor lut_linear_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
   if (!sizes.empty()) {
     // the copy as gemm_layout's of a 1x1 conv whose images are a's rows, 1x1 planes folded into one image: a
     // transposed (PyTorch's uint8 transpose ran at 0.13 TB/s on an H200, 76 us for ViT-B/16's codes at batch 64)
-    approx_checks::ConvShape rows{};
-    rows.B = s.M;
-    rows.C = rows.Cg = rows.K = s.K;
-    rows.N = s.N;
-    rows.H = rows.W = rows.Ho = rows.Wo = rows.kh = rows.kw = rows.sh = rows.sw = rows.dh = rows.dw = rows.groups = 1;
     at::Tensor codes = at::empty(sizes, a.options());
-    launch_gemm_layout(a, codes, rows, true, c10::cuda::getCurrentCUDAStream());
+    launch_gemm_layout(a, codes, pointwise_shape(s.M, s.K, 1, 1, s.N), true, c10::cuda::getCurrentCUDAStream());
     const at::Tensor sums = lut_conv2d_cuda(codes, layout_weights(w), lut, {1, 1}, {0, 0}, {1, 1}, 1, algo_name);
     return sums.view({s.N, s.M}).t().contiguous();
   }

@@ -495,17 +495,15 @@ std::vector<Config> gemm_candidates(const Params& p, int fmt) {
   c.build = 2;
   if (co) add_splits(out, c, p, gemm_blocks(p, 8));
   // the tall tile (2048 rows x 16 channels: half the table build a product), where a tile's rows
-  // are mostly live; split as r8c where its tiles leave SMs idle. Below 32 tiles of 2048 rows the tile of 1664 rows
-  // (r13c) too: its blocks take 0.81 of 16's time, so it fills the last wave and the last tile differently (ViT-B/16's
-  // fc1 at batch 64: r16c's 1,344 blocks fill 10.2 of 11 waves of 132 SMs, r13c's 1,536 11.6 of 12 shorter ones,
-  // 1.12x faster; on an H200 auto picks r13c on 33 of ResNet-50's 54 layers at batch 64). Not timed above, to bound
-  // auto's trial, though named r13c beat auto's r16c by 4 % on ResNet-50's 64x56 -> 256 (200,704 rows)
+  // are mostly live; split as r8c where its tiles leave SMs idle. The tile of 1664 rows (r13c) too: its blocks take
+  // 0.81 of 16's time, so it fills the last wave and the last tile differently (ViT-B/16's fc1 at batch 64: r16c's
+  // 1,344 blocks fill 10.2 of 11 waves of 132 SMs, r13c's 1,536 11.6 of 12 shorter ones, 1.12x faster; on an H200
+  // auto picks r13c and its splits on 45 of ResNet-50's 54 layers at batch 64), at any size (ResNet-50's 64x56 ->
+  // 256, 200,704 rows: 605 -> 579 us once timed there)
   for (int r : {16, 13}) {
     Config tall{r};
     tall.build = 3;
-    if ((long long)gemm_tall_smem(r) > max_smem_optin() || p.M <= 1024 || (p.N + 15) / 16 > 65535 ||
-        (r == 13 && p.M >= 32 * 2048))
-      continue;
+    if ((long long)gemm_tall_smem(r) > max_smem_optin() || p.M <= 1024 || (p.N + 15) / 16 > 65535) continue;
     out.push_back(tall);
     add_splits(out, tall, p, gemm_tall_blocks(p, r));
   }

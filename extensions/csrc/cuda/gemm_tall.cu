@@ -27,8 +27,8 @@
 // the addresses' area. Measured (H200): 13 % fewer shared-memory wavefronts than r8c, 24 % more instructions;
 // faster on ViT-B/16's Linear layers, and with the copied codes on 36 of ResNet-50's 54 layers at batch 64 (auto's
 // picks; benchmarks/imagenet.md, "The tall tile with codes by cp.async"). At 13 rows a thread (r13c, 1664 rows) it
-// fills waves and last tiles differently, and auto picks it on 33 of those 54 layers and all of ViT-B/16's Linears
-// (benchmarks/imagenet.md, "A second tall tile").
+// fills waves and last tiles differently, and auto picks it (and its splits) on 45 of those 54 layers and all of
+// ViT-B/16's Linears (benchmarks/imagenet.md, "A second tall tile" and "Stride-1 3x3 convs").
 
 #include <algorithm>
 

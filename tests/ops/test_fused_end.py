@@ -27,6 +27,9 @@ CONVS = [
     # stores), 7x7 ones folded (the two ops)
     ((10, 8, 32, 32), (20, 3, 3), 2, 1),
     ((44, 4, 7, 7), (12, 3, 3), 1, 1),
+    # a 3x3 conv of stride 1 on 16x16 planes, 2560 rows: auto times its taps against the shape as given on the first
+    # call (the composite), and a later call applies the end in the way that was faster
+    ((10, 8, 16, 16), (20, 3, 3), 1, 1),
 ]
 
 

@@ -5,6 +5,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <tuple>
@@ -121,17 +124,21 @@ void run(Choice choice, const Params& p, const at::Tensor& w, const at::Tensor& 
 // stride 1 on such planes is that already; a strided one gets its sampled pixels, a strided or dilated KxK conv its
 // taps (im2col: K / C times its codes, a tap in the padding code 0, as every kernel reads it), and planes of another
 // size (ResNet-50's 7x7) the batch folded into one image ([K, B x plane] codes, the sums transposed back), a KxK
-// conv's too. Both where the conv has at least two tiles of output rows. A KxK conv of stride 1 on planes of a
-// multiple of 4 stays as given: expanded_window runs it, on a network's activations up to 1.3x faster than on the
-// uniform codes it was tuned on, and faster than the layout. On an H200 the pointwise layouts took 0.82-0.94 of the
-// best variant's time on the shapes as given at ResNet-50's batch 64 and 256, and folded at 1,568 rows (batch 32)
-// 1.02-1.03; ResNet-18's 3x3 convs on 7x7 planes 0.86. Measured in benchmarks/imagenet.md, "Pointwise convs in the
-// copied-codes layout" and "3x3 convs as a GEMM over their taps". A named variant runs the shape as given.
+// conv's too. Both where the conv has at least two tiles of output rows. On an H200 the pointwise layouts took
+// 0.82-0.94 of the best variant's time on the shapes as given at ResNet-50's batch 64 and 256, and folded at 1,568
+// rows (batch 32) 1.02-1.03; ResNet-18's 3x3 convs on 7x7 planes 0.86. A KxK conv of stride 1 on planes of a
+// multiple of 4 can run either way, and which is faster depends on the codes (expanded_window reads a network's
+// activations up to 1.3x faster than uniform ones) as much as on the shape: on an H200 at batch 64 the taps took
+// 0.91-0.95 of the time as given on ResNet-18's 64x56 and 128x28 convs and 1.10 on ResNet-50's 64x56. So auto times
+// both on the conv's first call (GemmLayout::timed, takes_taps) and keeps the faster. Measured in
+// benchmarks/imagenet.md, "Pointwise convs in the copied-codes layout", "3x3 convs as a GEMM over their taps" and
+// "Stride-1 3x3 convs: the taps timed against the shape as given". A named variant runs the shape as given.
 constexpr int64_t kLayoutRows = 2048;
 constexpr int64_t kLayoutBytes = 1ll << 30;  // the taps' codes at most: a KxK conv's copy is K / C times its input
 
 struct GemmLayout {
   bool rewrite = false, folded = false;
+  bool timed = false;  // either way: the taps where they ran faster on the shape's first call (takes_taps)
   std::vector<int64_t> sizes;  // the codes' sizes in the layout the conv runs in
 };
 
@@ -143,11 +150,13 @@ GemmLayout gemm_layout(const approx_checks::ConvShape& s, const Choice& algo) {
       s.K * rows > kLayoutBytes)
     return l;
   l.folded = plane % 4 != 0 && rows % 4 == 0 && s.B < (1 << 15) && plane < (1 << 15);  // conv_params' bounds
-  // as given: a pointwise conv already on that path, a KxK one that expanded_window runs (stride 1, dilation 1)
+  // as given: a pointwise conv already on that path; a KxK one that expanded_window runs (stride 1, dilation 1) is
+  // timed against its taps
   const bool pointwise = s.kh == 1 && s.kw == 1;
   const bool as_given =
       s.sh == 1 && s.sw == 1 && (pointwise ? s.ph == 0 && s.pw == 0 : s.dh == 1 && s.dw == 1);
   l.rewrite = l.folded || (plane % 4 == 0 && !as_given);
+  l.timed = plane % 4 == 0 && as_given && !pointwise;
   l.sizes = l.folded ? std::vector<int64_t>{1, s.K, s.B, plane} : std::vector<int64_t>{s.B, s.K, s.Ho, s.Wo};
   return l;
 }
@@ -183,17 +192,19 @@ Params layout_params(const std::vector<int64_t>& sizes, int64_t N, const at::Ten
 
 at::Tensor lut_conv2d_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
                            c10::IntArrayRef stride, c10::IntArrayRef padding,
-                           c10::IntArrayRef dilation, int64_t groups, c10::string_view algo_name) {
-  const auto s = approx_checks::check_conv(a, w, lut, stride, padding, dilation, groups,
-                                           c10::DeviceType::CUDA);
-  const c10::cuda::CUDAGuard guard(a.device());
-  const Choice algo = parse_choice(std::string(algo_name), "lut_conv2d");
-  const GemmLayout l = gemm_layout(s, algo);
-  if (l.rewrite) {  // the sums are the conv's in that layout
-    const at::Tensor sums =
-        lut_conv2d_cuda(layout_codes(a, s, l), layout_weights(w), lut, {1, 1}, {0, 0}, {1, 1}, 1, algo_name);
-    return l.folded ? sums.view({s.N, s.B, s.Ho, s.Wo}).transpose(0, 1).contiguous() : sums;
-  }
+                           c10::IntArrayRef dilation, int64_t groups, c10::string_view algo_name);
+
+// The conv in auto's layout l: the stride-1 1x1 conv over the copied codes (whose own layout is as given), the sums
+// transposed back where the batch was folded.
+at::Tensor conv_in_layout(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
+                          const approx_checks::ConvShape& s, const GemmLayout& l) {
+  const at::Tensor sums =
+      lut_conv2d_cuda(layout_codes(a, s, l), layout_weights(w), lut, {1, 1}, {0, 0}, {1, 1}, 1, "auto");
+  return l.folded ? sums.view({s.N, s.B, s.Ho, s.Wo}).transpose(0, 1).contiguous() : sums;
+}
+
+at::Tensor conv_as_given(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
+                         const approx_checks::ConvShape& s, const Choice& algo) {
   at::Tensor out = at::empty({s.B, s.N, s.Ho, s.Wo}, a.options().dtype(at::kInt));
   if (out.numel() == 0) return out;
   if (s.K == 0) return out.zero_();
@@ -201,6 +212,71 @@ at::Tensor lut_conv2d_cuda(const at::Tensor& a, const at::Tensor& w, const at::T
   const Params p = conv_params(a, w, &out, s, cg);
   run(algo, p, w, lut, cg, "lut_conv2d");
   return out;
+}
+
+// Timed layouts: whether the taps ran faster, per shape as given (auto's pick key without a table format: both ways
+// read the same table, and the codes the first call brings decide).
+std::mutex g_taps_mu;
+std::map<PickKey, bool> g_taps_faster;
+
+PickKey taps_key(const at::Tensor& a, const at::Tensor& w, const approx_checks::ConvShape& s) {
+  ConvGeo cg;
+  const Params p = conv_params(a, w, nullptr, s, cg);
+  return pick_key(auto_inputs(p, cg, 0, false));
+}
+
+// 1 where a timed layout's conv runs in its taps, 0 where as given, -1 where not timed yet.
+int taps_known(const PickKey& key) {
+  std::lock_guard<std::mutex> lock(g_taps_mu);
+  const auto it = g_taps_faster.find(key);
+  return it == g_taps_faster.end() ? -1 : it->second;
+}
+
+// The best of 3 CUDA-event timings of two back-to-back runs after a first (auto's trials, the tables), as auto_pick.
+template <class Conv>
+float best_ms(Conv conv, cudaStream_t stream) {
+  conv();
+  cudaEvent_t ev[2];
+  for (auto& e : ev) C10_CUDA_CHECK(cudaEventCreate(&e));
+  float best = 1e30f;
+  for (int r = 0; r < 3; ++r) {
+    C10_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+    conv();
+    conv();
+    C10_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+    C10_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+    float ms = 0;
+    C10_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+    best = std::min(best, ms);
+  }
+  for (auto& e : ev) C10_CUDA_CHECK(cudaEventDestroy(e));
+  return best;
+}
+
+// A timed layout's choice: made on the shape's first call, both ways timed (auto's picks for each made on the way);
+// inside a graph capture, where nothing is timed, as given.
+bool takes_taps(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut, const approx_checks::ConvShape& s,
+                const GemmLayout& l) {
+  const PickKey key = taps_key(a, w, s);
+  const int known = taps_known(key);
+  if (known >= 0 || capturing()) return known == 1;
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const float given = best_ms([&] { return conv_as_given(a, w, lut, s, Choice{kAuto}); }, stream);
+  const float taps = best_ms([&] { return conv_in_layout(a, w, lut, s, l); }, stream);
+  std::lock_guard<std::mutex> lock(g_taps_mu);
+  return g_taps_faster[key] = taps < given;
+}
+
+at::Tensor lut_conv2d_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
+                           c10::IntArrayRef stride, c10::IntArrayRef padding,
+                           c10::IntArrayRef dilation, int64_t groups, c10::string_view algo_name) {
+  const auto s = approx_checks::check_conv(a, w, lut, stride, padding, dilation, groups,
+                                           c10::DeviceType::CUDA);
+  const c10::cuda::CUDAGuard guard(a.device());
+  const Choice algo = parse_choice(std::string(algo_name), "lut_conv2d");
+  const GemmLayout l = gemm_layout(s, algo);
+  if (l.rewrite || (l.timed && takes_taps(a, w, lut, s, l))) return conv_in_layout(a, w, lut, s, l);
+  return conv_as_given(a, w, lut, s, algo);
 }
 
 // auto's layout for a linear layer: its codes transposed, [K, M] as one image of M pixels, so that expanded_gemm runs
@@ -293,13 +369,15 @@ at::Tensor conv_with_end(const at::Tensor& a, const at::Tensor& w, const at::Ten
   if (s.B * s.N * s.Ho * s.Wo == 0 || s.K == 0) return at::Tensor();
   const GemmLayout l = gemm_layout(s, algo);
   if (l.folded) return at::Tensor();  // the composite: its lut_conv2d folds, then the end's op
+  // a timed layout not timed yet: the composite, whose lut_conv2d times it
+  const int taps = l.timed ? taps_known(taps_key(a, w, s)) : l.rewrite;
+  if (taps < 0) return at::Tensor();
   ConvGeo cg;
-  const at::Tensor lw = l.rewrite ? layout_weights(w) : w;
-  Params p = l.rewrite ? layout_params(l.sizes, s.N, a, lw, cg) : conv_params(a, w, nullptr, s, cg);
+  const at::Tensor lw = taps ? layout_weights(w) : w;
+  Params p = taps ? layout_params(l.sizes, s.N, a, lw, cg) : conv_params(a, w, nullptr, s, cg);
   at::Tensor out = at::empty({s.B, s.N, s.Ho, s.Wo}, a.options().dtype(dtype));
   fill_end(p.epi, out);
-  return run_with_end(algo, p, lw, lut, cg, [&] { return l.rewrite ? layout_codes(a, s, l) : a; }) ? out
-                                                                                                   : at::Tensor();
+  return run_with_end(algo, p, lw, lut, cg, [&] { return taps ? layout_codes(a, s, l) : a; }) ? out : at::Tensor();
 }
 
 at::Tensor lut_conv2d_dequantize_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
@@ -383,7 +461,7 @@ lut_algos_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
     p = pick_p = conv_params(a, w, nullptr, s, cg);
     pick_cg = cg;
     const GemmLayout l = gemm_layout(s, Choice{kAuto});
-    if (l.rewrite) pick_w = layout_weights(w), pick_p = layout_params(l.sizes, s.N, a, pick_w, pick_cg);
+    if (l.rewrite || (l.timed && taps_known(taps_key(a, w, s)) == 1)) pick_w = layout_weights(w), pick_p = layout_params(l.sizes, s.N, a, pick_w, pick_cg);
   } else {
     const auto s = approx_checks::check_linear(a, w, lut, c10::DeviceType::CUDA);
     p = pick_p = linear_params(a, w, nullptr, s);

@@ -1,7 +1,8 @@
 """auto's GEMM layout for convs of one group (extensions/csrc/cuda/lut_ops.cpp, `gemm_layout`): the conv run as
 expanded_gemm's stride-1 1x1 conv over its taps, whose codes that kernel copies with cp.async. A strided 1x1 conv
 gets its sampled codes, a strided 3x3 conv its taps (im2col, cuda/layouts.cu), planes that are not a multiple of 4
-pixels (7x7) the batch folded into one image; a 3x3 conv of stride 1 on other planes runs as given. Per ResNet
+pixels (7x7) the batch folded into one image; a 3x3 conv of stride 1 on other planes either way, auto timing the
+taps against the shape as given on its first call. Per ResNet
 shape and batch: `auto` (which takes the layout, the copy included) against every variant named on the shapes as
 given (a named variant runs them as given), so `auto / best` below 1 is what the layout gains over any pick auto
 could make without it.
@@ -18,7 +19,8 @@ Each call replayed from a CUDA graph captured after warm-up calls (auto's trials
 times a model: eager, small batches time the host's dispatch, which the layouts' extra ops lengthen. Medians of
 `repeat` CUDA-event timings (runner.evaluate.device_timer), the replays alternated; auto's result checked equal to
 `direct`'s (uniform codes), every variant's to auto's. Results: benchmarks/imagenet.md, "Pointwise convs in the
-copied-codes layout" and "3x3 convs as a GEMM over their taps"."""
+copied-codes layout", "3x3 convs as a GEMM over their taps" and "Stride-1 3x3 convs: the taps timed against the
+shape as given"."""
 import argparse
 import statistics
 

@@ -463,7 +463,8 @@ lut_algos_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
     p = pick_p = conv_params(a, w, nullptr, s, cg);
     pick_cg = cg;
     const GemmLayout l = gemm_layout(s, Choice{kAuto});
-    if (l.rewrite || (l.timed && taps_known(taps_key(a, w, s)) == 1)) pick_w = layout_weights(w), pick_p = layout_params(l.sizes, s.N, a, pick_w, pick_cg);
+    if (l.rewrite || (l.timed && taps_known(taps_key(a, w, s)) == 1))
+      pick_w = layout_weights(w), pick_p = layout_params(l.sizes, s.N, a, pick_w, pick_cg);
   } else {
     const auto s = approx_checks::check_linear(a, w, lut, c10::DeviceType::CUDA);
     p = pick_p = linear_params(a, w, nullptr, s);

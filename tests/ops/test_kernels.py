@@ -168,9 +168,10 @@ def test_tiled_threads_and_formats(gen, threads, lut_kind):
     """cpp tiled forced, bit-exact, on 1 and 2 threads (the second thread's first tile is not the call's
     first): channels per group not a multiple of 32 (40: a 32- and an 8-wide tile; 20, 72, 100), taps
     not a multiple of 16 or 8 (27, 75: a partial last chunk in both formats), groups whose rows are not
-    a multiple of 8, rows few (3, 9) and many (338 a group), a depthwise conv of 64 groups x 4418 rows (its
-    row pointers filled by several tasks), int16 products, int32 ones, and -32768 in the table (its
-    negation, for unsigned codes and negative weights, needs int32)."""
+    a multiple of 8, rows few (3, 9) and many (338 a group: tiles built for the codes their rows read, blocks of 8
+    codes of which a few or most are read; 2100 rows: every code built), a depthwise conv of 64 groups x 4418 rows
+    (its row pointers filled by several tasks), int16 products, int32 ones, and -32768 in the table (its negation,
+    for unsigned codes and negative weights, needs int32)."""
     lut = edge16_lut(gen) if lut_kind == "edge16" else LUTS[lut_kind](gen)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -184,7 +185,7 @@ def test_tiled_threads_and_formats(gen, threads, lut_kind):
                 want = reference.reference_lut_conv2d(a, w, lut, stride, padding, 1, groups)
                 got = ops.lut_conv2d(a, w, lut, stride, padding, 1, groups, algo="tiled")
                 assert torch.equal(got, want), (signed, ashape, n, groups)
-            for m, k, n in [(3, 27, 40), (200, 75, 100)]:
+            for m, k, n in [(3, 27, 40), (200, 75, 100), (2100, 20, 48)]:
                 a, w = codes(gen, (m, k), signed), weights(gen, (n, k))
                 got = ops.lut_linear(a, w, lut, algo="tiled")
                 assert torch.equal(got, reference.reference_lut_linear(a, w, lut)), (signed, m, k, n)

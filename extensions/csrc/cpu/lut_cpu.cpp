@@ -70,6 +70,7 @@ struct Problem {
   int64_t Np;             // Ng rounded up to a multiple of 8 (table row length)
   bool conv;              // lut_conv2d (auto keeps its costs apart from lut_linear's)
   const uint8_t* seen = nullptr;  // tiled at few rows: [G][K][256], the codes a group's rows read at each tap
+  const int32_t* lut_t = nullptr;  // tiled: the LUT transposed, [column][row], for its tiles' build
 };
 
 // tiled on a call of one output channel a group and few taps (depthwise convs): a tile is a group, computed by
@@ -376,6 +377,10 @@ void tiled_range(const Problem& p, const int32_t* lut, const WeightCols& wc, boo
   int32_t* const* outp = rp.outp.get();
   Problem q = p;
   q.seen = rp.seen.empty() ? nullptr : rp.seen.data();
+  std::vector<int32_t> lut_t(256 * 256);
+  for (int r = 0; r < 256; ++r)
+    for (int c = 0; c < 256; ++c) lut_t[c * 256 + r] = lut[r * 256 + c];
+  q.lut_t = lut_t.data();
   auto body = [&](int64_t s, int64_t t) {
     if (fit16) { AR_DISPATCH(tiled16, lut, col, neg, keep, q, base, outp, s, t) }
     else { AR_DISPATCH(tiled32, lut, col, neg, keep, q, base, outp, s, t) }

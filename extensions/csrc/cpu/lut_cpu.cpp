@@ -368,8 +368,18 @@ RowPointers row_pointers(const Problem& p) {
   return rp;
 }
 
-void tiled_range(const Problem& p, const int32_t* lut, const WeightCols& wc, bool fit16, const RowPointers& rp,
-                 int64_t t0, int64_t t1, bool parallel = true) {
+// The LUT transposed ([column][row]) for tiled's tile builds, which read it by column (tile_build_t): made once a
+// call, outside auto's timed trials; none for calls that gather by pixels, which build no tiles.
+std::vector<int32_t> transposed_lut(const Problem& p, const int32_t* lut) {
+  if (gathers_pixels(p)) return {};
+  std::vector<int32_t> t(256 * 256);
+  for (int r = 0; r < 256; ++r)
+    for (int c = 0; c < 256; ++c) t[c * 256 + r] = lut[r * 256 + c];
+  return t;
+}
+
+void tiled_range(const Problem& p, const int32_t* lut, const std::vector<int32_t>& lut_t, const WeightCols& wc,
+                 bool fit16, const RowPointers& rp, int64_t t0, int64_t t1, bool parallel = true) {
   const int32_t* col = wc.col.data();
   const uint32_t* neg = wc.neg.data();
   const uint32_t* keep = wc.keep.data();
@@ -377,10 +387,7 @@ void tiled_range(const Problem& p, const int32_t* lut, const WeightCols& wc, boo
   int32_t* const* outp = rp.outp.get();
   Problem q = p;
   q.seen = rp.seen.empty() ? nullptr : rp.seen.data();
-  std::vector<int32_t> lut_t(256 * 256);
-  for (int r = 0; r < 256; ++r)
-    for (int c = 0; c < 256; ++c) lut_t[c * 256 + r] = lut[r * 256 + c];
-  q.lut_t = lut_t.data();
+  q.lut_t = lut_t.empty() ? nullptr : lut_t.data();
   auto body = [&](int64_t s, int64_t t) {
     if (fit16) { AR_DISPATCH(tiled16, lut, col, neg, keep, q, base, outp, s, t) }
     else { AR_DISPATCH(tiled32, lut, col, neg, keep, q, base, outp, s, t) }
@@ -390,7 +397,8 @@ void tiled_range(const Problem& p, const int32_t* lut, const WeightCols& wc, boo
 }
 
 void tiled_all(const Problem& p, const int32_t* lut, const at::Tensor& w) {
-  tiled_range(p, lut, weight_cols(w, p), products_fit_int16(lut, w, p), row_pointers(p), 0, tiles_of(p));
+  tiled_range(p, lut, transposed_lut(p, lut), weight_cols(w, p), products_fit_int16(lut, w, p), row_pointers(p), 0,
+              tiles_of(p));
 }
 
 #include "lut_cpu_auto.inc"

@@ -30,6 +30,10 @@ CONVS = [((3, *a), w, 1, 0, 1) for _, kind, a, w in LENET5_LAYERS if kind == "co
     ((2, 6, 13, 11), (6, 1, 3, 3), 1, 1, 6),    # depthwise 3x3 (depthwise, depthwise_rows)
     ((37, 4, 14, 14), (4, 1, 3, 3), 2, 1, 4),   # depthwise stride 2: tiles spanning many images
     ((2, 3, 9, 10), (3, 1, 3, 3), 2, 0, 3),     # depthwise stride 2, no padding
+    # depthwise on rows a multiple of 4 wide (staged as whole input words, the next tile's prefetched)
+    ((3, 4, 12, 16), (4, 1, 3, 3), 1, 1, 4),
+    ((2, 3, 11, 20), (3, 1, 3, 3), 2, 0, 3),
+    ((1, 2, 5, 1200), (2, 1, 3, 3), 1, 1, 2),  # words past what the prefetch holds: loaded at the barrier
 ]
 BMMS = [(3, 37, 41, 64), (2, 197, 197, 68), (2, 197, 64, 197), (1, 5, 300, 7)]  # (B, M, N, K)
 LINEARS = [(3, *w[::-1]) for _, kind, _, w in LENET5_LAYERS if kind == "linear"] + [

@@ -1,7 +1,8 @@
 """CUDA depthwise variants on 3x3 depthwise shapes (MobileNetV2's): bit-exact against the python
-reference with poisoned outputs, every variant approx::lut_algos says applies (depthwise_rows among
-them), stride 1 and 2, padding 0 and 1, odd planes, int16 and int32 products, signed and unsigned
-codes; and which shapes depthwise_rows takes.
+reference with poisoned outputs, every variant approx::lut_algos says applies (depthwise_rows and
+depthwise_rows_banked among them), stride 1 and 2, padding 0 and 1, odd planes and rows a multiple
+of 4 wide (staged as words, prefetched), inputs off a word boundary, int16 and int32 products,
+signed and unsigned codes; and which shapes depthwise_rows takes.
 
 Marked `cuda` (deselected by default; run with `-m cuda` on a GPU machine)."""
 import pytest
@@ -35,6 +36,13 @@ CASES = {
     "1x1": ((5, 2, 1, 1), 1, 1),                # one output per image, all padding but the centre
     "wide_s2": ((2, 1, 9, 600), 2, 1),          # rows wider than a tile's 256 tasks
     "pad_y": ((2, 3, 9, 9), 1, (1, 0)),         # padding along y only
+    # rows a multiple of 4 wide: staged as whole input words, the next tile's loaded ahead
+    "16_p0": ((2, 3, 12, 16), 1, 0),
+    "20_s2_p0": ((3, 2, 11, 20), 2, 0),
+    "pad_x": ((2, 3, 9, 8), 1, (0, 1)),         # padding along x only
+    "wide_s1": ((1, 2, 5, 1200), 1, 1),         # more words a tile than the prefetch holds
+    "56_b9": ((9, 2, 56, 56), 1, 1),            # many tiles a block: every prefetch consumed
+    "56_s2_b9": ((9, 2, 56, 56), 2, 1),
 }
 
 
@@ -55,12 +63,47 @@ def test_depthwise_3x3_matches_reference(case, lutkind, signed):
     args = (_pair(stride), _pair(padding), [1, 1], c)
     ad, wdv, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
     applies = [r["algo"] for r in algo_table(ad, wdv, ld, *args, backend="cuda") if r["applies"]]
-    assert "depthwise_rows" in applies
+    assert {"depthwise_rows", "depthwise_rows_banked"} <= set(applies)
     algos = list(dict.fromkeys(ALGOS + applies))
     EXERCISED.update(algos)
     for algo in algos:
         got = poisoned_call(lambda: ops.lut_conv2d(ad, wdv, ld, *args, algo), tuple(want.shape))
         check_equal(got, want, f"lut_conv2d {case} {lutkind} signed={signed} algo={algo}")
+
+
+@pytest.mark.parametrize("offset", [1, 2, 4])
+def test_depthwise_rows_input_off_a_word_boundary(offset):
+    """Rows a multiple of 4 wide are staged as whole words only where the input starts on a word:
+    codes at a byte offset (a view into a larger buffer) take the byte-aligned staging, exactly."""
+    gen = torch.Generator().manual_seed(33 + offset)
+    shape = (3, 4, 16, 16)
+    a = make_codes(gen, shape, True)
+    w = make_weights(gen, (4, 1, 3, 3), True)
+    lut = make_lut(gen, "int16")
+    buf = torch.zeros(a.numel() + offset, dtype=a.dtype, device=DEV)
+    ad = buf[offset:].view(shape)
+    ad.copy_(a.to(DEV))
+    for stride in (1, 2):
+        want = reference_lut_conv2d(a, w, lut, stride, 1, 1, 4)
+        args = ([stride, stride], [1, 1], [1, 1], 4)
+        for algo in ("depthwise_rows", "depthwise_rows_banked"):
+            got = poisoned_call(lambda: ops.lut_conv2d(ad, w.to(DEV), lut.to(DEV), *args, algo), tuple(want.shape))
+            check_equal(got, want, f"{algo} stride {stride}, input at byte offset {offset}")
+
+
+@pytest.mark.parametrize("batch,stride", [(2, 1), (8, 2)])
+def test_depthwise_rows_blocks_of_many_tiles(batch, stride):
+    """With hundreds of channels a block walks more than one tile of its channel, staging each next
+    tile's words while it reads the last: against `direct` (itself checked against the reference)."""
+    gen = torch.Generator().manual_seed(40 + stride)
+    a = make_codes(gen, (batch, 300, 56, 56), True).to(DEV)
+    w = make_weights(gen, (300, 1, 3, 3), True).to(DEV)
+    lut = make_lut(gen, "int16").to(DEV)
+    args = ([stride, stride], [1, 1], [1, 1], 300)
+    want = ops.lut_conv2d(a, w, lut, *args, "direct").cpu()
+    for algo in ("depthwise_rows", "depthwise_rows_banked"):
+        got = poisoned_call(lambda: ops.lut_conv2d(a, w, lut, *args, algo), tuple(want.shape))
+        check_equal(got, want, f"{algo} stride {stride}, 300 channels")
 
 
 def test_depthwise_rows_shapes_and_auto_with_int32_products():

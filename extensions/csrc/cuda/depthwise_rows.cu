@@ -15,6 +15,12 @@
 // mid-row and span several small images (7x7 planes: 36 images a tile). The tile's input rows
 // (every image it touches: the rows of its output rows plus halo) are staged whole, already turned
 // into LUT rows (code ^ xmask) with padding as the pad row, in "slots" one image each.
+//
+// depthwise_rows_banked: the same with the int16 table held 16 times, copy c in bank pair c only
+// (entry (ky, r) of copy c at 8 * (16 (256 ky + r) + c) bytes), and lane l reading copy l % 16. A
+// half warp's 8-byte reads then fall in 16 different bank pairs whatever the codes: one wavefront,
+// where random codes take 3.08 on average (the fullest of 16 bank pairs). The table takes 96 KiB,
+// so two blocks share an SM; it is built once compact and then copied out in 16-byte stores.
 #include <algorithm>
 
 #include "launch.cuh"
@@ -23,15 +29,16 @@ namespace approx_cuda {
 namespace {
 
 constexpr int kDrThreads = 256;
-// Blocks aimed at per SM; a block walks the channel's tiles with stride gridDim.x, so the table is
-// built once per block, not per tile.
-constexpr int kDrBlocksPerSM = 8;
 constexpr int kDrSlackWords = 4;  // after the staged rows: the unaligned reads' last word
+constexpr int kDrCopies = 16;     // banked: one table copy per bank pair
+constexpr int kDrBankedBlocksPerSM = 2;
+constexpr int kDrCompactBytes = 3 * 256 * 8;  // banked: the int16 table once, before its copies
 
 struct DrGeo {
   int Ho, segs;    // output rows per image, R-output segments per output row
   int Hn;          // staged rows of a slot holding a whole image: (Ho - 1) * S + 3
   int nw;          // staged words per row (the row pitch / 4)
+  bool aligned;    // rows a multiple of 4 wide on word boundaries: staged from column -4, prefetched
   int table_bytes; // offset of the staged rows in shared memory
   unsigned total;  // tasks of one channel: B * Ho * segs (< 2^31: depthwise_rows_why_not)
   unsigned tiles;
@@ -39,8 +46,14 @@ struct DrGeo {
 };
 
 // Products of one kernel row as int16, sign-extended on use into the wrapping accumulator.
+// entry(): kernel row ky's three products for LUT row r (wk: that row's weights), read where a
+// warp's loads are contiguous: int16 from Et16 (a weight's 256 products side by side), int32 from E32.
 struct Tab16 {
   using E = uint2;
+  __device__ static E entry(const Params& p, const int8_t* wk, int r) {
+    const int16_t* et = p.Et16 + 128 * 256 + r;
+    return pack(__ldg(et + __ldg(wk) * 256), __ldg(et + __ldg(wk + 1) * 256), __ldg(et + __ldg(wk + 2) * 256));
+  }
   __device__ static E pack(int a, int b, int c) {
     return make_uint2((static_cast<uint32_t>(a) & 0xffffu) | (static_cast<uint32_t>(b) << 16),
                       static_cast<uint32_t>(c) & 0xffffu);
@@ -55,6 +68,10 @@ struct Tab16 {
 
 struct Tab32 {
   using E = uint4;
+  __device__ static E entry(const Params& p, const int8_t* wk, int r) {
+    const int32_t* er = p.E32 + r * 256 + 128;
+    return pack(__ldg(er + __ldg(wk)), __ldg(er + __ldg(wk + 1)), __ldg(er + __ldg(wk + 2)));
+  }
   __device__ static E pack(int a, int b, int c) {
     return make_uint4(static_cast<uint32_t>(a), static_cast<uint32_t>(b), static_cast<uint32_t>(c), 0u);
   }
@@ -72,21 +89,107 @@ __device__ __forceinline__ void feed(uint32_t (&acc)[R], typename Tab::E e, int 
   if (d >= 0 && d % S == 0 && d / S < R) acc[d / S] += Tab::template get<KX>(e);
 }
 
-template <int S, int R, class Tab>
+// A tile: tasks t0..t1 - 1; its staged rows start at output row oyA of image bA (slot 0), later
+// images (slots 1, 2, ...) start at their output row 0; Q staged rows, n0 of them in slot 0.
+struct DrTile {
+  unsigned t0, t1, bA;
+  int oyA, n0, Q;
+};
+
+__device__ __forceinline__ DrTile dr_tile(const DrGeo& g, unsigned tile, int S) {
+  DrTile tl;
+  tl.t0 = tile * kDrThreads;
+  tl.t1 = min(tl.t0 + kDrThreads, g.total);
+  // output rows (row-major over the batch) gA..gB; images bA..bB
+  const unsigned gA = fdiv(tl.t0, g.fsegs), gB = fdiv(tl.t1 - 1, g.fsegs);
+  tl.bA = fdiv(gA, g.fHo);
+  const unsigned bB = fdiv(gB, g.fHo);
+  tl.oyA = static_cast<int>(gA - tl.bA * g.Ho);
+  const int oyB = static_cast<int>(gB - bB * g.Ho);
+  // slot 0's local row 0 is input row oyA * S - ph; a later slot's is input row -ph
+  tl.n0 = ((tl.bA == bB ? oyB : g.Ho - 1) - tl.oyA) * S + 3;
+  const int nimg = static_cast<int>(bB - tl.bA) + 1;
+  tl.Q = nimg == 1 ? tl.n0 : tl.n0 + (nimg - 2) * g.Hn + oyB * S + 3;
+  return tl;
+}
+
+// The input row staged as local row q of tile tl, or nullptr where that row is padding.
+__device__ __forceinline__ const uint8_t* staged_row(const Params& p, const DrGeo& g, const DrTile& tl, unsigned q,
+                                                     const uint8_t* a_ch, long long img_in, int S) {
+  unsigned k = 0;
+  int iy = tl.oyA * S - p.ph + static_cast<int>(q);
+  if (static_cast<int>(q) >= tl.n0) {
+    const unsigned u = q - tl.n0, kk = fdiv(u, g.fHn);
+    k = kk + 1;
+    iy = static_cast<int>(u - kk * g.Hn) - p.ph;
+  }
+  return iy >= 0 && iy < p.H ? a_ch + (tl.bA + k) * img_in + (long long)iy * p.W : nullptr;
+}
+
+// Rows of a width that is a multiple of 4, starting on a word (DrGeo::aligned): staged word j of a
+// row holds input columns 4 (j - 1) .. 4 j - 1, so it is one input word or all padding. The input
+// word staged at w, or nullptr (also past the tile's Q rows).
+__device__ __forceinline__ const uint32_t* aligned_src(const Params& p, const DrGeo& g, const DrTile& tl,
+                                                       int w, const uint8_t* a_ch, long long img_in) {
+  if (w >= tl.Q * g.nw) return nullptr;
+  const unsigned q = fdiv(static_cast<unsigned>(w), g.fnw);
+  const int j = w - static_cast<int>(q) * g.nw;
+  const uint8_t* row = staged_row(p, g, tl, q, a_ch, img_in, p.sh);
+  return row && j >= 1 && 4 * j <= p.W ? reinterpret_cast<const uint32_t*>(row) + (j - 1) : nullptr;
+}
+
+// Other rows: staged column 0 is input column -pw; a word's four codes as LUT rows.
+__device__ __forceinline__ uint32_t unaligned_word(const Params& p, const DrGeo& g, const DrTile& tl, unsigned w,
+                                                   const uint8_t* a_ch, long long img_in, uint32_t pad4) {
+  const unsigned q = fdiv(w, g.fnw);
+  const int j = static_cast<int>(w - q * g.nw);
+  const uint8_t* row = staged_row(p, g, tl, q, a_ch, img_in, p.sh);
+  if (!row) return pad4;
+  const int gc = 4 * j - p.pw;
+  // Aligned 4-byte loads realigned in registers (rows of odd widths start anywhere), where
+  // every byte they touch lies inside the row; bytes at the row's ends and in the padding.
+  const uintptr_t r0 = reinterpret_cast<uintptr_t>(row);
+  const uintptr_t at = r0 + static_cast<intptr_t>(gc), al = at & ~uintptr_t(3);
+  const unsigned sh = static_cast<unsigned>(at & 3) * 8;
+  if (gc >= 0 && al >= r0 && al + (sh ? 8 : 4) <= r0 + static_cast<unsigned>(p.W)) {
+    const uint32_t* wp = reinterpret_cast<const uint32_t*>(al);
+    const uint32_t lo = __ldg(wp);
+    return (sh ? __funnelshift_r(lo, __ldg(wp + 1), sh) : lo) ^ pad4;
+  }
+  uint32_t v = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c = gc + i;
+    const uint32_t r = c >= 0 && c < p.W ? (__ldg(row + c) ^ p.xmask) : p.xmask;
+    v |= r << (8 * i);
+  }
+  return v;
+}
+
+// COPIES: 1, or kDrCopies (int16 entries only) for the banked table. ALIGNED: DrGeo::aligned.
+template <int S, int R, class Tab, int COPIES, bool ALIGNED>
 __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t* smem) {
   using E = typename Tab::E;
   constexpr int NC = (R - 1) * S + 3;  // input columns a thread reads per input row
   constexpr int NWA = (NC + 3) / 4;    // as whole words
-  E* tab = reinterpret_cast<E*>(smem);  // [ky][LUT row]
+  E* tab = reinterpret_cast<E*>(smem);  // [ky][LUT row][copy]
   uint32_t* st = reinterpret_cast<uint32_t*>(smem + g.table_bytes);
   const int ch = blockIdx.y, tid = threadIdx.x;
   {
+    // banked: the compact table goes where the rows are staged later (the first tile's barrier
+    // comes after its last read)
+    E* out = COPIES == 1 ? tab : reinterpret_cast<E*>(st);
     const int8_t* wch = p.w + (long long)ch * 9;
-    for (int e = tid; e < 3 * 256; e += kDrThreads) {
-      const int ky = e >> 8;
-      const int32_t* er = p.E32 + (e & 255) * 256 + 128;
-      tab[e] = Tab::pack(__ldg(er + __ldg(wch + ky * 3)), __ldg(er + __ldg(wch + ky * 3 + 1)),
-                         __ldg(er + __ldg(wch + ky * 3 + 2)));
+    for (int e = tid; e < 3 * 256; e += kDrThreads) out[e] = Tab::entry(p, wch + (e >> 8) * 3, e & 255);
+    if constexpr (COPIES > 1) {
+      static_assert(sizeof(E) == 8, "the banked table holds int16 entries");
+      __syncthreads();
+      // consecutive threads store consecutive 16 bytes (two copies of one entry): no conflicts
+      uint4* t4 = reinterpret_cast<uint4*>(tab);
+      for (int f = tid; f < 3 * 256 * COPIES / 2; f += kDrThreads) {
+        const E v = out[f / (COPIES / 2)];
+        t4[f] = make_uint4(v.x, v.y, v.x, v.y);
+      }
     }
   }
   const uint32_t pad4 = p.xmask * 0x01010101u;  // four padding codes' LUT rows (0 ^ xmask)
@@ -95,55 +198,45 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
   const uint8_t* a_ch = p.a + (long long)ch * plane;
   int32_t* out_ch = p.out + (long long)ch * p.HoWo;
   const int Ho = g.Ho;
-  for (unsigned tile = blockIdx.x; tile < g.tiles; tile += gridDim.x) {
-    const unsigned t0 = tile * kDrThreads, t1 = min(t0 + kDrThreads, g.total);
-    // output rows (row-major over the batch) gA..gB; images bA..bB
-    const unsigned gA = fdiv(t0, g.fsegs), gB = fdiv(t1 - 1, g.fsegs);
-    const unsigned bA = fdiv(gA, g.fHo), bB = fdiv(gB, g.fHo);
-    const int oyA = static_cast<int>(gA - bA * Ho), oyB = static_cast<int>(gB - bB * Ho);
-    // slot 0: image bA from output row oyA (its local row 0 is input row oyA * S - ph); slots
-    // 1, 2, ...: later images from output row 0 (local row 0 = input row -ph), whole but the last
-    const int n0 = ((bA == bB ? oyB : Ho - 1) - oyA) * S + 3;
-    const int nimg = static_cast<int>(bB - bA) + 1;
-    const int Q = nimg == 1 ? n0 : n0 + (nimg - 2) * g.Hn + oyB * S + 3;
-    __syncthreads();  // the previous tile's reads of the staged rows are done
-    for (unsigned w = tid; w < static_cast<unsigned>(Q * g.nw); w += kDrThreads) {
-      const unsigned q = fdiv(w, g.fnw);
-      const int j = static_cast<int>(w - q * g.nw);
-      unsigned k = 0;
-      int iy = oyA * S - p.ph + static_cast<int>(q);
-      if (static_cast<int>(q) >= n0) {
-        const unsigned u = q - n0, kk = fdiv(u, g.fHn);
-        k = kk + 1;
-        iy = static_cast<int>(u - kk * g.Hn) - p.ph;
-      }
-      uint32_t v = pad4;
-      if (iy >= 0 && iy < p.H) {
-        const uint8_t* row = a_ch + (bA + k) * img_in + (long long)iy * p.W;
-        const int gc = 4 * j - p.pw;  // staged column 0 is input column -pw
-        // Aligned 4-byte loads realigned in registers (rows of odd widths start anywhere), where
-        // every byte they touch lies inside the row; bytes at the row's ends and in the padding.
-        const uintptr_t r0 = reinterpret_cast<uintptr_t>(row);
-        const uintptr_t at = r0 + static_cast<intptr_t>(gc), al = at & ~uintptr_t(3);
-        const unsigned sh = static_cast<unsigned>(at & 3) * 8;
-        if (gc >= 0 && al >= r0 && al + (sh ? 8 : 4) <= r0 + static_cast<unsigned>(p.W)) {
-          const uint32_t* wp = reinterpret_cast<const uint32_t*>(al);
-          const uint32_t lo = __ldg(wp);
-          v = (sh ? __funnelshift_r(lo, __ldg(wp + 1), sh) : lo) ^ pad4;
-        } else {
-          v = 0;
+  // ALIGNED: the next tile's words are loaded into registers before this tile's reads, so their
+  // latency hides behind the table reads (KP words a thread; any beyond them load at the barrier)
+  constexpr int KP = !ALIGNED ? 0 : S == 1 ? 4 : 8;
+  uint32_t pre[KP > 0 ? KP : 1];
+  const auto prefetch = [&](const DrTile& tl) {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int c = gc + i;
-            const uint32_t r = c >= 0 && c < p.W ? (__ldg(row + c) ^ p.xmask) : p.xmask;
-            v |= r << (8 * i);
-          }
-        }
+    for (int k = 0; k < KP; ++k) {
+      pre[k] = 0;
+      if (const uint32_t* src = aligned_src(p, g, tl, tid + k * kDrThreads, a_ch, img_in)) pre[k] = __ldg(src);
+    }
+  };
+  DrTile tl{};
+  if (ALIGNED && blockIdx.x < g.tiles) {
+    tl = dr_tile(g, blockIdx.x, S);
+    prefetch(tl);
+  }
+  for (unsigned tile = blockIdx.x; tile < g.tiles; tile += gridDim.x) {
+    if constexpr (!ALIGNED) tl = dr_tile(g, tile, S);
+    const unsigned t0 = tl.t0, t1 = tl.t1, bA = tl.bA;
+    const int oyA = tl.oyA, n0 = tl.n0, Q = tl.Q;
+    __syncthreads();  // the previous tile's reads of the staged rows are done
+    if constexpr (ALIGNED) {
+#pragma unroll
+      for (int k = 0; k < KP; ++k)
+        if (tid + k * kDrThreads < Q * g.nw) st[tid + k * kDrThreads] = pre[k] ^ pad4;
+      for (int w = tid + KP * kDrThreads; w < Q * g.nw; w += kDrThreads) {
+        const uint32_t* src = aligned_src(p, g, tl, w, a_ch, img_in);
+        st[w] = (src ? __ldg(src) : 0u) ^ pad4;
       }
-      st[w] = v;
+    } else {
+      for (unsigned w = tid; w < static_cast<unsigned>(Q * g.nw); w += kDrThreads)
+        st[w] = unaligned_word(p, g, tl, w, a_ch, img_in, pad4);
     }
     if (tid < kDrSlackWords) st[Q * g.nw + tid] = pad4;
     __syncthreads();
+    if (ALIGNED && tile + gridDim.x < g.tiles) {
+      tl = dr_tile(g, tile + gridDim.x, S);
+      prefetch(tl);
+    }
     const unsigned t = t0 + tid;
     if (t >= t1) continue;
     const unsigned gr = fdiv(t, g.fsegs);
@@ -157,10 +250,10 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
     for (int j = 0; j < R; ++j) acc[j] = 0;  // wraps like every kernel's accumulator
 #pragma unroll
     for (int ky = 0; ky < 3; ++ky) {
-      // the thread's window: staged columns seg * R * S .. + NC - 1 of local row q0 + ky
-      const int start = (q0 + ky) * g.nw * 4 + seg * R * S;
+      // the thread's window: input columns seg * R * S - pw .. + NC - 1 of local row q0 + ky
+      const int start = (q0 + ky) * g.nw * 4 + seg * R * S + (ALIGNED ? 4 - p.pw : 0);
       uint32_t wv[NWA];
-      if constexpr ((R * S) % 4 == 0) {  // every window starts on a word
+      if constexpr ((R * S) % 4 == 0 && !ALIGNED) {  // every window starts on a word
 #pragma unroll
         for (int i = 0; i < NWA; ++i) wv[i] = st[(start >> 2) + i];
       } else {
@@ -171,10 +264,10 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
 #pragma unroll
         for (int i = 0; i < NWA; ++i) wv[i] = __funnelshift_r(raw[i], raw[i + 1], sh);
       }
-      const E* tk = tab + ky * 256;
+      const E* tk = tab + ky * 256 * COPIES + (tid & (COPIES - 1));
 #pragma unroll
       for (int i = 0; i < NC; ++i) {
-        const E e = tk[(wv[i >> 2] >> (8 * (i & 3))) & 255u];
+        const E e = tk[((wv[i >> 2] >> (8 * (i & 3))) & 255u) * COPIES];
         feed<S, R, Tab, 0>(acc, e, i);
         feed<S, R, Tab, 1>(acc, e, i);
         feed<S, R, Tab, 2>(acc, e, i);
@@ -195,29 +288,39 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
   }
 }
 
-// MODE 1: int16 entries, 2: int32 entries, 0: the fit flags decide on the device.
-template <int S, int R, int MODE>
-__global__ void __launch_bounds__(kDrThreads) depthwise_rows_kernel(Params p, DrGeo g) {
+// MODE 1: int16 entries, 2: int32 entries, 0: the fit flags decide on the device. Banked: int16
+// entries in kDrCopies copies (int32 ones stay single: 16 of them would not fit).
+// int16 entries: registers capped for the blocks an SM is meant to hold (the prefetched words
+// take 4 or 8 more); the others run two bodies' worth and stay uncapped.
+template <int S, int R, int MODE, bool BANKED, bool ALIGNED>
+__global__ void __launch_bounds__(kDrThreads, MODE != 1 ? 1 : BANKED ? kDrBankedBlocksPerSM : !ALIGNED ? 5 : S == 1 ? 4 : 3)
+    depthwise_rows_kernel(Params p, DrGeo g) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))
-    dr_body<S, R, Tab16>(p, g, smem);
+    dr_body<S, R, Tab16, BANKED ? kDrCopies : 1, ALIGNED>(p, g, smem);
   else
-    dr_body<S, R, Tab32>(p, g, smem);
+    dr_body<S, R, Tab32, 1, ALIGNED>(p, g, smem);
 }
 
 // Outputs a thread: 7 where rows are a multiple of 7 wide but not of 8 (MobileNetV2's 7, 14, 28),
 // so no lane computes outputs past the row's end.
 int dr_r(const Params& p) { return p.Wo % 8 != 0 && p.Wo % 7 == 0 ? 7 : 8; }
 
-// fmt 1: int16 entries; else int32-sized (fmt 0 reads the flags on the device).
-DrGeo dr_geo(const Params& p, int fmt, size_t& smem) {
+// fmt 1: int16 entries; else int32-sized (fmt 0 reads the flags on the device). banked: fmt 1 or 0.
+DrGeo dr_geo(const Params& p, int fmt, bool banked, size_t& smem) {
   const int S = p.sh, R = dr_r(p);
   DrGeo g{};
   g.Ho = static_cast<int>(p.HoWo / p.Wo);
   g.segs = (p.Wo + R - 1) / R;
   g.Hn = (g.Ho - 1) * S + 3;
-  g.nw = ((g.segs * R - 1) * S + 3 + 3) / 4;  // staged columns: every window's, the last overhanging
-  g.table_bytes = 3 * 256 * (fmt == 1 ? 8 : 16);
+  g.aligned = p.W % 4 == 0 && reinterpret_cast<uintptr_t>(p.a) % 4 == 0;
+  if (g.aligned) {  // the last window's first word, and the NWA + 1 words its reads span
+    const int nc = (R - 1) * S + 3;
+    g.nw = ((g.segs - 1) * R * S + 4 - p.pw) / 4 + (nc + 3) / 4 + 1;
+  } else {
+    g.nw = ((g.segs * R - 1) * S + 3 + 3) / 4;  // staged columns: every window's, the last overhanging
+  }
+  g.table_bytes = banked ? 3 * 256 * 8 * kDrCopies : 3 * 256 * (fmt == 1 ? 8 : 16);
   const long long B = p.M / p.HoWo, total = B * g.Ho * g.segs;
   g.total = static_cast<unsigned>(total);
   g.tiles = static_cast<unsigned>((total + kDrThreads - 1) / kDrThreads);
@@ -230,21 +333,36 @@ DrGeo dr_geo(const Params& p, int fmt, size_t& smem) {
   const long long rt = std::min<long long>((kDrThreads - 1) / g.segs + 2, B * g.Ho);
   const long long imgs = std::min<long long>({rt, (rt - 1) / g.Ho + 2, B});
   const long long rows = S * rt + (3 - S) * imgs;
-  smem = g.table_bytes + (size_t)(rows * g.nw + kDrSlackWords) * 4;
+  const size_t staged = (size_t)(rows * g.nw + kDrSlackWords) * 4;
+  smem = g.table_bytes + (banked ? std::max<size_t>(staged, kDrCompactBytes) : staged);
   return g;
 }
 
-template <int S, int R>
-void launch_dr_sr(const Params& p, int fmt, const DrGeo& g, size_t smem, dim3 grid, cudaStream_t stream) {
-  auto kern = fmt == 1 ? depthwise_rows_kernel<S, R, 1>
-                       : fmt == 2 ? depthwise_rows_kernel<S, R, 2> : depthwise_rows_kernel<S, R, 0>;
+template <int S, int R, bool BANKED, bool ALIGNED>
+void launch_dr_sr(const Params& p, int fmt, const DrGeo& g, size_t smem, cudaStream_t stream) {
+  auto kern = fmt == 1   ? depthwise_rows_kernel<S, R, 1, BANKED, ALIGNED>
+              : fmt == 2 ? depthwise_rows_kernel<S, R, 2, false, ALIGNED>
+                         : depthwise_rows_kernel<S, R, 0, BANKED, ALIGNED>;
   set_smem(kern, smem);
+  // Blocks per channel, each walking its channel's tiles: SMs take blocks as slots free, so the
+  // busiest SM runs about ceil(blocks / SMs) of them, at no better than `per_sm` at once; a block
+  // costs its tiles and its table build (16 copies: about 1.5 tiles' worth of stores).
+  const long long per_sm = blocks_per_sm(kern, kDrThreads, smem), sms = sm_count();
+  const double build = BANKED ? 1.5 : 0.25;
+  long long gx = 1;
+  double best = 0;
+  for (long long x = 1; x <= std::min<long long>(g.tiles, 4096); ++x) {
+    const long long busiest = std::max((p.G * x + sms - 1) / sms, per_sm);
+    const double cost = busiest * ((g.tiles + x - 1) / x + build);
+    if (x == 1 || cost < best) best = cost, gx = x;
+  }
+  const dim3 grid(static_cast<unsigned>(gx), p.G);
   kern<<<grid, kDrThreads, smem, stream>>>(p, g);
 }
 
 }  // namespace
 
-std::string depthwise_rows_why_not(const Params& p, const ConvGeo& cg) {
+std::string depthwise_rows_why_not(const Params& p, const ConvGeo& cg, bool banked) {
   if (!p.conv || p.N != 1 || p.Cg != 1)
     return "needs a depthwise conv (one input and one output channel per group)";
   if (cg.kh != 3 || cg.kw != 3 || cg.dh != 1 || cg.dw != 1) return "needs a 3x3 kernel of dilation 1";
@@ -252,25 +370,35 @@ std::string depthwise_rows_why_not(const Params& p, const ConvGeo& cg) {
   if (p.ph > 1 || p.pw > 1) return "needs padding of at most 1";
   if (p.M >= (1ll << 31)) return "needs fewer than 2^31 output pixels per channel";
   size_t smem = 0;
-  dr_geo(p, 2, smem);
+  dr_geo(p, banked ? 0 : 2, banked, smem);  // the most either format takes
   if ((long long)smem > max_smem_optin())
-    return "needs a tile's input rows (" + std::to_string(smem) + " bytes) to fit shared memory";
+    return "needs a tile's input rows and the table (" + std::to_string(smem) + " bytes) to fit shared memory";
   return "";
 }
 
-void launch_depthwise_rows(const Params& p, const ConvGeo&, int fmt, cudaStream_t stream) {
+void launch_depthwise_rows(const Params& p, const ConvGeo&, int fmt, bool banked, cudaStream_t stream) {
+  banked = banked && fmt != 2;  // int32 products: the single table (banked only holds int16 ones)
   size_t smem = 0;
-  const DrGeo g = dr_geo(p, fmt, smem);
-  const long long want = ((long long)kDrBlocksPerSM * sm_count() + p.G - 1) / p.G;
-  const dim3 grid(static_cast<unsigned>(std::max(1ll, std::min<long long>(want, g.tiles))), p.G);
+  const DrGeo g = dr_geo(p, fmt, banked, smem);
   const bool r7 = dr_r(p) == 7;
-  if (p.sh == 1) {
-    if (r7) launch_dr_sr<1, 7>(p, fmt, g, smem, grid, stream);
-    else launch_dr_sr<1, 8>(p, fmt, g, smem, grid, stream);
-  } else {
-    if (r7) launch_dr_sr<2, 7>(p, fmt, g, smem, grid, stream);
-    else launch_dr_sr<2, 8>(p, fmt, g, smem, grid, stream);
+#define APPROX_DR_LAUNCH(B, A)                                 \
+  if (p.sh == 1) {                                             \
+    if (r7) launch_dr_sr<1, 7, B, A>(p, fmt, g, smem, stream); \
+    else launch_dr_sr<1, 8, B, A>(p, fmt, g, smem, stream);    \
+  } else {                                                     \
+    if (r7) launch_dr_sr<2, 7, B, A>(p, fmt, g, smem, stream); \
+    else launch_dr_sr<2, 8, B, A>(p, fmt, g, smem, stream);    \
   }
+  if (banked && g.aligned) {
+    APPROX_DR_LAUNCH(true, true)
+  } else if (banked) {
+    APPROX_DR_LAUNCH(true, false)
+  } else if (g.aligned) {
+    APPROX_DR_LAUNCH(false, true)
+  } else {
+    APPROX_DR_LAUNCH(false, false)
+  }
+#undef APPROX_DR_LAUNCH
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

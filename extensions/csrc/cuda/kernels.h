@@ -96,8 +96,9 @@ std::string parse_gemm_config(const std::string& name, Config& c);  // "" or wha
 std::string gemm_config_name(const Config& c);
 std::string depthwise_why_not(const Params& p, const ConvGeo& cg);         // depthwise.cu ("" : runs)
 void launch_depthwise(const Params& p, const ConvGeo& cg, cudaStream_t stream);
-std::string depthwise_rows_why_not(const Params& p, const ConvGeo& cg);    // depthwise_rows.cu
-void launch_depthwise_rows(const Params& p, const ConvGeo& cg, int fmt, cudaStream_t stream);
+// depthwise_rows.cu; banked: depthwise_rows_banked (the int16 table in 16 copies, one a bank pair)
+std::string depthwise_rows_why_not(const Params& p, const ConvGeo& cg, bool banked);
+void launch_depthwise_rows(const Params& p, const ConvGeo& cg, int fmt, bool banked, cudaStream_t stream);
 // layouts.cu: a conv's codes (one group) in auto's GEMM layout, out [B][K][Ho][Wo] or folded [K][B][Ho][Wo]
 void launch_gemm_layout(const at::Tensor& a, at::Tensor& out, const approx_checks::ConvShape& s, bool folded,
                         cudaStream_t stream);

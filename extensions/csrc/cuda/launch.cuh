@@ -4,6 +4,7 @@
 
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "../checks.h"
@@ -30,6 +31,20 @@ inline void set_smem(Kern k, size_t bytes) {
                                         static_cast<int>(bytes)));
     cur = bytes;
   }
+}
+
+// Blocks of `threads` that fit one SM with `smem` dynamic bytes (registers, shared memory and
+// threads counted), once per (device, kernel, size).
+template <typename Kern>
+inline int blocks_per_sm(Kern k, int threads, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, size_t>, int> known;
+  int dev = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = known.try_emplace({dev, reinterpret_cast<const void*>(k), smem}, 0);
+  if (fresh) C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, k, threads, smem));
+  return std::max(1, it->second);
 }
 
 inline int64_t rowinfo_bytes(const Params& p, int Mb) {

@@ -64,6 +64,7 @@ def test_depthwise_3x3_matches_reference(case, lutkind, signed):
     ad, wdv, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
     applies = [r["algo"] for r in algo_table(ad, wdv, ld, *args, backend="cuda") if r["applies"]]
     assert {"depthwise_rows", "depthwise_rows_banked"} <= set(applies)
+    assert ("depthwise_rows_split" in applies) == (stride == 2)
     algos = list(dict.fromkeys(ALGOS + applies))
     EXERCISED.update(algos)
     for algo in algos:
@@ -86,7 +87,7 @@ def test_depthwise_rows_input_off_a_word_boundary(offset):
     for stride in (1, 2):
         want = reference_lut_conv2d(a, w, lut, stride, 1, 1, 4)
         args = ([stride, stride], [1, 1], [1, 1], 4)
-        for algo in ("depthwise_rows", "depthwise_rows_banked"):
+        for algo in ("depthwise_rows", "depthwise_rows_banked") + (("depthwise_rows_split",) if stride == 2 else ()):
             got = poisoned_call(lambda: ops.lut_conv2d(ad, w.to(DEV), lut.to(DEV), *args, algo), tuple(want.shape))
             check_equal(got, want, f"{algo} stride {stride}, input at byte offset {offset}")
 
@@ -101,7 +102,7 @@ def test_depthwise_rows_blocks_of_many_tiles(batch, stride):
     lut = make_lut(gen, "int16").to(DEV)
     args = ([stride, stride], [1, 1], [1, 1], 300)
     want = ops.lut_conv2d(a, w, lut, *args, "direct").cpu()
-    for algo in ("depthwise_rows", "depthwise_rows_banked"):
+    for algo in ("depthwise_rows", "depthwise_rows_banked") + (("depthwise_rows_split",) if stride == 2 else ()):
         got = poisoned_call(lambda: ops.lut_conv2d(a, w, lut, *args, algo), tuple(want.shape))
         check_equal(got, want, f"{algo} stride {stride}, 300 channels")
 
@@ -128,12 +129,17 @@ def test_depthwise_rows_shapes_and_auto_with_int32_products():
     assert "stride" in row(w3, stride=3)["note"] and "stride" in row(w3, stride=(1, 2))["note"]
     assert "padding" in row(w3, padding=2)["note"]
     assert "depthwise" in row(make_weights(gen, (6, 2, 3, 3), True), groups=3)["note"]
+    split = {r["algo"]: r for r in algo_table(ad, w3.to(DEV), lut16, 1, 1, 1, 6, backend="cuda")}["depthwise_rows_split"]
+    assert not split["applies"] and "stride 2" in split["note"]
 
     lut32 = make_lut(gen, "wide")
     want = reference_lut_conv2d(a, w3, lut32, 1, 1, 1, 6)
     args = ([1, 1], [1, 1], [1, 1], 6)
     wd, l32 = w3.to(DEV), lut32.to(DEV)
     check_equal(ops.lut_conv2d(ad, wd, l32, *args, "depthwise_rows"), want, "depthwise_rows, int32 products")
+    want2 = reference_lut_conv2d(a, w3, lut32, 2, 1, 1, 6)
+    got2 = ops.lut_conv2d(ad, wd, l32, [2, 2], [1, 1], [1, 1], 6, "depthwise_rows_split")
+    check_equal(got2, want2, "depthwise_rows_split, int32 products")
     check_equal(ops.lut_conv2d(ad, wd, l32, *args, "auto"), want, "auto, int32 products")
     assert _reported_pick(ad, wd, l32, 1, 1, 1, 6) not in ("", "depthwise_rows")
 
@@ -150,7 +156,9 @@ def test_depthwise_rows_reads_the_table_format_on_the_device(lutkind):
     for stride in (1, 2):
         want = reference_lut_conv2d(a, w, lut, stride, 1, 1, 4)
         args = ([stride, stride], [1, 1], [1, 1], 4)
-        for _ in range(3):  # the first call caches (format known); later ones see the weights change
-            wd.add_(0)
-            got = poisoned_call(lambda: ops.lut_conv2d(ad, wd, ld, *args, "depthwise_rows"), tuple(want.shape))
-            check_equal(got, want, f"depthwise_rows stride {stride} {lutkind}, format read on the device")
+        algos = ("depthwise_rows", "depthwise_rows_banked") + (("depthwise_rows_split",) if stride == 2 else ())
+        for algo in algos:
+            for _ in range(3):  # the first call caches (format known); later ones see the weights change
+                wd.add_(0)
+                got = poisoned_call(lambda: ops.lut_conv2d(ad, wd, ld, *args, algo), tuple(want.shape))
+                check_equal(got, want, f"{algo} stride {stride} {lutkind}, format read on the device")

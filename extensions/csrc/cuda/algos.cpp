@@ -33,17 +33,24 @@ const std::vector<Algo>& algos() {
       // 3x3 depthwise at stride 1 or 2: one table read per code and kernel row (three products as
       // int16); with int32 products it still runs (16-byte entries) but auto does not time it
       {"depthwise_rows", false, false,
-       [](const Params& p, const ConvGeo& cg) { return depthwise_rows_why_not(p, cg, false); },
+       [](const Params& p, const ConvGeo& cg) { return depthwise_rows_why_not(p, cg, kDrSingle); },
        [](const Params& p, const ConvGeo& cg, int fmt, const Config&, cudaStream_t s) {
-         launch_depthwise_rows(p, cg, fmt, false, s);
+         launch_depthwise_rows(p, cg, fmt, kDrSingle, s);
        },
        [](const Params& p, int fmt) { return fmt == 2 ? std::vector<Config>{} : one(p, fmt); }},
       // the same with the int16 table in 16 copies, one a bank pair: reads without bank conflicts,
       // two blocks an SM; int32 products run depthwise_rows' single table
       {"depthwise_rows_banked", false, false,
-       [](const Params& p, const ConvGeo& cg) { return depthwise_rows_why_not(p, cg, true); },
+       [](const Params& p, const ConvGeo& cg) { return depthwise_rows_why_not(p, cg, kDrBanked); },
        [](const Params& p, const ConvGeo& cg, int fmt, const Config&, cudaStream_t s) {
-         launch_depthwise_rows(p, cg, fmt, true, s);
+         launch_depthwise_rows(p, cg, fmt, kDrBanked, s);
+       },
+       [](const Params& p, int fmt) { return fmt == 2 ? std::vector<Config>{} : one(p, fmt); }},
+      // stride 2: the int16 table split in 4-byte entries (even columns' taps 0 and 2, odd ones' tap 1)
+      {"depthwise_rows_split", false, false,
+       [](const Params& p, const ConvGeo& cg) { return depthwise_rows_why_not(p, cg, kDrSplit); },
+       [](const Params& p, const ConvGeo& cg, int fmt, const Config&, cudaStream_t s) {
+         launch_depthwise_rows(p, cg, fmt, kDrSplit, s);
        },
        [](const Params& p, int fmt) { return fmt == 2 ? std::vector<Config>{} : one(p, fmt); }},
       {"expanded_window", true, true,

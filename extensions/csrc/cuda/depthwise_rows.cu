@@ -21,7 +21,16 @@
 // half warp's 8-byte reads then fall in 16 different bank pairs whatever the codes: one wavefront,
 // where random codes take 3.08 on average (the fullest of 16 bank pairs). The table takes 96 KiB,
 // so two blocks share an SM; it is built once compact and then copied out in 16-byte stores.
+//
+// depthwise_rows_split (stride 2): an even column of a thread's window feeds taps 0 and 2 (of two
+// outputs), an odd one tap 1 alone, so the int16 table is split in two of 4-byte entries: E[ky][r]
+// holding the products of taps (ky, 0) and (ky, 2) side by side, O[ky][r] tap (ky, 1)'s. A read is
+// then 4 bytes (a warp's 32 random codes over 32 banks: 3.53 wavefronts on average) where the 8-byte
+// entry took two half warps of 3.08 each, for the same 17 reads a kernel row and 8 outputs.
 #include <algorithm>
+#include <array>
+#include <map>
+#include <mutex>
 
 #include "launch.cuh"
 
@@ -166,10 +175,13 @@ __device__ __forceinline__ uint32_t unaligned_word(const Params& p, const DrGeo&
   return v;
 }
 
-// COPIES: 1, or kDrCopies (int16 entries only) for the banked table. ALIGNED: DrGeo::aligned.
-template <int S, int R, class Tab, int COPIES, bool ALIGNED>
+// TL: the table's layout (DrLayout; banked and split hold int16 entries only). ALIGNED: DrGeo::aligned.
+template <int S, int R, class Tab, int TL, bool ALIGNED>
 __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t* smem) {
   using E = typename Tab::E;
+  constexpr int COPIES = TL == kDrBanked ? kDrCopies : 1;
+  constexpr bool SPLIT = TL == kDrSplit;
+  static_assert(!SPLIT || (S == 2 && sizeof(E) == 8), "the split table is for int16 products at stride 2");
   constexpr int NC = (R - 1) * S + 3;  // input columns a thread reads per input row
   constexpr int NWA = (NC + 3) / 4;    // as whole words
   E* tab = reinterpret_cast<E*>(smem);  // [ky][LUT row][copy]
@@ -180,7 +192,18 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
     // comes after its last read)
     E* out = COPIES == 1 ? tab : reinterpret_cast<E*>(st);
     const int8_t* wch = p.w + (long long)ch * 9;
-    for (int e = tid; e < 3 * 256; e += kDrThreads) out[e] = Tab::entry(p, wch + (e >> 8) * 3, e & 255);
+    if constexpr (SPLIT) {
+      uint32_t* t = reinterpret_cast<uint32_t*>(smem);  // E [3][256], then O [3][256]
+      for (int e = tid; e < 3 * 256; e += kDrThreads) {
+        const int8_t* wk = wch + (e >> 8) * 3;
+        const int16_t* et = p.Et16 + 128 * 256 + (e & 255);
+        t[e] = (static_cast<uint32_t>(__ldg(et + __ldg(wk) * 256)) & 0xffffu) |
+               (static_cast<uint32_t>(__ldg(et + __ldg(wk + 2) * 256)) << 16);
+        t[3 * 256 + e] = static_cast<uint32_t>(static_cast<int32_t>(__ldg(et + __ldg(wk + 1) * 256)));
+      }
+    } else {
+      for (int e = tid; e < 3 * 256; e += kDrThreads) out[e] = Tab::entry(p, wch + (e >> 8) * 3, e & 255);
+    }
     if constexpr (COPIES > 1) {
       static_assert(sizeof(E) == 8, "the banked table holds int16 entries");
       __syncthreads();
@@ -264,13 +287,29 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
 #pragma unroll
         for (int i = 0; i < NWA; ++i) wv[i] = __funnelshift_r(raw[i], raw[i + 1], sh);
       }
-      const E* tk = tab + ky * 256 * COPIES + (tid & (COPIES - 1));
+      if constexpr (SPLIT) {
+        const uint32_t* te = reinterpret_cast<const uint32_t*>(smem) + ky * 256;
+        const uint32_t* to = te + 3 * 256;
 #pragma unroll
-      for (int i = 0; i < NC; ++i) {
-        const E e = tk[((wv[i >> 2] >> (8 * (i & 3))) & 255u) * COPIES];
-        feed<S, R, Tab, 0>(acc, e, i);
-        feed<S, R, Tab, 1>(acc, e, i);
-        feed<S, R, Tab, 2>(acc, e, i);
+        for (int i = 0; i < NC; ++i) {  // column i = 2 j + kx feeds output j through tap kx
+          const uint32_t code = (wv[i >> 2] >> (8 * (i & 3))) & 255u;
+          if (i % 2 == 0) {
+            const uint32_t e = te[code];
+            if (i / 2 < R) acc[i / 2] += static_cast<uint32_t>(static_cast<int32_t>(static_cast<int16_t>(e)));
+            if (i / 2 >= 1) acc[i / 2 - 1] += static_cast<uint32_t>(static_cast<int32_t>(e) >> 16);
+          } else {
+            acc[i / 2] += to[code];
+          }
+        }
+      } else {
+        const E* tk = tab + ky * 256 * COPIES + (tid & (COPIES - 1));
+#pragma unroll
+        for (int i = 0; i < NC; ++i) {
+          const E e = tk[((wv[i >> 2] >> (8 * (i & 3))) & 255u) * COPIES];
+          feed<S, R, Tab, 0>(acc, e, i);
+          feed<S, R, Tab, 1>(acc, e, i);
+          feed<S, R, Tab, 2>(acc, e, i);
+        }
       }
     }
     const int ox0 = seg * R;
@@ -292,14 +331,15 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
 // entries in kDrCopies copies (int32 ones stay single: 16 of them would not fit).
 // int16 entries: registers capped for the blocks an SM is meant to hold (the prefetched words
 // take 4 or 8 more); the others run two bodies' worth and stay uncapped.
-template <int S, int R, int MODE, bool BANKED, bool ALIGNED>
-__global__ void __launch_bounds__(kDrThreads, MODE != 1 ? 1 : BANKED ? kDrBankedBlocksPerSM : !ALIGNED ? 5 : S == 1 ? 4 : 3)
+template <int S, int R, int MODE, int TL, bool ALIGNED>
+__global__ void __launch_bounds__(kDrThreads,
+                                  MODE != 1 ? 1 : TL == kDrBanked ? kDrBankedBlocksPerSM : !ALIGNED ? 5 : S == 1 ? 4 : 3)
     depthwise_rows_kernel(Params p, DrGeo g) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))
-    dr_body<S, R, Tab16, BANKED ? kDrCopies : 1, ALIGNED>(p, g, smem);
+    dr_body<S, R, Tab16, TL, ALIGNED>(p, g, smem);
   else
-    dr_body<S, R, Tab32, 1, ALIGNED>(p, g, smem);
+    dr_body<S, R, Tab32, kDrSingle, ALIGNED>(p, g, smem);
 }
 
 // Outputs a thread: 7 where rows are a multiple of 7 wide but not of 8 (MobileNetV2's 7, 14, 28),
@@ -307,6 +347,7 @@ __global__ void __launch_bounds__(kDrThreads, MODE != 1 ? 1 : BANKED ? kDrBanked
 int dr_r(const Params& p) { return p.Wo % 8 != 0 && p.Wo % 7 == 0 ? 7 : 8; }
 
 // fmt 1: int16 entries; else int32-sized (fmt 0 reads the flags on the device). banked: fmt 1 or 0.
+// (The split table takes the single one's 6 KiB.)
 DrGeo dr_geo(const Params& p, int fmt, bool banked, size_t& smem) {
   const int S = p.sh, R = dr_r(p);
   DrGeo g{};
@@ -338,37 +379,57 @@ DrGeo dr_geo(const Params& p, int fmt, bool banked, size_t& smem) {
   return g;
 }
 
-template <int S, int R, bool BANKED, bool ALIGNED>
+template <int S, int R, int TL, bool ALIGNED>
 void launch_dr_sr(const Params& p, int fmt, const DrGeo& g, size_t smem, cudaStream_t stream) {
-  auto kern = fmt == 1   ? depthwise_rows_kernel<S, R, 1, BANKED, ALIGNED>
-              : fmt == 2 ? depthwise_rows_kernel<S, R, 2, false, ALIGNED>
-                         : depthwise_rows_kernel<S, R, 0, BANKED, ALIGNED>;
+  auto kern = fmt == 1   ? depthwise_rows_kernel<S, R, 1, TL, ALIGNED>
+              : fmt == 2 ? depthwise_rows_kernel<S, R, 2, kDrSingle, ALIGNED>
+                         : depthwise_rows_kernel<S, R, 0, TL, ALIGNED>;
   set_smem(kern, smem);
   // Blocks per channel, each walking its channel's tiles: SMs take blocks as slots free, so the
   // busiest SM runs about ceil(blocks / SMs) of them, at no better than `per_sm` at once; a block
   // costs its tiles and its table build (16 copies: about 1.5 tiles' worth of stores).
   const long long per_sm = blocks_per_sm(kern, kDrThreads, smem), sms = sm_count();
-  const double build = BANKED ? 1.5 : 0.25;
-  long long gx = 1;
-  double best = 0;
-  for (long long x = 1; x <= std::min<long long>(g.tiles, 4096); ++x) {
-    const long long busiest = std::max((p.G * x + sms - 1) / sms, per_sm);
-    const double cost = busiest * ((g.tiles + x - 1) / x + build);
-    if (x == 1 || cost < best) best = cost, gx = x;
+  // the search takes microseconds a launch at large batches: once per (occupancy, SMs, channels, tiles)
+  static std::mutex mu;
+  static std::map<std::array<long long, 4>, long long> chosen;
+  std::lock_guard<std::mutex> lock(mu);
+  long long& gx = chosen[{per_sm, sms, (long long)p.G, (long long)g.tiles}];
+  if (gx == 0) {
+    const double build = TL == kDrBanked ? 1.5 : 0.25;
+    double best = 0;
+    for (long long x = 1; x <= std::min<long long>(g.tiles, 4096); ++x) {
+      const long long busiest = std::max((p.G * x + sms - 1) / sms, per_sm);
+      const double cost = busiest * ((g.tiles + x - 1) / x + build);
+      if (x == 1 || cost < best) best = cost, gx = x;
+    }
   }
   const dim3 grid(static_cast<unsigned>(gx), p.G);
   kern<<<grid, kDrThreads, smem, stream>>>(p, g);
 }
 
+template <int TL, bool A>
+void launch_dr_tl(const Params& p, int fmt, const DrGeo& g, size_t smem, cudaStream_t stream) {
+  const bool r7 = dr_r(p) == 7;
+  if (p.sh == 1 && TL != kDrSplit) {
+    if (r7) launch_dr_sr<1, 7, TL == kDrSplit ? kDrSingle : TL, A>(p, fmt, g, smem, stream);
+    else launch_dr_sr<1, 8, TL == kDrSplit ? kDrSingle : TL, A>(p, fmt, g, smem, stream);
+  } else {
+    if (r7) launch_dr_sr<2, 7, TL, A>(p, fmt, g, smem, stream);
+    else launch_dr_sr<2, 8, TL, A>(p, fmt, g, smem, stream);
+  }
+}
+
 }  // namespace
 
-std::string depthwise_rows_why_not(const Params& p, const ConvGeo& cg, bool banked) {
+std::string depthwise_rows_why_not(const Params& p, const ConvGeo& cg, int layout) {
   if (!p.conv || p.N != 1 || p.Cg != 1)
     return "needs a depthwise conv (one input and one output channel per group)";
   if (cg.kh != 3 || cg.kw != 3 || cg.dh != 1 || cg.dw != 1) return "needs a 3x3 kernel of dilation 1";
   if (p.sh != p.sw || (p.sh != 1 && p.sh != 2)) return "needs stride 1 or 2, the same along both axes";
+  if (layout == kDrSplit && p.sh != 2) return "needs stride 2 (at stride 1 every column feeds three taps)";
   if (p.ph > 1 || p.pw > 1) return "needs padding of at most 1";
   if (p.M >= (1ll << 31)) return "needs fewer than 2^31 output pixels per channel";
+  const bool banked = layout == kDrBanked;
   size_t smem = 0;
   dr_geo(p, banked ? 0 : 2, banked, smem);  // the most either format takes
   if ((long long)smem > max_smem_optin())
@@ -376,29 +437,20 @@ std::string depthwise_rows_why_not(const Params& p, const ConvGeo& cg, bool bank
   return "";
 }
 
-void launch_depthwise_rows(const Params& p, const ConvGeo&, int fmt, bool banked, cudaStream_t stream) {
-  banked = banked && fmt != 2;  // int32 products: the single table (banked only holds int16 ones)
+void launch_depthwise_rows(const Params& p, const ConvGeo&, int fmt, int layout, cudaStream_t stream) {
+  if (fmt == 2) layout = kDrSingle;  // int32 products: the single table (the others hold int16 ones)
   size_t smem = 0;
-  const DrGeo g = dr_geo(p, fmt, banked, smem);
-  const bool r7 = dr_r(p) == 7;
-#define APPROX_DR_LAUNCH(B, A)                                 \
-  if (p.sh == 1) {                                             \
-    if (r7) launch_dr_sr<1, 7, B, A>(p, fmt, g, smem, stream); \
-    else launch_dr_sr<1, 8, B, A>(p, fmt, g, smem, stream);    \
-  } else {                                                     \
-    if (r7) launch_dr_sr<2, 7, B, A>(p, fmt, g, smem, stream); \
-    else launch_dr_sr<2, 8, B, A>(p, fmt, g, smem, stream);    \
-  }
-  if (banked && g.aligned) {
-    APPROX_DR_LAUNCH(true, true)
-  } else if (banked) {
-    APPROX_DR_LAUNCH(true, false)
-  } else if (g.aligned) {
-    APPROX_DR_LAUNCH(false, true)
+  const DrGeo g = dr_geo(p, fmt, layout == kDrBanked, smem);
+  if (layout == kDrBanked) {
+    if (g.aligned) launch_dr_tl<kDrBanked, true>(p, fmt, g, smem, stream);
+    else launch_dr_tl<kDrBanked, false>(p, fmt, g, smem, stream);
+  } else if (layout == kDrSplit) {
+    if (g.aligned) launch_dr_tl<kDrSplit, true>(p, fmt, g, smem, stream);
+    else launch_dr_tl<kDrSplit, false>(p, fmt, g, smem, stream);
   } else {
-    APPROX_DR_LAUNCH(false, false)
+    if (g.aligned) launch_dr_tl<kDrSingle, true>(p, fmt, g, smem, stream);
+    else launch_dr_tl<kDrSingle, false>(p, fmt, g, smem, stream);
   }
-#undef APPROX_DR_LAUNCH
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

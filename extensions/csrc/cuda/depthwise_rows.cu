@@ -187,34 +187,6 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
   E* tab = reinterpret_cast<E*>(smem);  // [ky][LUT row][copy]
   uint32_t* st = reinterpret_cast<uint32_t*>(smem + g.table_bytes);
   const int ch = blockIdx.y, tid = threadIdx.x;
-  {
-    // banked: the compact table goes where the rows are staged later (the first tile's barrier
-    // comes after its last read)
-    E* out = COPIES == 1 ? tab : reinterpret_cast<E*>(st);
-    const int8_t* wch = p.w + (long long)ch * 9;
-    if constexpr (SPLIT) {
-      uint32_t* t = reinterpret_cast<uint32_t*>(smem);  // E [3][256], then O [3][256]
-      for (int e = tid; e < 3 * 256; e += kDrThreads) {
-        const int8_t* wk = wch + (e >> 8) * 3;
-        const int16_t* et = p.Et16 + 128 * 256 + (e & 255);
-        t[e] = (static_cast<uint32_t>(__ldg(et + __ldg(wk) * 256)) & 0xffffu) |
-               (static_cast<uint32_t>(__ldg(et + __ldg(wk + 2) * 256)) << 16);
-        t[3 * 256 + e] = static_cast<uint32_t>(static_cast<int32_t>(__ldg(et + __ldg(wk + 1) * 256)));
-      }
-    } else {
-      for (int e = tid; e < 3 * 256; e += kDrThreads) out[e] = Tab::entry(p, wch + (e >> 8) * 3, e & 255);
-    }
-    if constexpr (COPIES > 1) {
-      static_assert(sizeof(E) == 8, "the banked table holds int16 entries");
-      __syncthreads();
-      // consecutive threads store consecutive 16 bytes (two copies of one entry): no conflicts
-      uint4* t4 = reinterpret_cast<uint4*>(tab);
-      for (int f = tid; f < 3 * 256 * COPIES / 2; f += kDrThreads) {
-        const E v = out[f / (COPIES / 2)];
-        t4[f] = make_uint4(v.x, v.y, v.x, v.y);
-      }
-    }
-  }
   const uint32_t pad4 = p.xmask * 0x01010101u;  // four padding codes' LUT rows (0 ^ xmask)
   const long long plane = (long long)p.H * p.W, img_in = (long long)p.C * plane;
   const long long img_out = (long long)p.C * p.HoWo;
@@ -233,15 +205,50 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
     }
   };
   DrTile tl{};
-  if (ALIGNED && blockIdx.x < g.tiles) {
+  if (ALIGNED && blockIdx.x < g.tiles) {  // in flight while the table is built
     tl = dr_tile(g, blockIdx.x, S);
     prefetch(tl);
+  }
+  {
+    // banked: the compact table goes where the rows are staged later (the first tile's barrier
+    // comes after its last read)
+    E* out = COPIES == 1 ? tab : reinterpret_cast<E*>(st);
+    const int8_t* wch = p.w + (long long)ch * 9;
+    // a fixed trip count, unrolled: the nine weight loads, then the nine product loads, go out together (two
+    // latencies, where a loop waited on six)
+    static_assert(kDrThreads == 256, "a thread builds LUT row tid of each kernel row");
+    if constexpr (SPLIT) {
+      uint32_t* t = reinterpret_cast<uint32_t*>(smem);  // E [3][256], then O [3][256]
+      const int16_t* et = p.Et16 + 128 * 256 + tid;
+#pragma unroll
+      for (int ky = 0; ky < 3; ++ky) {
+        const int8_t* wk = wch + ky * 3;
+        t[ky * 256 + tid] = (static_cast<uint32_t>(__ldg(et + __ldg(wk) * 256)) & 0xffffu) |
+                            (static_cast<uint32_t>(__ldg(et + __ldg(wk + 2) * 256)) << 16);
+        t[(3 + ky) * 256 + tid] = static_cast<uint32_t>(static_cast<int32_t>(__ldg(et + __ldg(wk + 1) * 256)));
+      }
+    } else {
+#pragma unroll
+      for (int ky = 0; ky < 3; ++ky) out[ky * 256 + tid] = Tab::entry(p, wch + ky * 3, tid);
+    }
+    if constexpr (COPIES > 1) {
+      static_assert(sizeof(E) == 8, "the banked table holds int16 entries");
+      __syncthreads();
+      // consecutive threads store consecutive 16 bytes (two copies of one entry): no conflicts
+      uint4* t4 = reinterpret_cast<uint4*>(tab);
+      for (int f = tid; f < 3 * 256 * COPIES / 2; f += kDrThreads) {
+        const E v = out[f / (COPIES / 2)];
+        t4[f] = make_uint4(v.x, v.y, v.x, v.y);
+      }
+    }
   }
   for (unsigned tile = blockIdx.x; tile < g.tiles; tile += gridDim.x) {
     if constexpr (!ALIGNED) tl = dr_tile(g, tile, S);
     const unsigned t0 = tl.t0, t1 = tl.t1, bA = tl.bA;
     const int oyA = tl.oyA, n0 = tl.n0, Q = tl.Q;
-    __syncthreads();  // the previous tile's reads of the staged rows are done
+    // the previous tile's reads of the staged rows are done (the first tile: the banked table's compact copy,
+    // staged there, is read; the others build straight into place, and the barrier below orders that)
+    if (tile != blockIdx.x || COPIES > 1) __syncthreads();
     if constexpr (ALIGNED) {
 #pragma unroll
       for (int k = 0; k < KP; ++k)

@@ -129,7 +129,8 @@ def test_depthwise_rows_shapes_and_auto_with_int32_products():
     assert "stride" in row(w3, stride=3)["note"] and "stride" in row(w3, stride=(1, 2))["note"]
     assert "padding" in row(w3, padding=2)["note"]
     assert "depthwise" in row(make_weights(gen, (6, 2, 3, 3), True), groups=3)["note"]
-    split = {r["algo"]: r for r in algo_table(ad, w3.to(DEV), lut16, 1, 1, 1, 6, backend="cuda")}["depthwise_rows_split"]
+    rows = algo_table(ad, w3.to(DEV), lut16, 1, 1, 1, 6, backend="cuda")
+    split = {r["algo"]: r for r in rows}["depthwise_rows_split"]
     assert not split["applies"] and "stride 2" in split["note"]
 
     lut32 = make_lut(gen, "wide")

@@ -339,8 +339,8 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
 // int16 entries: registers capped for the blocks an SM is meant to hold (the prefetched words
 // take 4 or 8 more); the others run two bodies' worth and stay uncapped.
 template <int S, int R, int MODE, int TL, bool ALIGNED>
-__global__ void __launch_bounds__(kDrThreads,
-                                  MODE != 1 ? 1 : TL == kDrBanked ? kDrBankedBlocksPerSM : !ALIGNED ? 5 : S == 1 ? 4 : 3)
+__global__ void __launch_bounds__(
+    kDrThreads, MODE != 1 ? 1 : TL == kDrBanked ? kDrBankedBlocksPerSM : !ALIGNED ? 5 : S == 1 ? 4 : 3)
     depthwise_rows_kernel(Params p, DrGeo g) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))

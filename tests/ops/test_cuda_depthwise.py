@@ -1,7 +1,8 @@
 """CUDA depthwise variants on 3x3 depthwise shapes (MobileNetV2's): bit-exact against the python
 reference with poisoned outputs, every variant approx::lut_algos says applies (depthwise_rows and
 depthwise_rows_banked among them), stride 1 and 2, padding 0 and 1, odd planes and rows a multiple
-of 4 wide (staged as words, prefetched), inputs off a word boundary, int16 and int32 products,
+of 4 wide (staged as words, prefetched), planes a multiple of 4 bytes (staged whole, prefetched),
+inputs off a word boundary, int16 and int32 products,
 signed and unsigned codes; and which shapes depthwise_rows takes.
 
 Marked `cuda` (deselected by default; run with `-m cuda` on a GPU machine)."""
@@ -43,6 +44,12 @@ CASES = {
     "wide_s1": ((1, 2, 5, 1200), 1, 1),         # more words a tile than the prefetch holds
     "56_b9": ((9, 2, 56, 56), 1, 1),            # many tiles a block: every prefetch consumed
     "56_s2_b9": ((9, 2, 56, 56), 2, 1),
+    # other rows of planes a multiple of 4 bytes: whole planes staged as words, edge columns masked
+    "14": ((5, 3, 14, 14), 1, 1),               # MobileNetV2's 14x14 layers
+    "14_p0": ((3, 2, 14, 14), 1, 0),
+    "10x6_s2": ((4, 2, 10, 6), 2, 1),
+    "6x10_pad_x": ((3, 2, 6, 10), 1, (0, 1)),
+    "6x10_pad_y_s2": ((3, 2, 6, 10), 2, (1, 0)),
 }
 
 
@@ -72,12 +79,14 @@ def test_depthwise_3x3_matches_reference(case, lutkind, signed):
         check_equal(got, want, f"lut_conv2d {case} {lutkind} signed={signed} algo={algo}")
 
 
+@pytest.mark.parametrize("hw", [16, 14])
 @pytest.mark.parametrize("offset", [1, 2, 4])
-def test_depthwise_rows_input_off_a_word_boundary(offset):
-    """Rows a multiple of 4 wide are staged as whole words only where the input starts on a word:
-    codes at a byte offset (a view into a larger buffer) take the byte-aligned staging, exactly."""
-    gen = torch.Generator().manual_seed(33 + offset)
-    shape = (3, 4, 16, 16)
+def test_depthwise_rows_input_off_a_word_boundary(offset, hw):
+    """Rows a multiple of 4 wide (and planes of 14x14) are staged as whole words only where the
+    input starts on a word: codes at a byte offset (a view into a larger buffer) take the
+    byte-aligned staging, exactly."""
+    gen = torch.Generator().manual_seed(33 + offset + hw)
+    shape = (3, 4, hw, hw)
     a = make_codes(gen, shape, True)
     w = make_weights(gen, (4, 1, 3, 3), True)
     lut = make_lut(gen, "int16")
@@ -92,12 +101,13 @@ def test_depthwise_rows_input_off_a_word_boundary(offset):
             check_equal(got, want, f"{algo} stride {stride}, input at byte offset {offset}")
 
 
-@pytest.mark.parametrize("batch,stride", [(2, 1), (8, 2)])
-def test_depthwise_rows_blocks_of_many_tiles(batch, stride):
+@pytest.mark.parametrize("batch,stride,hw", [(2, 1, 56), (8, 2, 56), (64, 1, 14), (64, 2, 14)])
+def test_depthwise_rows_blocks_of_many_tiles(batch, stride, hw):
     """With hundreds of channels a block walks more than one tile of its channel, staging each next
-    tile's words while it reads the last: against `direct` (itself checked against the reference)."""
-    gen = torch.Generator().manual_seed(40 + stride)
-    a = make_codes(gen, (batch, 300, 56, 56), True).to(DEV)
+    tile's words (rows or whole planes) while it reads the last: against `direct` (itself checked
+    against the reference)."""
+    gen = torch.Generator().manual_seed(40 + stride + hw)
+    a = make_codes(gen, (batch, 300, hw, hw), True).to(DEV)
     w = make_weights(gen, (300, 1, 3, 3), True).to(DEV)
     lut = make_lut(gen, "int16").to(DEV)
     args = ([stride, stride], [1, 1], [1, 1], 300)

@@ -27,10 +27,18 @@
 // holding the products of taps (ky, 0) and (ky, 2) side by side, O[ky][r] tap (ky, 1)'s. A read is
 // then 4 bytes (a warp's 32 random codes over 32 banks: 3.53 wavefronts on average) where the 8-byte
 // entry took two half warps of 3.08 each, for the same 17 reads a kernel row and 8 outputs.
+//
+// Staging (DrStage): rows a multiple of 4 wide on word boundaries as whole input words (kStWords);
+// other rows of planes that are a multiple of 4 bytes (14x14) as whole planes of input words, a
+// pad gap between them for the rows above and below, the columns left and right of the row
+// masked to padding in the thread's window (kStPlanes); both load plain words, so the next tile's
+// are loaded into registers before this tile's table reads. Anything else (7x7 planes, inputs off
+// a word) byte-wise realigned (kStRows), at the tile's barrier.
 #include <algorithm>
 #include <array>
 #include <map>
 #include <mutex>
+#include <type_traits>
 
 #include "launch.cuh"
 
@@ -42,12 +50,15 @@ constexpr int kDrSlackWords = 4;  // after the staged rows: the unaligned reads'
 constexpr int kDrCopies = 16;     // banked: one table copy per bank pair
 constexpr int kDrBankedBlocksPerSM = 2;
 constexpr int kDrCompactBytes = 3 * 256 * 8;  // banked: the int16 table once, before its copies
+enum DrStage : int { kStRows = 0, kStWords = 1, kStPlanes = 2 };
 
 struct DrGeo {
   int Ho, segs;    // output rows per image, R-output segments per output row
   int Hn;          // staged rows of a slot holding a whole image: (Ho - 1) * S + 3
-  int nw;          // staged words per row (the row pitch / 4)
-  bool aligned;    // rows a multiple of 4 wide on word boundaries: staged from column -4, prefetched
+  int nw;          // staged words per row (the row pitch / 4); kStPlanes: per image (pre + plane)
+  int stage;       // DrStage
+  int pre;         // kStPlanes: pad words before each plane
+  int trail;       // kStPlanes: pad words after the last plane
   int table_bytes; // offset of the staged rows in shared memory
   unsigned total;  // tasks of one channel: B * Ho * segs (< 2^31: depthwise_rows_why_not)
   unsigned tiles;
@@ -102,7 +113,7 @@ __device__ __forceinline__ void feed(uint32_t (&acc)[R], typename Tab::E e, int 
 // images (slots 1, 2, ...) start at their output row 0; Q staged rows, n0 of them in slot 0.
 struct DrTile {
   unsigned t0, t1, bA;
-  int oyA, n0, Q;
+  int oyA, n0, Q, nimg;
 };
 
 __device__ __forceinline__ DrTile dr_tile(const DrGeo& g, unsigned tile, int S) {
@@ -118,6 +129,7 @@ __device__ __forceinline__ DrTile dr_tile(const DrGeo& g, unsigned tile, int S) 
   // slot 0's local row 0 is input row oyA * S - ph; a later slot's is input row -ph
   tl.n0 = ((tl.bA == bB ? oyB : g.Ho - 1) - tl.oyA) * S + 3;
   const int nimg = static_cast<int>(bB - tl.bA) + 1;
+  tl.nimg = nimg;
   tl.Q = nimg == 1 ? tl.n0 : tl.n0 + (nimg - 2) * g.Hn + oyB * S + 3;
   return tl;
 }
@@ -135,7 +147,7 @@ __device__ __forceinline__ const uint8_t* staged_row(const Params& p, const DrGe
   return iy >= 0 && iy < p.H ? a_ch + (tl.bA + k) * img_in + (long long)iy * p.W : nullptr;
 }
 
-// Rows of a width that is a multiple of 4, starting on a word (DrGeo::aligned): staged word j of a
+// Rows of a width that is a multiple of 4, starting on a word (kStWords): staged word j of a
 // row holds input columns 4 (j - 1) .. 4 j - 1, so it is one input word or all padding. The input
 // word staged at w, or nullptr (also past the tile's Q rows).
 __device__ __forceinline__ const uint32_t* aligned_src(const Params& p, const DrGeo& g, const DrTile& tl,
@@ -145,6 +157,16 @@ __device__ __forceinline__ const uint32_t* aligned_src(const Params& p, const Dr
   const int j = w - static_cast<int>(q) * g.nw;
   const uint8_t* row = staged_row(p, g, tl, q, a_ch, img_in, p.sh);
   return row && j >= 1 && 4 * j <= p.W ? reinterpret_cast<const uint32_t*>(row) + (j - 1) : nullptr;
+}
+
+// Whole planes (kStPlanes): staged word w of slot k is pad (its first g.pre words) or word
+// w - g.pre of image bA + k's plane; the g.trail words past the last slot are pad. nullptr for pad.
+__device__ __forceinline__ const uint32_t* plane_src(const Params& p, const DrGeo& g, const DrTile& tl, int w,
+                                                     const uint8_t* a_ch, long long img_in) {
+  if (w >= tl.nimg * g.nw) return nullptr;
+  const unsigned k = fdiv(static_cast<unsigned>(w), g.fnw);
+  const int j = w - static_cast<int>(k) * g.nw - g.pre;
+  return j >= 0 ? reinterpret_cast<const uint32_t*>(a_ch + (tl.bA + k) * img_in) + j : nullptr;
 }
 
 // Other rows: staged column 0 is input column -pw; a word's four codes as LUT rows.
@@ -175,8 +197,8 @@ __device__ __forceinline__ uint32_t unaligned_word(const Params& p, const DrGeo&
   return v;
 }
 
-// TL: the table's layout (DrLayout; banked and split hold int16 entries only). ALIGNED: DrGeo::aligned.
-template <int S, int R, class Tab, int TL, bool ALIGNED>
+// TL: the table's layout (DrLayout; banked and split hold int16 entries only). STG: DrGeo::stage.
+template <int S, int R, class Tab, int TL, int STG>
 __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t* smem) {
   using E = typename Tab::E;
   constexpr int COPIES = TL == kDrBanked ? kDrCopies : 1;
@@ -193,19 +215,23 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
   const uint8_t* a_ch = p.a + (long long)ch * plane;
   int32_t* out_ch = p.out + (long long)ch * p.HoWo;
   const int Ho = g.Ho;
-  // ALIGNED: the next tile's words are loaded into registers before this tile's reads, so their
-  // latency hides behind the table reads (KP words a thread; any beyond them load at the barrier)
-  constexpr int KP = !ALIGNED ? 0 : S == 1 ? 4 : 8;
+  // words and planes: the next tile's words are loaded into registers before this tile's reads, so
+  // their latency hides behind the table reads (KP words a thread; any beyond them load at the barrier)
+  constexpr bool ALIGNED = STG == kStWords, PLANES = STG == kStPlanes, WORDS = STG != kStRows;
+  constexpr int KP = !WORDS ? 0 : S == 1 ? 4 : 8;
   uint32_t pre[KP > 0 ? KP : 1];
+  const auto word_src = [&](const DrTile& tl, int w) {
+    return PLANES ? plane_src(p, g, tl, w, a_ch, img_in) : aligned_src(p, g, tl, w, a_ch, img_in);
+  };
   const auto prefetch = [&](const DrTile& tl) {
 #pragma unroll
     for (int k = 0; k < KP; ++k) {
       pre[k] = 0;
-      if (const uint32_t* src = aligned_src(p, g, tl, tid + k * kDrThreads, a_ch, img_in)) pre[k] = __ldg(src);
+      if (const uint32_t* src = word_src(tl, tid + k * kDrThreads)) pre[k] = __ldg(src);
     }
   };
   DrTile tl{};
-  if (ALIGNED && blockIdx.x < g.tiles) {  // in flight while the table is built
+  if (WORDS && blockIdx.x < g.tiles) {  // in flight while the table is built
     tl = dr_tile(g, blockIdx.x, S);
     prefetch(tl);
   }
@@ -243,27 +269,28 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
     }
   }
   for (unsigned tile = blockIdx.x; tile < g.tiles; tile += gridDim.x) {
-    if constexpr (!ALIGNED) tl = dr_tile(g, tile, S);
+    if constexpr (!WORDS) tl = dr_tile(g, tile, S);
     const unsigned t0 = tl.t0, t1 = tl.t1, bA = tl.bA;
     const int oyA = tl.oyA, n0 = tl.n0, Q = tl.Q;
+    const int nst = PLANES ? tl.nimg * g.nw + g.trail : Q * g.nw;  // staged words
     // the previous tile's reads of the staged rows are done (the first tile: the banked table's compact copy,
     // staged there, is read; the others build straight into place, and the barrier below orders that)
     if (tile != blockIdx.x || COPIES > 1) __syncthreads();
-    if constexpr (ALIGNED) {
+    if constexpr (WORDS) {
 #pragma unroll
       for (int k = 0; k < KP; ++k)
-        if (tid + k * kDrThreads < Q * g.nw) st[tid + k * kDrThreads] = pre[k] ^ pad4;
-      for (int w = tid + KP * kDrThreads; w < Q * g.nw; w += kDrThreads) {
-        const uint32_t* src = aligned_src(p, g, tl, w, a_ch, img_in);
+        if (tid + k * kDrThreads < nst) st[tid + k * kDrThreads] = pre[k] ^ pad4;
+      for (int w = tid + KP * kDrThreads; w < nst; w += kDrThreads) {
+        const uint32_t* src = word_src(tl, w);
         st[w] = (src ? __ldg(src) : 0u) ^ pad4;
       }
     } else {
-      for (unsigned w = tid; w < static_cast<unsigned>(Q * g.nw); w += kDrThreads)
+      for (unsigned w = tid; w < static_cast<unsigned>(nst); w += kDrThreads)
         st[w] = unaligned_word(p, g, tl, w, a_ch, img_in, pad4);
     }
-    if (tid < kDrSlackWords) st[Q * g.nw + tid] = pad4;
+    if (tid < kDrSlackWords) st[nst + tid] = pad4;
     __syncthreads();
-    if (ALIGNED && tile + gridDim.x < g.tiles) {
+    if (WORDS && tile + gridDim.x < g.tiles) {
       tl = dr_tile(g, tile + gridDim.x, S);
       prefetch(tl);
     }
@@ -275,15 +302,27 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
     const int oy = static_cast<int>(gr - b * Ho);
     const unsigned k = b - bA;
     const int q0 = k == 0 ? (oy - oyA) * S : n0 + static_cast<int>(k - 1) * g.Hn + oy * S;
+    // planes: the window's columns left of 0 and from W on hold the neighbouring rows' codes; keep
+    // clears their bytes, which are then set to the pad row
+    const int col0 = seg * R * S - p.pw;
+    uint32_t keep[PLANES ? NWA : 1];
+    if constexpr (PLANES) {
+#pragma unroll
+      for (int i = 0; i < NWA; ++i) keep[i] = ~0u;
+#pragma unroll
+      for (int i = 0; i < NC; ++i)
+        if (col0 + i < 0 || col0 + i >= p.W) keep[i >> 2] &= ~(0xffu << (8 * (i & 3)));
+    }
     uint32_t acc[R];
 #pragma unroll
     for (int j = 0; j < R; ++j) acc[j] = 0;  // wraps like every kernel's accumulator
 #pragma unroll
     for (int ky = 0; ky < 3; ++ky) {
       // the thread's window: input columns seg * R * S - pw .. + NC - 1 of local row q0 + ky
-      const int start = (q0 + ky) * g.nw * 4 + seg * R * S + (ALIGNED ? 4 - p.pw : 0);
+      const int start = PLANES ? (static_cast<int>(k) * g.nw + g.pre) * 4 + (oy * S + ky - p.ph) * p.W + col0
+                               : (q0 + ky) * g.nw * 4 + seg * R * S + (ALIGNED ? 4 - p.pw : 0);
       uint32_t wv[NWA];
-      if constexpr ((R * S) % 4 == 0 && !ALIGNED) {  // every window starts on a word
+      if constexpr ((R * S) % 4 == 0 && STG == kStRows) {  // every window starts on a word
 #pragma unroll
         for (int i = 0; i < NWA; ++i) wv[i] = st[(start >> 2) + i];
       } else {
@@ -293,6 +332,10 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
         const unsigned sh = static_cast<unsigned>(start & 3) * 8;
 #pragma unroll
         for (int i = 0; i < NWA; ++i) wv[i] = __funnelshift_r(raw[i], raw[i + 1], sh);
+      }
+      if constexpr (PLANES) {
+#pragma unroll
+        for (int i = 0; i < NWA; ++i) wv[i] = (wv[i] & keep[i]) | (pad4 & ~keep[i]);
       }
       if constexpr (SPLIT) {
         const uint32_t* te = reinterpret_cast<const uint32_t*>(smem) + ky * 256;
@@ -338,15 +381,15 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
 // entries in kDrCopies copies (int32 ones stay single: 16 of them would not fit).
 // int16 entries: registers capped for the blocks an SM is meant to hold (the prefetched words
 // take 4 or 8 more); the others run two bodies' worth and stay uncapped.
-template <int S, int R, int MODE, int TL, bool ALIGNED>
+template <int S, int R, int MODE, int TL, int STG>
 __global__ void __launch_bounds__(
-    kDrThreads, MODE != 1 ? 1 : TL == kDrBanked ? kDrBankedBlocksPerSM : !ALIGNED ? 5 : S == 1 ? 4 : 3)
+    kDrThreads, MODE != 1 ? 1 : TL == kDrBanked ? kDrBankedBlocksPerSM : STG == kStRows ? 5 : S == 1 ? 4 : 3)
     depthwise_rows_kernel(Params p, DrGeo g) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))
-    dr_body<S, R, Tab16, TL, ALIGNED>(p, g, smem);
+    dr_body<S, R, Tab16, TL, STG>(p, g, smem);
   else
-    dr_body<S, R, Tab32, kDrSingle, ALIGNED>(p, g, smem);
+    dr_body<S, R, Tab32, kDrSingle, STG>(p, g, smem);
 }
 
 // Outputs a thread: 7 where rows are a multiple of 7 wide but not of 8 (MobileNetV2's 7, 14, 28),
@@ -361,10 +404,18 @@ DrGeo dr_geo(const Params& p, int fmt, bool banked, size_t& smem) {
   g.Ho = static_cast<int>(p.HoWo / p.Wo);
   g.segs = (p.Wo + R - 1) / R;
   g.Hn = (g.Ho - 1) * S + 3;
-  g.aligned = p.W % 4 == 0 && reinterpret_cast<uintptr_t>(p.a) % 4 == 0;
-  if (g.aligned) {  // the last window's first word, and the NWA + 1 words its reads span
-    const int nc = (R - 1) * S + 3;
+  const bool on_word = reinterpret_cast<uintptr_t>(p.a) % 4 == 0;
+  g.stage = on_word && p.W % 4 == 0 ? kStWords : on_word && (long long)p.H * p.W % 4 == 0 ? kStPlanes : kStRows;
+  const int nc = (R - 1) * S + 3;
+  if (g.stage == kStWords) {  // the last window's first word, and the NWA + 1 words its reads span
     g.nw = ((g.segs - 1) * R * S + 4 - p.pw) / 4 + (nc + 3) / 4 + 1;
+  } else if (g.stage == kStPlanes) {
+    // a window of row -1 starts W + 1 bytes before the plane, one of row H past it by up to
+    // (segs R - 1) S + 1 - W <= W + 1 bytes (its extra funnel word: the slack after the last)
+    g.pre = (p.W + 1 + 3) / 4 + 1;
+    g.nw = g.pre + static_cast<int>((long long)p.H * p.W / 4);
+    // past the last plane: row H's window (or row H - 1's overhang) and its funnel word
+    g.trail = std::max(g.pre, ((g.segs - 1) * R * S + 4 * ((nc + 3) / 4 + 1) + 3) / 4 + 1);
   } else {
     g.nw = ((g.segs * R - 1) * S + 3 + 3) / 4;  // staged columns: every window's, the last overhanging
   }
@@ -381,16 +432,17 @@ DrGeo dr_geo(const Params& p, int fmt, bool banked, size_t& smem) {
   const long long rt = std::min<long long>((kDrThreads - 1) / g.segs + 2, B * g.Ho);
   const long long imgs = std::min<long long>({rt, (rt - 1) / g.Ho + 2, B});
   const long long rows = S * rt + (3 - S) * imgs;
-  const size_t staged = (size_t)(rows * g.nw + kDrSlackWords) * 4;
+  const size_t staged =
+      (size_t)((g.stage == kStPlanes ? imgs * g.nw + g.trail : rows * g.nw) + kDrSlackWords) * 4;
   smem = g.table_bytes + (banked ? std::max<size_t>(staged, kDrCompactBytes) : staged);
   return g;
 }
 
-template <int S, int R, int TL, bool ALIGNED>
+template <int S, int R, int TL, int STG>
 void launch_dr_sr(const Params& p, int fmt, const DrGeo& g, size_t smem, cudaStream_t stream) {
-  auto kern = fmt == 1   ? depthwise_rows_kernel<S, R, 1, TL, ALIGNED>
-              : fmt == 2 ? depthwise_rows_kernel<S, R, 2, kDrSingle, ALIGNED>
-                         : depthwise_rows_kernel<S, R, 0, TL, ALIGNED>;
+  auto kern = fmt == 1   ? depthwise_rows_kernel<S, R, 1, TL, STG>
+              : fmt == 2 ? depthwise_rows_kernel<S, R, 2, kDrSingle, STG>
+                         : depthwise_rows_kernel<S, R, 0, TL, STG>;
   set_smem(kern, smem);
   // Blocks per channel, each walking its channel's tiles: SMs take blocks as slots free, so the
   // busiest SM runs about ceil(blocks / SMs) of them, at no better than `per_sm` at once; a block
@@ -414,7 +466,7 @@ void launch_dr_sr(const Params& p, int fmt, const DrGeo& g, size_t smem, cudaStr
   kern<<<grid, kDrThreads, smem, stream>>>(p, g);
 }
 
-template <int TL, bool A>
+template <int TL, int A>
 void launch_dr_tl(const Params& p, int fmt, const DrGeo& g, size_t smem, cudaStream_t stream) {
   const bool r7 = dr_r(p) == 7;
   if (p.sh == 1 && TL != kDrSplit) {
@@ -448,16 +500,16 @@ void launch_depthwise_rows(const Params& p, const ConvGeo&, int fmt, int layout,
   if (fmt == 2) layout = kDrSingle;  // int32 products: the single table (the others hold int16 ones)
   size_t smem = 0;
   const DrGeo g = dr_geo(p, fmt, layout == kDrBanked, smem);
-  if (layout == kDrBanked) {
-    if (g.aligned) launch_dr_tl<kDrBanked, true>(p, fmt, g, smem, stream);
-    else launch_dr_tl<kDrBanked, false>(p, fmt, g, smem, stream);
-  } else if (layout == kDrSplit) {
-    if (g.aligned) launch_dr_tl<kDrSplit, true>(p, fmt, g, smem, stream);
-    else launch_dr_tl<kDrSplit, false>(p, fmt, g, smem, stream);
-  } else {
-    if (g.aligned) launch_dr_tl<kDrSingle, true>(p, fmt, g, smem, stream);
-    else launch_dr_tl<kDrSingle, false>(p, fmt, g, smem, stream);
-  }
+  // one instantiation per (layout, staging): STG is a template argument
+  const auto with_stage = [&](auto tl) {
+    constexpr int TL = decltype(tl)::value;
+    if (g.stage == kStWords) launch_dr_tl<TL, kStWords>(p, fmt, g, smem, stream);
+    else if (g.stage == kStPlanes) launch_dr_tl<TL, kStPlanes>(p, fmt, g, smem, stream);
+    else launch_dr_tl<TL, kStRows>(p, fmt, g, smem, stream);
+  };
+  if (layout == kDrBanked) with_stage(std::integral_constant<int, kDrBanked>{});
+  else if (layout == kDrSplit) with_stage(std::integral_constant<int, kDrSplit>{});
+  else with_stage(std::integral_constant<int, kDrSingle>{});
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

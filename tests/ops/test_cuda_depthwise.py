@@ -50,6 +50,11 @@ CASES = {
     "10x6_s2": ((4, 2, 10, 6), 2, 1),
     "6x10_pad_x": ((3, 2, 6, 10), 1, (0, 1)),
     "6x10_pad_y_s2": ((3, 2, 6, 10), 2, (1, 0)),
+    # images a multiple of 4 bytes, planes not: each channel's planes 0-3 bytes into a word
+    "7x7_c8": ((3, 8, 7, 7), 1, 1),
+    "7x7_c4_s2_b37": ((37, 4, 7, 7), 2, 1),
+    "5x3_c4_p0": ((4, 4, 5, 3), 1, 0),
+    "9x9_c4_pad_y": ((2, 4, 9, 9), 1, (1, 0)),
 }
 
 
@@ -79,12 +84,12 @@ def test_depthwise_3x3_matches_reference(case, lutkind, signed):
         check_equal(got, want, f"lut_conv2d {case} {lutkind} signed={signed} algo={algo}")
 
 
-@pytest.mark.parametrize("hw", [16, 14])
+@pytest.mark.parametrize("hw", [16, 14, 7])
 @pytest.mark.parametrize("offset", [1, 2, 4])
 def test_depthwise_rows_input_off_a_word_boundary(offset, hw):
-    """Rows a multiple of 4 wide (and planes of 14x14) are staged as whole words only where the
-    input starts on a word: codes at a byte offset (a view into a larger buffer) take the
-    byte-aligned staging, exactly."""
+    """Rows a multiple of 4 wide (and planes of 14x14 and 7x7) are staged as whole words only
+    where the input starts on a word: codes at a byte offset (a view into a larger buffer) take
+    the byte-aligned staging, exactly."""
     gen = torch.Generator().manual_seed(33 + offset + hw)
     shape = (3, 4, hw, hw)
     a = make_codes(gen, shape, True)
@@ -101,7 +106,7 @@ def test_depthwise_rows_input_off_a_word_boundary(offset, hw):
             check_equal(got, want, f"{algo} stride {stride}, input at byte offset {offset}")
 
 
-@pytest.mark.parametrize("batch,stride,hw", [(2, 1, 56), (8, 2, 56), (64, 1, 14), (64, 2, 14)])
+@pytest.mark.parametrize("batch,stride,hw", [(2, 1, 56), (8, 2, 56), (64, 1, 14), (64, 2, 14), (64, 1, 7)])
 def test_depthwise_rows_blocks_of_many_tiles(batch, stride, hw):
     """With hundreds of channels a block walks more than one tile of its channel, staging each next
     tile's words (rows or whole planes) while it reads the last: against `direct` (itself checked

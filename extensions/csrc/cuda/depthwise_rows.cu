@@ -29,10 +29,11 @@
 // entry took two half warps of 3.08 each, for the same 17 reads a kernel row and 8 outputs.
 //
 // Staging (DrStage): rows a multiple of 4 wide on word boundaries as whole input words (kStWords);
-// other rows of planes that are a multiple of 4 bytes (14x14) as whole planes of input words, a
-// pad gap between them for the rows above and below, the columns left and right of the row
+// other rows, where an image is a multiple of 4 bytes (14x14 planes; 7x7 ones of channels a
+// multiple of 4), as the words that hold each plane (its neighbours' bytes in them staged as pad),
+// a pad gap between planes for the rows above and below, the columns left and right of the row
 // masked to padding in the thread's window (kStPlanes); both load plain words, so the next tile's
-// are loaded into registers before this tile's table reads. Anything else (7x7 planes, inputs off
+// are loaded into registers before this tile's table reads. Anything else (odd images, inputs off
 // a word) byte-wise realigned (kStRows), at the tile's barrier.
 #include <algorithm>
 #include <array>
@@ -159,14 +160,18 @@ __device__ __forceinline__ const uint32_t* aligned_src(const Params& p, const Dr
   return row && j >= 1 && 4 * j <= p.W ? reinterpret_cast<const uint32_t*>(row) + (j - 1) : nullptr;
 }
 
-// Whole planes (kStPlanes): staged word w of slot k is pad (its first g.pre words) or word
-// w - g.pre of image bA + k's plane; the g.trail words past the last slot are pad. nullptr for pad.
+// Whole planes (kStPlanes): staged word w of slot k is pad (its first g.pre words) or word j =
+// w - g.pre of the words that hold image bA + k's plane, which starts o bytes into its first word
+// (the same o for every image of a channel: an image is a multiple of 4 bytes; the neighbouring
+// planes' bytes in its first and last word are only read as the columns and rows outside the
+// plane, which the window sets to pad). The g.trail words past the last slot are pad. nullptr for pad.
 __device__ __forceinline__ const uint32_t* plane_src(const Params& p, const DrGeo& g, const DrTile& tl, int w,
-                                                     const uint8_t* a_ch, long long img_in) {
+                                                     const uint8_t* a_ch, long long img_in, int o) {
   if (w >= tl.nimg * g.nw) return nullptr;
   const unsigned k = fdiv(static_cast<unsigned>(w), g.fnw);
   const int j = w - static_cast<int>(k) * g.nw - g.pre;
-  return j >= 0 ? reinterpret_cast<const uint32_t*>(a_ch + (tl.bA + k) * img_in) + j : nullptr;
+  if (j < 0 || 4 * j >= o + p.H * p.W) return nullptr;
+  return reinterpret_cast<const uint32_t*>(a_ch - o + (tl.bA + k) * img_in) + j;
 }
 
 // Other rows: staged column 0 is input column -pw; a word's four codes as LUT rows.
@@ -220,8 +225,9 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
   constexpr bool ALIGNED = STG == kStWords, PLANES = STG == kStPlanes, WORDS = STG != kStRows;
   constexpr int KP = !WORDS ? 0 : S == 1 ? 4 : 8;
   uint32_t pre[KP > 0 ? KP : 1];
+  const int o = PLANES ? static_cast<int>((ch * plane) & 3) : 0;  // the channel's planes' offset in a word
   const auto word_src = [&](const DrTile& tl, int w) {
-    return PLANES ? plane_src(p, g, tl, w, a_ch, img_in) : aligned_src(p, g, tl, w, a_ch, img_in);
+    return PLANES ? plane_src(p, g, tl, w, a_ch, img_in, o) : aligned_src(p, g, tl, w, a_ch, img_in);
   };
   const auto prefetch = [&](const DrTile& tl) {
 #pragma unroll
@@ -302,8 +308,8 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
     const int oy = static_cast<int>(gr - b * Ho);
     const unsigned k = b - bA;
     const int q0 = k == 0 ? (oy - oyA) * S : n0 + static_cast<int>(k - 1) * g.Hn + oy * S;
-    // planes: the window's columns left of 0 and from W on hold the neighbouring rows' codes; keep
-    // clears their bytes, which are then set to the pad row
+    // planes: the window's columns left of 0 and from W on hold the neighbouring rows' (or planes')
+    // codes; keep clears their bytes, which are then set to the pad row
     const int col0 = seg * R * S - p.pw;
     uint32_t keep[PLANES ? NWA : 1];
     if constexpr (PLANES) {
@@ -319,7 +325,7 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
 #pragma unroll
     for (int ky = 0; ky < 3; ++ky) {
       // the thread's window: input columns seg * R * S - pw .. + NC - 1 of local row q0 + ky
-      const int start = PLANES ? (static_cast<int>(k) * g.nw + g.pre) * 4 + (oy * S + ky - p.ph) * p.W + col0
+      const int start = PLANES ? (static_cast<int>(k) * g.nw + g.pre) * 4 + o + (oy * S + ky - p.ph) * p.W + col0
                                : (q0 + ky) * g.nw * 4 + seg * R * S + (ALIGNED ? 4 - p.pw : 0);
       uint32_t wv[NWA];
       if constexpr ((R * S) % 4 == 0 && STG == kStRows) {  // every window starts on a word
@@ -334,8 +340,11 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
         for (int i = 0; i < NWA; ++i) wv[i] = __funnelshift_r(raw[i], raw[i + 1], sh);
       }
       if constexpr (PLANES) {
+        // a row above or below the plane (only kernel rows 0 and 2 reach them: padding <= 1) is all pad
+        const int iy = oy * S + ky - p.ph;
+        const uint32_t row = ky == 1 || (iy >= 0 && iy < p.H) ? ~0u : 0u;
 #pragma unroll
-        for (int i = 0; i < NWA; ++i) wv[i] = (wv[i] & keep[i]) | (pad4 & ~keep[i]);
+        for (int i = 0; i < NWA; ++i) wv[i] = (wv[i] & keep[i] & row) | (pad4 & ~(keep[i] & row));
       }
       if constexpr (SPLIT) {
         const uint32_t* te = reinterpret_cast<const uint32_t*>(smem) + ky * 256;
@@ -405,7 +414,7 @@ DrGeo dr_geo(const Params& p, int fmt, bool banked, size_t& smem) {
   g.segs = (p.Wo + R - 1) / R;
   g.Hn = (g.Ho - 1) * S + 3;
   const bool on_word = reinterpret_cast<uintptr_t>(p.a) % 4 == 0;
-  g.stage = on_word && p.W % 4 == 0 ? kStWords : on_word && (long long)p.H * p.W % 4 == 0 ? kStPlanes : kStRows;
+  g.stage = !on_word ? kStRows : p.W % 4 == 0 ? kStWords : (long long)p.C * p.H * p.W % 4 == 0 ? kStPlanes : kStRows;
   const int nc = (R - 1) * S + 3;
   if (g.stage == kStWords) {  // the last window's first word, and the NWA + 1 words its reads span
     g.nw = ((g.segs - 1) * R * S + 4 - p.pw) / 4 + (nc + 3) / 4 + 1;
@@ -413,9 +422,9 @@ DrGeo dr_geo(const Params& p, int fmt, bool banked, size_t& smem) {
     // a window of row -1 starts W + 1 bytes before the plane, one of row H past it by up to
     // (segs R - 1) S + 1 - W <= W + 1 bytes (its extra funnel word: the slack after the last)
     g.pre = (p.W + 1 + 3) / 4 + 1;
-    g.nw = g.pre + static_cast<int>((long long)p.H * p.W / 4);
+    g.nw = g.pre + static_cast<int>((3 + (long long)p.H * p.W + 3) / 4);  // a plane o = 0..3 bytes into a word
     // past the last plane: row H's window (or row H - 1's overhang) and its funnel word
-    g.trail = std::max(g.pre, ((g.segs - 1) * R * S + 4 * ((nc + 3) / 4 + 1) + 3) / 4 + 1);
+    g.trail = std::max(g.pre, ((g.segs - 1) * R * S + 4 * ((nc + 3) / 4 + 1) + 3 + 3) / 4 + 1);
   } else {
     g.nw = ((g.segs * R - 1) * S + 3 + 3) / 4;  // staged columns: every window's, the last overhanging
   }

@@ -30,7 +30,7 @@
 //
 // Staging (DrStage): rows a multiple of 4 wide on word boundaries as whole input words (kStWords);
 // other rows, where an image is a multiple of 4 bytes (14x14 planes; 7x7 ones of channels a
-// multiple of 4), as the words that hold each plane (its neighbours' bytes in them staged as pad),
+// multiple of 4), as the words that hold each plane (the window masks its neighbours' bytes),
 // a pad gap between planes for the rows above and below, the columns left and right of the row
 // masked to padding in the thread's window (kStPlanes); both load plain words, so the next tile's
 // are loaded into registers before this tile's table reads. Anything else (odd images, inputs off

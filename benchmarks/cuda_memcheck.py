@@ -34,6 +34,9 @@ CONVS = [((3, *a), w, 1, 0, 1) for _, kind, a, w in LENET5_LAYERS if kind == "co
     ((3, 4, 12, 16), (4, 1, 3, 3), 1, 1, 4),
     ((2, 3, 11, 20), (3, 1, 3, 3), 2, 0, 3),
     ((1, 2, 5, 1200), (2, 1, 3, 3), 1, 1, 2),  # words past what the prefetch holds: loaded at the barrier
+    # depthwise on images a multiple of 4 bytes whose rows are not (staged as whole planes of words)
+    ((5, 3, 14, 14), (3, 1, 3, 3), 1, 1, 3),
+    ((37, 8, 7, 7), (8, 1, 3, 3), 2, 1, 8),    # planes 1-3 bytes into a word, the last one ending the tensor
 ]
 BMMS = [(3, 37, 41, 64), (2, 197, 197, 68), (2, 197, 64, 197), (1, 5, 300, 7)]  # (B, M, N, K)
 LINEARS = [(3, *w[::-1]) for _, kind, _, w in LENET5_LAYERS if kind == "linear"] + [

@@ -29,8 +29,8 @@
 // entry took two half warps of 3.08 each, for the same 17 reads a kernel row and 8 outputs.
 //
 // Staging (DrStage): rows a multiple of 4 wide on word boundaries as whole input words (kStWords);
-// other rows, where an image is a multiple of 4 bytes (14x14 planes; 7x7 ones of channels a
-// multiple of 4), as the words that hold each plane (the window masks its neighbours' bytes),
+// other rows of small planes, where an image is a multiple of 4 bytes (14x14 planes; 7x7 ones of
+// channels a multiple of 4), as the words that hold each plane (the window masks its neighbours' bytes),
 // a pad gap between planes for the rows above and below, the columns left and right of the row
 // masked to padding in the thread's window (kStPlanes); both load plain words, so the next tile's
 // are loaded into registers before this tile's table reads. Anything else (odd images, inputs off
@@ -413,34 +413,41 @@ DrGeo dr_geo(const Params& p, int fmt, bool banked, size_t& smem) {
   g.Ho = static_cast<int>(p.HoWo / p.Wo);
   g.segs = (p.Wo + R - 1) / R;
   g.Hn = (g.Ho - 1) * S + 3;
-  const bool on_word = reinterpret_cast<uintptr_t>(p.a) % 4 == 0;
-  g.stage = !on_word ? kStRows : p.W % 4 == 0 ? kStWords : (long long)p.C * p.H * p.W % 4 == 0 ? kStPlanes : kStRows;
+  const long long B = p.M / p.HoWo, total = B * g.Ho * g.segs;
+  // Most staged rows a tile can need: kDrThreads consecutive tasks touch at most rt output rows
+  // and imgs images; an image with r of them stages (r - 1) * S + 3 rows.
+  const long long rt = std::min<long long>((kDrThreads - 1) / g.segs + 2, B * g.Ho);
+  const long long imgs = std::min<long long>({rt, (rt - 1) / g.Ho + 2, B});
+  const long long rows = S * rt + (3 - S) * imgs;
   const int nc = (R - 1) * S + 3;
+  const int nw_rows = ((g.segs * R - 1) * S + 3 + 3) / 4;  // staged columns: every window's, the last overhanging
+  // planes: a window of row -1 starts W + 1 bytes before the plane (a plane starts o = 0..3 bytes
+  // into a word); past the last plane, row H's window (or row H - 1's overhang) and its funnel word
+  const int pre = (p.W + 1 + 3) / 4 + 1;
+  const long long nw_planes = pre + (3 + (long long)p.H * p.W + 3) / 4;
+  const int trail = std::max(pre, ((g.segs - 1) * R * S + 4 * ((nc + 3) / 4 + 1) + 3 + 3) / 4 + 1);
+  // whole planes where a tile's images are about as many bytes as its rows (small planes: a tile
+  // spans images), not where a tile covers a part of one large plane
+  const bool on_word = reinterpret_cast<uintptr_t>(p.a) % 4 == 0;
+  const bool planes = on_word && (long long)p.C * p.H * p.W % 4 == 0 &&
+                      4 * (imgs * nw_planes + trail) <= 5 * rows * nw_rows;
+  g.stage = !on_word ? kStRows : p.W % 4 == 0 ? kStWords : planes ? kStPlanes : kStRows;
   if (g.stage == kStWords) {  // the last window's first word, and the NWA + 1 words its reads span
     g.nw = ((g.segs - 1) * R * S + 4 - p.pw) / 4 + (nc + 3) / 4 + 1;
   } else if (g.stage == kStPlanes) {
-    // a window of row -1 starts W + 1 bytes before the plane, one of row H past it by up to
-    // (segs R - 1) S + 1 - W <= W + 1 bytes (its extra funnel word: the slack after the last)
-    g.pre = (p.W + 1 + 3) / 4 + 1;
-    g.nw = g.pre + static_cast<int>((3 + (long long)p.H * p.W + 3) / 4);  // a plane o = 0..3 bytes into a word
-    // past the last plane: row H's window (or row H - 1's overhang) and its funnel word
-    g.trail = std::max(g.pre, ((g.segs - 1) * R * S + 4 * ((nc + 3) / 4 + 1) + 3 + 3) / 4 + 1);
+    g.pre = pre;
+    g.nw = static_cast<int>(nw_planes);
+    g.trail = trail;
   } else {
-    g.nw = ((g.segs * R - 1) * S + 3 + 3) / 4;  // staged columns: every window's, the last overhanging
+    g.nw = nw_rows;
   }
   g.table_bytes = banked ? 3 * 256 * 8 * kDrCopies : 3 * 256 * (fmt == 1 ? 8 : 16);
-  const long long B = p.M / p.HoWo, total = B * g.Ho * g.segs;
   g.total = static_cast<unsigned>(total);
   g.tiles = static_cast<unsigned>((total + kDrThreads - 1) / kDrThreads);
   g.fsegs = make_fastdiv(g.segs);
   g.fHo = make_fastdiv(g.Ho);
   g.fnw = make_fastdiv(g.nw);
   g.fHn = make_fastdiv(g.Hn);
-  // Most staged rows a tile can need: kDrThreads consecutive tasks touch at most rt output rows
-  // and imgs images; an image with r of them stages (r - 1) * S + 3 rows.
-  const long long rt = std::min<long long>((kDrThreads - 1) / g.segs + 2, B * g.Ho);
-  const long long imgs = std::min<long long>({rt, (rt - 1) / g.Ho + 2, B});
-  const long long rows = S * rt + (3 - S) * imgs;
   const size_t staged =
       (size_t)((g.stage == kStPlanes ? imgs * g.nw + g.trail : rows * g.nw) + kDrSlackWords) * 4;
   smem = g.table_bytes + (banked ? std::max<size_t>(staged, kDrCompactBytes) : staged);

@@ -55,6 +55,30 @@ std::vector<Choice> auto_candidates(const AutoInputs& in);
 // Runs one concrete choice on prepared tables.
 void run_choice(const Choice& c, Params p, const Prepared& pr, const ConvGeo& cg, cudaStream_t s);
 
+// How auto times a way to run a call: once to warm up (auto's trials, the tables), then the best of 3
+// CUDA-event timings of two back-to-back runs (the second launch queues behind the first, so the time
+// is mostly the GPU's; host-clock timing of single runs was noisy enough to pick a variant ~2-10 %
+// slower). Milliseconds of the two runs.
+template <class Run>
+float best_ms(Run run, cudaStream_t stream) {
+  run();
+  cudaEvent_t ev[2];
+  for (auto& e : ev) C10_CUDA_CHECK(cudaEventCreate(&e));
+  float best = 1e30f;
+  for (int r = 0; r < 3; ++r) {
+    C10_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+    run();
+    run();
+    C10_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+    C10_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+    float ms = 0;
+    C10_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+    best = ms < best ? ms : best;
+  }
+  for (auto& e : ev) C10_CUDA_CHECK(cudaEventDestroy(e));
+  return best;
+}
+
 // autotune.cpp: auto's pick per AutoInputs (timed once, cached).
 using PickKey = std::vector<long long>;
 PickKey pick_key(const AutoInputs& in);  // every field of AutoInputs but Params' pointers

@@ -57,32 +57,14 @@ Choice auto_pick(const AutoInputs& in, const Prepared& pr, cudaStream_t stream) 
   if (cands.size() == 1 || capturing())
     // No timing inside a graph capture: the table pays off once rows outnumber codes by far.
     return (cands.size() > 1 && p.M >= 4096) ? cands[1] : cands[0];
-  // Timed trial: each candidate once to warm up, then the best of kTrialRuns timings with CUDA
-  // events of two back-to-back runs (the second launch queues behind the first, so the time is
-  // mostly the GPU's). Host-clock timing of single runs was noisy enough to pick a variant
-  // ~2-10 % slower. The caller runs the pick once more, so the output comes from it.
-  constexpr int kTrialRuns = 3;
-  cudaEvent_t ev[2];
-  for (auto& e : ev) C10_CUDA_CHECK(cudaEventCreate(&e));
+  // Timed trial (best_ms): the fastest candidate, the first on a tie. The caller runs the pick once
+  // more, so the output comes from it.
   best = cands[0];
-  float best_ms = 1e30f;
+  float fastest = 1e30f;
   for (const Choice& c : cands) {
-    run_choice(c, p, pr, cg, stream);
-    for (int r = 0; r < kTrialRuns; ++r) {
-      C10_CUDA_CHECK(cudaEventRecord(ev[0], stream));
-      run_choice(c, p, pr, cg, stream);
-      run_choice(c, p, pr, cg, stream);
-      C10_CUDA_CHECK(cudaEventRecord(ev[1], stream));
-      C10_CUDA_CHECK(cudaEventSynchronize(ev[1]));
-      float ms = 0;
-      C10_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
-      if (ms < best_ms) {
-        best_ms = ms;
-        best = c;
-      }
-    }
+    const float ms = best_ms([&] { run_choice(c, p, pr, cg, stream); }, stream);
+    if (ms < fastest) fastest = ms, best = c;
   }
-  for (auto& e : ev) C10_CUDA_CHECK(cudaEventDestroy(e));
   std::lock_guard<std::mutex> lock(g_auto_mu);
   g_auto_cache[pick_key(in)] = best;
   return best;

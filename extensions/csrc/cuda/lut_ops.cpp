@@ -5,7 +5,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -232,27 +231,6 @@ int taps_known(const PickKey& key) {
   std::lock_guard<std::mutex> lock(g_taps_mu);
   const auto it = g_taps_faster.find(key);
   return it == g_taps_faster.end() ? -1 : it->second;
-}
-
-// The best of 3 CUDA-event timings of two back-to-back runs after a first (auto's trials, the tables), as auto_pick.
-template <class Conv>
-float best_ms(Conv conv, cudaStream_t stream) {
-  conv();
-  cudaEvent_t ev[2];
-  for (auto& e : ev) C10_CUDA_CHECK(cudaEventCreate(&e));
-  float best = 1e30f;
-  for (int r = 0; r < 3; ++r) {
-    C10_CUDA_CHECK(cudaEventRecord(ev[0], stream));
-    conv();
-    conv();
-    C10_CUDA_CHECK(cudaEventRecord(ev[1], stream));
-    C10_CUDA_CHECK(cudaEventSynchronize(ev[1]));
-    float ms = 0;
-    C10_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
-    best = std::min(best, ms);
-  }
-  for (auto& e : ev) C10_CUDA_CHECK(cudaEventDestroy(e));
-  return best;
 }
 
 // A timed layout's choice: made on the shape's first call, both ways timed (auto's picks for each made on the way);

@@ -2,8 +2,8 @@
 reference with poisoned outputs, every variant approx::lut_algos says applies (depthwise_rows and
 depthwise_rows_banked among them), stride 1 and 2, padding 0 and 1, odd planes and rows a multiple
 of 4 wide (staged as words, prefetched), planes a multiple of 4 bytes (staged whole, prefetched),
-inputs off a word boundary, int16 and int32 products,
-signed and unsigned codes; and which shapes depthwise_rows takes.
+inputs off a word boundary, int16 and int32 products, signed and unsigned codes; and which shapes
+depthwise_rows takes.
 
 Marked `cuda` (deselected by default; run with `-m cuda` on a GPU machine)."""
 import pytest
@@ -63,6 +63,11 @@ def _pair(v):
     return [v, v] if isinstance(v, int) else list(v)
 
 
+def _rows_variants(stride):
+    """depthwise_rows' variants that run at this stride (the split table at stride 2 only)."""
+    return ("depthwise_rows", "depthwise_rows_banked") + (("depthwise_rows_split",) if stride == 2 else ())
+
+
 @pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
 @pytest.mark.parametrize("lutkind", ["int16", "wide"])
 @pytest.mark.parametrize("case", list(CASES))
@@ -102,7 +107,7 @@ def test_depthwise_rows_input_off_a_word_boundary(offset, hw):
     for stride in (1, 2):
         want = reference_lut_conv2d(a, w, lut, stride, 1, 1, 4)
         args = ([stride, stride], [1, 1], [1, 1], 4)
-        for algo in ("depthwise_rows", "depthwise_rows_banked") + (("depthwise_rows_split",) if stride == 2 else ()):
+        for algo in _rows_variants(stride):
             got = poisoned_call(lambda: ops.lut_conv2d(ad, w.to(DEV), lut.to(DEV), *args, algo), tuple(want.shape))
             check_equal(got, want, f"{algo} stride {stride}, input at byte offset {offset}")
 
@@ -118,7 +123,7 @@ def test_depthwise_rows_blocks_of_many_tiles(batch, stride, hw):
     lut = make_lut(gen, "int16").to(DEV)
     args = ([stride, stride], [1, 1], [1, 1], 300)
     want = ops.lut_conv2d(a, w, lut, *args, "direct").cpu()
-    for algo in ("depthwise_rows", "depthwise_rows_banked") + (("depthwise_rows_split",) if stride == 2 else ()):
+    for algo in _rows_variants(stride):
         got = poisoned_call(lambda: ops.lut_conv2d(a, w, lut, *args, algo), tuple(want.shape))
         check_equal(got, want, f"{algo} stride {stride}, 300 channels")
 
@@ -173,8 +178,7 @@ def test_depthwise_rows_reads_the_table_format_on_the_device(lutkind):
     for stride in (1, 2):
         want = reference_lut_conv2d(a, w, lut, stride, 1, 1, 4)
         args = ([stride, stride], [1, 1], [1, 1], 4)
-        algos = ("depthwise_rows", "depthwise_rows_banked") + (("depthwise_rows_split",) if stride == 2 else ())
-        for algo in algos:
+        for algo in _rows_variants(stride):
             for _ in range(3):  # the first call caches (format known); later ones see the weights change
                 wd.add_(0)
                 got = poisoned_call(lambda: ops.lut_conv2d(ad, wd, ld, *args, algo), tuple(want.shape))

@@ -30,9 +30,10 @@
 //
 // Staging (DrStage): rows a multiple of 4 wide on word boundaries as whole input words (kStWords);
 // other rows of small planes, where an image is a multiple of 4 bytes (14x14 planes; 7x7 ones of
-// channels a multiple of 4), as the words that hold each plane (the window masks its neighbours' bytes),
-// a pad gap between planes for the rows above and below, the columns left and right of the row
-// masked to padding in the thread's window (kStPlanes); both load plain words, so the next tile's
+// channels a multiple of 4), as the words that hold each plane, a pad gap before each plane and
+// after the last so that the windows of the rows above and below stay inside the staged words;
+// the window's columns outside the row and rows outside the plane (its neighbours' bytes) are
+// masked to padding in the thread (kStPlanes); both load plain words, so the next tile's
 // are loaded into registers before this tile's table reads. Anything else (odd images, inputs off
 // a word) byte-wise realigned (kStRows), at the tile's barrier.
 #include <algorithm>

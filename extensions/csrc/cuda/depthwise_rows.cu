@@ -149,30 +149,34 @@ __device__ __forceinline__ const uint8_t* staged_row(const Params& p, const DrGe
   return iy >= 0 && iy < p.H ? a_ch + (tl.bA + k) * img_in + (long long)iy * p.W : nullptr;
 }
 
-// Rows of a width that is a multiple of 4, starting on a word (kStWords): staged word j of a
-// row holds input columns 4 (j - 1) .. 4 j - 1, so it is one input word or all padding. The input
-// word staged at w, or nullptr (also past the tile's Q rows).
-__device__ __forceinline__ const uint32_t* aligned_src(const Params& p, const DrGeo& g, const DrTile& tl,
-                                                       int w, const uint8_t* a_ch, long long img_in) {
-  if (w >= tl.Q * g.nw) return nullptr;
-  const unsigned q = fdiv(static_cast<unsigned>(w), g.fnw);
-  const int j = w - static_cast<int>(q) * g.nw;
-  const uint8_t* row = staged_row(p, g, tl, q, a_ch, img_in, p.sh);
-  return row && j >= 1 && 4 * j <= p.W ? reinterpret_cast<const uint32_t*>(row) + (j - 1) : nullptr;
-}
-
-// Whole planes (kStPlanes): staged word w of slot k is pad (its first g.pre words) or word j =
-// w - g.pre of the words that hold image bA + k's plane, which starts o bytes into its first word
-// (the same o for every image of a channel: an image is a multiple of 4 bytes; the neighbouring
-// planes' bytes in its first and last word are only read as the columns and rows outside the
-// plane, which the window sets to pad). The g.trail words past the last slot are pad. nullptr for pad.
-__device__ __forceinline__ const uint32_t* plane_src(const Params& p, const DrGeo& g, const DrTile& tl, int w,
-                                                     const uint8_t* a_ch, long long img_in, int o) {
-  if (w >= tl.nimg * g.nw) return nullptr;
-  const unsigned k = fdiv(static_cast<unsigned>(w), g.fnw);
-  const int j = w - static_cast<int>(k) * g.nw - g.pre;
-  if (j < 0 || 4 * j >= o + p.H * p.W) return nullptr;
-  return reinterpret_cast<const uint32_t*>(a_ch - o + (tl.bA + k) * img_in) + j;
+// The input word staged at w of tile tl, as a byte offset from the tile's first image (bA) in 32 bits
+// (dr_geo keeps a tile's images under 2^31 bytes); false where it is padding (or past the staged words).
+// Branch-free: at stride 2 a thread stages ~9 words a tile, and pointer checks there had cost more
+// instructions than the tile's table reads.
+// kStWords (rows a multiple of 4 wide, starting on a word): staged word j of a row holds input columns
+// 4 (j - 1) .. 4 j - 1, so it is one input word or all padding.
+// kStPlanes: staged word w of slot k is pad (its first g.pre words) or word j = w - g.pre of the words
+// that hold image bA + k's plane, which starts o bytes into its first word (the same o for every image
+// of a channel: an image is a multiple of 4 bytes; the neighbouring planes' bytes in its first and last
+// word are only read as the columns and rows outside the plane, which the window sets to pad). The
+// g.trail words past the last slot are pad.
+template <int STG>
+__device__ __forceinline__ bool word_src(const Params& p, const DrGeo& g, const DrTile& tl, int w, int img_in,
+                                         int o, int& off) {
+  const int q = static_cast<int>(fdiv(static_cast<unsigned>(w), g.fnw));  // row (words) or slot (planes)
+  if constexpr (STG == kStPlanes) {
+    const int j = w - q * g.nw - g.pre;
+    off = q * img_in - o + 4 * j;
+    return q < tl.nimg && j >= 0 && 4 * j < o + p.H * p.W;
+  } else {
+    const int j = w - q * g.nw;
+    const int u = q - tl.n0;  // a later slot's row u - kk Hn of image bA + kk + 1
+    const int kk = static_cast<int>(fdiv(static_cast<unsigned>(max(u, 0)), g.fHn));
+    const int k = u < 0 ? 0 : kk + 1;
+    const int iy = (u < 0 ? tl.oyA * p.sh + q : u - kk * g.Hn) - p.ph;
+    off = k * img_in + iy * p.W + 4 * (j - 1);
+    return q < tl.Q && static_cast<unsigned>(iy) < static_cast<unsigned>(p.H) && j >= 1 && 4 * j <= p.W;
+  }
 }
 
 // Other rows: staged column 0 is input column -pw; a word's four codes as LUT rows.
@@ -227,15 +231,17 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
   constexpr int KP = !WORDS ? 0 : S == 1 ? 4 : 8;
   uint32_t pre[KP > 0 ? KP : 1];
   const int o = PLANES ? static_cast<int>((ch * plane) & 3) : 0;  // the channel's planes' offset in a word
-  const auto word_src = [&](const DrTile& tl, int w) {
-    return PLANES ? plane_src(p, g, tl, w, a_ch, img_in, o) : aligned_src(p, g, tl, w, a_ch, img_in);
+  const int img_in32 = static_cast<int>(img_in);  // WORDS: dr_geo keeps a tile's images under 2^31 bytes
+  const auto load_word = [&](const DrTile& tl, const uint8_t* base, int w) {
+    int off;
+    const bool in = word_src<STG>(p, g, tl, w, img_in32, o, off);
+    return in ? __ldg(reinterpret_cast<const uint32_t*>(base + off)) : 0u;
   };
+  const uint8_t* base = a_ch;  // WORDS: the prefetched tile's first image
   const auto prefetch = [&](const DrTile& tl) {
+    base = a_ch + tl.bA * img_in;
 #pragma unroll
-    for (int k = 0; k < KP; ++k) {
-      pre[k] = 0;
-      if (const uint32_t* src = word_src(tl, tid + k * kDrThreads)) pre[k] = __ldg(src);
-    }
+    for (int k = 0; k < KP; ++k) pre[k] = load_word(tl, base, tid + k * kDrThreads);
   };
   DrTile tl{};
   if (WORDS && blockIdx.x < g.tiles) {  // in flight while the table is built
@@ -287,10 +293,7 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
 #pragma unroll
       for (int k = 0; k < KP; ++k)
         if (tid + k * kDrThreads < nst) st[tid + k * kDrThreads] = pre[k] ^ pad4;
-      for (int w = tid + KP * kDrThreads; w < nst; w += kDrThreads) {
-        const uint32_t* src = word_src(tl, w);
-        st[w] = (src ? __ldg(src) : 0u) ^ pad4;
-      }
+      for (int w = tid + KP * kDrThreads; w < nst; w += kDrThreads) st[w] = load_word(tl, base, w) ^ pad4;
     } else {
       for (unsigned w = tid; w < static_cast<unsigned>(nst); w += kDrThreads)
         st[w] = unaligned_word(p, g, tl, w, a_ch, img_in, pad4);
@@ -429,7 +432,8 @@ DrGeo dr_geo(const Params& p, int fmt, bool banked, size_t& smem) {
   const int trail = std::max(pre, ((g.segs - 1) * R * S + 4 * ((nc + 3) / 4 + 1) + 3 + 3) / 4 + 1);
   // whole planes where a tile's images are about as many bytes as its rows (small planes: a tile
   // spans images), not where a tile covers a part of one large plane
-  const bool on_word = reinterpret_cast<uintptr_t>(p.a) % 4 == 0;
+  // words and planes address a tile's images by 32-bit offsets from its first one
+  const bool on_word = reinterpret_cast<uintptr_t>(p.a) % 4 == 0 && imgs * p.C * p.H * p.W < (1ll << 31) - 16;
   const bool planes = on_word && (long long)p.C * p.H * p.W % 4 == 0 &&
                       4 * (imgs * nw_planes + trail) <= 5 * rows * nw_rows;
   g.stage = !on_word ? kStRows : p.W % 4 == 0 ? kStWords : planes ? kStPlanes : kStRows;

@@ -1,6 +1,6 @@
 """CUDA depthwise variants on 3x3 depthwise shapes (MobileNetV2's): bit-exact against the python
 reference with poisoned outputs, every variant approx::lut_algos says applies (depthwise_rows and
-depthwise_rows_banked among them), stride 1 and 2, padding 0 and 1, odd planes and rows a multiple
+depthwise_rows_banked and _banked8 among them), stride 1 and 2, padding 0 and 1, odd planes and rows a multiple
 of 4 wide (staged as words, prefetched), planes a multiple of 4 bytes (staged whole, prefetched),
 inputs off a word boundary, int16 and int32 products, signed and unsigned codes; and which shapes
 depthwise_rows takes.
@@ -65,7 +65,9 @@ def _pair(v):
 
 def _rows_variants(stride):
     """depthwise_rows' variants that run at this stride (the split table at stride 2 only)."""
-    return ("depthwise_rows", "depthwise_rows_banked") + (("depthwise_rows_split",) if stride == 2 else ())
+    return ("depthwise_rows", "depthwise_rows_banked", "depthwise_rows_banked8") + (
+        ("depthwise_rows_split",) if stride == 2 else ()
+    )
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
@@ -81,7 +83,7 @@ def test_depthwise_3x3_matches_reference(case, lutkind, signed):
     args = (_pair(stride), _pair(padding), [1, 1], c)
     ad, wdv, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
     applies = [r["algo"] for r in algo_table(ad, wdv, ld, *args, backend="cuda") if r["applies"]]
-    assert {"depthwise_rows", "depthwise_rows_banked"} <= set(applies)
+    assert set(_rows_variants(1)) <= set(applies)
     assert ("depthwise_rows_split" in applies) == (stride == 2)
     algos = list(dict.fromkeys(ALGOS + applies))
     EXERCISED.update(algos)

@@ -46,6 +46,13 @@ const std::vector<Algo>& algos() {
          launch_depthwise_rows(p, cg, fmt, kDrBanked, s);
        },
        [](const Params& p, int fmt) { return fmt == 2 ? std::vector<Config>{} : one(p, fmt); }},
+      // 8 copies, each in two bank pairs: 2 wavefronts a half warp, four blocks an SM
+      {"depthwise_rows_banked8", false, false,
+       [](const Params& p, const ConvGeo& cg) { return depthwise_rows_why_not(p, cg, kDrBanked8); },
+       [](const Params& p, const ConvGeo& cg, int fmt, const Config&, cudaStream_t s) {
+         launch_depthwise_rows(p, cg, fmt, kDrBanked8, s);
+       },
+       [](const Params& p, int fmt) { return fmt == 2 ? std::vector<Config>{} : one(p, fmt); }},
       // stride 2: the int16 table split in 4-byte entries (even columns' taps 0 and 2, odd ones' tap 1)
       {"depthwise_rows_split", false, false,
        [](const Params& p, const ConvGeo& cg) { return depthwise_rows_why_not(p, cg, kDrSplit); },

@@ -22,6 +22,11 @@
 // where random codes take 3.08 on average (the fullest of 16 bank pairs). The table takes 96 KiB,
 // so two blocks share an SM; it is built once compact and then copied out in 16-byte stores.
 //
+// depthwise_rows_banked8: 8 copies, entry (ky, r) of copy c at 8 * (8 (256 ky + r) + c) bytes, so in bank
+// pair c + 8 (r & 1), lane l reading copy l % 8: the two lanes of a half warp on one copy meet in a bank pair
+// when their codes' parities agree, 2 wavefronts (about 2 - 2^-8), against the single table's 3.08 and the
+// 16 copies' 1, for 48 KiB of table: four blocks an SM, as many as the single table's registers allow.
+//
 // depthwise_rows_split (stride 2): an even column of a thread's window feeds taps 0 and 2 (of two
 // outputs), an odd one tap 1 alone, so the int16 table is split in two of 4-byte entries: E[ky][r]
 // holding the products of taps (ky, 0) and (ky, 2) side by side, O[ky][r] tap (ky, 1)'s. A read is
@@ -51,6 +56,10 @@ constexpr int kDrThreads = 256;
 constexpr int kDrSlackWords = 4;  // after the staged rows: the unaligned reads' last word
 constexpr int kDrCopies = 16;     // banked: one table copy per bank pair
 constexpr int kDrBankedBlocksPerSM = 2;
+// the table's copies (banked: 16, banked8: 8; the others hold one)
+__host__ __device__ constexpr int dr_copies(int layout) {
+  return layout == kDrBanked ? kDrCopies : layout == kDrBanked8 ? kDrCopies / 2 : 1;
+}
 constexpr int kDrCompactBytes = 3 * 256 * 8;  // banked: the int16 table once, before its copies
 enum DrStage : int { kStRows = 0, kStWords = 1, kStPlanes = 2 };
 
@@ -179,6 +188,27 @@ __device__ __forceinline__ bool word_src(const Params& p, const DrGeo& g, const 
   }
 }
 
+// The same words as pointers, nullptr for padding, with early exits: slower than word_src wherever it
+// was measured but at stride 1 with 7 outputs a thread (MobileNetV2's 28x28, 14x14, 7x7 layers: there
+// 1.06-1.31x faster, benchmarks/imagenet.md; the profile moves MIO throttle, not the work).
+__device__ __forceinline__ const uint32_t* aligned_src(const Params& p, const DrGeo& g, const DrTile& tl,
+                                                       int w, const uint8_t* a_ch, long long img_in) {
+  if (w >= tl.Q * g.nw) return nullptr;
+  const unsigned q = fdiv(static_cast<unsigned>(w), g.fnw);
+  const int j = w - static_cast<int>(q) * g.nw;
+  const uint8_t* row = staged_row(p, g, tl, q, a_ch, img_in, p.sh);
+  return row && j >= 1 && 4 * j <= p.W ? reinterpret_cast<const uint32_t*>(row) + (j - 1) : nullptr;
+}
+
+__device__ __forceinline__ const uint32_t* plane_src(const Params& p, const DrGeo& g, const DrTile& tl, int w,
+                                                     const uint8_t* a_ch, long long img_in, int o) {
+  if (w >= tl.nimg * g.nw) return nullptr;
+  const unsigned k = fdiv(static_cast<unsigned>(w), g.fnw);
+  const int j = w - static_cast<int>(k) * g.nw - g.pre;
+  if (j < 0 || 4 * j >= o + p.H * p.W) return nullptr;
+  return reinterpret_cast<const uint32_t*>(a_ch - o + (tl.bA + k) * img_in) + j;
+}
+
 // Other rows: staged column 0 is input column -pw; a word's four codes as LUT rows.
 __device__ __forceinline__ uint32_t unaligned_word(const Params& p, const DrGeo& g, const DrTile& tl, unsigned w,
                                                    const uint8_t* a_ch, long long img_in, uint32_t pad4) {
@@ -211,7 +241,7 @@ __device__ __forceinline__ uint32_t unaligned_word(const Params& p, const DrGeo&
 template <int S, int R, class Tab, int TL, int STG>
 __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t* smem) {
   using E = typename Tab::E;
-  constexpr int COPIES = TL == kDrBanked ? kDrCopies : 1;
+  constexpr int COPIES = dr_copies(TL);
   constexpr bool SPLIT = TL == kDrSplit;
   static_assert(!SPLIT || (S == 2 && sizeof(E) == 8), "the split table is for int16 products at stride 2");
   constexpr int NC = (R - 1) * S + 3;  // input columns a thread reads per input row
@@ -233,9 +263,14 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
   const int o = PLANES ? static_cast<int>((ch * plane) & 3) : 0;  // the channel's planes' offset in a word
   const int img_in32 = static_cast<int>(img_in);  // WORDS: dr_geo keeps a tile's images under 2^31 bytes
   const auto load_word = [&](const DrTile& tl, const uint8_t* base, int w) {
-    int off;
-    const bool in = word_src<STG>(p, g, tl, w, img_in32, o, off);
-    return in ? __ldg(reinterpret_cast<const uint32_t*>(base + off)) : 0u;
+    if constexpr (S == 1 && R == 7) {
+      const uint32_t* src = PLANES ? plane_src(p, g, tl, w, a_ch, img_in, o) : aligned_src(p, g, tl, w, a_ch, img_in);
+      return src ? __ldg(src) : 0u;
+    } else {
+      int off;
+      const bool in = word_src<STG>(p, g, tl, w, img_in32, o, off);
+      return in ? __ldg(reinterpret_cast<const uint32_t*>(base + off)) : 0u;
+    }
   };
   const uint8_t* base = a_ch;  // WORDS: the prefetched tile's first image
   const auto prefetch = [&](const DrTile& tl) {
@@ -409,9 +444,10 @@ __global__ void __launch_bounds__(
 // so no lane computes outputs past the row's end.
 int dr_r(const Params& p) { return p.Wo % 8 != 0 && p.Wo % 7 == 0 ? 7 : 8; }
 
-// fmt 1: int16 entries; else int32-sized (fmt 0 reads the flags on the device). banked: fmt 1 or 0.
+// fmt 1: int16 entries; else int32-sized (fmt 0 reads the flags on the device). copies > 1 (banked): fmt 1 or 0.
 // (The split table takes the single one's 6 KiB.)
-DrGeo dr_geo(const Params& p, int fmt, bool banked, size_t& smem) {
+DrGeo dr_geo(const Params& p, int fmt, int copies, size_t& smem) {
+  const bool banked = copies > 1;
   const int S = p.sh, R = dr_r(p);
   DrGeo g{};
   g.Ho = static_cast<int>(p.HoWo / p.Wo);
@@ -446,7 +482,7 @@ DrGeo dr_geo(const Params& p, int fmt, bool banked, size_t& smem) {
   } else {
     g.nw = nw_rows;
   }
-  g.table_bytes = banked ? 3 * 256 * 8 * kDrCopies : 3 * 256 * (fmt == 1 ? 8 : 16);
+  g.table_bytes = banked ? 3 * 256 * 8 * copies : 3 * 256 * (fmt == 1 ? 8 : 16);
   g.total = static_cast<unsigned>(total);
   g.tiles = static_cast<unsigned>((total + kDrThreads - 1) / kDrThreads);
   g.fsegs = make_fastdiv(g.segs);
@@ -475,7 +511,7 @@ void launch_dr_sr(const Params& p, int fmt, const DrGeo& g, size_t smem, cudaStr
   std::lock_guard<std::mutex> lock(mu);
   long long& gx = chosen[{per_sm, sms, (long long)p.G, (long long)g.tiles}];
   if (gx == 0) {
-    const double build = TL == kDrBanked ? 1.5 : 0.25;
+    const double build = TL == kDrBanked ? 1.5 : TL == kDrBanked8 ? 0.9 : 0.25;
     double best = 0;
     for (long long x = 1; x <= std::min<long long>(g.tiles, 4096); ++x) {
       const long long busiest = std::max((p.G * x + sms - 1) / sms, per_sm);
@@ -509,9 +545,9 @@ std::string depthwise_rows_why_not(const Params& p, const ConvGeo& cg, int layou
   if (layout == kDrSplit && p.sh != 2) return "needs stride 2 (at stride 1 every column feeds three taps)";
   if (p.ph > 1 || p.pw > 1) return "needs padding of at most 1";
   if (p.M >= (1ll << 31)) return "needs fewer than 2^31 output pixels per channel";
-  const bool banked = layout == kDrBanked;
+  const int copies = dr_copies(layout);
   size_t smem = 0;
-  dr_geo(p, banked ? 0 : 2, banked, smem);  // the most either format takes
+  dr_geo(p, copies > 1 ? 0 : 2, copies, smem);  // the most either format takes
   if ((long long)smem > max_smem_optin())
     return "needs a tile's input rows and the table (" + std::to_string(smem) + " bytes) to fit shared memory";
   return "";
@@ -520,7 +556,7 @@ std::string depthwise_rows_why_not(const Params& p, const ConvGeo& cg, int layou
 void launch_depthwise_rows(const Params& p, const ConvGeo&, int fmt, int layout, cudaStream_t stream) {
   if (fmt == 2) layout = kDrSingle;  // int32 products: the single table (the others hold int16 ones)
   size_t smem = 0;
-  const DrGeo g = dr_geo(p, fmt, layout == kDrBanked, smem);
+  const DrGeo g = dr_geo(p, fmt, dr_copies(layout), smem);
   // one instantiation per (layout, staging): STG is a template argument
   const auto with_stage = [&](auto tl) {
     constexpr int TL = decltype(tl)::value;
@@ -529,6 +565,7 @@ void launch_depthwise_rows(const Params& p, const ConvGeo&, int fmt, int layout,
     else launch_dr_tl<TL, kStRows>(p, fmt, g, smem, stream);
   };
   if (layout == kDrBanked) with_stage(std::integral_constant<int, kDrBanked>{});
+  else if (layout == kDrBanked8) with_stage(std::integral_constant<int, kDrBanked8>{});
   else if (layout == kDrSplit) with_stage(std::integral_constant<int, kDrSplit>{});
   else with_stage(std::integral_constant<int, kDrSingle>{});
   C10_CUDA_KERNEL_LAUNCH_CHECK();

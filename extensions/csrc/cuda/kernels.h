@@ -97,8 +97,9 @@ std::string gemm_config_name(const Config& c);
 std::string depthwise_why_not(const Params& p, const ConvGeo& cg);         // depthwise.cu ("" : runs)
 void launch_depthwise(const Params& p, const ConvGeo& cg, cudaStream_t stream);
 // depthwise_rows.cu; layout: depthwise_rows' table (kDrSingle), depthwise_rows_banked's (the int16 table
-// in 16 copies, one a bank pair) or depthwise_rows_split's (stride 2: 4-byte entries, even and odd columns')
-enum DrLayout : int { kDrSingle = 0, kDrBanked = 1, kDrSplit = 2 };
+// in 16 copies, one a bank pair), depthwise_rows_split's (stride 2: 4-byte entries, even and odd columns')
+// or depthwise_rows_banked8's (8 copies, each in two bank pairs)
+enum DrLayout : int { kDrSingle = 0, kDrBanked = 1, kDrSplit = 2, kDrBanked8 = 3 };
 std::string depthwise_rows_why_not(const Params& p, const ConvGeo& cg, int layout);
 void launch_depthwise_rows(const Params& p, const ConvGeo& cg, int fmt, int layout, cudaStream_t stream);
 // layouts.cu: a conv's codes (one group) in auto's GEMM layout, out [B][K][Ho][Wo] or folded [K][B][Ho][Wo]

@@ -190,7 +190,7 @@ __device__ __forceinline__ bool word_src(const Params& p, const DrGeo& g, const 
 
 // The same words as pointers, nullptr for padding, with early exits: slower than word_src wherever it
 // was measured but at stride 1 with 7 outputs a thread (MobileNetV2's 28x28, 14x14, 7x7 layers: there
-// 1.06-1.31x faster, benchmarks/imagenet.md; the profile moves MIO throttle, not the work).
+// 1.03-1.31x faster, benchmarks/imagenet.md; the profile moves MIO throttle, not the work).
 __device__ __forceinline__ const uint32_t* aligned_src(const Params& p, const DrGeo& g, const DrTile& tl,
                                                        int w, const uint8_t* a_ch, long long img_in) {
   if (w >= tl.Q * g.nw) return nullptr;

@@ -1,9 +1,8 @@
 """CUDA depthwise variants on 3x3 depthwise shapes (MobileNetV2's): bit-exact against the python
-reference with poisoned outputs, every variant approx::lut_algos says applies (depthwise_rows and
-depthwise_rows_banked and _banked8 among them), stride 1 and 2, padding 0 and 1, odd planes and rows a multiple
-of 4 wide (staged as words, prefetched), planes a multiple of 4 bytes (staged whole, prefetched),
-inputs off a word boundary, int16 and int32 products, signed and unsigned codes; and which shapes
-depthwise_rows takes.
+reference with poisoned outputs, every variant approx::lut_algos says applies (depthwise_rows' four
+among them), stride 1 and 2, padding 0 and 1, odd planes and rows a multiple of 4 wide (staged as
+words, prefetched), planes a multiple of 4 bytes (staged whole, prefetched), inputs off a word
+boundary, int16 and int32 products, signed and unsigned codes; and which shapes depthwise_rows takes.
 
 Marked `cuda` (deselected by default; run with `-m cuda` on a GPU machine)."""
 import pytest

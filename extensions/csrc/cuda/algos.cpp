@@ -13,6 +13,17 @@ using approx_checks::I;
 
 std::vector<Config> one(const Params&, int) { return {Config{}}; }
 
+// depthwise_rows with table layout L (DrLayout); auto times it only where the products fit int16
+template <int L>
+Algo depthwise_rows_algo(const char* name) {
+  return {name, false, false,
+          [](const Params& p, const ConvGeo& cg) { return depthwise_rows_why_not(p, cg, L); },
+          [](const Params& p, const ConvGeo& cg, int fmt, const Config&, cudaStream_t s) {
+            launch_depthwise_rows(p, cg, fmt, L, s);
+          },
+          [](const Params& p, int fmt) { return fmt == 2 ? std::vector<Config>{} : one(p, fmt); }};
+}
+
 }  // namespace
 
 const std::vector<Algo>& algos() {
@@ -32,34 +43,14 @@ const std::vector<Algo>& algos() {
        one},
       // 3x3 depthwise at stride 1 or 2: one table read per code and kernel row (three products as
       // int16); with int32 products it still runs (16-byte entries) but auto does not time it
-      {"depthwise_rows", false, false,
-       [](const Params& p, const ConvGeo& cg) { return depthwise_rows_why_not(p, cg, kDrSingle); },
-       [](const Params& p, const ConvGeo& cg, int fmt, const Config&, cudaStream_t s) {
-         launch_depthwise_rows(p, cg, fmt, kDrSingle, s);
-       },
-       [](const Params& p, int fmt) { return fmt == 2 ? std::vector<Config>{} : one(p, fmt); }},
+      depthwise_rows_algo<kDrSingle>("depthwise_rows"),
       // the same with the int16 table in 16 copies, one a bank pair: reads without bank conflicts,
       // two blocks an SM; int32 products run depthwise_rows' single table
-      {"depthwise_rows_banked", false, false,
-       [](const Params& p, const ConvGeo& cg) { return depthwise_rows_why_not(p, cg, kDrBanked); },
-       [](const Params& p, const ConvGeo& cg, int fmt, const Config&, cudaStream_t s) {
-         launch_depthwise_rows(p, cg, fmt, kDrBanked, s);
-       },
-       [](const Params& p, int fmt) { return fmt == 2 ? std::vector<Config>{} : one(p, fmt); }},
+      depthwise_rows_algo<kDrBanked>("depthwise_rows_banked"),
       // 8 copies, each in two bank pairs: 2 wavefronts a half warp, four blocks an SM
-      {"depthwise_rows_banked8", false, false,
-       [](const Params& p, const ConvGeo& cg) { return depthwise_rows_why_not(p, cg, kDrBanked8); },
-       [](const Params& p, const ConvGeo& cg, int fmt, const Config&, cudaStream_t s) {
-         launch_depthwise_rows(p, cg, fmt, kDrBanked8, s);
-       },
-       [](const Params& p, int fmt) { return fmt == 2 ? std::vector<Config>{} : one(p, fmt); }},
+      depthwise_rows_algo<kDrBanked8>("depthwise_rows_banked8"),
       // stride 2: the int16 table split in 4-byte entries (even columns' taps 0 and 2, odd ones' tap 1)
-      {"depthwise_rows_split", false, false,
-       [](const Params& p, const ConvGeo& cg) { return depthwise_rows_why_not(p, cg, kDrSplit); },
-       [](const Params& p, const ConvGeo& cg, int fmt, const Config&, cudaStream_t s) {
-         launch_depthwise_rows(p, cg, fmt, kDrSplit, s);
-       },
-       [](const Params& p, int fmt) { return fmt == 2 ? std::vector<Config>{} : one(p, fmt); }},
+      depthwise_rows_algo<kDrSplit>("depthwise_rows_split"),
       {"expanded_window", true, true,
        [](const Params& p, const ConvGeo& cg) {
          return window_smem(p, cg, 0) ? std::string()

@@ -469,10 +469,10 @@ DrGeo dr_geo(const Params& p, int fmt, int copies, size_t& smem) {
   // whole planes where a tile's images are about as many bytes as its rows (small planes: a tile
   // spans images), not where a tile covers a part of one large plane
   // words and planes address a tile's images by 32-bit offsets from its first one
-  const bool on_word = reinterpret_cast<uintptr_t>(p.a) % 4 == 0 && imgs * p.C * p.H * p.W < (1ll << 31) - 16;
-  const bool planes = on_word && (long long)p.C * p.H * p.W % 4 == 0 &&
+  const bool word_staging = reinterpret_cast<uintptr_t>(p.a) % 4 == 0 && imgs * p.C * p.H * p.W < (1ll << 31) - 16;
+  const bool planes = word_staging && (long long)p.C * p.H * p.W % 4 == 0 &&
                       4 * (imgs * nw_planes + trail) <= 5 * rows * nw_rows;
-  g.stage = !on_word ? kStRows : p.W % 4 == 0 ? kStWords : planes ? kStPlanes : kStRows;
+  g.stage = !word_staging ? kStRows : p.W % 4 == 0 ? kStWords : planes ? kStPlanes : kStRows;
   if (g.stage == kStWords) {  // the last window's first word, and the NWA + 1 words its reads span
     g.nw = ((g.segs - 1) * R * S + 4 - p.pw) / 4 + (nc + 3) / 4 + 1;
   } else if (g.stage == kStPlanes) {

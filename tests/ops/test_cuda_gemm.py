@@ -59,8 +59,9 @@ GEMM_CASES = [
     # 14x14 planes (tiles across images, not 16-aligned), the last tile partial; 2 tiles of 64 stages
     ((6, 20, 14, 14), (36, 1, 1), 1, 0, 1),
     ((2, 256, 28, 28), (40, 1, 1), 1, 0, 1),
-    # r13c's 1664 rows: 3.25 rows a thread staged, so a thread's last staged row is past the tile for some; 3 tiles,
-    # the last with 72 rows (as given) and 32 (codes copied by cp.async)
+    # r13c's 1664 rows: 3.25 rows a thread staged, so a thread's last staged row is past the tile for some; 3 tiles
+    # of 1,136 rows, the last 1,128 (as given), and of 1,120 (codes copied by cp.async: a tile's copies end at its
+    # last row, not at 1664); 2 of 1,360 rows on the KxK conv above
     (3400, 37, 40),
     ((4, 16, 28, 30), (36, 1, 1), 1, 0, 1),
 ]
@@ -77,7 +78,8 @@ def test_every_gemm_configuration(case, lutkind, signed):
     """auto times expanded_gemm at 2, 4 and 8 rows a thread (row tiles of 256, 512, 1024) and
     r8w (R = 8, weight bytes loaded once a half stage) and r8c (R = 8, Et16 lines copied whole into a
     staging area, then transposed into the slot), r16c (2048 rows x 16 channels, half the build a product), r13c
-    (1664 rows x 16 channels), and r8c, r16c and r13c with K split (blocks of a split add their sums
+    (1664 rows x 16 channels; a call's tall tiles share its rows equally, so most tiles end off a multiple of 128
+    rows), and r8c, r16c and r13c with K split (blocks of a split add their sums
     into the zeroed output: the poison must not show; 3 splits leave uneven shares, 64 more splits than
     most cases have stages, so some get none), so each must be exact:
     int16 products (shared-memory table slices) and int32 ones (the E32 path); linear layers,
@@ -100,7 +102,7 @@ def test_every_gemm_configuration(case, lutkind, signed):
     for algo in ("expanded_gemm", "expanded_gemm_r2", "expanded_gemm_r4", "expanded_gemm_r8", "expanded_gemm_r8w",
                  "expanded_gemm_r8c", "expanded_gemm_r8c_k2", "expanded_gemm_r8c_k3", "expanded_gemm_r8c_k64",
                  "expanded_gemm_r16c", "expanded_gemm_r16c_k2", "expanded_gemm_r16c_k3", "expanded_gemm_r16c_k64",
-                 "expanded_gemm_r13c", "expanded_gemm_r13c_k3"):
+                 "expanded_gemm_r13c", "expanded_gemm_r13c_k2", "expanded_gemm_r13c_k3"):
         got = poisoned_call(lambda: call(ad, wd, ld, algo), tuple(want.shape))
         check_equal(got, want, f"{shape} {lutkind} signed={signed} {algo}")
 
@@ -139,6 +141,11 @@ LAYOUTS = [
     ((10, 8, 16, 16), (36, 3, 3), 1, 1, 1, "timed"),       # 3x3, stride 1, 16x16 planes: taps or as given
     ((12, 12, 31, 29), (20, 3, 3), 2, 1, 1, "taps"),       # stride 2: im2col, padded taps code 0; 16x15 planes
     ((3, 4, 30, 34), (9, 5, 5), 1, (2, 3), 2, "taps"),     # 5x5, dilation 2, uneven padding: 26x32 planes
+    # the taps are copied a plane a block, the plane and its padded span in shared memory (planes of 4-byte words
+    # above, of bytes at 31x29; words of output bytes in one row shifted out of the span's words at stride 1 and 2,
+    # byte by byte across rows and at stride 3), and by words where the two pass 48 KiB
+    ((8, 8, 46, 46), (12, 3, 3), 3, 1, 1, "taps"),
+    ((1, 4, 160, 160), (8, 3, 3), 2, 1, 1, "taps"),
     ((44, 16, 7, 7), (40, 3, 3), 1, 1, 1, "folded"),       # ResNet-50 layer4's 3x3 geometry, 2156 rows
     ((48, 8, 13, 13), (12, 3, 3), 2, 1, 1, "folded"),      # strided to 7x7, then folded
     ((12, 6, 16, 16), (12, 3, 3), 1, 1, 1, "given"),       # K = 54: not a multiple of 4

@@ -101,7 +101,7 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
       if (t + TH * u < BM) cod[slot * BM + t + TH * u] = cw[u];
   };
   uint8_t* codp = smem + 2 * kGemmSlot + 2 * BM * 4 + 128 * kGemmRawRow;  // AC: [2][4 taps][BM] bytes
-  const CodeCopies<BM, TH, LR, AC> copies(p, m0, t);
+  const CodeCopies<BM, TH, LR, AC> copies(p, m0, p.M, t);
   auto issue = [&](int q, int slot) { copies.issue(p, codp + slot * 4 * BM, q, t); };  // stage q's into codp[slot]
   auto convert = [&](int slot) { convert_codes<BM>(codp + slot * 4 * BM, cod + slot * BM, t); };
   const uint32_t cxm = AC || (KX && CO) ? 0x01010101u * p.xmask : 0u;  // raw codes: LUT row = code ^ xmask
@@ -458,11 +458,22 @@ std::string gemm_why_not(const Params& p, const ConvGeo& cg) {
 
 // A tile's K splits for auto to time: the one of >= 16 stages a split and, where it differs, the one of >= 8. The
 // wave model alone misjudged small batches: at batch 1 the best split named on ResNet-50's 3x3 convs ran up to 2.1x
-// faster than the one of >= 16 stages (64 at 56x56: k16, 9 stages a split, against k9).
+// faster than the one of >= 16 stages (64 at 56x56: k16, 9 stages a split, against k9). Where the tiles fill less
+// than one wave, also the fewest blocks a tile that fill 90 % of their waves: the model counts waves only, not that
+// each block pays a prologue and adds its partial sums (ResNet-50's layer4 at batch 64: r13c's 64 blocks in two
+// ways fill 128 of 132 SMs; the model's 33 ways, 2,112 blocks of 35 stages each, gain 3 % in waves).
 static void add_splits(std::vector<Config>& out, Config c, const Params& p, int64_t blocks) {
   const int ks16 = gemm_split(p, blocks, 16), ks8 = gemm_split(p, blocks, 8);
   if (ks16 > 1) c.ks = ks16, out.push_back(c);
   if (ks8 > 1 && ks8 != ks16) c.ks = ks8, out.push_back(c);
+  const int64_t sms = sm_count();
+  if (blocks >= sms) return;
+  for (int ks = 2; ks <= 64 && (p.K + 3) / 4 / ks >= 8; ++ks) {
+    const int64_t b = blocks * ks;
+    if (b * 10 < (b + sms - 1) / sms * sms * 9) continue;
+    if (ks != ks16 && ks != ks8) c.ks = ks, out.push_back(c);
+    return;
+  }
 }
 
 std::vector<Config> gemm_candidates(const Params& p, int fmt) {
@@ -529,6 +540,10 @@ std::string parse_gemm_config(const std::string& name, Config& c) {
   const std::string bad = "bad algo '" + name + "': expanded_gemm_r<2, 4 or 8>, expanded_gemm_r8w, "
                           "expanded_gemm_r8c, expanded_gemm_r16c, expanded_gemm_r13c, or one of the last three "
                           "with _k<K split, 2..64>";
+  // the tall tile's rows a thread, 0 for other names
+  auto tall_rows = [](const std::string& b) {
+    return b == "expanded_gemm_r16c" ? 16 : b == "expanded_gemm_r13c" ? 13 : 0;
+  };
   std::string base = name;
   int ks = 0;
   const size_t at = name.find("_k", 14);  // past "expanded_gemm_"
@@ -536,12 +551,12 @@ std::string parse_gemm_config(const std::string& name, Config& c) {
     const std::string digits = name.substr(at + 2);
     base = name.substr(0, at);
     if (digits.empty() || digits.size() > 2 || digits[0] == '0' ||
-        (base != "expanded_gemm_r8c" && base != "expanded_gemm_r16c" && base != "expanded_gemm_r13c") ||
+        (base != "expanded_gemm_r8c" && !tall_rows(base)) ||
         digits.find_first_not_of("0123456789") != std::string::npos || (ks = std::stoi(digits)) < 2 || ks > 64)
       return bad;
   }
-  if (base == "expanded_gemm_r16c" || base == "expanded_gemm_r13c") {
-    c = Config{base == "expanded_gemm_r16c" ? 16 : 13};
+  if (tall_rows(base)) {
+    c = Config{tall_rows(base)};
     c.build = 3;
   } else if (base == "expanded_gemm_r8w" || base == "expanded_gemm_r8c") {
     c = Config{8};

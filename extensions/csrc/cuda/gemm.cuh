@@ -217,18 +217,19 @@ __device__ __forceinline__ void end_tile(const Params& p, const uint8_t* smem, l
 // Copied codes (AC: a 1x1 conv at stride 1 without padding, planes of a multiple of 4 pixels, K a multiple of 4): a
 // stage's codes by cp.async, 4 rows of one tap a copy (a plane's rows come in aligned fours), into plane-major bytes
 // [4 taps][BM] that convert_codes turns into row words, not through registers. Copy u of thread t is idx = t + TH u:
-// tap idx / (BM / 4), rows 4 (idx % (BM / 4)) + 0..3 (M % 4 == 0: all or none past M). Codes past M are left as
-// they are: any byte is a code, and those rows are never stored. ON = false: nothing (the tile does not copy).
+// tap idx / (BM / 4), rows 4 (idx % (BM / 4)) + 0..3 (mend and M multiples of 4: all or none past the tile's end
+// mend). Codes past it are left as they are: any byte is a code, and those rows are never stored. ON = false:
+// nothing (the tile does not copy).
 template <int BM, int TH, int LR, bool ON>
 struct CodeCopies {
   const uint8_t* src[LR];
   bool val[LR];
-  __device__ __forceinline__ CodeCopies(const Params& p, long long m0, int t) {
+  __device__ __forceinline__ CodeCopies(const Params& p, long long m0, long long mend, int t) {
 #pragma unroll
     for (int u = 0; u < LR && ON; ++u) {
       const int idx = t + TH * u;
       const long long m = m0 + 4 * (idx % (BM / 4)), b = m / p.HoWo;
-      val[u] = idx < BM && m < p.M;
+      val[u] = idx < BM && m < mend;
       src[u] = p.a + (val[u] ? (b * p.C + idx / (BM / 4)) * p.HoWo + (m - b * p.HoWo) : 0);
     }
   }

@@ -28,7 +28,9 @@
 // faster on ViT-B/16's Linear layers, and with the copied codes on 36 of ResNet-50's 54 layers at batch 64 (auto's
 // picks; benchmarks/imagenet.md, "The tall tile with codes by cp.async"). At 13 rows a thread (r13c, 1664 rows) it
 // fills waves and last tiles differently, and auto picks it (and its splits) on 45 of those 54 layers and all of
-// ViT-B/16's Linears (benchmarks/imagenet.md, "A second tall tile" and "Stride-1 3x3 convs").
+// ViT-B/16's Linears (benchmarks/imagenet.md, "A second tall tile" and "Stride-1 3x3 convs"); tiles of equal rows,
+// and 12 rows a thread, which filled two whole waves where 13 left SMs idle and still ran slower: "Tall tiles of
+// equal rows".
 
 #include <algorithm>
 
@@ -37,8 +39,8 @@
 namespace approx_cuda {
 namespace {
 
-// R: rows a thread, 16 (2048 rows a block) or 13 (1664, expanded_gemm_r13c: ResNet-50's layer4 at batch 64, 3,136
-// rows, fills 94 % of two such tiles, 77 % of two of 2048)
+// R: rows a thread at most, 16 (2048 rows a block) or 13 (1664, expanded_gemm_r13c); a call's tiles share its rows
+// equally (launch_tall_m).
 constexpr int kTallRowsPerQuad = kGemmThreads / 4;  // a block's rows: R x this
 constexpr int kTallBN = 16;          // channels a block: 4 a thread
 constexpr int kTallSlot = 256 * 128;  // one stage's table: [code][4 taps][8 pair words]
@@ -50,7 +52,8 @@ __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
   constexpr int TH = kGemmThreads, BM = R * kTallRowsPerQuad, LR = (BM + TH - 1) / TH;
   const int t = threadIdx.x, g = t >> 2, jj = t & 3;
   const int warp = t >> 5, lane = t & 31, qh = (lane >> 2) & 3;
-  const long long m0 = (long long)blockIdx.x * BM;
+  // the tile's rows: p.rows_mb <= BM, the call's tiles of equal size (launch_tall_m)
+  const long long m0 = (long long)blockIdx.x * p.rows_mb;
   const int n0 = blockIdx.y * kTallBN;
   const int2 stages = gemm_stages<SK>(p);
   const int qa = stages.x, qb = stages.y;
@@ -61,7 +64,7 @@ __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
   // The rows whose codes this thread stages (row t + TH * u of the tile; rows past M stay 0), where
   // their codes are kept in shared memory, each thread reading back only its own: in registers,
   // 12 of them through the loop, KxK convs spilled.
-  const int rows = static_cast<int>(std::min<long long>(p.M - m0, BM));
+  const int rows = static_cast<int>(std::min<long long>(p.M - m0, p.rows_mb));
   long long* rbase = reinterpret_cast<long long*>(stg + 64 * kGemmRawRow);  // [BM]
   int* riyx = reinterpret_cast<int*>(rbase + BM);                          // [BM], KxK convs
 #pragma unroll
@@ -85,7 +88,7 @@ __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
       if (BM % TH == 0 || t + TH * u < BM) cod[slot * BM + t + TH * u] = cw[u];
   };
   uint8_t* codp = reinterpret_cast<uint8_t*>(rbase);  // AC: [2][4 taps][BM] bytes (16 KiB of the area's 24)
-  const CodeCopies<BM, TH, LR, AC> copies(p, m0, t);
+  const CodeCopies<BM, TH, LR, AC> copies(p, m0, m0 + rows, t);
   auto issue = [&](int q, int slot) { copies.issue(p, codp + slot * 4 * BM, q, t); };  // stage q's into codp[slot]
   auto convert = [&](int slot) { convert_codes<BM>(codp + slot * 4 * BM, cod + slot * BM, t); };
   const uint32_t cxm = AC ? 0x01010101u * p.xmask : 0u;  // copied codes are raw: LUT row = code ^ xmask
@@ -112,7 +115,7 @@ __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
   };
 
   // rows i of this quad are live while 128 i < left (a 32-bit compare against a constant)
-  const int left = static_cast<int>(std::min<long long>(p.M - m0 - g, BM));
+  const int left = rows - g;
   uint32_t s[R][2], h[R][2], cr[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) s[i][0] = s[i][1] = h[i][0] = h[i][1] = 0;
@@ -216,6 +219,11 @@ void launch_tall_m(const Params& p, int ks, cudaStream_t stream) {
   TORCH_CHECK(bx <= 0x7fffffff, "approx CUDA kernels: too many rows (", I(p.M), ")");
   TORCH_CHECK(by <= 65535, "approx expanded_gemm_r", R, "c: needs at most 65535 x 16 output channels");
   ks = std::max(1, std::min(ks, (p.K + 3) / 4));
+  // The call's rows in bx tiles of equal size (a multiple of 16 rows, so the copied codes' fours stay whole), not
+  // bx - 1 full ones and a remainder: a block's time goes with its live rows, so the tiles' waves end together
+  // (ResNet-50's 3,136 rows of layer4 at batch 64: two tiles of 1,568, not 1,664 and 1,472).
+  Params q = p;
+  q.rows_mb = static_cast<int>(round_up((p.M + bx - 1) / bx, 16));
   auto kern = gemm_kx(p)             ? (ks > 1 ? tall_kernel<MODE, R, true, true> : tall_kernel<MODE, R, true, false>)
               : gemm_copies_codes(p) ? (ks > 1 ? tall_kernel<MODE, R, false, true, true>
                                                : tall_kernel<MODE, R, false, false, true>)
@@ -224,7 +232,7 @@ void launch_tall_m(const Params& p, int ks, cudaStream_t stream) {
   set_smem(kern, smem);
   if (ks > 1)  // the splits add into it
     C10_CUDA_CHECK(cudaMemsetAsync(p.out, 0, static_cast<size_t>(p.M) * p.Ntot * sizeof(int32_t), stream));
-  kern<<<dim3(static_cast<unsigned>(bx), static_cast<unsigned>(by), ks), kGemmThreads, smem, stream>>>(p);
+  kern<<<dim3(static_cast<unsigned>(bx), static_cast<unsigned>(by), ks), kGemmThreads, smem, stream>>>(q);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -42,7 +42,8 @@ SHAPES = {
 }
 NAMED = ("expanded_gemm_r8c", "expanded_gemm_r8c_k2", "expanded_gemm_r8c_k3", "expanded_gemm_r8c_k4",
          "expanded_gemm_r8c_k5", "expanded_gemm_r8c_k8", "expanded_gemm_r8c_k16", "expanded_gemm_r8c_k33",
-         "expanded_gemm_r16c", "expanded_gemm_r16c_k2", "expanded_gemm_r13c", "expanded_window", "expanded_window_c13",
+         "expanded_gemm_r16c", "expanded_gemm_r16c_k2", "expanded_gemm_r13c", "expanded_gemm_r13c_k2",
+         "expanded_window", "expanded_window_c13",
          "expanded_window_x7_c18", "expanded_window_x7_c21")
 
 

@@ -526,13 +526,15 @@ void launch_dr_sr(const Params& p, int fmt, const DrGeo& g, size_t smem, cudaStr
 template <int TL, int A>
 void launch_dr_tl(const Params& p, int fmt, const DrGeo& g, size_t smem, cudaStream_t stream) {
   const bool r7 = dr_r(p) == 7;
-  if (p.sh == 1 && TL != kDrSplit) {
-    if (r7) launch_dr_sr<1, 7, TL == kDrSplit ? kDrSingle : TL, A>(p, fmt, g, smem, stream);
-    else launch_dr_sr<1, 8, TL == kDrSplit ? kDrSingle : TL, A>(p, fmt, g, smem, stream);
-  } else {
-    if (r7) launch_dr_sr<2, 7, TL, A>(p, fmt, g, smem, stream);
-    else launch_dr_sr<2, 8, TL, A>(p, fmt, g, smem, stream);
+  if constexpr (TL != kDrSplit) {  // the split table is for stride 2 only (no stride-1 instantiation)
+    if (p.sh == 1) {
+      if (r7) launch_dr_sr<1, 7, TL, A>(p, fmt, g, smem, stream);
+      else launch_dr_sr<1, 8, TL, A>(p, fmt, g, smem, stream);
+      return;
+    }
   }
+  if (r7) launch_dr_sr<2, 7, TL, A>(p, fmt, g, smem, stream);
+  else launch_dr_sr<2, 8, TL, A>(p, fmt, g, smem, stream);
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 // by memory); PyTorch's strided copy (as_strided, then contiguous) wrote the same bytes at 0.3. A KxK conv's taps
 // unfolded go by planes instead (gemm_layout_planes_kernel): at 0.8 TB/s the copy had cost ResNet-50's 3x3 convs
 // on 28x28 outputs 7 % of their time at batch 64 and 10 % at 256.
+#include <algorithm>
+
 #include "launch.cuh"
 
 namespace approx_cuda {
@@ -18,52 +20,57 @@ struct LayoutGeo {
   int H, W, sh, sw, ph, pw, dh, dw;
   long long CHW, HW;
   bool folded;
-  unsigned Hp, Wp;  // planes kernel: the windows' span of the padded input plane
-  FastDiv fWp;
-  bool words;       // planes kernel: the planes 4-byte aligned
+  // planes kernel: the windows' span, Hp rows of Wp bytes (a multiple of 4), the input's columns from byte L (a
+  // multiple of 4) of its rows ph .. ph + rows - 1
+  unsigned Hp, Wp, L, rows;
+  FastDiv fRow;     // a row's loads: W / 4 words where words, else W bytes
+  bool words;       // the rows 4-byte aligned
 };
 
 // The span's bytes in shared memory: its n, 16-byte aligned, and a word's three reads past its last byte (any byte)
 __host__ __device__ constexpr unsigned span_area(unsigned n) { return ((n + 15) & ~15u) + 16; }
 
-// Unfolded taps, a block an input plane (image b, channel c): the plane into shared memory (4-byte loads where it is
-// aligned, several in flight a thread: a block's loads one at a time had left the copy bound by their latency, at
-// 0.8 TB/s), from there its windows' span with the padding zeros, then the plane's KK x P output bytes, which lie
-// together (out[b][c KK + rk][P], K = C KK), as words: a word's indices divided once, its 4 bytes read from shared
-// memory without bounds tests, at stride 1 or 2 as two or three words shifted together (a byte a load had left the
-// copy bound by its instructions, at 1-1.5 TB/s).
+// Unfolded taps, a block an input plane (image b, channel c): the plane's rows straight into their windows' span in
+// shared memory (zeroed first: the padding; 4-byte loads and stores where the rows are 4-byte aligned, several in
+// flight a thread), then the plane's KK x P output bytes, which lie together (out[b][c KK + rk][P], K = C KK), as
+// words: a word's indices divided once, its 4 bytes read from shared memory without bounds tests, at stride 1 or 2
+// as two or three words shifted together. The span's rows are Wq bytes (a multiple of 4) with the input's columns
+// from byte L = pw rounded up to 4, so a row's words land whole: building the span byte by byte from a copy of the
+// plane (a division and a bounds test a byte) had cost as many instructions as the output words.
 __global__ void gemm_layout_planes_kernel(const uint8_t* __restrict__ a, uint32_t* __restrict__ out, LayoutGeo g) {
-  extern __shared__ uint8_t span[];  // [Hp][Wp]: row y, column x is input (y - ph, x - pw); then the plane [H][W]
+  extern __shared__ uint8_t span[];  // [Hp][Wq]: row y, column x is input (y - ph, x - L)
   constexpr int kIn = 4;             // loads in flight a thread
   const long long plane = blockIdx.x;  // b C + c
   const uint8_t* src = a + plane * g.HW;
-  const unsigned n = g.Hp * g.Wp, hw = static_cast<unsigned>(g.HW), th = blockDim.x;
-  uint8_t* raw = span + span_area(n);
-  if (g.words) {  // HW % 4 == 0, a 4-byte aligned
+  const unsigned th = blockDim.x, Wq = g.Wp;
+  uint32_t* span4 = reinterpret_cast<uint32_t*>(span);
+  for (unsigned i = threadIdx.x; i < g.Hp * Wq / 4; i += th) span4[i] = 0;
+  __syncthreads();
+  if (g.words) {  // W % 4 == 0, a 4-byte aligned: a row's words to whole words of its span row
+    const unsigned W4 = g.W / 4, n = g.rows * W4;
     const uint32_t* s4 = reinterpret_cast<const uint32_t*>(src);
-    for (unsigned i0 = threadIdx.x; i0 < hw / 4; i0 += kIn * th) {
+    for (unsigned i0 = threadIdx.x; i0 < n; i0 += kIn * th) {
       uint32_t v[kIn];
 #pragma unroll
-      for (int u = 0; u < kIn; ++u) v[u] = i0 + u * th < hw / 4 ? __ldg(s4 + i0 + u * th) : 0u;
+      for (int u = 0; u < kIn; ++u) v[u] = i0 + u * th < n ? __ldg(s4 + i0 + u * th) : 0u;
 #pragma unroll
-      for (int u = 0; u < kIn; ++u)
-        if (i0 + u * th < hw / 4) reinterpret_cast<uint32_t*>(raw)[i0 + u * th] = v[u];
+      for (int u = 0; u < kIn; ++u) {
+        const unsigned i = i0 + u * th, iy = fdiv(i, g.fRow);
+        if (i < n) span4[((iy + g.ph) * Wq + g.L) / 4 + i - iy * W4] = v[u];
+      }
     }
   } else {
-    for (unsigned i0 = threadIdx.x; i0 < hw; i0 += kIn * th) {
+    const unsigned n = g.rows * g.W;
+    for (unsigned i0 = threadIdx.x; i0 < n; i0 += kIn * th) {
       uint8_t v[kIn];
 #pragma unroll
-      for (int u = 0; u < kIn; ++u) v[u] = i0 + u * th < hw ? __ldg(src + i0 + u * th) : 0;
+      for (int u = 0; u < kIn; ++u) v[u] = i0 + u * th < n ? __ldg(src + i0 + u * th) : 0;
 #pragma unroll
-      for (int u = 0; u < kIn; ++u)
-        if (i0 + u * th < hw) raw[i0 + u * th] = v[u];
+      for (int u = 0; u < kIn; ++u) {
+        const unsigned i = i0 + u * th, iy = fdiv(i, g.fRow);
+        if (i < n) span[(iy + g.ph) * Wq + g.L + i - iy * g.W] = v[u];
+      }
     }
-  }
-  __syncthreads();
-  for (unsigned i = threadIdx.x; i < n; i += th) {
-    const unsigned y = fdiv(i, g.fWp);
-    const int iy = static_cast<int>(y) - g.ph, ix = static_cast<int>(i - y * g.Wp) - g.pw;
-    span[i] = (unsigned)iy < (unsigned)g.H && (unsigned)ix < (unsigned)g.W ? raw[iy * g.W + ix] : 0;
   }
   __syncthreads();
   const unsigned words = g.KK * g.P / 4;  // P % 4 == 0: a word's bytes share their tap
@@ -72,7 +79,7 @@ __global__ void gemm_layout_planes_kernel(const uint8_t* __restrict__ a, uint32_
     const unsigned j0 = 4 * wi, rk = fdiv(j0, g.fP), j = j0 - rk * g.P;
     const unsigned oy = fdiv(j, g.fWo), ky = fdiv(rk, g.fkw), kx = rk - ky * g.kw;
     unsigned ox = j - oy * g.Wo;
-    const unsigned at = (oy * g.sh + ky * g.dh) * g.Wp + kx * g.dw;  // the span index of output column 0's byte
+    const unsigned at = (oy * g.sh + ky * g.dh) * Wq + kx * g.dw + g.L - g.pw;  // the span index of column 0's byte
     uint32_t word = 0;
     if (g.sw <= 2 && ox + 3 < g.Wo) {
       // the word's bytes in one row, at stride 1 or 2: 4 or 7 bytes from byte s, out of three aligned words
@@ -85,7 +92,7 @@ __global__ void gemm_layout_planes_kernel(const uint8_t* __restrict__ a, uint32_
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         word |= static_cast<uint32_t>(row[ox * g.sw]) << (8 * i);
-        if (++ox == g.Wo) ox = 0, row += g.sh * g.Wp;
+        if (++ox == g.Wo) ox = 0, row += g.sh * Wq;
       }
     }
     dst[wi] = word;
@@ -164,13 +171,15 @@ void launch_gemm_layout(const at::Tensor& a, at::Tensor& out, const approx_check
   g.folded = folded;
   constexpr int kThreads = 256;
   g.Hp = static_cast<unsigned>((s.Ho - 1) * s.sh + (s.kh - 1) * s.dh + 1);
-  g.Wp = static_cast<unsigned>((s.Wo - 1) * s.sw + (s.kw - 1) * s.dw + 1);
-  // by planes: KxK taps unfolded, where a plane and its span fit the default 48 KiB of shared memory (a 1x1 conv's
+  g.L = static_cast<unsigned>(round_up(s.pw, 4));
+  g.Wp = static_cast<unsigned>(round_up(std::max((s.Wo - 1) * s.sw + (s.kw - 1) * s.dw - s.pw + 1 + g.L, g.L + s.W), 4));
+  g.rows = static_cast<unsigned>(std::max<int64_t>(0, std::min<int64_t>(s.H, g.Hp - s.ph)));
+  // by planes: KxK taps unfolded, where a plane's span fits the default 48 KiB of shared memory (a 1x1 conv's
   // samples are 1 / stride^2 of its input: the planes' span would read it all to write that)
-  const long long span_bytes = span_area(g.Hp * g.Wp) + g.HW;
+  const long long span_bytes = span_area(g.Hp * g.Wp);
   if (!folded && g.KK > 1 && span_bytes <= 48 * 1024) {
-    g.fWp = make_fastdiv(g.Wp);
-    g.words = g.HW % 4 == 0 && reinterpret_cast<uintptr_t>(a.data_ptr()) % 4 == 0;
+    g.words = s.W % 4 == 0 && reinterpret_cast<uintptr_t>(a.data_ptr()) % 4 == 0;
+    g.fRow = make_fastdiv(static_cast<unsigned>(g.words ? s.W / 4 : s.W));
     gemm_layout_planes_kernel<<<static_cast<unsigned>(s.B * s.C), kThreads, span_bytes, stream>>>(
         reinterpret_cast<const uint8_t*>(a.data_ptr()), reinterpret_cast<uint32_t*>(out.data_ptr()), g);
     C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -34,7 +34,7 @@ __host__ __device__ constexpr unsigned span_area(unsigned n) { return ((n + 15) 
 // shared memory (zeroed first: the padding; 4-byte loads and stores where the rows are 4-byte aligned, several in
 // flight a thread), then the plane's KK x P output bytes, which lie together (out[b][c KK + rk][P], K = C KK), as
 // words: a word's indices divided once, its 4 bytes read from shared memory without bounds tests, at stride 1 or 2
-// as two or three words shifted together. The span's rows are Wq bytes (a multiple of 4) with the input's columns
+// as two or three words shifted together (from two rows where the word crosses one). The span's rows are Wq bytes (a multiple of 4) with the input's columns
 // from byte L = pw rounded up to 4, so a row's words land whole: building the span byte by byte from a copy of the
 // plane (a division and a bounds test a byte) had cost as many instructions as the output words.
 __global__ void gemm_layout_planes_kernel(const uint8_t* __restrict__ a, uint32_t* __restrict__ out, LayoutGeo g) {
@@ -81,12 +81,19 @@ __global__ void gemm_layout_planes_kernel(const uint8_t* __restrict__ a, uint32_
     unsigned ox = j - oy * g.Wo;
     const unsigned at = (oy * g.sh + ky * g.dh) * Wq + kx * g.dw + g.L - g.pw;  // the span index of column 0's byte
     uint32_t word = 0;
-    if (g.sw <= 2 && ox + 3 < g.Wo) {
-      // the word's bytes in one row, at stride 1 or 2: 4 or 7 bytes from byte s, out of three aligned words
-      const unsigned s = at + ox * g.sw, sh = 8 * (s & 3);
-      const uint32_t* w4 = reinterpret_cast<const uint32_t*>(span) + (s >> 2);
-      const uint32_t lo = __funnelshift_r(w4[0], w4[1], sh);
-      word = g.sw == 1 ? lo : __byte_perm(lo, __funnelshift_r(w4[1], w4[2], sh), 0x6420);
+    if (g.sw <= 2 && g.Wo >= 4) {
+      // the word's bytes at stride 1 or 2 from span byte s: 4 or 7 bytes out of three aligned words
+      auto take = [&](unsigned s) {
+        const uint32_t* w4 = reinterpret_cast<const uint32_t*>(span) + (s >> 2);
+        const unsigned sh = 8 * (s & 3);
+        const uint32_t lo = __funnelshift_r(w4[0], w4[1], sh);
+        return g.sw == 1 ? lo : __byte_perm(lo, __funnelshift_r(w4[1], w4[2], sh), 0x6420);
+      };
+      word = take(at + ox * g.sw);
+      // a word across two output rows (Wo % 4 != 0, e.g. 14x14 outputs): its first k bytes from this row, the rest
+      // from the next row's first columns (taking them byte by byte had split a warp between two paths)
+      const unsigned k = g.Wo - ox;
+      if (k < 4) word = (word & ((1u << (8 * k)) - 1)) | (take(at + g.sh * Wq) << (8 * k));
     } else {
       const uint8_t* row = span + at;
 #pragma unroll

@@ -33,10 +33,10 @@ __host__ __device__ constexpr unsigned span_area(unsigned n) { return ((n + 15) 
 // Unfolded taps, a block an input plane (image b, channel c): the plane's rows straight into their windows' span in
 // shared memory (zeroed first: the padding; 4-byte loads and stores where the rows are 4-byte aligned, several in
 // flight a thread), then the plane's KK x P output bytes, which lie together (out[b][c KK + rk][P], K = C KK), as
-// words: a word's indices divided once, its 4 bytes read from shared memory without bounds tests, at stride 1 or 2
-// as two or three words shifted together (from two rows where the word crosses one). The span's rows are Wq bytes (a multiple of 4) with the input's columns
-// from byte L = pw rounded up to 4, so a row's words land whole: building the span byte by byte from a copy of the
-// plane (a division and a bounds test a byte) had cost as many instructions as the output words.
+// words, their 4 bytes read from shared memory without bounds tests, at stride 1 or 2 as two or three words shifted
+// together (from two rows where the word crosses one). The span's rows are Wq bytes (a multiple of 4) with the
+// input's columns from byte L = pw rounded up to 4, so a row's words land whole: building the span byte by byte from
+// a copy of the plane (a division and a bounds test a byte) had cost as many instructions as the output words.
 __global__ void gemm_layout_planes_kernel(const uint8_t* __restrict__ a, uint32_t* __restrict__ out, LayoutGeo g) {
   extern __shared__ uint8_t span[];  // [Hp][Wq]: row y, column x is input (y - ph, x - L)
   constexpr int kIn = 4;             // loads in flight a thread
@@ -75,20 +75,35 @@ __global__ void gemm_layout_planes_kernel(const uint8_t* __restrict__ a, uint32_
   __syncthreads();
   const unsigned words = g.KK * g.P / 4;  // P % 4 == 0: a word's bytes share their tap
   uint32_t* dst = out + plane * words;
-  for (unsigned wi = threadIdx.x; wi < words; wi += blockDim.x) {
+  // a word's bytes at stride 1 or 2 from span byte s: 4 or 7 bytes out of three aligned words
+  auto take = [&](unsigned s) {
+    const uint32_t* w4 = reinterpret_cast<const uint32_t*>(span) + (s >> 2);
+    const unsigned sh = 8 * (s & 3);
+    const uint32_t lo = __funnelshift_r(w4[0], w4[1], sh);
+    return g.sw == 1 ? lo : __byte_perm(lo, __funnelshift_r(w4[1], w4[2], sh), 0x6420);
+  };
+  if (g.sw <= 2 && g.Wo % 4 == 0) {
+    // rows of whole words: a thread takes one word column (tap rk, word xw of a row) every R-th row from r0, its span
+    // byte and output word stepped by constants (dividing every word's index had cost about 100 instructions a word)
+    const unsigned W4 = g.Wo / 4, cols = g.KK * W4, R = max(1u, th / cols);
+    for (unsigned item = threadIdx.x; item < cols * R; item += th) {
+      const unsigned r0 = item / cols, c = item - r0 * cols, rk = c / W4, xw = c - rk * W4;
+      const unsigned ky = rk / g.kw, kx = rk - ky * g.kw;
+      unsigned s = (r0 * g.sh + ky * g.dh) * Wq + kx * g.dw + g.L - g.pw + 4 * xw * g.sw;
+      uint32_t* d = dst + rk * (g.P / 4) + r0 * W4 + xw;
+      const unsigned ds = R * g.sh * Wq, dd = R * W4;
+#pragma unroll 4
+      for (unsigned oy = r0; oy < g.Ho; oy += R, s += ds, d += dd) *d = take(s);
+    }
+    return;
+  }
+  for (unsigned wi = threadIdx.x; wi < words; wi += th) {
     const unsigned j0 = 4 * wi, rk = fdiv(j0, g.fP), j = j0 - rk * g.P;
     const unsigned oy = fdiv(j, g.fWo), ky = fdiv(rk, g.fkw), kx = rk - ky * g.kw;
     unsigned ox = j - oy * g.Wo;
     const unsigned at = (oy * g.sh + ky * g.dh) * Wq + kx * g.dw + g.L - g.pw;  // the span index of column 0's byte
     uint32_t word = 0;
     if (g.sw <= 2 && g.Wo >= 4) {
-      // the word's bytes at stride 1 or 2 from span byte s: 4 or 7 bytes out of three aligned words
-      auto take = [&](unsigned s) {
-        const uint32_t* w4 = reinterpret_cast<const uint32_t*>(span) + (s >> 2);
-        const unsigned sh = 8 * (s & 3);
-        const uint32_t lo = __funnelshift_r(w4[0], w4[1], sh);
-        return g.sw == 1 ? lo : __byte_perm(lo, __funnelshift_r(w4[1], w4[2], sh), 0x6420);
-      };
       word = take(at + ox * g.sw);
       // a word across two output rows (Wo % 4 != 0, e.g. 14x14 outputs): its first k bytes from this row, the rest
       // from the next row's first columns (taking them byte by byte had split a warp between two paths)
@@ -179,7 +194,8 @@ void launch_gemm_layout(const at::Tensor& a, at::Tensor& out, const approx_check
   constexpr int kThreads = 256;
   g.Hp = static_cast<unsigned>((s.Ho - 1) * s.sh + (s.kh - 1) * s.dh + 1);
   g.L = static_cast<unsigned>(round_up(s.pw, 4));
-  g.Wp = static_cast<unsigned>(round_up(std::max((s.Wo - 1) * s.sw + (s.kw - 1) * s.dw - s.pw + 1 + g.L, g.L + s.W), 4));
+  const int64_t span_w = (s.Wo - 1) * s.sw + (s.kw - 1) * s.dw - s.pw + 1 + g.L;  // past the last window's byte
+  g.Wp = static_cast<unsigned>(round_up(std::max(span_w, g.L + s.W), 4));
   g.rows = static_cast<unsigned>(std::max<int64_t>(0, std::min<int64_t>(s.H, g.Hp - s.ph)));
   // by planes: KxK taps unfolded, where a plane's span fits the default 48 KiB of shared memory (a 1x1 conv's
   // samples are 1 / stride^2 of its input: the planes' span would read it all to write that)

@@ -141,15 +141,15 @@ LAYOUTS = [
     ((10, 8, 16, 16), (36, 3, 3), 1, 1, 1, "timed"),       # 3x3, stride 1, 16x16 planes: taps or as given
     ((12, 12, 31, 29), (20, 3, 3), 2, 1, 1, "taps"),       # stride 2: im2col, padded taps code 0; 16x15 planes
     ((3, 4, 30, 34), (9, 5, 5), 1, (2, 3), 2, "taps"),     # 5x5, dilation 2, uneven padding: 26x32 planes
-    # the taps are copied a plane a block, its rows into their padded span in shared memory (rows of 4-byte words
-    # at 32x32, of bytes at 31x29 and 30x34; output rows of whole words taken a word column a thread at stride 1 and
-    # 2 (26x32, 16x16, and 44x44 of 25 taps: more word columns than threads), other words one by one, shifted out of
-    # the span's words from two rows where a word crosses one (14x14, 16x15), byte by byte at stride 3), and by words
-    # where the span passes 48 KiB
+    # the taps are copied a plane a block (64, 128 or 512 threads by its output words), its rows into their padded
+    # span in shared memory (rows of 4-byte words at 32x32, of bytes at 31x29 and 30x34; output rows of whole words
+    # taken a word column a thread at stride 1 and 2 (26x32, 16x16, and 44x44 of 49 taps: more word columns than
+    # threads), other words one by one, shifted out of the span's words from two rows where a word crosses one (14x14,
+    # 16x15), byte by byte at stride 3), and by words where the span passes 48 KiB
     ((8, 8, 46, 46), (12, 3, 3), 3, 1, 1, "taps"),
     ((8, 8, 32, 32), (16, 3, 3), 2, 1, 1, "taps"),
     ((12, 8, 16, 16), (20, 3, 3), 1, 1, 2, "taps"),
-    ((2, 4, 52, 52), (10, 5, 5), 1, 0, 2, "taps"),
+    ((2, 4, 56, 56), (10, 7, 7), 1, 0, 2, "taps"),
     ((1, 4, 248, 248), (8, 3, 3), 2, 1, 1, "taps"),
     ((44, 16, 7, 7), (40, 3, 3), 1, 1, 1, "folded"),       # ResNet-50 layer4's 3x3 geometry, 2156 rows
     ((48, 8, 13, 13), (12, 3, 3), 2, 1, 1, "folded"),      # strided to 7x7, then folded

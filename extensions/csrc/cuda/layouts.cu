@@ -203,7 +203,12 @@ void launch_gemm_layout(const at::Tensor& a, at::Tensor& out, const approx_check
   if (!folded && g.KK > 1 && span_bytes <= 48 * 1024) {
     g.words = s.W % 4 == 0 && reinterpret_cast<uintptr_t>(a.data_ptr()) % 4 == 0;
     g.fRow = make_fastdiv(static_cast<unsigned>(g.words ? s.W / 4 : s.W));
-    gemm_layout_planes_kernel<<<static_cast<unsigned>(s.B * s.C), kThreads, span_bytes, stream>>>(
+    // a block's threads by its output words, about 8 a thread: on an H200 at 64 threads a plane's block setup and
+    // barriers were half the copy of 441 words (14x14 outputs: 29 us against 40 at 256 threads, ResNet-50's 256 at
+    // 28x28 s2, batch 64), at 256 threads 1,764 words (28x28) took 0.83 of 128 threads' time and 0.74-0.78 of 512's,
+    // and at 512 threads 7,056 words (56x56) 0.86 of 256's (benchmarks/imagenet.md, "Rows of whole words")
+    const unsigned words = g.KK * g.P / 4, threads = words <= 512 ? 64 : words <= 4096 ? 256 : 512;
+    gemm_layout_planes_kernel<<<static_cast<unsigned>(s.B * s.C), threads, span_bytes, stream>>>(
         reinterpret_cast<const uint8_t*>(a.data_ptr()), reinterpret_cast<uint32_t*>(out.data_ptr()), g);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;

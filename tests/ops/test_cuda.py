@@ -237,12 +237,33 @@ def test_every_rows_configuration(shape, lutkind):
             ops.lut_linear(ad, wd, ld, bad)
 
 
+def _shape_tests_variants():
+    """The variants the shape tests run on their shape lists, as the kernels' table says: under pytest -n those tests
+    may run in other processes, so their EXERCISED sets are not all here."""
+    from tests.ops.test_cuda_depthwise import CASES as DEPTHWISE
+    gen = torch.Generator().manual_seed(0)
+    pair = lambda v: [v, v] if isinstance(v, int) else list(v)  # noqa: E731
+    calls = [((m, k), (n, k), ()) for m, k, n in LINEAR_SHAPES]
+    calls += [(a, (n, a[1] // g, kh, kw), (pair(s), pair(p), pair(d), g)) for a, (n, kh, kw), s, p, d, g in CONV_CASES]
+    calls += [(a, (a[1], 1, 3, 3), (pair(s), pair(p), [1, 1], a[1])) for a, s, p in DEPTHWISE.values()]
+    out = set(ALGOS)
+    for kind in ("int16", "wide"):
+        ld = make_lut(gen, kind).to(DEV)
+        for signed in (True, False):
+            for a, w, conv in calls:
+                out.update(extra_algos(make_codes(gen, a, signed).to(DEV), make_weights(gen, w, signed).to(DEV), ld,
+                                       *conv))
+    return out
+
+
 def test_every_variant_is_exercised():
-    """The shape tests above ran every variant of the kernels' table at least once (they run
-    first: pytest keeps file order)."""
-    if not EXERCISED:
-        pytest.skip("run with the shape tests")
-    assert set(backend_algos("cuda")) <= EXERCISED, set(backend_algos("cuda")) - EXERCISED
+    """The shape tests (linear, conv, depthwise) run every variant of the kernels' table at least once: what their
+    shape lists take, and, where the linear and conv ones ran before it in this process (pytest keeps file order; not
+    under pytest -n), what they ran."""
+    want, taken = set(backend_algos("cuda")), _shape_tests_variants()
+    assert want <= taken, want - taken
+    if EXERCISED and not os.environ.get("PYTEST_XDIST_WORKER"):
+        assert want <= EXERCISED, want - EXERCISED
 
 
 @pytest.mark.parametrize("algo", ["direct", "expanded_rows", "expanded_pairs", "expanded_l2", "expanded_gemm"])

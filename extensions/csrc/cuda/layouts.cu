@@ -84,7 +84,8 @@ __global__ void gemm_layout_planes_kernel(const uint8_t* __restrict__ a, uint32_
   };
   if (g.sw <= 2 && g.Wo % 4 == 0) {
     // rows of whole words: a thread takes one word column (tap rk, word xw of a row) every R-th row from r0, its span
-    // byte and output word stepped by constants (dividing every word's index had cost about 100 instructions a word)
+    // byte and output word stepped by constants (a word's divisions had left the copy bound by instructions: at its
+    // rate, up to about 120 a word)
     const unsigned W4 = g.Wo / 4, cols = g.KK * W4, R = max(1u, th / cols);
     for (unsigned item = threadIdx.x; item < cols * R; item += th) {
       const unsigned r0 = item / cols, c = item - r0 * cols, rk = c / W4, xw = c - rk * W4;
@@ -203,10 +204,9 @@ void launch_gemm_layout(const at::Tensor& a, at::Tensor& out, const approx_check
   if (!folded && g.KK > 1 && span_bytes <= 48 * 1024) {
     g.words = s.W % 4 == 0 && reinterpret_cast<uintptr_t>(a.data_ptr()) % 4 == 0;
     g.fRow = make_fastdiv(static_cast<unsigned>(g.words ? s.W / 4 : s.W));
-    // a block's threads by its output words, about 8 a thread: on an H200 at 64 threads a plane's block setup and
-    // barriers were half the copy of 441 words (14x14 outputs: 29 us against 40 at 256 threads, ResNet-50's 256 at
-    // 28x28 s2, batch 64), at 256 threads 1,764 words (28x28) took 0.83 of 128 threads' time and 0.74-0.78 of 512's,
-    // and at 512 threads 7,056 words (56x56) 0.86 of 256's (benchmarks/imagenet.md, "Rows of whole words")
+    // a block's threads by its output words, 7-14 a thread: on an H200 at batch 64, 441 words (ResNet-50's 14x14
+    // outputs) took 0.69-0.73 of 256 threads' time at 64, 1,764 (28x28) 0.81-0.86 of 128's and 0.74-0.78 of 512's at
+    // 256, 7,056 (56x56) 0.86 of 256's at 512 (benchmarks/imagenet.md, "The taps' rows straight into their span")
     const unsigned words = g.KK * g.P / 4, threads = words <= 512 ? 64 : words <= 4096 ? 256 : 512;
     gemm_layout_planes_kernel<<<static_cast<unsigned>(s.B * s.C), threads, span_bytes, stream>>>(
         reinterpret_cast<const uint8_t*>(a.data_ptr()), reinterpret_cast<uint32_t*>(out.data_ptr()), g);

@@ -46,6 +46,11 @@ if os.environ.get("APPROX_TEST_SKIP_AUTO") == "1":  # to test the rest when auto
 NO_CACHING = os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"
 
 
+def _pair(v):
+    """A conv argument (stride, padding, dilation), an int or a pair, as the ops take it: a list of two."""
+    return [v, v] if isinstance(v, int) else list(v)
+
+
 def extra_algos(a, w, lut, *conv_args):
     """The variants with shape limits that run this call's shapes, as the kernels' own algorithm
     table says (approx::lut_algos): so a variant can never silently drop out of these tests."""
@@ -189,8 +194,7 @@ def test_conv_matches_reference(case, lutkind, signed):
     w = make_weights(gen, (n, c // groups, kh, kw), signed)
     lut = make_lut(gen, lutkind)
     want = reference_lut_conv2d(a, w, lut, stride, padding, dilation, groups)
-    pair = lambda v: [v, v] if isinstance(v, int) else list(v)  # noqa: E731
-    args = (pair(stride), pair(padding), pair(dilation), groups)
+    args = (_pair(stride), _pair(padding), _pair(dilation), groups)
     if _has_cpu():
         check_equal(ops.lut_conv2d(a, w, lut, *args, "direct"), want, "CPU kernel vs reference")
     ad, wdv, ld = a.to(DEV), w.to(DEV), lut.to(DEV)
@@ -242,10 +246,10 @@ def _shape_tests_variants():
     may run in other processes, so their EXERCISED sets are not all here."""
     from tests.ops.test_cuda_depthwise import CASES as DEPTHWISE
     gen = torch.Generator().manual_seed(0)
-    pair = lambda v: [v, v] if isinstance(v, int) else list(v)  # noqa: E731
     calls = [((m, k), (n, k), ()) for m, k, n in LINEAR_SHAPES]
-    calls += [(a, (n, a[1] // g, kh, kw), (pair(s), pair(p), pair(d), g)) for a, (n, kh, kw), s, p, d, g in CONV_CASES]
-    calls += [(a, (a[1], 1, 3, 3), (pair(s), pair(p), [1, 1], a[1])) for a, s, p in DEPTHWISE.values()]
+    calls += [(a, (n, a[1] // g, kh, kw), (_pair(s), _pair(p), _pair(d), g))
+              for a, (n, kh, kw), s, p, d, g in CONV_CASES]
+    calls += [(a, (a[1], 1, 3, 3), (_pair(s), _pair(p), [1, 1], a[1])) for a, s, p in DEPTHWISE.values()]
     out = set(ALGOS)
     for kind in ("int16", "wide"):
         ld = make_lut(gen, kind).to(DEV)

@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 from tests.ops.test_cuda import (  # noqa: E402  (skips itself without CUDA kernels)
-    ALGOS, DEV, EXERCISED, _reported_pick, check_equal, make_codes, make_lut, make_weights, poisoned_call)
+    ALGOS, DEV, EXERCISED, _pair, _reported_pick, check_equal, make_codes, make_lut, make_weights, poisoned_call)
 
 from runner.ops import algo_table  # noqa: E402
 from runner.reference import reference_lut_conv2d  # noqa: E402
@@ -56,10 +56,6 @@ CASES = {
     "9x9_c4_pad_y": ((2, 4, 9, 9), 1, (1, 0)),
     "30_c4": ((2, 4, 30, 30), 1, 1),            # a tile covers part of a plane: staged by rows
 }
-
-
-def _pair(v):
-    return [v, v] if isinstance(v, int) else list(v)
 
 
 def _rows_variants(stride):

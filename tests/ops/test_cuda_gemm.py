@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 from tests.ops.test_cuda import (  # noqa: E402  (skips itself without CUDA kernels)
-    DEV, check_equal, make_codes, make_lut, make_weights, poisoned_call)
+    DEV, _pair, check_equal, make_codes, make_lut, make_weights, poisoned_call)
 
 from runner.ops import algo_table  # noqa: E402
 from runner.reference import reference_lut_conv2d, reference_lut_linear  # noqa: E402
@@ -65,10 +65,6 @@ GEMM_CASES = [
     (3400, 37, 40),
     ((4, 16, 28, 30), (36, 1, 1), 1, 0, 1),
 ]
-
-
-def _pair(v):
-    return [v, v] if isinstance(v, int) else list(v)
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])

@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 from tests.ops.test_cuda import (  # noqa: E402  (skips itself without CUDA kernels)
-    DEV, _has_cpu, check_equal, make_codes, make_lut, make_weights, poisoned_call)
+    DEV, _has_cpu, _pair, check_equal, make_codes, make_lut, make_weights, poisoned_call)
 
 from runner.ops import algo_table  # noqa: E402
 from runner.reference import reference_lut_conv2d  # noqa: E402
@@ -38,10 +38,6 @@ CASES = {
     # 8x8 planes, 64 channels: 33 images a block, whose planes do not fit shared memory at once
     "8x8_c64": ((34, 64, 8, 8), (16, 3, 3), 1, 1, 1),
 }
-
-
-def _pair(v):
-    return [v, v] if isinstance(v, int) else list(v)
 
 
 def _args(stride, padding, groups):

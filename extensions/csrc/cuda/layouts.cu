@@ -20,9 +20,9 @@ struct LayoutGeo {
   int H, W, sh, sw, ph, pw, dh, dw;
   long long CHW, HW;
   bool folded;
-  // planes kernel: the windows' span, Hp rows of Wp bytes (a multiple of 4), the input's columns from byte L (a
+  // planes kernel: the windows' span, Hp rows of Wq bytes (a multiple of 4), the input's columns from byte L (a
   // multiple of 4) of its rows ph .. ph + rows - 1
-  unsigned Hp, Wp, L, rows;
+  unsigned Hp, Wq, L, rows;
   FastDiv fRow;     // a row's loads: W / 4 words where words, else W bytes
   bool words;       // the rows 4-byte aligned
 };
@@ -42,7 +42,7 @@ __global__ void gemm_layout_planes_kernel(const uint8_t* __restrict__ a, uint32_
   constexpr int kIn = 4;             // loads in flight a thread
   const long long plane = blockIdx.x;  // b C + c
   const uint8_t* src = a + plane * g.HW;
-  const unsigned th = blockDim.x, Wq = g.Wp;
+  const unsigned th = blockDim.x, Wq = g.Wq;
   uint32_t* span4 = reinterpret_cast<uint32_t*>(span);
   for (unsigned i = threadIdx.x; i < g.Hp * Wq / 4; i += th) span4[i] = 0;
   __syncthreads();
@@ -196,11 +196,11 @@ void launch_gemm_layout(const at::Tensor& a, at::Tensor& out, const approx_check
   g.Hp = static_cast<unsigned>((s.Ho - 1) * s.sh + (s.kh - 1) * s.dh + 1);
   g.L = static_cast<unsigned>(round_up(s.pw, 4));
   const int64_t span_w = (s.Wo - 1) * s.sw + (s.kw - 1) * s.dw - s.pw + 1 + g.L;  // past the last window's byte
-  g.Wp = static_cast<unsigned>(round_up(std::max(span_w, g.L + s.W), 4));
+  g.Wq = static_cast<unsigned>(round_up(std::max(span_w, g.L + s.W), 4));
   g.rows = static_cast<unsigned>(std::max<int64_t>(0, std::min<int64_t>(s.H, g.Hp - s.ph)));
   // by planes: KxK taps unfolded, where a plane's span fits the default 48 KiB of shared memory (a 1x1 conv's
   // samples are 1 / stride^2 of its input: the planes' span would read it all to write that)
-  const long long span_bytes = span_area(g.Hp * g.Wp);
+  const long long span_bytes = span_area(g.Hp * g.Wq);
   if (!folded && g.KK > 1 && span_bytes <= 48 * 1024) {
     g.words = s.W % 4 == 0 && reinterpret_cast<uintptr_t>(a.data_ptr()) % 4 == 0;
     g.fRow = make_fastdiv(static_cast<unsigned>(g.words ? s.W / 4 : s.W));

@@ -1,8 +1,8 @@
 """CUDA depthwise variants on 3x3 depthwise shapes (MobileNetV2's): bit-exact against the python
 reference with poisoned outputs, every variant approx::lut_algos says applies (depthwise_rows' four
 among them), stride 1 and 2, padding 0 and 1, odd planes and rows a multiple of 4 wide (staged as
-words, prefetched), planes a multiple of 4 bytes (staged whole, prefetched; at stride 2 also rows a multiple of 4
-wide where whole planes are fewer words), inputs off a word
+words, prefetched), planes a multiple of 4 bytes (staged whole, prefetched; rows a multiple of 4 wide too where
+whole planes are at most 1.25x their words), inputs off a word
 boundary, int16 and int32 products, signed and unsigned codes; and which shapes depthwise_rows takes.
 
 Marked `cuda` (deselected by default; run with `-m cuda` on a GPU machine)."""
@@ -31,7 +31,7 @@ CASES = {
     "13x11_s2_p1": ((3, 2, 13, 11), 2, 1),
     "112": ((2, 2, 112, 112), 1, 1),            # MobileNetV2's first depthwise layer
     "112_s2": ((2, 2, 112, 112), 2, 1),
-    "28": ((3, 5, 28, 28), 1, 1),
+    "28": ((3, 5, 28, 28), 1, 1),               # whole planes (at most 1.25x the rows' words)
     "14_s2_b37": ((37, 3, 14, 14), 2, 1),       # 7x7 outputs: a tile spans 36 images
     "4x3_b40": ((40, 2, 4, 3), 1, 1),           # planes smaller than the kernel's reach
     "1x1": ((5, 2, 1, 1), 1, 1),                # one output per image, all padding but the centre
@@ -44,7 +44,8 @@ CASES = {
     "wide_s1": ((1, 2, 5, 1200), 1, 1),         # more words a tile than the prefetch holds
     "56_b9": ((9, 2, 56, 56), 1, 1),            # many tiles a block: every prefetch consumed
     "56_s2_b9": ((9, 2, 56, 56), 2, 1),
-    "28_s2_b12": ((12, 3, 28, 28), 2, 1),       # stride 2, a tile spans 9 images: whole planes, fewer words
+    "84": ((2, 2, 84, 84), 1, 1),               # 7 outputs a thread (84 = 12 x 7) on word rows: pointer sources
+    "28_s2_b12": ((12, 3, 28, 28), 2, 1),       # a tile spans 9 images: whole planes, fewer words than rows
     # other rows of planes a multiple of 4 bytes: whole planes staged as words, edge columns masked
     "14": ((5, 3, 14, 14), 1, 1),               # MobileNetV2's 14x14 layers
     "14_p0": ((3, 2, 14, 14), 1, 0),
@@ -111,7 +112,8 @@ def test_depthwise_rows_input_off_a_word_boundary(offset, hw):
             check_equal(got, want, f"{algo} stride {stride}, input at byte offset {offset}")
 
 
-@pytest.mark.parametrize("batch,stride,hw", [(2, 1, 56), (8, 2, 56), (64, 2, 28), (64, 1, 14), (64, 2, 14), (64, 1, 7)])
+@pytest.mark.parametrize("batch,stride,hw", [(2, 1, 56), (8, 2, 56), (64, 1, 28), (64, 2, 28), (64, 1, 14), (64, 2, 14),
+                                             (64, 1, 7)])
 def test_depthwise_rows_blocks_of_many_tiles(batch, stride, hw):
     """With hundreds of channels a block walks more than one tile of its channel, staging each next
     tile's words (rows or whole planes) while it reads the last: against `direct` (itself checked

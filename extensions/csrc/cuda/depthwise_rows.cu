@@ -35,7 +35,7 @@
 //
 // Staging (DrStage): rows a multiple of 4 wide on word boundaries as whole input words (kStWords);
 // other rows of small planes, where an image is a multiple of 4 bytes (14x14 planes; 7x7 ones of
-// channels a multiple of 4; at stride 2 also word-aligned rows where planes are fewer words: 28x28),
+// channels a multiple of 4; word-aligned rows too where planes are at most 1.25x their words: 28x28),
 // as the words that hold each plane, a pad gap before each plane and after the last so that the
 // windows of the rows above and below stay inside the staged words; the window's columns outside the
 // row and rows outside the plane (its neighbours' bytes) are masked to padding in the thread
@@ -467,18 +467,17 @@ DrGeo dr_geo(const Params& p, int fmt, int copies, size_t& smem) {
   const int pre = (p.W + 1 + 3) / 4 + 1;
   const long long nw_planes = pre + (3 + (long long)p.H * p.W + 3) / 4;
   const int trail = std::max(pre, ((g.segs - 1) * R * S + 4 * ((nc + 3) / 4 + 1) + 3 + 3) / 4 + 1);
-  // whole planes where a tile's images are about as many bytes as its rows (small planes: a tile
-  // spans images), not where a tile covers a part of one large plane
+  // words: the last window's first word, and the NWA + 1 words its reads span
+  const int nw_words = ((g.segs - 1) * R * S + 4 - p.pw) / 4 + (nc + 3) / 4 + 1;
+  // whole planes where a tile's images are at most 1.25x the words of its rows (small planes: a tile
+  // spans images), not where a tile covers a part of one large plane; word-aligned rows too: a plane's
+  // word has one division in its source where a row's has two (28x28 at batch 64: 0.92 -> 0.99 T MAC/s at
+  // stride 2, 1.82 -> 1.96 at stride 1; 56x56 planes, 2.4x their rows' words, ran 3-35 % slower)
   // words and planes address a tile's images by 32-bit offsets from its first one
   const bool word_staging = reinterpret_cast<uintptr_t>(p.a) % 4 == 0 && imgs * p.C * p.H * p.W < (1ll << 31) - 16;
   const bool planes = word_staging && (long long)p.C * p.H * p.W % 4 == 0 &&
-                      4 * (imgs * nw_planes + trail) <= 5 * rows * nw_rows;
-  // words: the last window's first word, and the NWA + 1 words its reads span
-  const int nw_words = ((g.segs - 1) * R * S + 4 - p.pw) / 4 + (nc + 3) / 4 + 1;
-  // word-aligned rows at stride 2 as planes too where those stage no more words: a plane's word has one
-  // division in its source where a row's has two (192 at 28x28, batch 64: 0.91 -> 1.00 T MAC/s)
-  const bool planes_s2 = planes && S == 2 && imgs * nw_planes + trail <= rows * nw_words;
-  g.stage = !word_staging ? kStRows : planes_s2 ? kStPlanes : p.W % 4 == 0 ? kStWords : planes ? kStPlanes : kStRows;
+                      4 * (imgs * nw_planes + trail) <= 5 * rows * (p.W % 4 == 0 ? nw_words : nw_rows);
+  g.stage = !word_staging ? kStRows : planes ? kStPlanes : p.W % 4 == 0 ? kStWords : kStRows;
   if (g.stage == kStWords) {
     g.nw = nw_words;
   } else if (g.stage == kStPlanes) {

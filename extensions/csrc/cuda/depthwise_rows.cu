@@ -77,6 +77,15 @@ struct DrGeo {
   FastDiv fsegs, fHo, fnw, fHn;
 };
 
+// acc plus the int16 in the low (HI false) or high half of w, sign-extended: one IDP.2A (dp2a with the byte pair
+// (1, 0) or (0, 1)), where the extension and the add took two instructions. The banked tables' kernels gain 6-10 %
+// by it at stride 1; the single table's and the split one's lose 2-8 % (the split one's low halves come sign-extended
+// by LDS.S16 already), so only the banked ones use it (benchmarks/imagenet.md)
+template <bool HI>
+__device__ __forceinline__ uint32_t add_half(uint32_t acc, uint32_t w) {
+  return static_cast<uint32_t>(__dp2a_lo(static_cast<int>(w), HI ? 0x100 : 1, static_cast<int>(acc)));
+}
+
 // Products of one kernel row as int16, sign-extended on use into the wrapping accumulator.
 // entry(): kernel row ky's three products for LUT row r (wk: that row's weights), read where a
 // warp's loads are contiguous: int16 from Et16 (a weight's 256 products side by side), int32 from E32.
@@ -96,6 +105,10 @@ struct Tab16 {
     if constexpr (KX == 1) return static_cast<uint32_t>(static_cast<int32_t>(e.x) >> 16);
     return static_cast<uint32_t>(static_cast<int32_t>(static_cast<int16_t>(e.y)));
   }
+  template <int KX>
+  __device__ static uint32_t add(uint32_t acc, E e) {
+    return add_half<KX == 1>(acc, KX == 2 ? e.y : e.x);
+  }
 };
 
 struct Tab32 {
@@ -114,11 +127,14 @@ struct Tab32 {
 };
 
 // Adds input code i's products (e) to the outputs it feeds: input column i of the thread's window
-// feeds output j through tap kx where i = j * S + kx.
-template <int S, int R, class Tab, int KX>
+// feeds output j through tap kx where i = j * S + kx. DP: by dp2a (Tab16::add).
+template <int S, int R, class Tab, int KX, bool DP>
 __device__ __forceinline__ void feed(uint32_t (&acc)[R], typename Tab::E e, int i) {
   const int d = i - KX;
-  if (d >= 0 && d % S == 0 && d / S < R) acc[d / S] += Tab::template get<KX>(e);
+  if (d >= 0 && d % S == 0 && d / S < R) {
+    if constexpr (DP) acc[d / S] = Tab::template add<KX>(acc[d / S], e);
+    else acc[d / S] += Tab::template get<KX>(e);
+  }
 }
 
 // A tile: tasks t0..t1 - 1; its staged rows start at output row oyA of image bA (slot 0), later
@@ -405,9 +421,9 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
 #pragma unroll
         for (int i = 0; i < NC; ++i) {
           const E e = tk[((wv[i >> 2] >> (8 * (i & 3))) & 255u) * COPIES];
-          feed<S, R, Tab, 0>(acc, e, i);
-          feed<S, R, Tab, 1>(acc, e, i);
-          feed<S, R, Tab, 2>(acc, e, i);
+          feed<S, R, Tab, 0, (COPIES > 1)>(acc, e, i);
+          feed<S, R, Tab, 1, (COPIES > 1)>(acc, e, i);
+          feed<S, R, Tab, 2, (COPIES > 1)>(acc, e, i);
         }
       }
     }

@@ -78,9 +78,9 @@ struct DrGeo {
 };
 
 // acc plus the int16 in the low (HI false) or high half of w, sign-extended: one IDP.2A (dp2a with the byte pair
-// (1, 0) or (0, 1)), where the extension and the add took two instructions. The banked tables' kernels gain 6-10 %
-// by it at stride 1; the single table's and the split one's lose 2-8 % (the split one's low halves come sign-extended
-// by LDS.S16 already), so only the banked ones use it (benchmarks/imagenet.md)
+// (1, 0) or (0, 1)), where the extension and the add took two instructions. The banked tables' kernels gain up to
+// 16 % by it at stride 1; the single table's and the split one's lose up to 8 % (the split one's low halves come
+// sign-extended by LDS.S16 already), so only the banked ones use it (benchmarks/imagenet.md)
 template <bool HI>
 __device__ __forceinline__ uint32_t add_half(uint32_t acc, uint32_t w) {
   return static_cast<uint32_t>(__dp2a_lo(static_cast<int>(w), HI ? 0x100 : 1, static_cast<int>(acc)));

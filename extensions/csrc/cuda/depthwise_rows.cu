@@ -487,8 +487,8 @@ DrGeo dr_geo(const Params& p, int fmt, int copies, size_t& smem) {
   const int nw_words = ((g.segs - 1) * R * S + 4 - p.pw) / 4 + (nc + 3) / 4 + 1;
   // whole planes where a tile's images are at most 1.25x the words of its rows (small planes: a tile
   // spans images), not where a tile covers a part of one large plane; word-aligned rows too: a plane's
-  // word has one division in its source where a row's has two (28x28 at batch 64: 0.92 -> 0.99 T MAC/s at
-  // stride 2, 1.82 -> 1.96 at stride 1; 56x56 planes, 2.4x their rows' words, ran 3-35 % slower)
+  // word has one division in its source where a row's has two (28x28 at batch 64: 0.92 -> 0.98 T MAC/s at
+  // stride 2, 1.82 -> 1.93 at stride 1; 56x56 and 112x112 planes, 2.4x and more their rows' words, 3-56 % slower)
   // words and planes address a tile's images by 32-bit offsets from its first one
   const bool word_staging = reinterpret_cast<uintptr_t>(p.a) % 4 == 0 && imgs * p.C * p.H * p.W < (1ll << 31) - 16;
   const bool planes = word_staging && (long long)p.C * p.H * p.W % 4 == 0 &&

@@ -1,9 +1,9 @@
 """CUDA depthwise variants on 3x3 depthwise shapes (MobileNetV2's): bit-exact against the python
 reference with poisoned outputs, every variant approx::lut_algos says applies (depthwise_rows' four
-among them), stride 1 and 2, padding 0 and 1, odd planes and rows a multiple of 4 wide (staged as
-words, prefetched), planes a multiple of 4 bytes (staged whole, prefetched; rows a multiple of 4 wide too where
-whole planes are at most 1.25x their words), inputs off a word
-boundary, int16 and int32 products, signed and unsigned codes; and which shapes depthwise_rows takes.
+among them), stride 1 and 2, padding 0 and 1; rows a multiple of 4 wide (window words loaded from global
+memory), other rows of inputs a multiple of 4 bytes (words at byte offsets, edge columns masked), inputs of
+other sizes or off a word boundary (rows staged byte-wise in shared memory); int16 and int32 products, signed
+and unsigned codes; and which shapes depthwise_rows takes.
 
 Marked `cuda` (deselected by default; run with `-m cuda` on a GPU machine)."""
 import pytest
@@ -28,36 +28,37 @@ CASES = {
     "7x7_s2": ((2, 3, 7, 7), 2, 1),
     "13x11": ((1, 4, 13, 11), 1, 0),            # odd plane: tiles end mid-row
     "13x11_s2": ((1, 4, 13, 11), 2, 0),
-    "13x11_s2_p1": ((3, 2, 13, 11), 2, 1),
+    "13x11_s2_p1": ((3, 2, 13, 11), 2, 1),      # 858 bytes, not a multiple of 4: rows staged in shared memory
     "112": ((2, 2, 112, 112), 1, 1),            # MobileNetV2's first depthwise layer
     "112_s2": ((2, 2, 112, 112), 2, 1),
-    "28": ((3, 5, 28, 28), 1, 1),               # whole planes (at most 1.25x the rows' words)
+    "28": ((3, 5, 28, 28), 1, 1),
     "14_s2_b37": ((37, 3, 14, 14), 2, 1),       # 7x7 outputs: a tile spans 36 images
     "4x3_b40": ((40, 2, 4, 3), 1, 1),           # planes smaller than the kernel's reach
     "1x1": ((5, 2, 1, 1), 1, 1),                # one output per image, all padding but the centre
     "wide_s2": ((2, 1, 9, 600), 2, 1),          # rows wider than a tile's 256 tasks
     "pad_y": ((2, 3, 9, 9), 1, (1, 0)),         # padding along y only
-    # rows a multiple of 4 wide: staged as whole input words, the next tile's loaded ahead
+    # rows a multiple of 4 wide: whole words of one row each
     "16_p0": ((2, 3, 12, 16), 1, 0),
     "20_s2_p0": ((3, 2, 11, 20), 2, 0),
     "pad_x": ((2, 3, 9, 8), 1, (0, 1)),         # padding along x only
-    "wide_s1": ((1, 2, 5, 1200), 1, 1),         # more words a tile than the prefetch holds
-    "56_b9": ((9, 2, 56, 56), 1, 1),            # many tiles a block: every prefetch consumed
+    "wide_s1": ((1, 2, 5, 1200), 1, 1),
+    "56_b9": ((9, 2, 56, 56), 1, 1),            # many tiles a block
     "56_s2_b9": ((9, 2, 56, 56), 2, 1),
-    "84": ((2, 2, 84, 84), 1, 1),               # 7 outputs a thread (84 = 12 x 7) on word rows: pointer sources
-    "28_s2_b12": ((12, 3, 28, 28), 2, 1),       # a tile spans 9 images: whole planes, fewer words than rows
-    # other rows of planes a multiple of 4 bytes: whole planes staged as words, edge columns masked
+    "84": ((2, 2, 84, 84), 1, 1),               # 7 outputs a thread (84 = 12 x 7) on word rows
+    "28_s2_b12": ((12, 3, 28, 28), 2, 1),       # a tile spans 9 images
+    # other rows of planes a multiple of 4 bytes: words at byte offsets, the columns outside the row masked
     "14": ((5, 3, 14, 14), 1, 1),               # MobileNetV2's 14x14 layers
     "14_p0": ((3, 2, 14, 14), 1, 0),
     "10x6_s2": ((4, 2, 10, 6), 2, 1),
     "6x10_pad_x": ((3, 2, 6, 10), 1, (0, 1)),
     "6x10_pad_y_s2": ((3, 2, 6, 10), 2, (1, 0)),
-    # images a multiple of 4 bytes, planes not: each channel's planes 0-3 bytes into a word
+    # images a multiple of 4 bytes, planes not: each channel's planes 0-3 bytes into a word; the input's first
+    # and last words (a window at row -1, column -1 of image 0's channel 0 starts before the input)
     "7x7_c8": ((3, 8, 7, 7), 1, 1),
     "7x7_c4_s2_b37": ((37, 4, 7, 7), 2, 1),
     "5x3_c4_p0": ((4, 4, 5, 3), 1, 0),
     "9x9_c4_pad_y": ((2, 4, 9, 9), 1, (1, 0)),
-    "30_c4": ((2, 4, 30, 30), 1, 1),            # a tile covers part of a plane: staged by rows
+    "30_c4": ((2, 4, 30, 30), 1, 1),            # a tile covers part of a plane
 }
 
 
@@ -93,9 +94,8 @@ def test_depthwise_3x3_matches_reference(case, lutkind, signed):
 @pytest.mark.parametrize("hw", [16, 14, 7])
 @pytest.mark.parametrize("offset", [1, 2, 4])
 def test_depthwise_rows_input_off_a_word_boundary(offset, hw):
-    """Rows a multiple of 4 wide (and planes of 14x14 and 7x7) are staged as whole words only
-    where the input starts on a word: codes at a byte offset (a view into a larger buffer) take
-    the byte-aligned staging, exactly."""
+    """Window words are loaded from global memory only where the input starts on a word: codes at a
+    byte offset (a view into a larger buffer) take the rows staged byte-wise, exactly."""
     gen = torch.Generator().manual_seed(33 + offset + hw)
     shape = (3, 4, hw, hw)
     a = make_codes(gen, shape, True)
@@ -115,9 +115,8 @@ def test_depthwise_rows_input_off_a_word_boundary(offset, hw):
 @pytest.mark.parametrize("batch,stride,hw", [(2, 1, 56), (8, 2, 56), (64, 1, 28), (64, 2, 28), (64, 1, 14), (64, 2, 14),
                                              (64, 1, 7)])
 def test_depthwise_rows_blocks_of_many_tiles(batch, stride, hw):
-    """With hundreds of channels a block walks more than one tile of its channel, staging each next
-    tile's words (rows or whole planes) while it reads the last: against `direct` (itself checked
-    against the reference)."""
+    """With hundreds of channels a block walks more than one tile of its channel, the table built once:
+    against `direct` (itself checked against the reference)."""
     gen = torch.Generator().manual_seed(40 + stride + hw)
     a = make_codes(gen, (batch, 300, hw, hw), True).to(DEV)
     w = make_weights(gen, (300, 1, 3, 3), True).to(DEV)

@@ -1,5 +1,5 @@
 // depthwise_rows: 3x3 depthwise convolutions of dilation 1 at stride 1 or 2 (MobileNetV2's), with
-// input rows staged in shared memory and one table read per input code and kernel row.
+// one table read per input code and kernel row.
 //
 // `depthwise` (depthwise.cu) pays, per output, 9 byte loads from global memory and 9 int32 lookups:
 // 0.23-0.65 T MAC/s on an H100. Here a block owns one channel and builds, per kernel row ky and LUT
@@ -12,9 +12,7 @@
 //
 // Work is cut into tasks (image, output row, segment of R outputs), numbered row-major over the
 // whole batch; a tile is kDrThreads consecutive tasks, one a thread, so a tile may start and end
-// mid-row and span several small images (7x7 planes: 36 images a tile). The tile's input rows
-// (every image it touches: the rows of its output rows plus halo) are staged whole, already turned
-// into LUT rows (code ^ xmask) with padding as the pad row, in "slots" one image each.
+// mid-row and span several small images (7x7 planes: 36 images a tile).
 //
 // depthwise_rows_banked: the same with the int16 table held 16 times, copy c in bank pair c only
 // (entry (ky, r) of copy c at 8 * (16 (256 ky + r) + c) bytes), and lane l reading copy l % 16. A
@@ -33,15 +31,14 @@
 // then 4 bytes (a warp's 32 random codes over 32 banks: 3.53 wavefronts on average) where the 8-byte
 // entry took two half warps of 3.08 each, for the same 17 reads a kernel row and 8 outputs.
 //
-// Staging (DrStage): rows a multiple of 4 wide on word boundaries as whole input words (kStWords);
-// other rows of small planes, where an image is a multiple of 4 bytes (14x14 planes; 7x7 ones of
-// channels a multiple of 4; word-aligned rows too where planes are at most 1.25x their words: 28x28),
-// as the words that hold each plane, a pad gap before each plane and after the last so that the
-// windows of the rows above and below stay inside the staged words; the window's columns outside the
-// row and rows outside the plane (its neighbours' bytes) are masked to padding in the thread
-// (kStPlanes); both load plain words, so the next tile's are loaded into registers before this
-// tile's table reads. Anything else (odd images, inputs off a word) byte-wise realigned (kStRows), at
-// the tile's barrier.
+// Window loads (DrStage). A task loads its window's words straight from global memory (kStDirect: rows a
+// multiple of 4 wide, where a word holds one row's bytes or none; kStDirectU: other rows, words read at byte
+// offsets from the input's start and funnel-shifted, the columns outside the row masked to padding). Neighbouring
+// tasks share most of their words, which L1 serves; there is no staging and no block barrier after the table
+// build. Staging each tile's rows in shared memory first (whole words, or whole small planes) was 1.0-1.6x
+// slower: at stride 2 and on small planes the staging's address arithmetic outweighed the table reads
+// (benchmarks/imagenet.md). Inputs off a word, or other rows past 2^31 input bytes, still stage their rows
+// byte-wise realigned (kStRows), at the tile's barrier.
 #include <algorithm>
 #include <array>
 #include <map>
@@ -62,18 +59,17 @@ __host__ __device__ constexpr int dr_copies(int layout) {
   return layout == kDrBanked ? kDrCopies : layout == kDrBanked8 ? kDrCopies / 2 : 1;
 }
 constexpr int kDrCompactBytes = 3 * 256 * 8;  // banked: the int16 table once, before its copies
-enum DrStage : int { kStRows = 0, kStWords = 1, kStPlanes = 2 };
+enum DrStage : int { kStRows = 0, kStDirect = 1, kStDirectU = 2 };
 
 struct DrGeo {
   int Ho, segs;    // output rows per image, R-output segments per output row
   int Hn;          // staged rows of a slot holding a whole image: (Ho - 1) * S + 3
-  int nw;          // staged words per row (the row pitch / 4); kStPlanes: per image (pre + plane)
+  int nw;          // kStRows: staged words per row (the row pitch / 4)
   int stage;       // DrStage
-  int pre;         // kStPlanes: pad words before each plane
-  int trail;       // kStPlanes: pad words after the last plane
   int table_bytes; // offset of the staged rows in shared memory
   unsigned total;  // tasks of one channel: B * Ho * segs (< 2^31: depthwise_rows_why_not)
   unsigned tiles;
+  unsigned in_words;  // kStDirectU: the input's words
   FastDiv fsegs, fHo, fnw, fHn;
 };
 
@@ -141,7 +137,7 @@ __device__ __forceinline__ void feed(uint32_t (&acc)[R], typename Tab::E e, int 
 // images (slots 1, 2, ...) start at their output row 0; Q staged rows, n0 of them in slot 0.
 struct DrTile {
   unsigned t0, t1, bA;
-  int oyA, n0, Q, nimg;
+  int oyA, n0, Q;
 };
 
 __device__ __forceinline__ DrTile dr_tile(const DrGeo& g, unsigned tile, int S) {
@@ -157,7 +153,6 @@ __device__ __forceinline__ DrTile dr_tile(const DrGeo& g, unsigned tile, int S) 
   // slot 0's local row 0 is input row oyA * S - ph; a later slot's is input row -ph
   tl.n0 = ((tl.bA == bB ? oyB : g.Ho - 1) - tl.oyA) * S + 3;
   const int nimg = static_cast<int>(bB - tl.bA) + 1;
-  tl.nimg = nimg;
   tl.Q = nimg == 1 ? tl.n0 : tl.n0 + (nimg - 2) * g.Hn + oyB * S + 3;
   return tl;
 }
@@ -173,57 +168,6 @@ __device__ __forceinline__ const uint8_t* staged_row(const Params& p, const DrGe
     iy = static_cast<int>(u - kk * g.Hn) - p.ph;
   }
   return iy >= 0 && iy < p.H ? a_ch + (tl.bA + k) * img_in + (long long)iy * p.W : nullptr;
-}
-
-// The input word staged at w of tile tl, as a byte offset from the tile's first image (bA) in 32 bits
-// (dr_geo keeps a tile's images under 2^31 bytes); false where it is padding (or past the staged words).
-// Branch-free: at stride 2 a thread stages ~9 words a tile, and pointer checks there had cost more
-// instructions than the tile's table reads.
-// kStWords (rows a multiple of 4 wide, starting on a word): staged word j of a row holds input columns
-// 4 (j - 1) .. 4 j - 1, so it is one input word or all padding.
-// kStPlanes: staged word w of slot k is pad (its first g.pre words) or word j = w - g.pre of the words
-// that hold image bA + k's plane, which starts o bytes into its first word (the same o for every image
-// of a channel: an image is a multiple of 4 bytes; the neighbouring planes' bytes in its first and last
-// word are only read as the columns and rows outside the plane, which the window sets to pad). The
-// g.trail words past the last slot are pad.
-template <int STG>
-__device__ __forceinline__ bool word_src(const Params& p, const DrGeo& g, const DrTile& tl, int w, int img_in,
-                                         int o, int& off) {
-  const int q = static_cast<int>(fdiv(static_cast<unsigned>(w), g.fnw));  // row (words) or slot (planes)
-  if constexpr (STG == kStPlanes) {
-    const int j = w - q * g.nw - g.pre;
-    off = q * img_in - o + 4 * j;
-    return q < tl.nimg && j >= 0 && 4 * j < o + p.H * p.W;
-  } else {
-    const int j = w - q * g.nw;
-    const int u = q - tl.n0;  // a later slot's row u - kk Hn of image bA + kk + 1
-    const int kk = static_cast<int>(fdiv(static_cast<unsigned>(max(u, 0)), g.fHn));
-    const int k = u < 0 ? 0 : kk + 1;
-    const int iy = (u < 0 ? tl.oyA * p.sh + q : u - kk * g.Hn) - p.ph;
-    off = k * img_in + iy * p.W + 4 * (j - 1);
-    return q < tl.Q && static_cast<unsigned>(iy) < static_cast<unsigned>(p.H) && j >= 1 && 4 * j <= p.W;
-  }
-}
-
-// The same words as pointers, nullptr for padding, with early exits: slower than word_src wherever it
-// was measured but at stride 1 with 7 outputs a thread (MobileNetV2's 28x28, 14x14, 7x7 layers: there
-// 1.03-1.31x faster, benchmarks/imagenet.md; the profile moves MIO throttle, not the work).
-__device__ __forceinline__ const uint32_t* aligned_src(const Params& p, const DrGeo& g, const DrTile& tl,
-                                                       int w, const uint8_t* a_ch, long long img_in) {
-  if (w >= tl.Q * g.nw) return nullptr;
-  const unsigned q = fdiv(static_cast<unsigned>(w), g.fnw);
-  const int j = w - static_cast<int>(q) * g.nw;
-  const uint8_t* row = staged_row(p, g, tl, q, a_ch, img_in, p.sh);
-  return row && j >= 1 && 4 * j <= p.W ? reinterpret_cast<const uint32_t*>(row) + (j - 1) : nullptr;
-}
-
-__device__ __forceinline__ const uint32_t* plane_src(const Params& p, const DrGeo& g, const DrTile& tl, int w,
-                                                     const uint8_t* a_ch, long long img_in, int o) {
-  if (w >= tl.nimg * g.nw) return nullptr;
-  const unsigned k = fdiv(static_cast<unsigned>(w), g.fnw);
-  const int j = w - static_cast<int>(k) * g.nw - g.pre;
-  if (j < 0 || 4 * j >= o + p.H * p.W) return nullptr;
-  return reinterpret_cast<const uint32_t*>(a_ch - o + (tl.bA + k) * img_in) + j;
 }
 
 // Other rows: staged column 0 is input column -pw; a word's four codes as LUT rows.
@@ -272,36 +216,11 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
   const uint8_t* a_ch = p.a + (long long)ch * plane;
   int32_t* out_ch = p.out + (long long)ch * p.HoWo;
   const int Ho = g.Ho;
-  // words and planes: the next tile's words are loaded into registers before this tile's reads, so
-  // their latency hides behind the table reads (KP words a thread; any beyond them load at the barrier)
-  constexpr bool ALIGNED = STG == kStWords, PLANES = STG == kStPlanes, WORDS = STG != kStRows;
-  constexpr int KP = !WORDS ? 0 : S == 1 ? 4 : 8;
-  uint32_t pre[KP > 0 ? KP : 1];
-  const int o = PLANES ? static_cast<int>((ch * plane) & 3) : 0;  // the channel's planes' offset in a word
-  const int img_in32 = static_cast<int>(img_in);  // WORDS: dr_geo keeps a tile's images under 2^31 bytes
-  const auto load_word = [&](const DrTile& tl, const uint8_t* base, int w) {
-    if constexpr (S == 1 && R == 7) {
-      const uint32_t* src = PLANES ? plane_src(p, g, tl, w, a_ch, img_in, o) : aligned_src(p, g, tl, w, a_ch, img_in);
-      return src ? __ldg(src) : 0u;
-    } else {
-      int off;
-      const bool in = word_src<STG>(p, g, tl, w, img_in32, o, off);
-      return in ? __ldg(reinterpret_cast<const uint32_t*>(base + off)) : 0u;
-    }
-  };
-  const uint8_t* base = a_ch;  // WORDS: the prefetched tile's first image
-  const auto prefetch = [&](const DrTile& tl) {
-    base = a_ch + tl.bA * img_in;
-#pragma unroll
-    for (int k = 0; k < KP; ++k) pre[k] = load_word(tl, base, tid + k * kDrThreads);
-  };
+  constexpr bool DIRECT = STG != kStRows;
+  const uint32_t* a32 = reinterpret_cast<const uint32_t*>(p.a);  // direct: dr_geo checked it sits on a word
   DrTile tl{};
-  if (WORDS && blockIdx.x < g.tiles) {  // in flight while the table is built
-    tl = dr_tile(g, blockIdx.x, S);
-    prefetch(tl);
-  }
   {
-    // banked: the compact table goes where the rows are staged later (the first tile's barrier
+    // banked: the compact table goes where kStRows stages its rows later (the first tile's barrier
     // comes after its last read)
     E* out = COPIES == 1 ? tab : reinterpret_cast<E*>(st);
     const int8_t* wch = p.w + (long long)ch * 9;
@@ -333,29 +252,24 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
       }
     }
   }
+  if constexpr (DIRECT) __syncthreads();  // the table is built; no barrier after it
   for (unsigned tile = blockIdx.x; tile < g.tiles; tile += gridDim.x) {
-    if constexpr (!WORDS) tl = dr_tile(g, tile, S);
-    const unsigned t0 = tl.t0, t1 = tl.t1, bA = tl.bA;
-    const int oyA = tl.oyA, n0 = tl.n0, Q = tl.Q;
-    const int nst = PLANES ? tl.nimg * g.nw + g.trail : Q * g.nw;  // staged words
-    // the previous tile's reads of the staged rows are done (the first tile: the banked table's compact copy,
-    // staged there, is read; the others build straight into place, and the barrier below orders that)
-    if (tile != blockIdx.x || COPIES > 1) __syncthreads();
-    if constexpr (WORDS) {
-#pragma unroll
-      for (int k = 0; k < KP; ++k)
-        if (tid + k * kDrThreads < nst) st[tid + k * kDrThreads] = pre[k] ^ pad4;
-      for (int w = tid + KP * kDrThreads; w < nst; w += kDrThreads) st[w] = load_word(tl, base, w) ^ pad4;
+    if constexpr (DIRECT) {
+      tl.t0 = tile * kDrThreads;
+      tl.t1 = min(tl.t0 + kDrThreads, g.total);
     } else {
+      tl = dr_tile(g, tile, S);
+      const int nst = tl.Q * g.nw;  // staged words
+      // the previous tile's reads of the staged rows are done (the first tile: the banked table's compact copy,
+      // staged there, is read; the others build straight into place, and the barrier below orders that)
+      if (tile != blockIdx.x || COPIES > 1) __syncthreads();
       for (unsigned w = tid; w < static_cast<unsigned>(nst); w += kDrThreads)
         st[w] = unaligned_word(p, g, tl, w, a_ch, img_in, pad4);
+      if (tid < kDrSlackWords) st[nst + tid] = pad4;
+      __syncthreads();
     }
-    if (tid < kDrSlackWords) st[nst + tid] = pad4;
-    __syncthreads();
-    if (WORDS && tile + gridDim.x < g.tiles) {
-      tl = dr_tile(g, tile + gridDim.x, S);
-      prefetch(tl);
-    }
+    const unsigned t0 = tl.t0, t1 = tl.t1, bA = tl.bA;
+    const int oyA = tl.oyA, n0 = tl.n0;
     const unsigned t = t0 + tid;
     if (t >= t1) continue;
     const unsigned gr = fdiv(t, g.fsegs);
@@ -364,11 +278,12 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
     const int oy = static_cast<int>(gr - b * Ho);
     const unsigned k = b - bA;
     const int q0 = k == 0 ? (oy - oyA) * S : n0 + static_cast<int>(k - 1) * g.Hn + oy * S;
-    // planes: the window's columns left of 0 and from W on hold the neighbouring rows' (or planes')
+    // kStDirectU: the window's columns left of 0 and from W on hold the neighbouring rows' (or planes')
     // codes; keep clears their bytes, which are then set to the pad row
     const int col0 = seg * R * S - p.pw;
-    uint32_t keep[PLANES ? NWA : 1];
-    if constexpr (PLANES) {
+    constexpr bool MASK = STG == kStDirectU;
+    uint32_t keep[MASK ? NWA : 1];
+    if constexpr (MASK) {
 #pragma unroll
       for (int i = 0; i < NWA; ++i) keep[i] = ~0u;
 #pragma unroll
@@ -380,27 +295,45 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
     for (int j = 0; j < R; ++j) acc[j] = 0;  // wraps like every kernel's accumulator
 #pragma unroll
     for (int ky = 0; ky < 3; ++ky) {
-      // the thread's window: input columns seg * R * S - pw .. + NC - 1 of local row q0 + ky
-      const int start = PLANES ? (static_cast<int>(k) * g.nw + g.pre) * 4 + o + (oy * S + ky - p.ph) * p.W + col0
-                               : (q0 + ky) * g.nw * 4 + seg * R * S + (ALIGNED ? 4 - p.pw : 0);
-      uint32_t wv[NWA];
-      if constexpr ((R * S) % 4 == 0 && STG == kStRows) {  // every window starts on a word
+      // the thread's window: input columns col0 .. col0 + NC - 1 of input row iy (kStRows: local row q0 + ky)
+      const int iy = oy * S + ky - p.ph;
+      const bool row_in = iy >= 0 && iy < p.H;
+      uint32_t raw[NWA + 1], wv[NWA];
+      unsigned sh;
+      if constexpr (STG == kStDirect) {
+        // a word holds one row's bytes or none, so the words left of the row, past it and of rows outside the
+        // plane are the pad row's, and no column needs a mask
+        const uint32_t* row = reinterpret_cast<const uint32_t*>(a_ch + b * img_in + (long long)(row_in ? iy : 0) * p.W);
+        const int w0 = col0 >> 2;  // col0 >= -1: the word before the row where the window starts at -1
 #pragma unroll
-        for (int i = 0; i < NWA; ++i) wv[i] = st[(start >> 2) + i];
+        for (int i = 0; i <= NWA; ++i) {
+          const int wi = w0 + i;
+          raw[i] = row_in && wi >= 0 && 4 * wi < p.W ? __ldg(row + wi) ^ pad4 : pad4;
+        }
+        sh = static_cast<unsigned>(col0 & 3) * 8;
+      } else if constexpr (STG == kStDirectU) {
+        // byte offsets from the input's start (dr_geo keeps the input under 2^31 bytes, a multiple of 4): the
+        // words outside the input are pad; keep sets the columns outside the row to pad below
+        const int pos = static_cast<int>(b * img_in + ch * plane) + iy * p.W + col0;
+        const int w0 = pos >> 2;
+#pragma unroll
+        for (int i = 0; i <= NWA; ++i) {
+          const int wi = w0 + i;
+          raw[i] = row_in && static_cast<unsigned>(wi) < g.in_words ? __ldg(a32 + wi) ^ pad4 : pad4;
+        }
+        sh = static_cast<unsigned>(pos & 3) * 8;
       } else {
-        uint32_t raw[NWA + 1];
+        const int start = (q0 + ky) * g.nw * 4 + seg * R * S;
 #pragma unroll
         for (int i = 0; i <= NWA; ++i) raw[i] = st[(start >> 2) + i];
-        const unsigned sh = static_cast<unsigned>(start & 3) * 8;
-#pragma unroll
-        for (int i = 0; i < NWA; ++i) wv[i] = __funnelshift_r(raw[i], raw[i + 1], sh);
+        sh = static_cast<unsigned>(start & 3) * 8;  // 0 where every window starts on a word: R S % 4 == 0
       }
-      if constexpr (PLANES) {
-        // a row above or below the plane (only kernel rows 0 and 2 reach them: padding <= 1) is all pad
-        const int iy = oy * S + ky - p.ph;
-        const uint32_t row = ky == 1 || (iy >= 0 && iy < p.H) ? ~0u : 0u;
 #pragma unroll
-        for (int i = 0; i < NWA; ++i) wv[i] = (wv[i] & keep[i] & row) | (pad4 & ~(keep[i] & row));
+      for (int i = 0; i < NWA; ++i)
+        wv[i] = (R * S) % 4 == 0 && STG == kStRows ? raw[i] : __funnelshift_r(raw[i], raw[i + 1], sh);
+      if constexpr (MASK) {
+#pragma unroll
+        for (int i = 0; i < NWA; ++i) wv[i] = (wv[i] & keep[i]) | (pad4 & ~keep[i]);
       }
       if constexpr (SPLIT) {
         const uint32_t* te = reinterpret_cast<const uint32_t*>(smem) + ky * 256;
@@ -444,8 +377,8 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
 
 // MODE 1: int16 entries, 2: int32 entries, 0: the fit flags decide on the device. Banked: int16
 // entries in kDrCopies copies (int32 ones stay single: 16 of them would not fit).
-// int16 entries: registers capped for the blocks an SM is meant to hold (the prefetched words
-// take 4 or 8 more); the others run two bodies' worth and stay uncapped.
+// int16 entries: registers capped for the blocks an SM is meant to hold; the others run two bodies' worth
+// and stay uncapped.
 template <int S, int R, int MODE, int TL, int STG>
 __global__ void __launch_bounds__(
     kDrThreads, MODE != 1 ? 1 : TL == kDrBanked ? kDrBankedBlocksPerSM : STG == kStRows ? 5 : S == 1 ? 4 : 3)
@@ -476,33 +409,14 @@ DrGeo dr_geo(const Params& p, int fmt, int copies, size_t& smem) {
   const long long rt = std::min<long long>((kDrThreads - 1) / g.segs + 2, B * g.Ho);
   const long long imgs = std::min<long long>({rt, (rt - 1) / g.Ho + 2, B});
   const long long rows = S * rt + (3 - S) * imgs;
-  const int nc = (R - 1) * S + 3;
-  const int nw_rows = ((g.segs * R - 1) * S + 3 + 3) / 4;  // staged columns: every window's, the last overhanging
-  // planes: a window of row -1 starts W + 1 bytes before the plane (a plane starts o = 0..3 bytes
-  // into a word); past the last plane, row H's window (or row H - 1's overhang) and its funnel word
-  const int pre = (p.W + 1 + 3) / 4 + 1;
-  const long long nw_planes = pre + (3 + (long long)p.H * p.W + 3) / 4;
-  const int trail = std::max(pre, ((g.segs - 1) * R * S + 4 * ((nc + 3) / 4 + 1) + 3 + 3) / 4 + 1);
-  // words: the last window's first word, and the NWA + 1 words its reads span
-  const int nw_words = ((g.segs - 1) * R * S + 4 - p.pw) / 4 + (nc + 3) / 4 + 1;
-  // whole planes where a tile's images are at most 1.25x the words of its rows (small planes: a tile
-  // spans images), not where a tile covers a part of one large plane; word-aligned rows too: a plane's
-  // word has one division in its source where a row's has two (28x28 at batch 64: 0.92 -> 0.98 T MAC/s at
-  // stride 2, 1.82 -> 1.93 at stride 1; 56x56 and 112x112 planes, 2.4x and more their rows' words, 3-56 % slower)
-  // words and planes address a tile's images by 32-bit offsets from its first one
-  const bool word_staging = reinterpret_cast<uintptr_t>(p.a) % 4 == 0 && imgs * p.C * p.H * p.W < (1ll << 31) - 16;
-  const bool planes = word_staging && (long long)p.C * p.H * p.W % 4 == 0 &&
-                      4 * (imgs * nw_planes + trail) <= 5 * rows * (p.W % 4 == 0 ? nw_words : nw_rows);
-  g.stage = !word_staging ? kStRows : planes ? kStPlanes : p.W % 4 == 0 ? kStWords : kStRows;
-  if (g.stage == kStWords) {
-    g.nw = nw_words;
-  } else if (g.stage == kStPlanes) {
-    g.pre = pre;
-    g.nw = static_cast<int>(nw_planes);
-    g.trail = trail;
-  } else {
-    g.nw = nw_rows;
-  }
+  g.nw = ((g.segs * R - 1) * S + 3 + 3) / 4;  // kStRows: every window's columns, the last overhanging
+  // direct loads where the input sits on a word; other rows address it by 32-bit offsets
+  const long long in_bytes = B * p.C * p.H * p.W;
+  const bool on_word = reinterpret_cast<uintptr_t>(p.a) % 4 == 0;
+  g.stage = on_word && p.W % 4 == 0                                           ? kStDirect
+            : on_word && in_bytes % 4 == 0 && in_bytes < (1ll << 31) - 16 ? kStDirectU
+                                                                           : kStRows;
+  g.in_words = static_cast<unsigned>(g.stage == kStDirectU ? in_bytes / 4 : 0);
   g.table_bytes = banked ? 3 * 256 * 8 * copies : 3 * 256 * (fmt == 1 ? 8 : 16);
   g.total = static_cast<unsigned>(total);
   g.tiles = static_cast<unsigned>((total + kDrThreads - 1) / kDrThreads);
@@ -510,8 +424,7 @@ DrGeo dr_geo(const Params& p, int fmt, int copies, size_t& smem) {
   g.fHo = make_fastdiv(g.Ho);
   g.fnw = make_fastdiv(g.nw);
   g.fHn = make_fastdiv(g.Hn);
-  const size_t staged =
-      (size_t)((g.stage == kStPlanes ? imgs * g.nw + g.trail : rows * g.nw) + kDrSlackWords) * 4;
+  const size_t staged = (size_t)((g.stage == kStRows ? rows * g.nw : 0) + kDrSlackWords) * 4;
   smem = g.table_bytes + (banked ? std::max<size_t>(staged, kDrCompactBytes) : staged);
   return g;
 }
@@ -583,8 +496,8 @@ void launch_depthwise_rows(const Params& p, const ConvGeo&, int fmt, int layout,
   // one instantiation per (layout, staging): STG is a template argument
   const auto with_stage = [&](auto tl) {
     constexpr int TL = decltype(tl)::value;
-    if (g.stage == kStWords) launch_dr_tl<TL, kStWords>(p, fmt, g, smem, stream);
-    else if (g.stage == kStPlanes) launch_dr_tl<TL, kStPlanes>(p, fmt, g, smem, stream);
+    if (g.stage == kStDirect) launch_dr_tl<TL, kStDirect>(p, fmt, g, smem, stream);
+    else if (g.stage == kStDirectU) launch_dr_tl<TL, kStDirectU>(p, fmt, g, smem, stream);
     else launch_dr_tl<TL, kStRows>(p, fmt, g, smem, stream);
   };
   if (layout == kDrBanked) with_stage(std::integral_constant<int, kDrBanked>{});

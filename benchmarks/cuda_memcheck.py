@@ -30,13 +30,13 @@ CONVS = [((3, *a), w, 1, 0, 1) for _, kind, a, w in LENET5_LAYERS if kind == "co
     ((2, 6, 13, 11), (6, 1, 3, 3), 1, 1, 6),    # depthwise 3x3 (depthwise, depthwise_rows)
     ((37, 4, 14, 14), (4, 1, 3, 3), 2, 1, 4),   # depthwise stride 2: tiles spanning many images
     ((2, 3, 9, 10), (3, 1, 3, 3), 2, 0, 3),     # depthwise stride 2, no padding
-    # depthwise on rows a multiple of 4 wide (staged as whole input words, the next tile's prefetched)
+    # depthwise on rows a multiple of 4 wide (window words loaded from global memory, rows and columns outside as pad)
     ((3, 4, 12, 16), (4, 1, 3, 3), 1, 1, 4),
     ((2, 3, 11, 20), (3, 1, 3, 3), 2, 0, 3),
-    ((1, 2, 5, 1200), (2, 1, 3, 3), 1, 1, 2),  # words past what the prefetch holds: loaded at the barrier
-    # depthwise on images a multiple of 4 bytes whose rows are not (staged as whole planes of words)
+    ((1, 2, 5, 1200), (2, 1, 3, 3), 1, 1, 2),  # rows wider than a tile's tasks
+    # depthwise on inputs a multiple of 4 bytes whose rows are not (words at byte offsets, edge columns masked)
     ((5, 3, 14, 14), (3, 1, 3, 3), 1, 1, 3),
-    ((37, 8, 7, 7), (8, 1, 3, 3), 2, 1, 8),    # planes 1-3 bytes into a word, the last one ending the tensor
+    ((37, 8, 7, 7), (8, 1, 3, 3), 2, 1, 8),    # planes 1-3 bytes into a word, the last word the input's
 ]
 BMMS = [(3, 37, 41, 64), (2, 197, 197, 68), (2, 197, 64, 197), (1, 5, 300, 7)]  # (B, M, N, K)
 LINEARS = [(3, *w[::-1]) for _, kind, _, w in LENET5_LAYERS if kind == "linear"] + [

@@ -37,8 +37,8 @@
 // tasks share most of their words, which L1 serves; there is no staging and no block barrier after the table
 // build. Staging each tile's rows in shared memory first (whole words, or whole small planes) was 1.0-1.6x
 // slower: at stride 2 and on small planes the staging's address arithmetic outweighed the table reads
-// (benchmarks/imagenet.md). Inputs off a word, or other rows past 2^31 input bytes, still stage their rows
-// byte-wise realigned (kStRows), at the tile's barrier.
+// (benchmarks/imagenet.md). Inputs off a word, and other rows of inputs not a multiple of 4 bytes or past 2^31
+// bytes, still stage their rows byte-wise realigned (kStRows), at the tile's barrier.
 #include <algorithm>
 #include <array>
 #include <map>

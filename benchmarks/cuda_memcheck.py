@@ -34,6 +34,10 @@ CONVS = [((3, *a), w, 1, 0, 1) for _, kind, a, w in LENET5_LAYERS if kind == "co
     ((3, 4, 12, 16), (4, 1, 3, 3), 1, 1, 4),
     ((2, 3, 11, 20), (3, 1, 3, 3), 2, 0, 3),
     ((1, 2, 5, 1200), (2, 1, 3, 3), 1, 1, 2),  # rows wider than a tile's tasks
+    # rows a multiple of 8 wide, 8 outputs a thread: words in 8-byte pairs, windows from a pair's second word (padding
+    # 1) or first (none); the last pair past the row
+    ((2, 3, 9, 32), (3, 1, 3, 3), 1, 1, 3),
+    ((3, 2, 9, 24), (2, 1, 3, 3), 2, 0, 2),
     # depthwise on inputs a multiple of 4 bytes whose rows are not (words at byte offsets, edge columns masked)
     ((5, 3, 14, 14), (3, 1, 3, 3), 1, 1, 3),
     ((37, 8, 7, 7), (8, 1, 3, 3), 2, 1, 8),    # planes 1-3 bytes into a word, the last word the input's
@@ -43,9 +47,11 @@ LINEARS = [(3, *w[::-1]) for _, kind, _, w in LENET5_LAYERS if kind == "linear"]
     (37, 100, 17), (5, 33, 3), (700, 84, 10), (1100, 130, 45), (1030, 2, 97), (600, 11, 31), (2100, 37, 20)]
 
 
-def gemm_configs(algos):
-    """The applicable algos plus expanded_gemm's configurations, which auto may pick and the algo
-    table does not list (each its own kernel; r8w and r8c their own table builds)."""
+def configs(algos):
+    """The applicable algos plus the configurations auto may pick that the algo table does not list:
+    depthwise_rows' fixed grids (1 block a channel, and 3: tiles shared unevenly) and expanded_gemm's (each
+    its own kernel; r8w and r8c their own table builds)."""
+    algos = algos + [f"{a}_g{g}" for a in algos if a.startswith("depthwise_rows") for g in (1, 3)]
     if "expanded_gemm" not in algos:
         return algos
     return algos + ["expanded_gemm_r2", "expanded_gemm_r4", "expanded_gemm_r8", "expanded_gemm_r8w",
@@ -67,7 +73,7 @@ def main(bmm_only=False):
                 w = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
                 want = reference_lut_linear(a, w, lut)
                 ad, wd, ld = a.cuda(), w.cuda(), lut.cuda()
-                for algo in gemm_configs(["auto"] + [r["algo"] for r in algo_table(ad, wd, ld, backend="cuda")
+                for algo in configs(["auto"] + [r["algo"] for r in algo_table(ad, wd, ld, backend="cuda")
                                                       if r["applies"]]):
                     got = lut_linear(ad, wd, ld, backend="cuda", algo=algo).cpu()
                     assert torch.equal(got, want), (m, k, n, algo)
@@ -78,7 +84,7 @@ def main(bmm_only=False):
                 want = reference_lut_conv2d(a, w, lut, stride, pad, 1, groups)
                 ad, wd, ld = a.cuda(), w.cuda(), lut.cuda()
                 args = (stride, pad, 1, groups)
-                for algo in gemm_configs(["auto"] + [r["algo"] for r in algo_table(ad, wd, ld, *args, backend="cuda")
+                for algo in configs(["auto"] + [r["algo"] for r in algo_table(ad, wd, ld, *args, backend="cuda")
                                                       if r["applies"]]):
                     got = lut_conv2d(ad, wd, ld, *args, backend="cuda", algo=algo).cpu()
                     assert torch.equal(got, want), (ashape, wshape, algo)

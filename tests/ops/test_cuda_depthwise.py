@@ -1,9 +1,10 @@
 """CUDA depthwise variants on 3x3 depthwise shapes (MobileNetV2's): bit-exact against the python
 reference with poisoned outputs, every variant approx::lut_algos says applies (depthwise_rows' four
 among them), stride 1 and 2, padding 0 and 1; rows a multiple of 4 wide (window words loaded from global
-memory), other rows of inputs a multiple of 4 bytes (words at byte offsets, edge columns masked), inputs of
+memory; in 8-byte pairs where rows are a multiple of 8 wide and a task's 8 or 16 columns start every window on
+the same word of a pair), other rows of inputs a multiple of 4 bytes (words at byte offsets, edge columns masked), inputs of
 other sizes or off a word boundary (rows staged byte-wise in shared memory); int16 and int32 products, signed
-and unsigned codes; and which shapes depthwise_rows takes.
+and unsigned codes; which shapes depthwise_rows takes; and the blocks a channel (_g<N>) auto times.
 
 Marked `cuda` (deselected by default; run with `-m cuda` on a GPU machine)."""
 import pytest
@@ -29,8 +30,8 @@ CASES = {
     "13x11": ((1, 4, 13, 11), 1, 0),            # odd plane: tiles end mid-row
     "13x11_s2": ((1, 4, 13, 11), 2, 0),
     "13x11_s2_p1": ((3, 2, 13, 11), 2, 1),      # 858 bytes, not a multiple of 4: rows staged in shared memory
-    "112": ((2, 2, 112, 112), 1, 1),            # MobileNetV2's first depthwise layer
-    "112_s2": ((2, 2, 112, 112), 2, 1),
+    "112": ((2, 2, 112, 112), 1, 1),            # MobileNetV2's first depthwise layer (8-byte pairs)
+    "112_s2": ((2, 2, 112, 112), 2, 1),         # 8-byte pairs, windows from a pair's second word
     "28": ((3, 5, 28, 28), 1, 1),
     "14_s2_b37": ((37, 3, 14, 14), 2, 1),       # 7x7 outputs: a tile spans 36 images
     "4x3_b40": ((40, 2, 4, 3), 1, 1),           # planes smaller than the kernel's reach
@@ -40,10 +41,12 @@ CASES = {
     # rows a multiple of 4 wide: whole words of one row each
     "16_p0": ((2, 3, 12, 16), 1, 0),
     "20_s2_p0": ((3, 2, 11, 20), 2, 0),
-    "pad_x": ((2, 3, 9, 8), 1, (0, 1)),         # padding along x only
+    "pad_x": ((2, 3, 9, 8), 1, (0, 1)),         # padding along x only; 8-byte pairs, one a row
+    "32_p0": ((2, 3, 6, 32), 1, 0),             # 8-byte pairs, windows from a pair's first word
+    "24_s2_p0": ((3, 2, 9, 24), 2, 0),          # the same at stride 2 (16 columns a task)
     "wide_s1": ((1, 2, 5, 1200), 1, 1),
     "56_b9": ((9, 2, 56, 56), 1, 1),            # many tiles a block
-    "56_s2_b9": ((9, 2, 56, 56), 2, 1),
+    "56_s2_b9": ((9, 2, 56, 56), 2, 1),         # 7 outputs a thread: 14 columns, single words
     "84": ((2, 2, 84, 84), 1, 1),               # 7 outputs a thread (84 = 12 x 7) on word rows
     "28_s2_b12": ((12, 3, 28, 28), 2, 1),       # a tile spans 9 images
     # other rows of planes a multiple of 4 bytes: words at byte offsets, the columns outside the row masked
@@ -92,10 +95,11 @@ def test_depthwise_3x3_matches_reference(case, lutkind, signed):
 
 
 @pytest.mark.parametrize("hw", [16, 14, 7])
-@pytest.mark.parametrize("offset", [1, 2, 4])
+@pytest.mark.parametrize("offset", [1, 2, 4, 8])
 def test_depthwise_rows_input_off_a_word_boundary(offset, hw):
     """Window words are loaded from global memory only where the input starts on a word: codes at a
-    byte offset (a view into a larger buffer) take the rows staged byte-wise, exactly."""
+    byte offset (a view into a larger buffer) of 1 or 2 take the rows staged byte-wise, of 4 single words
+    (16-wide rows: not 8-byte pairs, which need an input on 8 bytes), of 8 pairs again; all exactly."""
     gen = torch.Generator().manual_seed(33 + offset + hw)
     shape = (3, 4, hw, hw)
     a = make_codes(gen, shape, True)
@@ -183,3 +187,36 @@ def test_depthwise_rows_reads_the_table_format_on_the_device(lutkind):
                 wd.add_(0)
                 got = poisoned_call(lambda: ops.lut_conv2d(ad, wd, ld, *args, algo), tuple(want.shape))
                 check_equal(got, want, f"{algo} stride {stride} {lutkind}, format read on the device")
+
+
+@pytest.mark.parametrize("batch,stride,hw", [(9, 1, 14), (9, 2, 28), (3, 1, 56), (40, 1, 7)])
+def test_depthwise_rows_blocks_a_channel(batch, stride, hw):
+    """A _g<N> name fixes the blocks a channel (auto times 1, 2 and 4 beside the grid model's pick): every grid
+    walks each tile of its channel once, N past the channel's tiles included. Against `direct`."""
+    gen = torch.Generator().manual_seed(50 + stride + hw)
+    a = make_codes(gen, (batch, 40, hw, hw), True).to(DEV)
+    w = make_weights(gen, (40, 1, 3, 3), True).to(DEV)
+    lut = make_lut(gen, "int16").to(DEV)
+    args = ([stride, stride], [1, 1], [1, 1], 40)
+    want = ops.lut_conv2d(a, w, lut, *args, "direct").cpu()
+    for algo in _rows_variants(stride):
+        for gx in (1, 2, 3, 4, 4096):
+            name = f"{algo}_g{gx}"
+            got = poisoned_call(lambda: ops.lut_conv2d(a, w, lut, *args, name), tuple(want.shape))
+            check_equal(got, want, f"{name} stride {stride}, {hw}x{hw}, batch {batch}")
+
+
+def test_depthwise_rows_grid_names():
+    """Malformed grids are errors that name the form; names that are not depthwise_rows' stay unknown."""
+    gen = torch.Generator().manual_seed(51)
+    a = make_codes(gen, (2, 4, 8, 8), True).to(DEV)
+    w = make_weights(gen, (4, 1, 3, 3), True).to(DEV)
+    lut = make_lut(gen, "int16").to(DEV)
+    args = ([1, 1], [1, 1], [1, 1], 4)
+    for bad in ("depthwise_rows_g0", "depthwise_rows_g", "depthwise_rows_g01", "depthwise_rows_g2x",
+                "depthwise_rows_g4097", "depthwise_rows_banked8_g-1", "depthwise_rows_split_g12345"):
+        with pytest.raises(RuntimeError, match=r"_g<blocks a channel, 1\.\.4096>"):
+            ops.lut_conv2d(a, w, lut, *args, bad)
+    for unknown in ("depthwise_g2", "depthwise_rows_banked9_g2", "expanded_l2_g2"):
+        with pytest.raises(RuntimeError, match="unknown algo"):
+            ops.lut_conv2d(a, w, lut, *args, unknown)

@@ -59,7 +59,7 @@ __host__ __device__ constexpr int dr_copies(int layout) {
   return layout == kDrBanked ? kDrCopies : layout == kDrBanked8 ? kDrCopies / 2 : 1;
 }
 constexpr int kDrCompactBytes = 3 * 256 * 8;  // banked: the int16 table once, before its copies
-enum DrStage : int { kStRows = 0, kStDirect = 1, kStDirectU = 2 };
+enum DrStage : int { kStRows = 0, kStDirect = 1, kStDirectU = 2, kStDirect8 = 3 };
 
 struct DrGeo {
   int Ho, segs;    // output rows per image, R-output segments per output row
@@ -70,6 +70,7 @@ struct DrGeo {
   unsigned total;  // tasks of one channel: B * Ho * segs (< 2^31: depthwise_rows_why_not)
   unsigned tiles;
   unsigned in_words;  // kStDirectU: the input's words
+  int gx;             // blocks a channel (auto's trial or a _g<N> name); 0: the grid model's
   FastDiv fsegs, fHo, fnw, fHn;
 };
 
@@ -311,6 +312,26 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
           raw[i] = row_in && wi >= 0 && 4 * wi < p.W ? __ldg(row + wi) ^ pad4 : pad4;
         }
         sh = static_cast<unsigned>(col0 & 3) * 8;
+      } else if constexpr (STG == kStDirect8) {
+        // kStDirect's words as aligned 8-byte pairs, a pair in the row or out of it whole. dr_geo takes this
+        // only where R * S is a multiple of 8, so every task's window starts on the same word of a pair (the
+        // second where the padding is 1): the select below is uniform
+        const uint2* row2 = reinterpret_cast<const uint2*>(a_ch + b * img_in + (long long)(row_in ? iy : 0) * p.W);
+        const int w0 = col0 >> 2, k0 = w0 >> 1;  // col0 >= -1: w0 and k0 >= -1
+        constexpr int NP = (NWA + 3) / 2;       // pairs that hold NWA + 1 words from an odd word
+        uint32_t q[2 * NP];
+#pragma unroll
+        for (int j = 0; j < NP; ++j) {
+          const int kj = k0 + j;
+          const bool in = row_in && kj >= 0 && 8 * kj < p.W;
+          const uint2 v = in ? __ldg(row2 + kj) : make_uint2(0u, 0u);
+          q[2 * j] = in ? v.x ^ pad4 : pad4;
+          q[2 * j + 1] = in ? v.y ^ pad4 : pad4;
+        }
+        const bool odd = w0 & 1;
+#pragma unroll
+        for (int i = 0; i <= NWA; ++i) raw[i] = odd ? q[i + 1] : q[i];
+        sh = static_cast<unsigned>(col0 & 3) * 8;
       } else if constexpr (STG == kStDirectU) {
         // byte offsets from the input's start (dr_geo keeps the input under 2^31 bytes, a multiple of 4): the
         // words outside the input are pad; keep sets the columns outside the row to pad below
@@ -424,6 +445,8 @@ DrGeo dr_geo(const Params& p, int fmt, int copies, size_t& smem) {
   g.stage = on_word && p.W % 4 == 0                                           ? kStDirect
             : on_word && in_bytes % 4 == 0 && in_bytes < (1ll << 31) - 16 ? kStDirectU
                                                                            : kStRows;
+  if (g.stage == kStDirect && p.W % 8 == 0 && R * S % 8 == 0 && reinterpret_cast<uintptr_t>(p.a) % 8 == 0)
+    g.stage = kStDirect8;
   g.in_words = static_cast<unsigned>(g.stage == kStDirectU ? in_bytes / 4 : 0);
   g.table_bytes = banked ? 3 * 256 * 8 * copies : 3 * 256 * (fmt == 1 ? 8 : 16);
   g.total = static_cast<unsigned>(total);
@@ -461,7 +484,7 @@ void launch_dr_sr(const Params& p, int fmt, const DrGeo& g, size_t smem, cudaStr
       if (x == 1 || cost < best) best = cost, gx = x;
     }
   }
-  const dim3 grid(static_cast<unsigned>(gx), p.G);
+  const dim3 grid(static_cast<unsigned>(g.gx > 0 ? std::min<long long>(g.gx, g.tiles) : gx), p.G);
   kern<<<grid, kDrThreads, smem, stream>>>(p, g);
 }
 
@@ -497,15 +520,17 @@ std::string depthwise_rows_why_not(const Params& p, const ConvGeo& cg, int layou
   return "";
 }
 
-void launch_depthwise_rows(const Params& p, const ConvGeo&, int fmt, int layout, cudaStream_t stream) {
+void launch_depthwise_rows(const Params& p, const ConvGeo&, int fmt, int layout, int gx, cudaStream_t stream) {
   if (fmt == 2) layout = kDrSingle;  // int32 products: the single table (the others hold int16 ones)
   size_t smem = 0;
-  const DrGeo g = dr_geo(p, fmt, dr_copies(layout), smem);
+  DrGeo g = dr_geo(p, fmt, dr_copies(layout), smem);
+  g.gx = gx;
   // one instantiation per (layout, staging): STG is a template argument
   const auto with_stage = [&](auto tl) {
     constexpr int TL = decltype(tl)::value;
     if (g.stage == kStDirect) launch_dr_tl<TL, kStDirect>(p, fmt, g, smem, stream);
     else if (g.stage == kStDirectU) launch_dr_tl<TL, kStDirectU>(p, fmt, g, smem, stream);
+    else if (g.stage == kStDirect8) launch_dr_tl<TL, kStDirect8>(p, fmt, g, smem, stream);
     else launch_dr_tl<TL, kStRows>(p, fmt, g, smem, stream);
   };
   if (layout == kDrBanked) with_stage(std::integral_constant<int, kDrBanked>{});

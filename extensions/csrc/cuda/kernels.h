@@ -72,6 +72,7 @@ struct Config {
   int rx = 0;                   // expanded_window: outputs a thread (7 or 5); 0: 8
   int build = 0;                // expanded_gemm: the table build, 0 scattered, 1 WH (_r8w), 2 CO (_r8c)
   int ks = 0;                   // expanded_gemm: K split over ks blocks (_k<ks>); 0 or 1: none
+  int gx = 0;                   // depthwise_rows: blocks a channel (_g<gx>); 0: its grid model's
 };
 
 void launch_direct(const Params& p, cudaStream_t stream);                  // direct.cu
@@ -101,7 +102,8 @@ void launch_depthwise(const Params& p, const ConvGeo& cg, cudaStream_t stream);
 // or depthwise_rows_banked8's (8 copies, each in two bank pairs)
 enum DrLayout : int { kDrSingle = 0, kDrBanked = 1, kDrSplit = 2, kDrBanked8 = 3 };
 std::string depthwise_rows_why_not(const Params& p, const ConvGeo& cg, int layout);
-void launch_depthwise_rows(const Params& p, const ConvGeo& cg, int fmt, int layout, cudaStream_t stream);
+// gx: blocks a channel, 0 for the grid model's pick
+void launch_depthwise_rows(const Params& p, const ConvGeo& cg, int fmt, int layout, int gx, cudaStream_t stream);
 // layouts.cu: a conv's codes (one group) in auto's GEMM layout, out [B][K][Ho][Wo] or folded [K][B][Ho][Wo]
 void launch_gemm_layout(const at::Tensor& a, at::Tensor& out, const approx_checks::ConvShape& s, bool folded,
                         cudaStream_t stream);

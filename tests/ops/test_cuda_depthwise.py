@@ -1,10 +1,10 @@
 """CUDA depthwise variants on 3x3 depthwise shapes (MobileNetV2's): bit-exact against the python
 reference with poisoned outputs, every variant approx::lut_algos says applies (depthwise_rows' four
 among them), stride 1 and 2, padding 0 and 1; rows a multiple of 4 wide (window words loaded from global
-memory; in 8-byte pairs where rows are a multiple of 8 wide and a task's 8 or 16 columns start every window on
-the same word of a pair), other rows of inputs a multiple of 4 bytes (words at byte offsets, edge columns masked), inputs of
-other sizes or off a word boundary (rows staged byte-wise in shared memory); int16 and int32 products, signed
-and unsigned codes; which shapes depthwise_rows takes; and the blocks a channel (_g<N>) auto times.
+memory; in 8-byte pairs where rows are a multiple of 8 wide and a task's 8 or 16 columns start every window
+on the same word of a pair), other rows of inputs a multiple of 4 bytes (words at byte offsets, edge columns
+masked), inputs of other sizes or off a word boundary (rows staged byte-wise in shared memory); int16 and int32
+products, signed and unsigned codes; which shapes depthwise_rows takes; and the blocks a channel (_g<N>) auto times.
 
 Marked `cuda` (deselected by default; run with `-m cuda` on a GPU machine)."""
 import pytest

@@ -32,13 +32,14 @@
 // entry took two half warps of 3.08 each, for the same 17 reads a kernel row and 8 outputs.
 //
 // Window loads (DrStage). A task loads its window's words straight from global memory (kStDirect: rows a
-// multiple of 4 wide, where a word holds one row's bytes or none; kStDirectU: other rows, words read at byte
-// offsets from the input's start and funnel-shifted, the columns outside the row masked to padding). Neighbouring
-// tasks share most of their words, which L1 serves; there is no staging and no block barrier after the table
-// build. Staging each tile's rows in shared memory first (whole words, or whole small planes) was 1.0-1.6x
-// slower: at stride 2 and on small planes the staging's address arithmetic outweighed the table reads
-// (benchmarks/imagenet.md). Inputs off a word, and other rows of inputs not a multiple of 4 bytes or past 2^31
-// bytes, still stage their rows byte-wise realigned (kStRows), at the tile's barrier.
+// multiple of 4 wide, where a word holds one row's bytes or none; kStDirect8: the same in aligned 8-byte pairs where
+// rows are a multiple of 8 wide and R x stride too, so every window starts on the same word of a pair, 1.02-1.09x;
+// kStDirectU: other rows, words read at byte offsets from the input's start and funnel-shifted, the columns outside
+// the row masked to padding). Neighbouring tasks share most of their words, which L1 serves; there is no staging
+// and no block barrier after the table build. Staging each tile's rows in shared memory first (whole words, or
+// whole small planes) was 1.0-1.6x slower: at stride 2 and on small planes the staging's address arithmetic
+// outweighed the table reads (benchmarks/imagenet.md). Inputs off a word, and other rows of inputs not a multiple
+// of 4 bytes or past 2^31 bytes, still stage their rows byte-wise realigned (kStRows), at the tile's barrier.
 #include <algorithm>
 #include <array>
 #include <map>
@@ -468,7 +469,8 @@ void launch_dr_sr(const Params& p, int fmt, const DrGeo& g, size_t smem, cudaStr
   set_smem(kern, smem);
   // Blocks per channel, each walking its channel's tiles: SMs take blocks as slots free, so the
   // busiest SM runs about ceil(blocks / SMs) of them, at no better than `per_sm` at once; a block
-  // costs its tiles and its table build (16 copies: about 1.5 tiles' worth of stores).
+  // costs its tiles and its table build (16 copies: about 1.5 tiles' worth of stores). Auto also times
+  // 1, 2 and 4 blocks a channel (g.gx), which beat this model by up to 1.2x on 14x14 and 28x28 planes.
   const long long per_sm = blocks_per_sm(kern, kDrThreads, smem), sms = sm_count();
   // the search takes microseconds a launch at large batches: once per (occupancy, SMs, channels, tiles)
   static std::mutex mu;

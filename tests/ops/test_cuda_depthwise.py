@@ -116,17 +116,22 @@ def test_depthwise_rows_input_off_a_word_boundary(offset, hw):
             check_equal(got, want, f"{algo} stride {stride}, input at byte offset {offset}")
 
 
+def _against_direct(seed, batch, channels, hw, stride):
+    """Signed codes and weights of a padded 3x3 depthwise conv on the device, and `direct`'s sums on the host."""
+    gen = torch.Generator().manual_seed(seed)
+    a = make_codes(gen, (batch, channels, hw, hw), True).to(DEV)
+    w = make_weights(gen, (channels, 1, 3, 3), True).to(DEV)
+    lut = make_lut(gen, "int16").to(DEV)
+    args = ([stride, stride], [1, 1], [1, 1], channels)
+    return a, w, lut, args, ops.lut_conv2d(a, w, lut, *args, "direct").cpu()
+
+
 @pytest.mark.parametrize("batch,stride,hw", [(2, 1, 56), (8, 2, 56), (64, 1, 28), (64, 2, 28), (64, 1, 14), (64, 2, 14),
                                              (64, 1, 7)])
 def test_depthwise_rows_blocks_of_many_tiles(batch, stride, hw):
     """With hundreds of channels a block walks more than one tile of its channel, the table built once:
     against `direct` (itself checked against the reference)."""
-    gen = torch.Generator().manual_seed(40 + stride + hw)
-    a = make_codes(gen, (batch, 300, hw, hw), True).to(DEV)
-    w = make_weights(gen, (300, 1, 3, 3), True).to(DEV)
-    lut = make_lut(gen, "int16").to(DEV)
-    args = ([stride, stride], [1, 1], [1, 1], 300)
-    want = ops.lut_conv2d(a, w, lut, *args, "direct").cpu()
+    a, w, lut, args, want = _against_direct(40 + stride + hw, batch, 300, hw, stride)
     for algo in _rows_variants(stride):
         got = poisoned_call(lambda: ops.lut_conv2d(a, w, lut, *args, algo), tuple(want.shape))
         check_equal(got, want, f"{algo} stride {stride}, 300 channels")
@@ -193,12 +198,7 @@ def test_depthwise_rows_reads_the_table_format_on_the_device(lutkind):
 def test_depthwise_rows_blocks_a_channel(batch, stride, hw):
     """A _g<N> name fixes the blocks a channel (auto times 1, 2 and 4 beside the grid model's pick): every grid
     walks each tile of its channel once, N past the channel's tiles included. Against `direct`."""
-    gen = torch.Generator().manual_seed(50 + stride + hw)
-    a = make_codes(gen, (batch, 40, hw, hw), True).to(DEV)
-    w = make_weights(gen, (40, 1, 3, 3), True).to(DEV)
-    lut = make_lut(gen, "int16").to(DEV)
-    args = ([stride, stride], [1, 1], [1, 1], 40)
-    want = ops.lut_conv2d(a, w, lut, *args, "direct").cpu()
+    a, w, lut, args, want = _against_direct(50 + stride + hw, batch, 40, hw, stride)
     for algo in _rows_variants(stride):
         for gx in (1, 2, 3, 4, 4096):
             name = f"{algo}_g{gx}"

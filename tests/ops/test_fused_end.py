@@ -59,13 +59,14 @@ def _requant(gen, n):
 def _algos(backend, groups=1):
     # CUDA: expanded_window named (8 outputs a thread; 7 where a 3- or 5-wide kernel's rows allow it; 2 channels
     # staged at a time, so the planes are restaged between table chunks); expanded_gemm's tiles (convs of one
-    # group): 128 R rows x 32 channels, r8c's copied build (its cp.async codes at the 1x1 case), and the tall
-    # tile and a K split, where the two ops run; auto (its first call times and falls back, the second runs its
-    # cached pick), and direct (never applies the end itself)
+    # group): 128 R rows x 32 channels, r8c's copied build (its cp.async codes at the 1x1 case), the tall tiles of
+    # 16 and 13 rows a thread (the end in their stores too, int16 products), and a K split, where the two ops run;
+    # auto (its first call times and falls back, the second runs its cached pick), and direct (never applies the
+    # end itself)
     if backend != "cuda":
         return ("auto",)
-    gemm = ("expanded_gemm_r2", "expanded_gemm_r8c", "expanded_gemm_r16c", "expanded_gemm_r8c_k2") \
-        if groups == 1 else ()
+    gemm = ("expanded_gemm_r2", "expanded_gemm_r8c", "expanded_gemm_r16c", "expanded_gemm_r13c",
+            "expanded_gemm_r8c_k2") if groups == 1 else ()
     return ("expanded_window", "expanded_window_x7", "expanded_window_c2", *gemm, "auto", "auto", "direct")
 
 
@@ -162,7 +163,8 @@ def test_opcheck_fused_ends(gen, backend, device):
 @pytest.mark.parametrize("algo,hw,in_stores", [
     ("expanded_window", 12, True), ("expanded_window", 11, True), ("expanded_gemm_r2", 12, True),
     ("expanded_gemm_r8c", 12, True), ("expanded_gemm_r8c", 11, False),  # 121-output planes: the two ops
-    ("expanded_gemm_r16c", 12, False), ("expanded_gemm_r8c_k2", 12, False), ("direct", 12, False),
+    ("expanded_gemm_r16c", 12, True), ("expanded_gemm_r13c", 12, True), ("expanded_gemm_r16c", 11, False),
+    ("expanded_gemm_r8c_k2", 12, False), ("direct", 12, False),
     ("expanded_gemm_r8c", "1x1 s2", True), ("auto", "1x1 s2", None), ("auto", "3x3 taps", None)])
 def test_which_variants_apply_the_end_in_their_stores(gen, algo, hw, in_stores):
     """The values cannot tell the end in a kernel's stores from the two ops (they are the same bits): the kernels a
@@ -193,8 +195,7 @@ def test_which_variants_apply_the_end_in_their_stores(gen, algo, hw, in_stores):
         taps = taps_of(a, (k, k), stride, pad, 1)
         pick = next(r["auto_pick_name"] for r in ops.algo_table(taps, w.view(24, -1, 1, 1), lut, backend="cuda")
                     if r["auto_pick"])
-        in_stores = pick.startswith("expanded_window") or (
-            pick.startswith("expanded_gemm") and "_k" not in pick and "r16c" not in pick)
+        in_stores = pick.startswith("expanded_window") or (pick.startswith("expanded_gemm") and "_k" not in pick)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         calls()
         torch.cuda.synchronize()

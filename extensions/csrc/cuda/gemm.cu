@@ -355,7 +355,7 @@ __device__ __forceinline__ void gemm16_body(const Params& p, uint8_t* smem) {
     if constexpr (EPI) end_put<BM, 8>(smem, g + 128 * i, 8 * j, v);
     else gemm_store(p, m0 + g + 128 * i, n0 + 8 * j, v, add);
   }
-  if constexpr (EPI) end_tile<BM, kGemmBN, 8>(p, smem, m0, n0);
+  if constexpr (EPI) end_tile<BM, kGemmBN, 8>(p, smem, m0, n0, static_cast<int>(min(p.M - m0, (long long)BM)));
 }
 
 // EPI: a conv's end in the stores (Params::epi), its own instantiation: the others keep their code and registers.

@@ -181,16 +181,16 @@ __device__ __forceinline__ void end_column(const Epi& e, const int32_t* col, int
 }
 
 // After every thread's end_put: warp w takes channels w, w + 16, ... of the tile (BN of them from n0), its lanes
-// along the rows (consecutive pixels of a channel's plane: coalesced), the channel's constants loaded once.
+// along the rows (consecutive pixels of a channel's plane: coalesced), the channel's constants loaded once. rows:
+// the tile's rows from m0 (<= BM; the tall tile's tiles are of equal size, not BM).
 template <int BM, int BN, int NC>
-__device__ __forceinline__ void end_tile(const Params& p, const uint8_t* smem, long long m0, int n0) {
+__device__ __forceinline__ void end_tile(const Params& p, const uint8_t* smem, long long m0, int n0, int rows) {
   __syncthreads();
   const int32_t* tile = reinterpret_cast<const int32_t*>(smem);
   const Epi& e = p.epi;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const long long b0 = m0 / p.HoWo;
   const unsigned pix0 = static_cast<unsigned>(m0 - b0 * p.HoWo);  // + a tile row: < 2^31 (conv_params' bounds)
-  const int rows = static_cast<int>(min(p.M - m0, static_cast<long long>(BM)));
   const CodesOut co{e.codes_scale, e.cqmin, e.cqmax};
   const float a = e.kind == 1 ? *e.act_scale : 0.f, inv = e.kind == 1 ? co.inv() : 0.f;
   // m0, HoWo % 4 == 0: rows 4i..4i+3 lie in one plane, their index a multiple of 4

@@ -46,10 +46,14 @@ constexpr int kTallBN = 16;          // channels a block: 4 a thread
 constexpr int kTallSlot = 256 * 128;  // one stage's table: [code][4 taps][8 pair words]
 
 // AC: the codes copied by cp.async (gemm.cuh's CodeCopies) into the rows' address area, which they then leave unused.
-template <int R, bool KX, bool SK, bool AC>
+// EPI: a conv's end in place of the sums (Params::epi), as gemm.cu's tiles do it: the sums through shared memory,
+// free after the stage loop (end_put, end_tile), then stored along each channel's plane.
+template <int R, bool KX, bool SK, bool AC, bool EPI>
 __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
   // LR: rows a thread stages, the last partly past BM where BM is not a multiple of TH (R = 13)
   constexpr int TH = kGemmThreads, BM = R * kTallRowsPerQuad, LR = (BM + TH - 1) / TH;
+  static_assert(!EPI || (BM + 2) * kTallBN * 4 <= 2 * kTallSlot + 2 * BM * 4 + 64 * kGemmRawRow + BM * 12,
+                "the end's tile of sums fits the shared memory the stage loop used");
   const int t = threadIdx.x, g = t >> 2, jj = t & 3;
   const int warp = t >> 5, lane = t & 31, qh = (lane >> 2) & 3;
   // the tile's rows: p.rows_mb <= BM, the call's tiles of equal size (launch_tall_m)
@@ -194,19 +198,21 @@ __device__ __forceinline__ void tall_body(const Params& p, uint8_t* smem) {
     if (128 * i >= left) continue;
     uint32_t v[4];
     finish_row<int16_t, 2>(s[i], h[i], taps, v);
-    gemm_store<4>(p, m0 + g + 128 * i, n0 + 4 * jj, v, add);
+    if constexpr (EPI) end_put<BM, 4>(smem, g + 128 * i, 4 * jj, v);  // the loop's last barrier freed it all
+    else gemm_store<4>(p, m0 + g + 128 * i, n0 + 4 * jj, v, add);
   }
+  if constexpr (EPI) end_tile<BM, kTallBN, 4>(p, smem, m0, n0, rows);
 }
 
 // MODE: 1 int16 products; 0 the format read on the device (the int32 path where they do not fit,
 // its first split doing all of a K split).
-template <int MODE, int R, bool KX, bool SK, bool AC = false>
+template <int MODE, int R, bool KX, bool SK, bool AC = false, bool EPI = false>
 __global__ void __launch_bounds__(kGemmThreads, 1) tall_kernel(Params p) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || read_fits16(p.flags))
-    tall_body<R, KX, SK, AC>(p, smem);
+    tall_body<R, KX, SK, AC, EPI>(p, smem);
   else
-    gemm32_body<R, KX, kTallBN>(p);
+    gemm32_body<R, KX, kTallBN, EPI>(p);
 }
 
 template <int MODE, int R>
@@ -229,6 +235,15 @@ void launch_tall_m(const Params& p, int ks, cudaStream_t stream) {
                                                : tall_kernel<MODE, R, false, false, true>)
                                      : (ks > 1 ? tall_kernel<MODE, R, false, true>
                                                : tall_kernel<MODE, R, false, false>);
+  if (p.epi.kind != 0) {
+    // a conv's end: lut_ops.cpp's run_with_end runs it unsplit, with int16 products (int32 ones take gemm.cu's tile)
+    TORCH_CHECK(MODE == 1 && ks == 1, "approx expanded_gemm_r", R,
+                "c: a conv's end needs an unsplit tile of int16 products");
+    if constexpr (MODE == 1)
+      kern = gemm_kx(p)             ? tall_kernel<MODE, R, true, false, false, true>
+             : gemm_copies_codes(p) ? tall_kernel<MODE, R, false, false, true, true>
+                                    : tall_kernel<MODE, R, false, false, false, true>;
+  }
   set_smem(kern, smem);
   if (ks > 1)  // the splits add into it
     C10_CUDA_CHECK(cudaMemsetAsync(p.out, 0, static_cast<size_t>(p.M) * p.Ntot * sizeof(int32_t), stream));

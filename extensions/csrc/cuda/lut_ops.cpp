@@ -305,15 +305,14 @@ Choice known_pick(Choice choice, const Params& p, const at::Tensor& w, const at:
   return fmt >= 0 && cached_pick(auto_inputs(p, cg, fmt, refused), pick) ? pick : Choice{kAuto};
 }
 
-// The variants that apply an end in their stores: expanded_window, and expanded_gemm's 128 R-row tiles unsplit (a
-// K split's blocks add partial sums into the output) where a channel's plane is a multiple of 4 outputs (its rows
-// in aligned fours: on 7x7 planes the end's short runs of stores measured slower than the two ops, as did the tall
-// tile's end; benchmarks/imagenet.md, "A conv's end in expanded_gemm's stores").
+// The variants that apply an end in their stores: expanded_window, and expanded_gemm's tiles unsplit (a K split's
+// blocks add partial sums into the output) where a channel's plane is a multiple of 4 outputs (its rows in aligned
+// fours: on 7x7 planes the end's short runs of stores measured slower than the two ops, the tall tile's most;
+// benchmarks/imagenet.md, "A conv's end in expanded_gemm's stores").
 bool applies_end(const Choice& c, const Params& p) {
   if (c.algo < 0) return false;
   const std::string name = algos()[c.algo].name;
-  return name == "expanded_window" ||
-         (name == "expanded_gemm" && c.cfg.ks <= 1 && c.cfg.build != 3 && p.HoWo % 4 == 0);
+  return name == "expanded_window" || (name == "expanded_gemm" && c.cfg.ks <= 1 && p.HoWo % 4 == 0);
 }
 
 // Runs the conv with its end in the kernel's stores (p.epi) where the variant applies it (applies_end); false

@@ -31,6 +31,9 @@
 // then 4 bytes (a warp's 32 random codes over 32 banks: 3.53 wavefronts on average) where the 8-byte
 // entry took two half warps of 3.08 each, for the same 17 reads a kernel row and 8 outputs.
 //
+// The table is indexed by raw codes: entry c holds LUT row c ^ xmask, so window words are read as loaded and
+// padding is code 0. A code's byte offset in the table is one shift and one LOP3 from its window word.
+//
 // Window loads (DrStage). A task loads its window's words straight from global memory (kStDirect: rows a
 // multiple of 4 wide, where a word holds one row's bytes or none; kStDirect8: the same in aligned 8-byte pairs where
 // rows are a multiple of 8 wide and R x stride too, so every window starts on the same word of a pair, 1.02-1.09x;
@@ -47,6 +50,7 @@
 #include <type_traits>
 
 #include "launch.cuh"
+#include "ptx.cuh"
 
 namespace approx_cuda {
 namespace {
@@ -55,6 +59,7 @@ constexpr int kDrThreads = 256;
 constexpr int kDrSlackWords = 4;  // after the staged rows: the unaligned reads' last word
 constexpr int kDrCopies = 16;     // banked: one table copy per bank pair
 constexpr int kDrBankedBlocksPerSM = 2;
+__host__ __device__ constexpr int dr_log2(int n) { return n > 1 ? 1 + dr_log2(n / 2) : 0; }
 // the table's copies (banked: 16, banked8: 8; the others hold one)
 __host__ __device__ constexpr int dr_copies(int layout) {
   return layout == kDrBanked ? kDrCopies : layout == kDrBanked8 ? kDrCopies / 2 : 1;
@@ -172,13 +177,13 @@ __device__ __forceinline__ const uint8_t* staged_row(const Params& p, const DrGe
   return iy >= 0 && iy < p.H ? a_ch + (tl.bA + k) * img_in + (long long)iy * p.W : nullptr;
 }
 
-// Other rows: staged column 0 is input column -pw; a word's four codes as LUT rows.
+// Other rows: staged column 0 is input column -pw; a word's four raw codes (padding: code 0).
 __device__ __forceinline__ uint32_t unaligned_word(const Params& p, const DrGeo& g, const DrTile& tl, unsigned w,
-                                                   const uint8_t* a_ch, long long img_in, uint32_t pad4) {
+                                                   const uint8_t* a_ch, long long img_in) {
   const unsigned q = fdiv(w, g.fnw);
   const int j = static_cast<int>(w - q * g.nw);
   const uint8_t* row = staged_row(p, g, tl, q, a_ch, img_in, p.sh);
-  if (!row) return pad4;
+  if (!row) return 0u;
   const int gc = 4 * j - p.pw;
   // Aligned 4-byte loads realigned in registers (rows of odd widths start anywhere), where
   // every byte they touch lies inside the row; bytes at the row's ends and in the padding.
@@ -188,13 +193,13 @@ __device__ __forceinline__ uint32_t unaligned_word(const Params& p, const DrGeo&
   if (gc >= 0 && al >= r0 && al + (sh ? 8 : 4) <= r0 + static_cast<unsigned>(p.W)) {
     const uint32_t* wp = reinterpret_cast<const uint32_t*>(al);
     const uint32_t lo = __ldg(wp);
-    return (sh ? __funnelshift_r(lo, __ldg(wp + 1), sh) : lo) ^ pad4;
+    return sh ? __funnelshift_r(lo, __ldg(wp + 1), sh) : lo;
   }
   uint32_t v = 0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int c = gc + i;
-    const uint32_t r = c >= 0 && c < p.W ? (__ldg(row + c) ^ p.xmask) : p.xmask;
+    const uint32_t r = c >= 0 && c < p.W ? __ldg(row + c) : 0u;
     v |= r << (8 * i);
   }
   return v;
@@ -212,7 +217,9 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
   E* tab = reinterpret_cast<E*>(smem);  // [ky][LUT row][copy]
   uint32_t* st = reinterpret_cast<uint32_t*>(smem + g.table_bytes);
   const int ch = blockIdx.y, tid = threadIdx.x;
-  const uint32_t pad4 = p.xmask * 0x01010101u;  // four padding codes' LUT rows (0 ^ xmask)
+  // The table is indexed by raw codes (entry c holds LUT row c ^ xmask), so window words go to the reads as loaded
+  // and padding is code 0: no XOR a word, and a masked column is a cleared byte
+  const unsigned lrow = static_cast<unsigned>(tid) ^ p.xmask;
   const long long plane = (long long)p.H * p.W, img_in = (long long)p.C * plane;
   const long long img_out = (long long)p.C * p.HoWo;
   const uint8_t* a_ch = p.a + (long long)ch * plane;
@@ -228,10 +235,10 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
     const int8_t* wch = p.w + (long long)ch * 9;
     // a fixed trip count, unrolled: the nine weight loads, then the nine product loads, go out together (two
     // latencies, where a loop waited on six)
-    static_assert(kDrThreads == 256, "a thread builds LUT row tid of each kernel row");
+    static_assert(kDrThreads == 256, "a thread builds code tid's entry of each kernel row");
     if constexpr (SPLIT) {
       uint32_t* t = reinterpret_cast<uint32_t*>(smem);  // E [3][256], then O [3][256]
-      const int16_t* et = p.Et16 + 128 * 256 + tid;
+      const int16_t* et = p.Et16 + 128 * 256 + lrow;
 #pragma unroll
       for (int ky = 0; ky < 3; ++ky) {
         const int8_t* wk = wch + ky * 3;
@@ -241,7 +248,7 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
       }
     } else {
 #pragma unroll
-      for (int ky = 0; ky < 3; ++ky) out[ky * 256 + tid] = Tab::entry(p, wch + ky * 3, tid);
+      for (int ky = 0; ky < 3; ++ky) out[ky * 256 + tid] = Tab::entry(p, wch + ky * 3, lrow);
     }
     if constexpr (COPIES > 1) {
       static_assert(sizeof(E) == 8, "the banked table holds int16 entries");
@@ -266,8 +273,8 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
       // staged there, is read; the others build straight into place, and the barrier below orders that)
       if (tile != blockIdx.x || COPIES > 1) __syncthreads();
       for (unsigned w = tid; w < static_cast<unsigned>(nst); w += kDrThreads)
-        st[w] = unaligned_word(p, g, tl, w, a_ch, img_in, pad4);
-      if (tid < kDrSlackWords) st[nst + tid] = pad4;
+        st[w] = unaligned_word(p, g, tl, w, a_ch, img_in);
+      if (tid < kDrSlackWords) st[nst + tid] = 0u;
       __syncthreads();
     }
     const unsigned t0 = tl.t0, t1 = tl.t1, bA = tl.bA;
@@ -281,16 +288,17 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
     const unsigned k = b - bA;
     const int q0 = k == 0 ? (oy - oyA) * S : n0 + static_cast<int>(k - 1) * g.Hn + oy * S;
     // kStDirectU: the window's columns left of 0 and from W on hold the neighbouring rows' (or planes')
-    // codes; keep clears their bytes, which are then set to the pad row
+    // codes; keep clears their bytes (padding's code 0). Padding is at most 1, so only column 0 can lie left
+    // of the row; a word's bytes from window column W - col0 on lie right of it. Two or three instructions a
+    // word, where testing each column took four a column
     const int col0 = seg * R * S - p.pw;
     constexpr bool MASK = STG == kStDirectU;
     uint32_t keep[MASK ? NWA : 1];
     if constexpr (MASK) {
+      const int n8 = 8 * (p.W - col0);
 #pragma unroll
-      for (int i = 0; i < NWA; ++i) keep[i] = ~0u;
-#pragma unroll
-      for (int i = 0; i < NC; ++i)
-        if (col0 + i < 0 || col0 + i >= p.W) keep[i >> 2] &= ~(0xffu << (8 * (i & 3)));
+      for (int i = 0; i < NWA; ++i) keep[i] = __funnelshift_lc(~0u, 0u, static_cast<unsigned>(max(n8 - 32 * i, 0)));
+      if (col0 < 0) keep[0] &= ~0xffu;
     }
     uint32_t acc[R];
 #pragma unroll
@@ -304,14 +312,10 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
       unsigned sh;
       if constexpr (STG == kStDirect) {
         // a word holds one row's bytes or none, so the words left of the row, past it and of rows outside the
-        // plane are the pad row's, and no column needs a mask
+        // plane are padding (code 0), and no column needs a mask
         const uint32_t* row = reinterpret_cast<const uint32_t*>(a_ch + b * img_in + (long long)(row_in ? iy : 0) * p.W);
         const int w0 = col0 >> 2;  // col0 >= -1: the word before the row where the window starts at -1
-#pragma unroll
-        for (int i = 0; i <= NWA; ++i) {
-          const int wi = w0 + i;
-          raw[i] = row_in && wi >= 0 && 4 * wi < p.W ? __ldg(row + wi) ^ pad4 : pad4;
-        }
+        ldg_words_if(raw, row + w0, w0, row_in ? static_cast<unsigned>(p.W) / 4 : 0u);
         sh = static_cast<unsigned>(col0 & 3) * 8;
       } else if constexpr (STG == kStDirect8) {
         // kStDirect's words as aligned 8-byte pairs, a pair in the row or out of it whole. dr_geo takes this
@@ -326,8 +330,8 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
           const int kj = k0 + j;
           const bool in = row_in && kj >= 0 && 8 * kj < p.W;
           const uint2 v = in ? __ldg(row2 + kj) : make_uint2(0u, 0u);
-          q[2 * j] = in ? v.x ^ pad4 : pad4;
-          q[2 * j + 1] = in ? v.y ^ pad4 : pad4;
+          q[2 * j] = v.x;
+          q[2 * j + 1] = v.y;
         }
         const bool odd = w0 & 1;
 #pragma unroll
@@ -335,14 +339,11 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
         sh = static_cast<unsigned>(col0 & 3) * 8;
       } else if constexpr (STG == kStDirectU) {
         // byte offsets from the input's start (dr_geo keeps the input under 2^31 bytes, a multiple of 4): the
-        // words outside the input are pad; keep sets the columns outside the row to pad below
+        // words outside the input, and a row outside the plane, are padding; keep clears the columns outside
+        // the row below
         const int pos = static_cast<int>(b * img_in + ch * plane) + iy * p.W + col0;
         const int w0 = pos >> 2;
-#pragma unroll
-        for (int i = 0; i <= NWA; ++i) {
-          const int wi = w0 + i;
-          raw[i] = row_in && static_cast<unsigned>(wi) < g.in_words ? __ldg(a32 + wi) ^ pad4 : pad4;
-        }
+        ldg_words_if(raw, a32 + w0, w0, row_in ? g.in_words : 0u);
         sh = static_cast<unsigned>(pos & 3) * 8;
       } else {
         const int start = (q0 + ky) * g.nw * 4 + seg * R * S;
@@ -355,7 +356,7 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
         wv[i] = (R * S) % 4 == 0 && STG == kStRows ? raw[i] : __funnelshift_r(raw[i], raw[i + 1], sh);
       if constexpr (MASK) {
 #pragma unroll
-        for (int i = 0; i < NWA; ++i) wv[i] = (wv[i] & keep[i]) | (pad4 & ~keep[i]);
+        for (int i = 0; i < NWA; ++i) wv[i] &= keep[i];
       }
       if constexpr (SPLIT) {
         const uint32_t* te = reinterpret_cast<const uint32_t*>(smem) + ky * 256;
@@ -372,10 +373,17 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
           }
         }
       } else {
-        const E* tk = tab + ky * 256 * COPIES + (tid & (COPIES - 1));
+        // a code's entries are 2^SH bytes apart: its byte offset is one shift and one LOP3 (which also adds the
+        // lane's copy) from the window word, where indexing by the code took four instructions with copies
+        constexpr int SH = dr_log2(static_cast<int>(sizeof(E)) * COPIES);
+        const uint8_t* tk = reinterpret_cast<const uint8_t*>(tab + ky * 256 * COPIES);
+        const uint32_t copy = static_cast<uint32_t>(tid & (COPIES - 1)) * sizeof(E);
 #pragma unroll
         for (int i = 0; i < NC; ++i) {
-          const E e = tk[((wv[i >> 2] >> (8 * (i & 3))) & 255u) * COPIES];
+          const int bit = 8 * (i & 3);
+          const uint32_t w = wv[i >> 2];
+          const uint32_t off = ((bit >= SH ? w >> (bit - SH) : w << (SH - bit)) & (255u << SH)) | copy;
+          const E e = *reinterpret_cast<const E*>(tk + off);
           feed<S, R, Tab, 0, (COPIES > 1)>(acc, e, i);
           feed<S, R, Tab, 1, (COPIES > 1)>(acc, e, i);
           feed<S, R, Tab, 2, (COPIES > 1)>(acc, e, i);
@@ -391,6 +399,11 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
         continue;
       }
     }
+    if (ox0 + R <= p.Wo) {  // the row holds the whole task: no test a store
+#pragma unroll
+      for (int j = 0; j < R; ++j) o[j] = static_cast<int32_t>(acc[j]);
+      continue;
+    }
 #pragma unroll
     for (int j = 0; j < R; ++j)
       if (ox0 + j < p.Wo) o[j] = static_cast<int32_t>(acc[j]);
@@ -400,12 +413,13 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
 // MODE 1: int16 entries, 2: int32 entries, 0: the fit flags decide on the device. Banked: int16
 // entries in kDrCopies copies (int32 ones stay single: 16 of them would not fit).
 // int16 entries: registers capped for the blocks an SM is meant to hold; the others run two bodies' worth
-// and stay uncapped. kStDirectU's single and split tables (14x14 and 7x7 planes, few tiles a block): 7 blocks at
-// stride 1 and 6 at stride 2, without spills (on an H200 384 at 14x14 1.70 -> 1.80 T MAC/s at batch 64, 576 at
-// 14x14 1.79 -> 1.97; 7 at stride 2 lost up to 4 %)
+// and stay uncapped. banked8: 4 blocks, what its table allows. kStDirectU's single and split tables (14x14 and
+// 7x7 planes, few tiles a block): 7 blocks at stride 1 and 6 at stride 2, without spills (on an H200 384 at 14x14
+// 1.70 -> 1.80 T MAC/s at batch 64, 576 at 14x14 1.79 -> 1.97; 7 at stride 2 lost up to 4 %)
 template <int TL, int STG, int S>
 constexpr int dr_min_blocks() {
   if constexpr (TL == kDrBanked) return kDrBankedBlocksPerSM;
+  if constexpr (TL == kDrBanked8) return 4;  // what its 48 KiB table allows at either stride
   if constexpr (STG == kStRows) return 5;
   if constexpr (STG == kStDirectU && TL != kDrBanked8) return S == 1 ? 7 : 6;
   return S == 1 ? 4 : 3;

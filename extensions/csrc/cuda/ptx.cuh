@@ -1,11 +1,29 @@
 // PTX wrappers: cp.async copies, mbarriers, and the copy-warp slot pipeline built from them.
 #pragma once
 #include <cstdint>
+#include <utility>
 
 namespace approx_cuda {
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+// Word base[I] where (unsigned)(first + I) < lim, else 0, read through the non-coherent path. The run's words sit at
+// immediate offsets from one address; a predicated load written in C++ rebuilt its 64-bit address a word.
+template <int I>
+__device__ __forceinline__ uint32_t ldg_word_if(const uint32_t* base, int first, unsigned lim) {
+  uint32_t v;
+  asm("{\n .reg .pred p;\n .reg .u32 t;\n add.u32 t, %2, %3;\n setp.lt.u32 p, t, %4;\n mov.b32 %0, 0;\n"
+      " @p ld.global.nc.b32 %0, [%1+%5];\n}\n"
+      : "=r"(v)
+      : "l"(base), "r"(first), "n"(I), "r"(lim), "n"(4 * I));
+  return v;
+}
+template <int N>
+__device__ __forceinline__ void ldg_words_if(uint32_t (&w)[N], const uint32_t* base, int first, unsigned lim) {
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    ((w[I] = ldg_word_if<I>(base, first, lim)), ...);
+  }(std::make_integer_sequence<int, N>{});
 }
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem)), "l"(gmem));

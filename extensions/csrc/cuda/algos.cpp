@@ -48,10 +48,7 @@ std::string depthwise_rows_grid(const std::string& name, int& gx) {
   bool known = false;
   for (const char* n : kDrNames) known = known || base == n;
   if (!known) return "";
-  gx = -1;
-  if (!digits.empty() && digits.size() <= 4 && digits[0] != '0' &&
-      digits.find_first_not_of("0123456789") == std::string::npos && std::stoi(digits) <= 4096)
-    gx = std::stoi(digits);
+  gx = suffix_count(digits, 1, 4096);
   return base;
 }
 

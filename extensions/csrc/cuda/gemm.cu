@@ -550,10 +550,7 @@ std::string parse_gemm_config(const std::string& name, Config& c) {
   if (at != std::string::npos) {
     const std::string digits = name.substr(at + 2);
     base = name.substr(0, at);
-    if (digits.empty() || digits.size() > 2 || digits[0] == '0' ||
-        (base != "expanded_gemm_r8c" && !tall_rows(base)) ||
-        digits.find_first_not_of("0123456789") != std::string::npos || (ks = std::stoi(digits)) < 2 || ks > 64)
-      return bad;
+    if ((base != "expanded_gemm_r8c" && !tall_rows(base)) || (ks = suffix_count(digits, 2, 64)) < 0) return bad;
   }
   if (tall_rows(base)) {
     c = Config{tall_rows(base)};

@@ -421,7 +421,7 @@ constexpr int dr_min_blocks() {
   if constexpr (TL == kDrBanked) return kDrBankedBlocksPerSM;
   if constexpr (TL == kDrBanked8) return 4;  // what its 48 KiB table allows at either stride
   if constexpr (STG == kStRows) return 5;
-  if constexpr (STG == kStDirectU && TL != kDrBanked8) return S == 1 ? 7 : 6;
+  if constexpr (STG == kStDirectU) return S == 1 ? 7 : 6;
   return S == 1 ? 4 : 3;
 }
 template <int S, int R, int MODE, int TL, int STG>

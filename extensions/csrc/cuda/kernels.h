@@ -75,6 +75,15 @@ struct Config {
   int gx = 0;                   // depthwise_rows: blocks a channel (_g<gx>); 0: its grid model's
 };
 
+// The count a variant name's digit suffix spells (_g<N>, _k<N>): lo..hi, no sign and no leading zero; else -1
+inline int suffix_count(const std::string& digits, int lo, int hi) {
+  if (digits.empty() || digits.size() > 9 || digits[0] == '0' ||
+      digits.find_first_not_of("0123456789") != std::string::npos)
+    return -1;
+  const int v = std::stoi(digits);
+  return v >= lo && v <= hi ? v : -1;
+}
+
 void launch_direct(const Params& p, cudaStream_t stream);                  // direct.cu
 bool smem_applies(const Params& p);                                        // expanded.cu
 void launch_exp_smem(const Params& p, cudaStream_t stream);
@@ -94,14 +103,6 @@ std::string gemm_why_not(const Params& p, const ConvGeo& cg);               // g
 std::vector<Config> gemm_candidates(const Params& p, int fmt);
 void launch_gemm(const Params& p, int fmt, Config c, cudaStream_t stream);
 std::string parse_gemm_config(const std::string& name, Config& c);  // "" or what is wrong
-// The count a variant name's digit suffix spells (_g<N>, _k<N>): lo..hi, no sign and no leading zero; else -1
-inline int suffix_count(const std::string& digits, int lo, int hi) {
-  if (digits.empty() || digits.size() > 9 || digits[0] == '0' ||
-      digits.find_first_not_of("0123456789") != std::string::npos)
-    return -1;
-  const int v = std::stoi(digits);
-  return v >= lo && v <= hi ? v : -1;
-}
 std::string gemm_config_name(const Config& c);
 std::string depthwise_why_not(const Params& p, const ConvGeo& cg);         // depthwise.cu ("" : runs)
 void launch_depthwise(const Params& p, const ConvGeo& cg, cudaStream_t stream);

@@ -18,7 +18,7 @@
 // (entry (ky, r) of copy c at 8 * (16 (256 ky + r) + c) bytes), and lane l reading copy l % 16. A
 // half warp's 8-byte reads then fall in 16 different bank pairs whatever the codes: one wavefront,
 // where random codes take 3.08 on average (the fullest of 16 bank pairs). The table takes 96 KiB,
-// so two blocks share an SM; it is built once compact and then copied out in 16-byte stores.
+// so two blocks share an SM; each thread stores its code's entries into every copy, two copies a 16-byte store.
 //
 // depthwise_rows_banked8: 8 copies, entry (ky, r) of copy c at 8 * (8 (256 ky + r) + c) bytes, so in bank
 // pair c + 8 (r & 1), lane l reading copy l % 8: the two lanes of a half warp on one copy meet in a bank pair
@@ -64,7 +64,6 @@ __host__ __device__ constexpr int dr_log2(int n) { return n > 1 ? 1 + dr_log2(n 
 __host__ __device__ constexpr int dr_copies(int layout) {
   return layout == kDrBanked ? kDrCopies : layout == kDrBanked8 ? kDrCopies / 2 : 1;
 }
-constexpr int kDrCompactBytes = 3 * 256 * 8;  // banked: the int16 table once, before its copies
 enum DrStage : int { kStRows = 0, kStDirect = 1, kStDirectU = 2, kStDirect8 = 3 };
 
 struct DrGeo {
@@ -229,9 +228,6 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
   const uint32_t* a32 = reinterpret_cast<const uint32_t*>(p.a);  // direct: dr_geo checked it sits on a word
   DrTile tl{};
   {
-    // banked: the compact table goes where kStRows stages its rows later (the first tile's barrier
-    // comes after its last read)
-    E* out = COPIES == 1 ? tab : reinterpret_cast<E*>(st);
     const int8_t* wch = p.w + (long long)ch * 9;
     // a fixed trip count, unrolled: the nine weight loads, then the nine product loads, go out together (two
     // latencies, where a loop waited on six)
@@ -247,17 +243,25 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
         t[(3 + ky) * 256 + tid] = static_cast<uint32_t>(static_cast<int32_t>(__ldg(et + __ldg(wk + 1) * 256)));
       }
     } else {
+      E e[3];
 #pragma unroll
-      for (int ky = 0; ky < 3; ++ky) out[ky * 256 + tid] = Tab::entry(p, wch + ky * 3, lrow);
-    }
-    if constexpr (COPIES > 1) {
-      static_assert(sizeof(E) == 8, "the banked table holds int16 entries");
-      __syncthreads();
-      // consecutive threads store consecutive 16 bytes (two copies of one entry): no conflicts
-      uint4* t4 = reinterpret_cast<uint4*>(tab);
-      for (int f = tid; f < 3 * 256 * COPIES / 2; f += kDrThreads) {
-        const E v = out[f / (COPIES / 2)];
-        t4[f] = make_uint4(v.x, v.y, v.x, v.y);
+      for (int ky = 0; ky < 3; ++ky) e[ky] = Tab::entry(p, wch + ky * 3, lrow);
+      if constexpr (COPIES == 1) {
+#pragma unroll
+        for (int ky = 0; ky < 3; ++ky) tab[ky * 256 + tid] = e[ky];
+      } else {
+        // the thread's entries into every copy, two copies a 16-byte store (no compact table, no barrier before
+        // the copies). A quarter warp's 8 lanes start at different copy pairs, so that their stores fall in the 8
+        // 16-byte bank groups: pair q of code r is 16-byte word r * PAIRS + q, in group (r * PAIRS + q) % 8
+        static_assert(sizeof(E) == 8, "the banked table holds int16 entries");
+        constexpr int PAIRS = COPIES / 2, LS = dr_log2(8 / PAIRS);
+        uint4* t4 = reinterpret_cast<uint4*>(tab) + tid * PAIRS;  // code tid's copies of kernel row 0
+#pragma unroll
+        for (int i = 0; i < PAIRS; ++i) {
+          const int q = (i + (tid >> LS)) & (PAIRS - 1);  // one pair index for the three rows
+#pragma unroll
+          for (int ky = 0; ky < 3; ++ky) t4[ky * 256 * PAIRS + q] = make_uint4(e[ky].x, e[ky].y, e[ky].x, e[ky].y);
+        }
       }
     }
   }
@@ -269,9 +273,9 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
     } else {
       tl = dr_tile(g, tile, S);
       const int nst = tl.Q * g.nw;  // staged words
-      // the previous tile's reads of the staged rows are done (the first tile: the banked table's compact copy,
-      // staged there, is read; the others build straight into place, and the barrier below orders that)
-      if (tile != blockIdx.x || COPIES > 1) __syncthreads();
+      // the previous tile's reads of the staged rows are done (the first tile's table is built beside them,
+      // and the barrier below orders that)
+      if (tile != blockIdx.x) __syncthreads();
       for (unsigned w = tid; w < static_cast<unsigned>(nst); w += kDrThreads)
         st[w] = unaligned_word(p, g, tl, w, a_ch, img_in);
       if (tid < kDrSlackWords) st[nst + tid] = 0u;
@@ -422,6 +426,7 @@ constexpr int dr_min_blocks() {
   if constexpr (TL == kDrBanked8) return 4;  // what its 48 KiB table allows at either stride
   if constexpr (STG == kStRows) return 5;
   if constexpr (STG == kStDirectU) return S == 1 ? 7 : 6;
+  if constexpr (S == 2 && (TL == kDrSingle || TL == kDrSplit)) return 5;  // TRIAL: 48 registers, as main held them
   return S == 1 ? 4 : 3;
 }
 template <int S, int R, int MODE, int TL, int STG>
@@ -471,7 +476,7 @@ DrGeo dr_geo(const Params& p, int fmt, int copies, size_t& smem) {
   g.fnw = make_fastdiv(g.nw);
   g.fHn = make_fastdiv(g.Hn);
   const size_t staged = (size_t)((g.stage == kStRows ? rows * g.nw : 0) + kDrSlackWords) * 4;
-  smem = g.table_bytes + (banked ? std::max<size_t>(staged, kDrCompactBytes) : staged);
+  smem = g.table_bytes + staged;
   return g;
 }
 

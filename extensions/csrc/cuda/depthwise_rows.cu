@@ -426,7 +426,7 @@ constexpr int dr_min_blocks() {
   if constexpr (TL == kDrBanked8) return 4;  // what its 48 KiB table allows at either stride
   if constexpr (STG == kStRows) return 5;
   if constexpr (STG == kStDirectU) return S == 1 ? 7 : 6;
-  if constexpr (S == 2 && (TL == kDrSingle || TL == kDrSplit)) return 5;  // TRIAL: 48 registers, as main held them
+  if constexpr (S == 2 && (TL == kDrSingle || TL == kDrSplit)) return 5;  // 48 registers (50-55 left 4 blocks)
   return S == 1 ? 4 : 3;
 }
 template <int S, int R, int MODE, int TL, int STG>

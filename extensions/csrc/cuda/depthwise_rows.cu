@@ -413,10 +413,10 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
 #pragma unroll
         for (int k = 0; k < 3; ++k)
           o2[k] = odd ? make_uint2(acc[2 * k + 1], acc[2 * k + 2]) : make_uint2(acc[2 * k], acc[2 * k + 1]);
-        continue;
-      }
+      } else {
 #pragma unroll
-      for (int j = 0; j < R; ++j) o[j] = static_cast<int32_t>(acc[j]);
+        for (int j = 0; j < R; ++j) o[j] = static_cast<int32_t>(acc[j]);
+      }
       continue;
     }
 #pragma unroll
@@ -430,15 +430,15 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
 // int16 entries: registers capped for the blocks an SM is meant to hold; the others run two bodies' worth
 // and stay uncapped. banked8: 4 blocks, what its table allows. kStDirectU's single and split tables (14x14 and
 // 7x7 planes, few tiles a block): 7 blocks at stride 1 and 6 at stride 2, without spills (on an H200 384 at 14x14
-// 1.70 -> 1.80 T MAC/s at batch 64, 576 at 14x14 1.79 -> 1.97; 7 at stride 2 lost up to 4 %)
+// 1.70 -> 1.80 T MAC/s at batch 64, 576 at 14x14 1.79 -> 1.97; 7 at stride 2 lost up to 4 %). The single and split
+// tables elsewhere: 4 blocks at stride 1, 5 at stride 2 (48 registers; at 50-55 they held 4)
 template <int TL, int STG, int S>
 constexpr int dr_min_blocks() {
   if constexpr (TL == kDrBanked) return kDrBankedBlocksPerSM;
   if constexpr (TL == kDrBanked8) return 4;  // what its 48 KiB table allows at either stride
   if constexpr (STG == kStRows) return 5;
   if constexpr (STG == kStDirectU) return S == 1 ? 7 : 6;
-  if constexpr (S == 2 && (TL == kDrSingle || TL == kDrSplit)) return 5;  // 48 registers (50-55 left 4 blocks)
-  return S == 1 ? 4 : 3;
+  return S == 1 ? 4 : 5;
 }
 template <int S, int R, int MODE, int TL, int STG>
 __global__ void __launch_bounds__(kDrThreads, MODE != 1 ? 1 : dr_min_blocks<TL, STG, S>())

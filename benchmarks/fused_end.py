@@ -6,9 +6,10 @@ it replaces (lut_conv2d, then dequantize / requantize_codes), on the GPU, per co
 Ends: `handoff` (requantize_codes: the next layer's codes alone), `block` (dequantize with a residual, the ReLU
 and the next layer's codes: a residual block's last conv), `plain` (dequantize alone: a downsample's output).
 `auto` in both, after warm-up calls (auto's trials, the table builds), so the fused op runs auto's cached pick:
-where that variant applies the end in its stores (expanded_window, an unsplit expanded_gemm) the sums are never
-written, else the op runs the same two ops. Medians of `repeat` CUDA-event timings (runner.bench.device_timer),
-fused and two-op calls alternated, and the range of the alternated pairs' ratios. Shapes: benchmarks/cuda_algos.py's
+where that variant applies the end in its stores (expanded_window, an unsplit expanded_gemm, depthwise_rows) the
+sums are never written, else the op runs the same two ops. Medians of `repeat` CUDA-event timings
+(runner.bench.device_timer), fused and two-op calls alternated, the range of the alternated pairs' ratios, the one
+op's T MAC/s, and whether its output equals the two ops' (`same`). Shapes: benchmarks/cuda_algos.py's
 groups. Results: benchmarks/imagenet.md, "A conv's end in expanded_gemm's stores".
 """
 import argparse
@@ -58,7 +59,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, batch {args.batch}, exact table, "
           f"medians of {args.repeat}")
     print(f"{'shape':22} {'end':8} {'auto pick':26} {'two ops us':>11} {'one op us':>10} {'speed-up':>8} "
-          f"{'(min-max of the pairs)':>22}")
+          f"{'(min-max of the pairs)':>22} {'T MAC/s':>8} same")
     for name in names:
         ashape, wshape, stride, pad, groups = SHAPES[name]
         if stride is None:
@@ -76,13 +77,15 @@ def main() -> None:
             ms = {k: [] for k in paths}
             for fn in paths.values():
                 fn(), fn()
+            same = torch.equal(paths["one"](), paths["two"]())
             for _ in range(args.repeat):
                 for k, fn in paths.items():
                     ms[k].append(timer(fn))
             t2, t1 = statistics.median(ms["two"]), statistics.median(ms["one"])
             pairs = [b / a for a, b in zip(ms["one"], ms["two"])]
             print(f"{name:22} {end:8} {pick:26} {t2:11.1f} {t1:10.1f} {t2 / t1:8.3f} "
-                  f"{min(pairs):11.3f}-{max(pairs):.3f}")
+                  f"{min(pairs):11.3f}-{max(pairs):.3f} {acc.numel() * w[0].numel() / t1 / 1e6:8.2f} {same}",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """approx::lut_conv2d_dequantize / lut_conv2d_requantize_codes: a conv and its end in one op give what
 lut_conv2d followed by dequantize (with a residual, ReLU and the next layer's codes) or requantize_codes gives, bit
-for bit, on every backend; on CUDA expanded_window and an unsplit expanded_gemm apply the end in their own stores
-(named, and auto's cached pick), every other variant runs the two ops."""
+for bit, on every backend; on CUDA expanded_window, an unsplit expanded_gemm and depthwise_rows (int16 products)
+apply the end in their own stores (named, and auto's cached pick), every other variant runs the two ops."""
 import pytest
 import torch
 
@@ -30,6 +30,13 @@ CONVS = [
     # a 3x3 conv of stride 1 on 16x16 planes, 2560 rows: auto times its taps against the shape as given on the first
     # call (the composite), and a later call applies the end in the way that was faster
     ((10, 8, 16, 16), (20, 3, 3), 1, 1),
+    # depthwise 3x3 convs (depthwise_rows): 7 outputs a thread on 14-wide rows (their runs start anywhere: 8- and
+    # 2-byte stores at either alignment), 8 on 16-wide rows (16-byte / 8-byte stores), part runs on 9-wide rows,
+    # stride 2 to 7x7 planes
+    ((3, 16, 14, 14), (16, 3, 3), 1, 1, 16),
+    ((2, 8, 16, 16), (8, 3, 3), 1, 1, 8),
+    ((2, 12, 9, 9), (12, 3, 3), 1, 1, 12),
+    ((3, 20, 14, 14), (20, 3, 3), 2, 1, 20),
 ]
 
 
@@ -56,15 +63,19 @@ def _requant(gen, n):
     return torch.randint(-5000, 5000, (n,), generator=gen, dtype=torch.int32), m0, shift
 
 
-def _algos(backend, groups=1):
+def _algos(backend, groups=1, stride=None):
     # CUDA: expanded_window named (8 outputs a thread; 7 where a 3- or 5-wide kernel's rows allow it; 2 channels
     # staged at a time, so the planes are restaged between table chunks); expanded_gemm's tiles (convs of one
     # group): 128 R rows x 32 channels, r8c's copied build (its cp.async codes at the 1x1 case), the tall tiles of
     # 16 and 13 rows a thread (the end in their stores too, int16 products), and a K split, where the two ops run;
     # auto (its first call times and falls back, the second runs its cached pick), and direct (never applies the
-    # end itself)
+    # end itself). Depthwise convs (stride given): depthwise_rows' table layouts and a grid of 2 blocks a channel
     if backend != "cuda":
         return ("auto",)
+    if stride is not None:  # depthwise
+        split = ("depthwise_rows_split", "depthwise_rows_split_g2") if stride == 2 else ()
+        return ("depthwise_rows", "depthwise_rows_banked", "depthwise_rows_banked8", "depthwise_rows_g2", *split,
+                "auto", "auto", "direct")
     gemm = ("expanded_gemm_r2", "expanded_gemm_r8c", "expanded_gemm_r16c", "expanded_gemm_r13c",
             "expanded_gemm_r8c_k2") if groups == 1 else ()
     return ("expanded_window", "expanded_window_x7", "expanded_window_c2", *gemm, "auto", "auto", "direct")
@@ -96,7 +107,7 @@ def test_fused_ends_equal_the_conv_and_its_end(gen, backend, device, case, signe
     }
     dev = [t.to(device) for t in (a, w, lut, sa, sw, bias, residual, qbias, m0, shift, cs)]
     ad, wd, ld, sad, swd, bd, rd, qbd, md, shd, csd = dev
-    for algo in _algos(backend, groups):
+    for algo in _algos(backend, groups, stride if groups == c == n else None):
         what = f"{CONVS[case]} {backend} {algo}"
         got = ops.lut_conv2d_dequantize(ad, wd, ld, *conv, sad, swd, bd, backend=backend, algo=algo)
         assert _same(got, want["plain"]), what
@@ -203,3 +214,45 @@ def test_which_variants_apply_the_end_in_their_stores(gen, algo, hw, in_stores):
     assert kernels, "the profiler saw no kernel"
     quant = [k for k in kernels if "quantize" in k]
     assert (not quant) == in_stores, kernels
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("algo,case,in_stores", [
+    ("depthwise_rows", "14x14", True), ("depthwise_rows_banked", "14x14", True),
+    ("depthwise_rows_banked8", "16x16", True),
+    ("depthwise_rows_split", "14x14 s2", True), ("auto", "14x14", None),
+    ("depthwise_rows", "off a word", False),  # codes one byte into their storage: rows staged, the two ops
+    ("depthwise_rows", "int32", False)])      # products past int16: the two ops
+def test_depthwise_rows_applies_the_end_in_its_stores(gen, algo, case, in_stores):
+    """As above, for depthwise convs: no quant kernel where depthwise_rows applies the end, and the values equal the
+    two ops' either way (None: read from auto's pick)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    hw, stride = (16, 1) if case == "16x16" else (14, 2 if "s2" in case else 1)
+    shape = (4, 16, hw, hw)
+    a = codes(gen, shape, False)
+    w, lut = weights(gen, (16, 1, 3, 3)), random_lut(gen, *((-2**20, 2**20) if case == "int32" else (-3000, 3000)))
+    w[w == -128] = -127
+    qb, m0, shift = _requant(gen, 16)
+    conv = (stride, 1, 1, 16)
+    want = ops.requantize_codes(ops.lut_conv2d(a, w, lut, *conv, backend="python"), qb, m0, shift, 0, 255, False,
+                                backend="python")
+    if case == "off a word":
+        a = torch.empty(a.numel() + 1, dtype=a.dtype, device="cuda")[1:].view(shape).copy_(a)
+    a, w, lut, qb, m0, shift = (t.cuda() for t in (a, w, lut, qb, m0, shift))
+
+    def call():
+        return ops.lut_conv2d_requantize_codes(a, w, lut, *conv, qb, m0, shift, 0, 255, False, backend="cuda",
+                                               algo=algo)
+    call()  # table builds (and auto's trials)
+    torch.cuda.synchronize()
+    if in_stores is None:
+        pick = next(r["auto_pick_name"] for r in ops.algo_table(a, w, lut, *conv, backend="cuda") if r["auto_pick"])
+        in_stores = pick.startswith("depthwise_rows")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        got = call()
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert kernels, "the profiler saw no kernel"
+    assert (not [k for k in kernels if "quantize" in k]) == in_stores, kernels
+    assert _same(got, want)

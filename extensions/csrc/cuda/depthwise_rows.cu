@@ -49,6 +49,7 @@
 #include <mutex>
 #include <type_traits>
 
+#include "depthwise_stores.cuh"
 #include "launch.cuh"
 #include "ptx.cuh"
 
@@ -204,8 +205,9 @@ __device__ __forceinline__ uint32_t unaligned_word(const Params& p, const DrGeo&
   return v;
 }
 
-// TL: the table's layout (DrLayout; banked and split hold int16 entries only). STG: DrGeo::stage.
-template <int S, int R, class Tab, int TL, int STG>
+// TL: the table's layout (DrLayout; banked and split hold int16 entries only). STG: DrGeo::stage. EPI: the conv's
+// end in the stores (depthwise_stores.cuh; 0: the int32 sums).
+template <int S, int R, class Tab, int TL, int STG, int EPI>
 __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t* smem) {
   using E = typename Tab::E;
   constexpr int COPIES = dr_copies(TL);
@@ -222,7 +224,7 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
   const long long plane = (long long)p.H * p.W, img_in = (long long)p.C * plane;
   const long long img_out = (long long)p.C * p.HoWo;
   const uint8_t* a_ch = p.a + (long long)ch * plane;
-  int32_t* out_ch = p.out + (long long)ch * p.HoWo;
+  const DrEnd dend = dr_end<EPI>(p.epi, ch);
   const int Ho = g.Ho;
   constexpr bool DIRECT = STG != kStRows;
   const uint32_t* a32 = reinterpret_cast<const uint32_t*>(p.a);  // direct: dr_geo checked it sits on a word
@@ -395,33 +397,8 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
       }
     }
     const int ox0 = seg * R;
-    int32_t* o = out_ch + b * img_out + (long long)oy * p.Wo + ox0;
-    if constexpr (R == 8) {
-      if (ox0 + R <= p.Wo && (reinterpret_cast<uintptr_t>(o) & 15) == 0) {
-        reinterpret_cast<uint4*>(o)[0] = make_uint4(acc[0], acc[1], acc[2], acc[3]);
-        reinterpret_cast<uint4*>(o)[1] = make_uint4(acc[4], acc[5], acc[6], acc[7]);
-        continue;
-      }
-    }
-    if (ox0 + R <= p.Wo) {  // the row holds the whole task: no test a store
-      if constexpr (R == 7) {
-        // three 8-byte stores and one 4-byte store, where seven 4-byte ones sent a warp's 896 bytes to L2 as 49
-        // line requests: 28 now. Even lanes' runs start on 8 bytes (28 (2k) = 56 k), odd ones 4 bytes past
-        const bool odd = (reinterpret_cast<uintptr_t>(o) & 7) != 0;
-        *(odd ? o : o + 6) = static_cast<int32_t>(odd ? acc[0] : acc[6]);
-        uint2* o2 = reinterpret_cast<uint2*>(odd ? o + 1 : o);
-#pragma unroll
-        for (int k = 0; k < 3; ++k)
-          o2[k] = odd ? make_uint2(acc[2 * k + 1], acc[2 * k + 2]) : make_uint2(acc[2 * k], acc[2 * k + 1]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < R; ++j) o[j] = static_cast<int32_t>(acc[j]);
-      }
-      continue;
-    }
-#pragma unroll
-    for (int j = 0; j < R; ++j)
-      if (ox0 + j < p.Wo) o[j] = static_cast<int32_t>(acc[j]);
+    dr_store<R, EPI>(p, dend, (long long)ch * p.HoWo + b * img_out + (long long)oy * p.Wo + ox0, min(R, p.Wo - ox0),
+                     acc);
   }
 }
 
@@ -440,14 +417,14 @@ constexpr int dr_min_blocks() {
   if constexpr (STG == kStDirectU) return S == 1 ? 7 : 6;
   return S == 1 ? 4 : 5;
 }
-template <int S, int R, int MODE, int TL, int STG>
+template <int S, int R, int MODE, int TL, int STG, int EPI>
 __global__ void __launch_bounds__(kDrThreads, MODE != 1 ? 1 : dr_min_blocks<TL, STG, S>())
     depthwise_rows_kernel(Params p, DrGeo g) {
   extern __shared__ __align__(16) uint8_t smem[];
   if (MODE == 1 || (MODE == 0 && read_fits16(p.flags)))
-    dr_body<S, R, Tab16, TL, STG>(p, g, smem);
+    dr_body<S, R, Tab16, TL, STG, EPI>(p, g, smem);
   else
-    dr_body<S, R, Tab32, kDrSingle, STG>(p, g, smem);
+    dr_body<S, R, Tab32, kDrSingle, STG, EPI>(p, g, smem);
 }
 
 // Outputs a thread: 7 where rows are a multiple of 7 wide but not of 8 (MobileNetV2's 7, 14, 28),
@@ -491,11 +468,12 @@ DrGeo dr_geo(const Params& p, int fmt, int copies, size_t& smem) {
   return g;
 }
 
-template <int S, int R, int TL, int STG>
+template <int S, int R, int TL, int STG, int EPI>
 void launch_dr_sr(const Params& p, int fmt, const DrGeo& g, size_t smem, cudaStream_t stream) {
-  auto kern = fmt == 1   ? depthwise_rows_kernel<S, R, 1, TL, STG>
-              : fmt == 2 ? depthwise_rows_kernel<S, R, 2, kDrSingle, STG>
-                         : depthwise_rows_kernel<S, R, 0, TL, STG>;
+  // an end: int16 entries only (depthwise_rows_applies_end)
+  auto kern = EPI != 0 || fmt == 1 ? depthwise_rows_kernel<S, R, 1, TL, STG, EPI>
+              : fmt == 2          ? depthwise_rows_kernel<S, R, 2, kDrSingle, STG, 0>
+                                  : depthwise_rows_kernel<S, R, 0, TL, STG, 0>;
   set_smem(kern, smem);
   // Blocks per channel, each walking its channel's tiles: SMs take blocks as slots free, so the
   // busiest SM runs about ceil(blocks / SMs) of them, at no better than `per_sm` at once; a block
@@ -520,18 +498,29 @@ void launch_dr_sr(const Params& p, int fmt, const DrGeo& g, size_t smem, cudaStr
   kern<<<grid, kDrThreads, smem, stream>>>(p, g);
 }
 
-template <int TL, int A>
+template <int TL, int A, int EPI>
 void launch_dr_tl(const Params& p, int fmt, const DrGeo& g, size_t smem, cudaStream_t stream) {
   const bool r7 = dr_r(p) == 7;
   if constexpr (TL != kDrSplit) {  // the split table is for stride 2 only (no stride-1 instantiation)
     if (p.sh == 1) {
-      if (r7) launch_dr_sr<1, 7, TL, A>(p, fmt, g, smem, stream);
-      else launch_dr_sr<1, 8, TL, A>(p, fmt, g, smem, stream);
+      if (r7) launch_dr_sr<1, 7, TL, A, EPI>(p, fmt, g, smem, stream);
+      else launch_dr_sr<1, 8, TL, A, EPI>(p, fmt, g, smem, stream);
       return;
     }
   }
-  if (r7) launch_dr_sr<2, 7, TL, A>(p, fmt, g, smem, stream);
-  else launch_dr_sr<2, 8, TL, A>(p, fmt, g, smem, stream);
+  if (r7) launch_dr_sr<2, 7, TL, A, EPI>(p, fmt, g, smem, stream);
+  else launch_dr_sr<2, 8, TL, A, EPI>(p, fmt, g, smem, stream);
+}
+
+// the end in the stores (EPI 1, 2) where the inputs load directly (kStRows' inputs, rare, run the two ops)
+template <int TL, int A>
+void launch_dr_end(const Params& p, int fmt, const DrGeo& g, size_t smem, cudaStream_t stream) {
+  if constexpr (A != kStRows) {
+    if (p.epi.kind == 1) return launch_dr_tl<TL, A, 1>(p, fmt, g, smem, stream);
+    if (p.epi.kind == 2) return launch_dr_tl<TL, A, 2>(p, fmt, g, smem, stream);
+  }
+  TORCH_CHECK(p.epi.kind == 0, "depthwise_rows: no end in the stores of these inputs (depthwise_rows_applies_end)");
+  launch_dr_tl<TL, A, 0>(p, fmt, g, smem, stream);
 }
 
 }  // namespace
@@ -552,7 +541,13 @@ std::string depthwise_rows_why_not(const Params& p, const ConvGeo& cg, int layou
   return "";
 }
 
+bool depthwise_rows_applies_end(const Params& p, int fmt) {
+  size_t smem = 0;
+  return fmt == 1 && dr_geo(p, fmt, 1, smem).stage != kStRows;
+}
+
 void launch_depthwise_rows(const Params& p, const ConvGeo&, int fmt, int layout, int gx, cudaStream_t stream) {
+  TORCH_CHECK(p.epi.kind == 0 || fmt == 1, "depthwise_rows: an end in the stores needs int16 products");
   if (fmt == 2) layout = kDrSingle;  // int32 products: the single table (the others hold int16 ones)
   size_t smem = 0;
   DrGeo g = dr_geo(p, fmt, dr_copies(layout), smem);
@@ -560,10 +555,10 @@ void launch_depthwise_rows(const Params& p, const ConvGeo&, int fmt, int layout,
   // one instantiation per (layout, staging): STG is a template argument
   const auto with_stage = [&](auto tl) {
     constexpr int TL = decltype(tl)::value;
-    if (g.stage == kStDirect) launch_dr_tl<TL, kStDirect>(p, fmt, g, smem, stream);
-    else if (g.stage == kStDirectU) launch_dr_tl<TL, kStDirectU>(p, fmt, g, smem, stream);
-    else if (g.stage == kStDirect8) launch_dr_tl<TL, kStDirect8>(p, fmt, g, smem, stream);
-    else launch_dr_tl<TL, kStRows>(p, fmt, g, smem, stream);
+    if (g.stage == kStDirect) launch_dr_end<TL, kStDirect>(p, fmt, g, smem, stream);
+    else if (g.stage == kStDirectU) launch_dr_end<TL, kStDirectU>(p, fmt, g, smem, stream);
+    else if (g.stage == kStDirect8) launch_dr_end<TL, kStDirect8>(p, fmt, g, smem, stream);
+    else launch_dr_end<TL, kStRows>(p, fmt, g, smem, stream);
   };
   if (layout == kDrBanked) with_stage(std::integral_constant<int, kDrBanked>{});
   else if (layout == kDrBanked8) with_stage(std::integral_constant<int, kDrBanked8>{});

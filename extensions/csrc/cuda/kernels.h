@@ -111,6 +111,8 @@ void launch_depthwise(const Params& p, const ConvGeo& cg, cudaStream_t stream);
 // or depthwise_rows_banked8's (8 copies, each in two bank pairs)
 enum DrLayout : int { kDrSingle = 0, kDrBanked = 1, kDrSplit = 2, kDrBanked8 = 3 };
 std::string depthwise_rows_why_not(const Params& p, const ConvGeo& cg, int layout);
+// where it applies a conv's end (Params::epi) in its stores: int16 products (fmt 1), inputs loaded directly
+bool depthwise_rows_applies_end(const Params& p, int fmt);
 // gx: blocks a channel, 0 for the grid model's pick
 void launch_depthwise_rows(const Params& p, const ConvGeo& cg, int fmt, int layout, int gx, cudaStream_t stream);
 // layouts.cu: a conv's codes (one group) in auto's GEMM layout, out [B][K][Ho][Wo] or folded [K][B][Ho][Wo]

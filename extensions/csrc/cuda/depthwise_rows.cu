@@ -43,6 +43,9 @@
 // whole small planes) was 1.0-1.6x slower: at stride 2 and on small planes the staging's address arithmetic
 // outweighed the table reads (benchmarks/imagenet.md). Inputs off a word, and other rows of inputs not a multiple
 // of 4 bytes or past 2^31 bytes, still stage their rows byte-wise realigned (kStRows), at the tile's barrier.
+//
+// Stores (depthwise_stores.cuh): a task's run of sums, or, under the conv-and-end ops (Params::epi, int16 products,
+// direct loads: depthwise_rows_applies_end), the layer's end in their place, so the sums are never written.
 #include <algorithm>
 #include <array>
 #include <map>

@@ -32,11 +32,12 @@ CONVS = [
     ((10, 8, 16, 16), (20, 3, 3), 1, 1),
     # depthwise 3x3 convs (depthwise_rows): 7 outputs a thread on 14-wide rows (their runs start anywhere: 8- and
     # 2-byte stores at either alignment), 8 on 16-wide rows (16-byte / 8-byte stores), part runs on 9-wide rows,
-    # stride 2 to 7x7 planes
+    # stride 2 to 7x7 planes; rows of whole words (28 wide) at stride 2, loaded a word at a time
     ((3, 16, 14, 14), (16, 3, 3), 1, 1, 16),
     ((2, 8, 16, 16), (8, 3, 3), 1, 1, 8),
     ((2, 12, 9, 9), (12, 3, 3), 1, 1, 12),
     ((3, 20, 14, 14), (20, 3, 3), 2, 1, 20),
+    ((2, 8, 28, 28), (8, 3, 3), 2, 1, 8),
 ]
 
 

@@ -1,7 +1,8 @@
 """A conv and its end in one op (approx::lut_conv2d_dequantize / lut_conv2d_requantize_codes) against the two ops
 it replaces (lut_conv2d, then dequantize / requantize_codes), on the GPU, per conv shape and end:
 
-    python benchmarks/fused_end.py [--shapes r50,r50k] [--batch 64] [--repeat 20]
+    python benchmarks/fused_end.py [--shapes r50,r50k] [--batch 64] [--repeat 20] [--graph]
+    python benchmarks/fused_end.py --model mobilenet_v2 [--depthwise] [--batch 64] [--graph]
 
 Ends: `handoff` (requantize_codes: the next layer's codes alone), `block` (dequantize with a residual, the ReLU
 and the next layer's codes: a residual block's last conv), `plain` (dequantize alone: a downsample's output).
@@ -45,22 +46,9 @@ def ends(n, out_shape, dev):
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default="r50,r50k")
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--ends", default="handoff,block,plain")
-    args = ap.parse_args()
-    dev = torch.device("cuda")
-    timer = device_timer(dev)
-    names = [s for grp in args.shapes.split(",") for s in GROUPS.get(grp, [grp])]
-    lut = exact_lut(signed=False).to(dev)
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, batch {args.batch}, exact table, "
-          f"medians of {args.repeat}")
-    print(f"{'shape':22} {'end':8} {'auto pick':26} {'two ops us':>11} {'one op us':>10} {'speed-up':>8} "
-          f"{'(min-max of the pairs)':>22} {'T MAC/s':>8} same")
-    for name in names:
+def shape_cases(args, lut, dev):
+    """(label, conv, {end: (two ops, one op)}) of each conv shape, uniform codes, the ends of `ends`."""
+    for name in (s for grp in args.shapes.split(",") for s in GROUPS.get(grp, [grp])):
         ashape, wshape, stride, pad, groups = SHAPES[name]
         if stride is None:
             continue  # linear layers: no fused op
@@ -68,24 +56,100 @@ def main() -> None:
         a = torch.randint(0, 256, (args.batch, *ashape), generator=g, dtype=torch.uint8).to(dev)
         w = torch.randint(-127, 128, wshape, generator=g, dtype=torch.int8).to(dev)
         conv = (a, w, lut, stride, pad, 1, groups)
-        acc = ops.lut_conv2d(*conv, backend="cuda")
+        out_shape = ops.lut_conv2d(*conv, backend="cuda").shape
+        shape_ends = ends(wshape[0], out_shape, dev)
+        yield name, conv, {end: shape_ends[end] for end in args.ends.split(",")}
+
+
+def model_cases(args):
+    """The same for each distinct conv of a converted torchvision model that runs a fused op in its forward, with
+    the codes, the end's arguments and the variant the model gives it."""
+    import torchvision
+
+    import runner.ops_autograd as oa
+    from runner.layers import approximate
+
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, args.model)(weights=None).eval()
+    _, approx = approximate(model, "exact", torch.randn(16, 3, 224, 224), backend="cuda")
+    approx, x = approx.cuda(), torch.randn(args.batch, 3, 224, 224, device="cuda")
+    fused = {"lut_conv2d_requantize_codes": ("handoff", ops.requantize_codes),
+             "lut_conv2d_dequantize": ("dequant", ops.dequantize)}
+    real, seen = {op: getattr(oa, op) for op in fused}, {}
+
+    def recorder(op):
+        def call(*a, **kw):
+            seen.setdefault((op, tuple(a[0].shape), tuple(a[1].shape), str(a[3:7])), (op, a, kw))
+            return real[op](*a, **kw)
+        return call
+    with torch.no_grad():
+        approx(x)  # auto's trials and the tables first
+        try:
+            for op in fused:
+                setattr(oa, op, recorder(op))
+            approx(x)
+        finally:
+            for op in fused:
+                setattr(oa, op, real[op])
+    for op, a, kw in seen.values():
+        conv, rest, algo = a[:7], a[7:], kw.get("algo", "auto")
+        if args.depthwise and not (conv[6] == conv[0].shape[1] == conv[1].shape[0] > 1):
+            continue
+        end, end_op = fused[op]
+        two = (lambda acc, rest=rest, end_op=end_op: end_op(acc, *rest, backend="cuda"))
+        one = (lambda c, rest=rest, op=op, algo=algo: getattr(ops, op)(*c, *rest, backend="cuda", algo=algo))
+        c, hw, n, k = conv[0].shape[1], conv[0].shape[2], conv[1].shape[0], conv[1].shape[2]
+        s = conv[3] if isinstance(conv[3], int) else conv[3][0]
+        yield f"{k}x{k} {c}x{hw}->{n}" + (f" s{s}" if s != 1 else ""), conv, {end: (two, one)}
+
+
+def timed_paths(paths, repeat, timer, graph):
+    """{name: [us]} of each path, alternated; replayed from a CUDA graph where graph."""
+    for fn in paths.values():
+        fn(), fn()
+    if graph:
+        graphs = {}
+        for k, fn in paths.items():
+            graphs[k] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graphs[k]):
+                fn()
+        paths = {k: g.replay for k, g in graphs.items()}
+    ms = {k: [] for k in paths}
+    for _ in range(repeat):
+        for k, fn in paths.items():
+            ms[k].append(timer(fn))
+    return ms
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="r50,r50k")
+    ap.add_argument("--model", default="", help="a torchvision model's convs on their own codes, not the shapes")
+    ap.add_argument("--depthwise", action="store_true", help="with --model: its depthwise convs alone")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--ends", default="handoff,block,plain")
+    ap.add_argument("--graph", action="store_true", help="each path replayed from a CUDA graph")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    timer = device_timer(dev)
+    lut = exact_lut(signed=False).to(dev)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, batch {args.batch}, exact table, "
+          f"medians of {args.repeat}" + (", graphed" if args.graph else "") + (f", {args.model}'s codes" if args.model
+                                                                                 else ", uniform codes"))
+    print(f"{'shape':22} {'end':8} {'auto pick':26} {'two ops us':>11} {'one op us':>10} {'speed-up':>8} "
+          f"{'(min-max of the pairs)':>22} {'T MAC/s':>8} same")
+    for name, conv, conv_ends in (model_cases(args) if args.model else shape_cases(args, lut, dev)):
         pick = next((r["auto_pick_name"] for r in ops.algo_table(*conv, backend="cuda") if r["auto_pick"]), "?")
-        shape_ends = ends(wshape[0], acc.shape, dev)
-        for end in args.ends.split(","):
-            two, one = shape_ends[end]
+        macs = ops.lut_conv2d(*conv, backend="cuda").numel() * conv[1][0].numel()
+        for end, (two, one) in conv_ends.items():
             paths = {"two": lambda: two(ops.lut_conv2d(*conv, backend="cuda")), "one": lambda: one(conv)}
-            ms = {k: [] for k in paths}
-            for fn in paths.values():
-                fn(), fn()
             same = torch.equal(paths["one"](), paths["two"]())
-            for _ in range(args.repeat):
-                for k, fn in paths.items():
-                    ms[k].append(timer(fn))
+            ms = timed_paths(paths, args.repeat, timer, args.graph)
             t2, t1 = statistics.median(ms["two"]), statistics.median(ms["one"])
             pairs = [b / a for a, b in zip(ms["one"], ms["two"])]
             print(f"{name:22} {end:8} {pick:26} {t2:11.1f} {t1:10.1f} {t2 / t1:8.3f} "
-                  f"{min(pairs):11.3f}-{max(pairs):.3f} {acc.numel() * w[0].numel() / t1 / 1e6:8.2f} {same}",
-                  flush=True)
+                  f"{min(pairs):11.3f}-{max(pairs):.3f} {macs / t1 / 1e6:8.2f} {same}", flush=True)
 
 
 if __name__ == "__main__":

@@ -63,35 +63,12 @@ def shape_cases(args, lut, dev):
 
 def model_cases(args):
     """The same for each distinct conv of a converted torchvision model that runs a fused op in its forward, with
-    the codes, the end's arguments and the variant the model gives it."""
-    import torchvision
+    the codes, the end's arguments and the variant the model gives it (gemm_layout.network_calls)."""
+    from gemm_layout import network_calls
 
-    import runner.ops_autograd as oa
-    from runner.layers import approximate
-
-    torch.manual_seed(0)
-    model = getattr(torchvision.models, args.model)(weights=None).eval()
-    _, approx = approximate(model, "exact", torch.randn(16, 3, 224, 224), backend="cuda")
-    approx, x = approx.cuda(), torch.randn(args.batch, 3, 224, 224, device="cuda")
     fused = {"lut_conv2d_requantize_codes": ("handoff", ops.requantize_codes),
              "lut_conv2d_dequantize": ("dequant", ops.dequantize)}
-    real, seen = {op: getattr(oa, op) for op in fused}, {}
-
-    def recorder(op):
-        def call(*a, **kw):
-            seen.setdefault((op, tuple(a[0].shape), tuple(a[1].shape), str(a[3:7])), (op, a, kw))
-            return real[op](*a, **kw)
-        return call
-    with torch.no_grad():
-        approx(x)  # auto's trials and the tables first
-        try:
-            for op in fused:
-                setattr(oa, op, recorder(op))
-            approx(x)
-        finally:
-            for op in fused:
-                setattr(oa, op, real[op])
-    for op, a, kw in seen.values():
+    for op, a, kw in network_calls(args.model, args.batch, tuple(fused)):
         conv, rest, algo = a[:7], a[7:], kw.get("algo", "auto")
         if args.depthwise and not (conv[6] == conv[0].shape[1] == conv[1].shape[0] > 1):
             continue

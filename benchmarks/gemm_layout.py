@@ -47,9 +47,10 @@ NAMED = ("expanded_gemm_r8c", "expanded_gemm_r8c_k2", "expanded_gemm_r8c_k3", "e
          "expanded_window_x7_c18", "expanded_window_x7_c21")
 
 
-def network_convs(name: str, batch: int, backend: str = "cuda"):
-    """One (codes, weights, LUT, stride, padding, dilation, groups) of each distinct conv shape of the converted
-    model, as its conv op gets them in a forward of N(0, 1) images (runner.ops_autograd's conv ops, recorded)."""
+def network_calls(name: str, batch: int, ops_, backend: str = "cuda"):
+    """(op, args, kwargs) of the first call of each of runner.ops_autograd's ops named in ops_ on each distinct
+    shape (codes, weights, geometry), as the converted model (random weights, the exact table) makes them in a
+    forward of N(0, 1) images, after one forward for auto's trials and the tables."""
     import torchvision
 
     import runner.ops_autograd as oa
@@ -60,13 +61,11 @@ def network_convs(name: str, batch: int, backend: str = "cuda"):
     _, approx = approximate(model, "exact", torch.randn(16, 3, 224, 224), backend=backend)
     device = "cuda" if backend == "cuda" else "cpu"
     approx, x = approx.to(device), torch.randn(batch, 3, 224, 224, device=device)
-    ops_ = ("lut_conv2d_dequantize", "lut_conv2d_requantize_codes", "lut_conv2d")
     real, seen = {op: getattr(oa, op) for op in ops_}, {}
 
     def recorder(op):
         def call(*args, **kw):
-            a, w, lut, *geometry = args[:7]
-            seen.setdefault((tuple(a.shape), tuple(w.shape), str(geometry)), (a, w, lut, *geometry))
+            seen.setdefault((op, tuple(args[0].shape), tuple(args[1].shape), str(args[3:7])), (op, args, kw))
             return real[op](*args, **kw)
         return call
     with torch.no_grad():
@@ -78,6 +77,17 @@ def network_convs(name: str, batch: int, backend: str = "cuda"):
         finally:
             for op in ops_:
                 setattr(oa, op, real[op])
+    return list(seen.values())
+
+
+def network_convs(name: str, batch: int, backend: str = "cuda"):
+    """One (codes, weights, LUT, stride, padding, dilation, groups) of each distinct conv shape of the converted
+    model, as its conv op gets them in a forward of N(0, 1) images (runner.ops_autograd's conv ops, recorded)."""
+    seen = {}
+    for _, args, _ in network_calls(name, batch, ("lut_conv2d_dequantize", "lut_conv2d_requantize_codes",
+                                                  "lut_conv2d"), backend):
+        a, w, lut, *geometry = args[:7]
+        seen.setdefault((tuple(a.shape), tuple(w.shape), str(geometry)), (a, w, lut, *geometry))
     return list(seen.values())
 
 

@@ -310,11 +310,14 @@ Choice known_pick(Choice choice, const Params& p, const at::Tensor& w, const at:
 // fours: on 7x7 planes the end's short runs of stores measured slower than the two ops, the tall tile's most;
 // benchmarks/imagenet.md, "A conv's end in expanded_gemm's stores"), and depthwise_rows' (the products' format
 // decides: run_with_end).
+bool is_depthwise_rows(const Choice& c) {
+  return c.algo >= 0 && std::string(algos()[c.algo].name).rfind("depthwise_rows", 0) == 0;
+}
 bool applies_end(const Choice& c, const Params& p) {
   if (c.algo < 0) return false;
   const std::string name = algos()[c.algo].name;
   return name == "expanded_window" || (name == "expanded_gemm" && c.cfg.ks <= 1 && p.HoWo % 4 == 0) ||
-         name.rfind("depthwise_rows", 0) == 0;
+         is_depthwise_rows(c);
 }
 
 // Runs the conv with its end in the kernel's stores (p.epi) where the variant applies it (applies_end); false
@@ -330,8 +333,7 @@ bool run_with_end(Choice algo, Params p, const at::Tensor& w, const at::Tensor& 
   const at::Tensor a = codes();
   p.a = reinterpret_cast<const uint8_t*>(a.data_ptr());
   // depthwise_rows: int16 products, inputs it loads directly (it reads their alignment from p.a)
-  if (std::string(algos()[pick.algo].name).rfind("depthwise_rows", 0) == 0 && !depthwise_rows_applies_end(p, pr->fmt))
-    return false;
+  if (is_depthwise_rows(pick) && !depthwise_rows_applies_end(p, pr->fmt)) return false;
   run_choice(pick, p, *pr, cg, stream);
   return true;
 }

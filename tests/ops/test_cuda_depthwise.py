@@ -3,8 +3,10 @@ reference with poisoned outputs, every variant approx::lut_algos says applies (d
 among them), stride 1 and 2, padding 0 and 1; rows a multiple of 4 wide (window words loaded from global
 memory; in 8-byte pairs where rows are a multiple of 8 wide and a task's 8 or 16 columns start every window
 on the same word of a pair), other rows of inputs a multiple of 4 bytes (words at byte offsets, edge columns
-masked), inputs of other sizes or off a word boundary (rows staged byte-wise in shared memory); int16 and int32
-products, signed and unsigned codes; which shapes depthwise_rows takes; and the blocks a channel (_g<N>) auto times.
+masked; at stride 2 from aligned 16-byte quads where the input is a whole number of them), inputs of other
+sizes or off a word boundary (rows staged byte-wise in shared memory); int16 and int32 products, signed and
+unsigned codes; which shapes depthwise_rows takes; and the blocks a channel (_g<N>) auto times. Where a case's
+comment names a load, the case's sizes select it (depthwise_rows.cu, dr_geo).
 
 Marked `cuda` (deselected by default; run with `-m cuda` on a GPU machine)."""
 import pytest
@@ -52,12 +54,14 @@ CASES = {
     # other rows of planes a multiple of 4 bytes: words at byte offsets, the columns outside the row masked
     "14": ((5, 3, 14, 14), 1, 1),               # MobileNetV2's 14x14 layers
     "14_p0": ((3, 2, 14, 14), 1, 0),
-    "10x6_s2": ((4, 2, 10, 6), 2, 1),
+    "14_s2_q": ((4, 4, 14, 14), 2, 1),          # MobileNetV2's 14x14 stride-2 layer: 3,136 bytes, quads
+    "10x6_s2": ((4, 2, 10, 6), 2, 1),           # quads, 8 outputs a thread (17 columns: 6 words from 3 quads)
     "6x10_pad_x": ((3, 2, 6, 10), 1, (0, 1)),
     "6x10_pad_y_s2": ((3, 2, 6, 10), 2, (1, 0)),
     # images a multiple of 4 bytes, planes not: each channel's planes 0-3 bytes into a word; the input's first
     # and last words (a window at row -1, column -1 of image 0's channel 0 starts before the input)
     "7x7_c8": ((3, 8, 7, 7), 1, 1),
+    "7x7_c16_s2": ((2, 16, 7, 7), 2, 1),        # quads, the input's first and last ones among them
     "7x7_c4_s2_b37": ((37, 4, 7, 7), 2, 1),
     "5x3_c4_p0": ((4, 4, 5, 3), 1, 0),
     "9x9_c4_pad_y": ((2, 4, 9, 9), 1, (1, 0)),
@@ -99,7 +103,8 @@ def test_depthwise_3x3_matches_reference(case, lutkind, signed):
 def test_depthwise_rows_input_off_a_word_boundary(offset, hw):
     """Window words are loaded from global memory only where the input starts on a word: codes at a
     byte offset (a view into a larger buffer) of 1 or 2 take the rows staged byte-wise, of 4 single words
-    (16-wide rows: not 8-byte pairs, which need an input on 8 bytes), of 8 pairs again; all exactly."""
+    (16-wide rows: not 8-byte pairs, which need an input on 8 bytes), of 8 pairs again (14- and 7-wide rows at
+    stride 2: single words, where an input on 16 bytes takes 16-byte quads); all exactly."""
     gen = torch.Generator().manual_seed(33 + offset + hw)
     shape = (3, 4, hw, hw)
     a = make_codes(gen, shape, True)

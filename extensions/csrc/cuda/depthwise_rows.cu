@@ -38,10 +38,13 @@
 // multiple of 4 wide, where a word holds one row's bytes or none; kStDirect8: the same in aligned 8-byte pairs where
 // rows are a multiple of 8 wide and R x stride too, so every window starts on the same word of a pair, 1.02-1.09x;
 // kStDirectU: other rows, words read at byte offsets from the input's start and funnel-shifted, the columns outside
-// the row masked to padding). Neighbouring tasks share most of their words, which L1 serves; there is no staging
-// and no block barrier after the table build. Staging each tile's rows in shared memory first (whole words, or
-// whole small planes) was 1.0-1.6x slower: at stride 2 and on small planes the staging's address arithmetic
-// outweighed the table reads (benchmarks/imagenet.md). Inputs off a word, and other rows of inputs not a multiple
+// the row masked to padding; kStDirectQ: kStDirectU's words at stride 2 from aligned 16-byte quads, where the input
+// sits on them). Neighbouring tasks share most of their words, which L1 serves; there is no staging and no block
+// barrier after the table build. These kernels are bound by L1's data pipe (86-94 % busy while the SMs run, on
+// MobileNetV2's small layers): the table reads take 45-62 % of its wavefronts, the window loads 30-44 %, and a
+// warp's load costs about as many wavefronts (the lines its lanes touch) at 4 or 16 bytes a lane. Staging each
+// tile's rows in shared memory first (whole words, or whole small planes) was 1.0-1.6x slower: at stride 2 and on
+// small planes the staging's address arithmetic outweighed the table reads (benchmarks/imagenet.md). Inputs off a word, and other rows of inputs not a multiple
 // of 4 bytes or past 2^31 bytes, still stage their rows byte-wise realigned (kStRows), at the tile's barrier.
 //
 // Stores (depthwise_stores.cuh): a task's run of sums, or, under the conv-and-end ops (Params::epi, int16 products,
@@ -68,7 +71,9 @@ __host__ __device__ constexpr int dr_log2(int n) { return n > 1 ? 1 + dr_log2(n 
 __host__ __device__ constexpr int dr_copies(int layout) {
   return layout == kDrBanked ? kDrCopies : layout == kDrBanked8 ? kDrCopies / 2 : 1;
 }
-enum DrStage : int { kStRows = 0, kStDirect = 1, kStDirectU = 2, kStDirect8 = 3 };
+enum DrStage : int { kStRows = 0, kStDirect = 1, kStDirectU = 2, kStDirect8 = 3, kStDirectQ = 4 };
+// loads at byte offsets from the input's start, the columns outside the row masked
+__host__ __device__ constexpr bool dr_wide(int stg) { return stg == kStDirectU || stg == kStDirectQ; }
 
 struct DrGeo {
   int Ho, segs;    // output rows per image, R-output segments per output row
@@ -230,6 +235,7 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
   const DrEnd dend = dr_end<EPI>(p.epi, ch);
   const int Ho = g.Ho;
   constexpr bool DIRECT = STG != kStRows;
+  constexpr bool WIDE = dr_wide(STG);
   const uint32_t* a32 = reinterpret_cast<const uint32_t*>(p.a);  // direct: dr_geo checked it sits on a word
   DrTile tl{};
   {
@@ -301,7 +307,7 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
     // of the row; a word's bytes from window column W - col0 on lie right of it. Two or three instructions a
     // word, where testing each column took four a column
     const int col0 = seg * R * S - p.pw;
-    constexpr bool MASK = STG == kStDirectU;
+    constexpr bool MASK = WIDE;
     uint32_t keep[MASK ? NWA : 1];
     if constexpr (MASK) {
       const int n8 = 8 * (p.W - col0);
@@ -346,13 +352,15 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
 #pragma unroll
         for (int i = 0; i <= NWA; ++i) raw[i] = odd ? q[i + 1] : q[i];
         sh = static_cast<unsigned>(col0 & 3) * 8;
-      } else if constexpr (STG == kStDirectU) {
+      } else if constexpr (WIDE) {
         // byte offsets from the input's start (dr_geo keeps the input under 2^31 bytes, a multiple of 4): the
         // words outside the input, and a row outside the plane, are padding; keep clears the columns outside
-        // the row below
+        // the row below. kStDirectQ: the words from aligned 16-byte quads, fewer requests through L1
         const int pos = static_cast<int>(b * img_in + ch * plane) + iy * p.W + col0;
         const int w0 = pos >> 2;
-        ldg_words_if(raw, a32 + w0, w0, row_in ? g.in_words : 0u);
+        const unsigned lim = row_in ? g.in_words : 0u;
+        if constexpr (STG == kStDirectU) ldg_words_if(raw, a32 + w0, w0, lim);
+        else ldg_words_by_quads(raw, p.a, w0, lim);
         sh = static_cast<unsigned>(pos & 3) * 8;
       } else {
         const int start = (q0 + ky) * g.nw * 4 + seg * R * S;
@@ -417,7 +425,7 @@ constexpr int dr_min_blocks() {
   if constexpr (TL == kDrBanked) return kDrBankedBlocksPerSM;
   if constexpr (TL == kDrBanked8) return 4;  // what its 48 KiB table allows at either stride
   if constexpr (STG == kStRows) return 5;
-  if constexpr (STG == kStDirectU) return S == 1 ? 7 : 6;
+  if constexpr (dr_wide(STG)) return S == 1 ? 7 : 6;
   return S == 1 ? 4 : 5;
 }
 template <int S, int R, int MODE, int TL, int STG, int EPI>
@@ -458,7 +466,12 @@ DrGeo dr_geo(const Params& p, int fmt, int copies, size_t& smem) {
                                                                            : kStRows;
   if (g.stage == kStDirect && p.W % 8 == 0 && R * S % 8 == 0 && reinterpret_cast<uintptr_t>(p.a) % 8 == 0)
     g.stage = kStDirect8;
-  g.in_words = static_cast<unsigned>(g.stage == kStDirectU ? in_bytes / 4 : 0);
+  // kStDirectU's words at stride 2 from aligned 16-byte quads where the input sits on them and is a whole number of
+  // them (benchmarks/imagenet.md: 1.12x on 576 at 14x14 at batch 64; at stride 1, and for kStDirect's rows, quads and
+  // 8-byte pairs gained on uniform codes but lost up to 5 % on MobileNetV2's own)
+  if (g.stage == kStDirectU && S == 2 && reinterpret_cast<uintptr_t>(p.a) % 16 == 0 && in_bytes % 16 == 0)
+    g.stage = kStDirectQ;
+  g.in_words = static_cast<unsigned>(dr_wide(g.stage) ? in_bytes / 4 : 0);
   g.table_bytes = banked ? 3 * 256 * 8 * copies : 3 * 256 * (fmt == 1 ? 8 : 16);
   g.total = static_cast<unsigned>(total);
   g.tiles = static_cast<unsigned>((total + kDrThreads - 1) / kDrThreads);
@@ -561,6 +574,7 @@ void launch_depthwise_rows(const Params& p, const ConvGeo&, int fmt, int layout,
     if (g.stage == kStDirect) launch_dr_end<TL, kStDirect>(p, fmt, g, smem, stream);
     else if (g.stage == kStDirectU) launch_dr_end<TL, kStDirectU>(p, fmt, g, smem, stream);
     else if (g.stage == kStDirect8) launch_dr_end<TL, kStDirect8>(p, fmt, g, smem, stream);
+    else if (g.stage == kStDirectQ) launch_dr_end<TL, kStDirectQ>(p, fmt, g, smem, stream);
     else launch_dr_end<TL, kStRows>(p, fmt, g, smem, stream);
   };
   if (layout == kDrBanked) with_stage(std::integral_constant<int, kDrBanked>{});

@@ -25,6 +25,42 @@ __device__ __forceinline__ void ldg_words_if(uint32_t (&w)[N], const uint32_t* b
     ((w[I] = ldg_word_if<I>(base, first, lim)), ...);
   }(std::make_integer_sequence<int, N>{});
 }
+// ldg_word_if's 16-byte form: quad base[I] where (unsigned)(first + I) < lim, else zeros.
+template <int I>
+__device__ __forceinline__ uint4 ldg_quad_if(const uint4* base, int first, unsigned lim) {
+  uint32_t x, y, z, w;
+  asm("{\n .reg .pred p;\n .reg .u32 t;\n add.u32 t, %5, %6;\n setp.lt.u32 p, t, %7;\n mov.b32 %0, 0;\n"
+      " mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n @p ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4+%8];\n}\n"
+      : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
+      : "l"(base), "r"(first), "n"(I), "r"(lim), "n"(16 * I));
+  return make_uint4(x, y, z, w);
+}
+// ldg_words_if's words first .. first + N - 1 of the word array at base (on 16 bytes), a word at or past lim (a
+// multiple of 4) or before 0 reading 0, from the aligned 16-byte quads that hold them: then each lane's run is
+// selected by its first word's place in a quad, in two rounds of selects. A warp's run of N words a lane is
+// (N + 2) / 4 + 1 load requests where ldg_words_if makes N, each costing L1 about as many wavefronts (the lines
+// the lanes touch).
+template <int N>
+__device__ __forceinline__ void ldg_words_by_quads(uint32_t (&w)[N], const void* base, int first, unsigned lim) {
+  constexpr int NQ = (N + 2) / 4 + 1;  // quads holding N words from a quad's last word
+  uint32_t q[4 * NQ];
+  const int k0 = first >> 2;  // floor, so word -1 lies in quad -1, which reads 0
+  [&]<int... J>(std::integer_sequence<int, J...>) {
+    (([&] {
+       const uint4 v = ldg_quad_if<J>(static_cast<const uint4*>(base) + k0, k0, lim / 4);
+       q[4 * J] = v.x, q[4 * J + 1] = v.y, q[4 * J + 2] = v.z, q[4 * J + 3] = v.w;
+     }()),
+     ...);
+  }(std::make_integer_sequence<int, NQ>{});
+#pragma unroll
+  for (int b = 1; b < 4; b <<= 1) {
+    const bool on = first & b;
+#pragma unroll
+    for (int j = 0; j + b < 4 * NQ; ++j) q[j] = on ? q[j + b] : q[j];
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) w[i] = q[i];
+}
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem)), "l"(gmem));
 }

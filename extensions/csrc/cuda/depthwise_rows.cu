@@ -40,8 +40,8 @@
 // kStDirectU: other rows, words read at byte offsets from the input's start and funnel-shifted, the columns outside
 // the row masked to padding; kStDirectQ: kStDirectU's words at stride 2 from aligned 16-byte quads, where the input
 // sits on them). Neighbouring tasks share most of their words, which L1 serves; there is no staging and no block
-// barrier after the table build. These kernels are bound by L1's data pipe (86-94 % busy while the SMs run, on
-// MobileNetV2's small layers): the table reads take 45-62 % of its wavefronts, the window loads 30-44 %, and a
+// barrier after the table build. These kernels are bound by L1's data pipe (84-94 % busy while the SMs run, on
+// MobileNetV2's small layers): the table reads take 43-61 % of its wavefronts, the window loads 30-44 %, and a
 // warp's load costs about as many wavefronts (the lines its lanes touch) at 4 or 16 bytes a lane. Staging each
 // tile's rows in shared memory first (whole words, or whole small planes) was 1.0-1.6x slower: at stride 2 and on
 // small planes the staging's address arithmetic outweighed the table reads (benchmarks/imagenet.md). Inputs off a word, and other rows of inputs not a multiple

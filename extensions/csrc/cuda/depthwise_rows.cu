@@ -44,8 +44,9 @@
 // MobileNetV2's small layers): the table reads take 43-61 % of its wavefronts, the window loads 30-44 %, and a
 // warp's load costs about as many wavefronts (the lines its lanes touch) at 4 or 16 bytes a lane. Staging each
 // tile's rows in shared memory first (whole words, or whole small planes) was 1.0-1.6x slower: at stride 2 and on
-// small planes the staging's address arithmetic outweighed the table reads (benchmarks/imagenet.md). Inputs off a word, and other rows of inputs not a multiple
-// of 4 bytes or past 2^31 bytes, still stage their rows byte-wise realigned (kStRows), at the tile's barrier.
+// small planes the staging's address arithmetic outweighed the table reads (benchmarks/imagenet.md). Inputs off a
+// word, and other rows of inputs not a multiple of 4 bytes or past 2^31 bytes, still stage their rows byte-wise
+// realigned (kStRows), at the tile's barrier.
 //
 // Stores (depthwise_stores.cuh): a task's run of sums, or, under the conv-and-end ops (Params::epi, int16 products,
 // direct loads: depthwise_rows_applies_end), the layer's end in their place, so the sums are never written.
@@ -467,8 +468,8 @@ DrGeo dr_geo(const Params& p, int fmt, int copies, size_t& smem) {
   if (g.stage == kStDirect && p.W % 8 == 0 && R * S % 8 == 0 && reinterpret_cast<uintptr_t>(p.a) % 8 == 0)
     g.stage = kStDirect8;
   // kStDirectU's words at stride 2 from aligned 16-byte quads where the input sits on them and is a whole number of
-  // them (benchmarks/imagenet.md: 1.12x on 576 at 14x14 at batch 64; at stride 1, and for kStDirect's rows, quads and
-  // 8-byte pairs gained on uniform codes but lost up to 5 % on MobileNetV2's own)
+  // them (benchmarks/imagenet.md: 576 at 14x14 1.10x at batch 64, 1.14x at 256; at stride 1, and for kStDirect's
+  // rows, quads and 8-byte pairs gained on uniform codes but lost up to 5 % on MobileNetV2's own)
   if (g.stage == kStDirectU && S == 2 && reinterpret_cast<uintptr_t>(p.a) % 16 == 0 && in_bytes % 16 == 0)
     g.stage = kStDirectQ;
   g.in_words = static_cast<unsigned>(dr_wide(g.stage) ? in_bytes / 4 : 0);

@@ -417,10 +417,10 @@ __device__ __forceinline__ void dr_body(const Params& p, const DrGeo& g, uint8_t
 // MODE 1: int16 entries, 2: int32 entries, 0: the fit flags decide on the device. Banked: int16
 // entries in kDrCopies copies (int32 ones stay single: 16 of them would not fit).
 // int16 entries: registers capped for the blocks an SM is meant to hold; the others run two bodies' worth
-// and stay uncapped. banked8: 4 blocks, what its table allows. kStDirectU's single and split tables (14x14 and
-// 7x7 planes, few tiles a block): 7 blocks at stride 1 and 6 at stride 2, without spills (on an H200 384 at 14x14
-// 1.70 -> 1.80 T MAC/s at batch 64, 576 at 14x14 1.79 -> 1.97; 7 at stride 2 lost up to 4 %). The single and split
-// tables elsewhere: 4 blocks at stride 1, 5 at stride 2 (48 registers; at 50-55 they held 4)
+// and stay uncapped. banked8: 4 blocks, what its table allows. kStDirectU's and kStDirectQ's single and split
+// tables (14x14 and 7x7 planes, few tiles a block): 7 blocks at stride 1 and 6 at stride 2, without spills (on an
+// H200 384 at 14x14 1.70 -> 1.80 T MAC/s at batch 64, 576 at 14x14 1.79 -> 1.97; 7 at stride 2 lost up to 4 %).
+// The single and split tables elsewhere: 4 blocks at stride 1, 5 at stride 2 (48 registers; at 50-55 they held 4)
 template <int TL, int STG, int S>
 constexpr int dr_min_blocks() {
   if constexpr (TL == kDrBanked) return kDrBankedBlocksPerSM;

@@ -41,6 +41,8 @@ CONVS = [((3, *a), w, 1, 0, 1) for _, kind, a, w in LENET5_LAYERS if kind == "co
     # depthwise on inputs a multiple of 4 bytes whose rows are not (words at byte offsets, edge columns masked)
     ((5, 3, 14, 14), (3, 1, 3, 3), 1, 1, 3),
     ((37, 8, 7, 7), (8, 1, 3, 3), 2, 1, 8),    # planes 1-3 bytes into a word, the last word the input's
+    # depthwise_planes: 7x7 planes 1-3 bytes into a word (the input's last word read), a block's second warp partial
+    ((37, 9, 7, 7), (9, 1, 3, 3), 1, 1, 9),
 ]
 BMMS = [(3, 37, 41, 64), (2, 197, 197, 68), (2, 197, 64, 197), (1, 5, 300, 7)]  # (B, M, N, K)
 LINEARS = [(3, *w[::-1]) for _, kind, _, w in LENET5_LAYERS if kind == "linear"] + [

@@ -7,8 +7,8 @@ it replaces (lut_conv2d, then dequantize / requantize_codes), on the GPU, per co
 Ends: `handoff` (requantize_codes: the next layer's codes alone), `block` (dequantize with a residual, the ReLU
 and the next layer's codes: a residual block's last conv), `plain` (dequantize alone: a downsample's output).
 `auto` in both, after warm-up calls (auto's trials, the table builds), so the fused op runs auto's cached pick:
-where that variant applies the end in its stores (expanded_window, an unsplit expanded_gemm, depthwise_rows) the
-sums are never written, else the op runs the same two ops. Medians of `repeat` CUDA-event timings
+where that variant applies the end in its stores (expanded_window, an unsplit expanded_gemm, depthwise_rows,
+depthwise_planes) the sums are never written, else the op runs the same two ops. Medians of `repeat` CUDA-event timings
 (runner.bench.device_timer), fused and two-op calls alternated, the range of the alternated pairs' ratios, the one
 op's T MAC/s, and whether its output equals the two ops' (`same`). Shapes: benchmarks/cuda_algos.py's
 groups. Results: benchmarks/imagenet.md, "A conv's end in expanded_gemm's stores".

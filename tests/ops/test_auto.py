@@ -125,11 +125,12 @@ def test_costs_are_kept_per_batch_bucket_table_format_and_threads():
                                       ("expanded_window_x7_c18", "expanded_window"), ("direct", "direct"),
                                       ("expanded_rows_r2_c1", "expanded_rows"), ("", None),
                                       ("depthwise_rows_banked8_g2", "depthwise_rows_banked8"),
-                                      ("depthwise_rows_g1", "depthwise_rows")])
+                                      ("depthwise_rows_g1", "depthwise_rows"),
+                                      ("depthwise_planes_b2_i32", "depthwise_planes")])
 def test_algo_table_gives_a_configuration_its_variants_row(monkeypatch, pick, row):
     # the kernels report a configuration's exact name; the table flags its variant's row and keeps the name there
     names = ["direct", "expanded_l2", "expanded_gemm", "expanded_rows", "expanded_window", "depthwise_rows",
-             "depthwise_rows_banked", "depthwise_rows_banked8"]
+             "depthwise_rows_banked", "depthwise_rows_banked8", "depthwise_planes"]
     op = lambda *args: (names, [0] * len(names), [""] * len(names), pick)  # noqa: E731
     monkeypatch.setattr(ops, "_compiled", lambda *args: op)
     rows = ops.algo_table(torch.zeros(2, 3, dtype=torch.int8), torch.zeros(4, 3, dtype=torch.int8),

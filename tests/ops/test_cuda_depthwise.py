@@ -6,7 +6,9 @@ on the same word of a pair), other rows of inputs a multiple of 4 bytes (words a
 masked; at stride 2 from aligned 16-byte quads where the input is a whole number of them), inputs of other
 sizes or off a word boundary (rows staged byte-wise in shared memory); int16 and int32 products, signed and
 unsigned codes; which shapes depthwise_rows takes; and the blocks a channel (_g<N>) auto times. Where a case's
-comment names a load, the case's sizes select it (depthwise_rows.cu, dr_geo).
+comment names a load, the case's sizes select it (depthwise_rows.cu, dr_geo). depthwise_planes (7x7 planes at
+stride 1, 14x14 at stride 2): every configuration on whole and partial warps and blocks, inputs off a word, its
+names and the shapes it takes.
 
 Marked `cuda` (deselected by default; run with `-m cuda` on a GPU machine)."""
 import pytest
@@ -76,6 +78,11 @@ def _rows_variants(stride):
     )
 
 
+# depthwise_planes' configurations by (stride, plane side): the default and each (bands, images a block)
+PLANES = {(1, 7): ("depthwise_planes", "depthwise_planes_b1_i64", "depthwise_planes_b1_i32"),
+          (2, 14): ("depthwise_planes", "depthwise_planes_b1_i64", "depthwise_planes_b2_i32")}
+
+
 @pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
 @pytest.mark.parametrize("lutkind", ["int16", "wide"])
 @pytest.mark.parametrize("case", list(CASES))
@@ -104,7 +111,8 @@ def test_depthwise_rows_input_off_a_word_boundary(offset, hw):
     """Window words are loaded from global memory only where the input starts on a word: codes at a
     byte offset (a view into a larger buffer) of 1 or 2 take the rows staged byte-wise, of 4 single words
     (16-wide rows: not 8-byte pairs, which need an input on 8 bytes), of 8 pairs again (14- and 7-wide rows at
-    stride 2: single words, where an input on 16 bytes takes 16-byte quads); all exactly."""
+    stride 2: single words, where an input on 16 bytes takes 16-byte quads); all exactly. depthwise_planes reads
+    whole words too: off a word it runs depthwise_rows' single table."""
     gen = torch.Generator().manual_seed(33 + offset + hw)
     shape = (3, 4, hw, hw)
     a = make_codes(gen, shape, True)
@@ -116,7 +124,7 @@ def test_depthwise_rows_input_off_a_word_boundary(offset, hw):
     for stride in (1, 2):
         want = reference_lut_conv2d(a, w, lut, stride, 1, 1, 4)
         args = ([stride, stride], [1, 1], [1, 1], 4)
-        for algo in _rows_variants(stride):
+        for algo in _rows_variants(stride) + PLANES.get((stride, hw), ()):
             got = poisoned_call(lambda: ops.lut_conv2d(ad, w.to(DEV), lut.to(DEV), *args, algo), tuple(want.shape))
             check_equal(got, want, f"{algo} stride {stride}, input at byte offset {offset}")
 
@@ -225,3 +233,46 @@ def test_depthwise_rows_grid_names():
     for unknown in ("depthwise_g2", "depthwise_rows_banked9_g2", "expanded_l2_g2"):
         with pytest.raises(RuntimeError, match="unknown algo"):
             ops.lut_conv2d(a, w, lut, *args, unknown)
+
+
+@pytest.mark.parametrize("batch,channels,stride,hw", [(64, 40, 2, 14), (37, 24, 2, 14), (1, 8, 2, 14), (70, 33, 1, 7),
+                                                     (33, 8, 1, 7), (1, 3, 1, 7)])
+def test_depthwise_planes_configurations(batch, channels, stride, hw):
+    """Every configuration of depthwise_planes (a warp's 32 images, one band or two of output rows) on whole and
+    partial warps and blocks, a block's second warp empty among them (batch 1 and 33 with 64 images a block): against
+    `direct`. 7x7 planes start 0-3 bytes into a word (49 bytes a plane)."""
+    a, w, lut, args, want = _against_direct(60 + batch + stride, batch, channels, hw, stride)
+    for algo in PLANES[(stride, hw)]:
+        got = poisoned_call(lambda: ops.lut_conv2d(a, w, lut, *args, algo), tuple(want.shape))
+        check_equal(got, want, f"{algo}, batch {batch}, {channels} channels")
+
+
+def test_depthwise_planes_shapes_and_names():
+    """depthwise_planes takes 3x3 convs of padding 1 on 7x7 planes at stride 1 and 14x14 ones at stride 2 and says
+    why not for others; its configuration names are checked against the ones built, and for the shape; auto's pick
+    is reported by a name that runs."""
+    gen = torch.Generator().manual_seed(61)
+    lut = make_lut(gen, "int16").to(DEV)
+    w = make_weights(gen, (4, 1, 3, 3), True).to(DEV)
+
+    def row(hw, stride, padding=1):
+        a = make_codes(gen, (2, 4, hw, hw), True).to(DEV)
+        rows = algo_table(a, w, lut, stride, padding, 1, 4, backend="cuda")
+        return {r["algo"]: r for r in rows}["depthwise_planes"]
+
+    assert row(7, 1)["applies"] and row(14, 2)["applies"]
+    for hw, stride in ((14, 1), (7, 2), (28, 2), (8, 1)):
+        assert "7x7 plane at stride 1 or a 14x14 one at stride 2" in row(hw, stride)["note"], (hw, stride)
+    assert "padding 1" in row(14, 2, 0)["note"]
+    a7 = make_codes(gen, (3, 4, 7, 7), True).to(DEV)
+    args = ([1, 1], [1, 1], [1, 1], 4)
+    for bad in ("depthwise_planes_b3_i32", "depthwise_planes_b2", "depthwise_planes_b2_i32x", "depthwise_planes_"):
+        with pytest.raises(RuntimeError, match=r"depthwise_planes_b<bands>_i<images a block>"):
+            ops.lut_conv2d(a7, w, lut, *args, bad)
+    with pytest.raises(RuntimeError, match="no configuration depthwise_planes_b2_i32 for this shape"):
+        ops.lut_conv2d(a7, w, lut, *args, "depthwise_planes_b2_i32")  # 14x14 at stride 2's
+    a14 = make_codes(gen, (40, 4, 14, 14), True).to(DEV)
+    ops.lut_conv2d(a14, w, lut, [2, 2], [1, 1], [1, 1], 4, "auto")
+    pick = _reported_pick(a14, w, lut, 2, 1, 1, 4)
+    want = ops.lut_conv2d(a14, w, lut, [2, 2], [1, 1], [1, 1], 4, "direct")
+    check_equal(ops.lut_conv2d(a14, w, lut, [2, 2], [1, 1], [1, 1], 4, pick).cpu(), want.cpu(), f"auto's pick {pick}")

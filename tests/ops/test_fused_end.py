@@ -1,7 +1,8 @@
 """approx::lut_conv2d_dequantize / lut_conv2d_requantize_codes: a conv and its end in one op give what
 lut_conv2d followed by dequantize (with a residual, ReLU and the next layer's codes) or requantize_codes gives, bit
-for bit, on every backend; on CUDA expanded_window, an unsplit expanded_gemm and depthwise_rows (int16 products)
-apply the end in their own stores (named, and auto's cached pick), every other variant runs the two ops."""
+for bit, on every backend; on CUDA expanded_window, an unsplit expanded_gemm, depthwise_rows and depthwise_planes
+(int16 products) apply the end in their own stores (named, and auto's cached pick), every other variant runs the two
+ops."""
 import pytest
 import torch
 
@@ -38,6 +39,9 @@ CONVS = [
     ((2, 12, 9, 9), (12, 3, 3), 1, 1, 12),
     ((3, 20, 14, 14), (20, 3, 3), 2, 1, 20),
     ((2, 8, 28, 28), (8, 3, 3), 2, 1, 8),
+    # 7x7 planes at stride 1 (depthwise_planes too: a value a store, planes 0-3 bytes into a word), 33 images: a
+    # warp of 32 and one of 1
+    ((33, 12, 7, 7), (12, 3, 3), 1, 1, 12),
 ]
 
 
@@ -64,19 +68,21 @@ def _requant(gen, n):
     return torch.randint(-5000, 5000, (n,), generator=gen, dtype=torch.int32), m0, shift
 
 
-def _algos(backend, groups=1, stride=None):
+def _algos(backend, groups=1, stride=None, hw=None):
     # CUDA: expanded_window named (8 outputs a thread; 7 where a 3- or 5-wide kernel's rows allow it; 2 channels
     # staged at a time, so the planes are restaged between table chunks); expanded_gemm's tiles (convs of one
     # group): 128 R rows x 32 channels, r8c's copied build (its cp.async codes at the 1x1 case), the tall tiles of
     # 16 and 13 rows a thread (the end in their stores too, int16 products), and a K split, where the two ops run;
     # auto (its first call times and falls back, the second runs its cached pick), and direct (never applies the
-    # end itself). Depthwise convs (stride given): depthwise_rows' table layouts and a grid of 2 blocks a channel
+    # end itself). Depthwise convs (stride given): depthwise_rows' table layouts and a grid of 2 blocks a channel,
+    # and depthwise_planes on the planes it takes
     if backend != "cuda":
         return ("auto",)
     if stride is not None:  # depthwise
         split = ("depthwise_rows_split", "depthwise_rows_split_g2") if stride == 2 else ()
+        planes = ("depthwise_planes",) if (stride, hw) in ((1, 7), (2, 14)) else ()
         return ("depthwise_rows", "depthwise_rows_banked", "depthwise_rows_banked8", "depthwise_rows_g2", *split,
-                "auto", "auto", "direct")
+                *planes, "auto", "auto", "direct")
     gemm = ("expanded_gemm_r2", "expanded_gemm_r8c", "expanded_gemm_r16c", "expanded_gemm_r13c",
             "expanded_gemm_r8c_k2") if groups == 1 else ()
     return ("expanded_window", "expanded_window_x7", "expanded_window_c2", *gemm, "auto", "auto", "direct")
@@ -108,7 +114,7 @@ def test_fused_ends_equal_the_conv_and_its_end(gen, backend, device, case, signe
     }
     dev = [t.to(device) for t in (a, w, lut, sa, sw, bias, residual, qbias, m0, shift, cs)]
     ad, wd, ld, sad, swd, bd, rd, qbd, md, shd, csd = dev
-    for algo in _algos(backend, groups, stride if groups == c == n else None):
+    for algo in _algos(backend, groups, *((stride, h) if groups == c == n else ())):
         what = f"{CONVS[case]} {backend} {algo}"
         got = ops.lut_conv2d_dequantize(ad, wd, ld, *conv, sad, swd, bd, backend=backend, algo=algo)
         assert _same(got, want["plain"]), what
@@ -171,6 +177,21 @@ def test_opcheck_fused_ends(gen, backend, device):
                           (a, w, lut, *conv, qb, m0, shift, 0, 255, False))
 
 
+def _cuda_kernels(fn):
+    """The names of the CUDA kernels fn() launches (after a warm-up call: table builds, auto's trials), and what the
+    profiled call returned."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        got = fn()
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert kernels, "the profiler saw no kernel"
+    return kernels, got
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("algo,hw,in_stores", [
     ("expanded_window", 12, True), ("expanded_window", 11, True), ("expanded_gemm_r2", 12, True),
@@ -184,8 +205,6 @@ def test_which_variants_apply_the_end_in_their_stores(gen, algo, hw, in_stores):
     1x1 conv and a strided 3x3 conv of 2304 output rows, which auto runs as a stride-1 1x1 conv over their taps
     (12x12 planes), with the end in the stores where its pick for that layout applies it (None: read from the
     pick)."""
-    from torch.profiler import ProfilerActivity, profile
-
     b, size, k, stride, pad = {"1x1 s2": (16, 24, 1, 2, 0), "3x3 taps": (16, 24, 3, 2, 1)}.get(hw, (2, hw, 3, 1, 1))
     out_hw = 12 if isinstance(hw, str) else hw
     a, w, lut = codes(gen, (b, 16, size, size), False), weights(gen, (24, 16, k, k)), random_lut(gen, -3000, 3000)
@@ -201,18 +220,12 @@ def test_which_variants_apply_the_end_in_their_stores(gen, algo, hw, in_stores):
                                   backend="cuda", algo=algo)
         ops.lut_conv2d_requantize_codes(a, w, lut, stride, pad, 1, 1, qb, m0, shift, 0, 255, False, backend="cuda",
                                         algo=algo)
-    calls()  # table builds (and auto's trials)
-    torch.cuda.synchronize()
+    kernels, _ = _cuda_kernels(calls)
     if in_stores is None:  # lut_ops.cpp's applies_end for auto's pick in the layout of the taps
         taps = taps_of(a, (k, k), stride, pad, 1)
         pick = next(r["auto_pick_name"] for r in ops.algo_table(taps, w.view(24, -1, 1, 1), lut, backend="cuda")
                     if r["auto_pick"])
         in_stores = pick.startswith("expanded_window") or (pick.startswith("expanded_gemm") and "_k" not in pick)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        calls()
-        torch.cuda.synchronize()
-    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert kernels, "the profiler saw no kernel"
     quant = [k for k in kernels if "quantize" in k]
     assert (not quant) == in_stores, kernels
 
@@ -223,37 +236,33 @@ def test_which_variants_apply_the_end_in_their_stores(gen, algo, hw, in_stores):
     ("depthwise_rows_banked8", "16x16", True),
     ("depthwise_rows_split", "14x14 s2", True), ("auto", "14x14", None),
     ("depthwise_rows", "off a word", False),  # codes one byte into their storage: rows staged, the two ops
-    ("depthwise_rows", "int32", False)])      # products past int16: the two ops
+    ("depthwise_rows", "int32", False),       # products past int16: the two ops
+    ("depthwise_planes", "14x14 s2", True), ("depthwise_planes", "7x7", True), ("auto", "7x7", None),
+    ("depthwise_planes", "off a word s2", False), ("depthwise_planes", "int32 s2", False)])
 def test_depthwise_rows_applies_the_end_in_its_stores(gen, algo, case, in_stores):
-    """As above, for depthwise convs: no quant kernel where depthwise_rows applies the end, and the values equal the
-    two ops' either way (None: read from auto's pick)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    hw, stride = (16, 1) if case == "16x16" else (14, 2 if "s2" in case else 1)
+    """As above, for depthwise convs: no quant kernel where depthwise_rows or depthwise_planes applies the end, and
+    the values equal the two ops' either way (None: read from auto's pick)."""
+    hw = 16 if case == "16x16" else 7 if case == "7x7" else 14
+    stride = 2 if "s2" in case else 1
     shape = (4, 16, hw, hw)
     a = codes(gen, shape, False)
-    w, lut = weights(gen, (16, 1, 3, 3)), random_lut(gen, *((-2**20, 2**20) if case == "int32" else (-3000, 3000)))
+    products = 2**20 if case.startswith("int32") else 3000
+    w, lut = weights(gen, (16, 1, 3, 3)), random_lut(gen, -products, products)
     w[w == -128] = -127
     qb, m0, shift = _requant(gen, 16)
     conv = (stride, 1, 1, 16)
     want = ops.requantize_codes(ops.lut_conv2d(a, w, lut, *conv, backend="python"), qb, m0, shift, 0, 255, False,
                                 backend="python")
-    if case == "off a word":
+    if case.startswith("off a word"):
         a = torch.empty(a.numel() + 1, dtype=a.dtype, device="cuda")[1:].view(shape).copy_(a)
     a, w, lut, qb, m0, shift = (t.cuda() for t in (a, w, lut, qb, m0, shift))
 
     def call():
         return ops.lut_conv2d_requantize_codes(a, w, lut, *conv, qb, m0, shift, 0, 255, False, backend="cuda",
                                                algo=algo)
-    call()  # table builds (and auto's trials)
-    torch.cuda.synchronize()
+    kernels, got = _cuda_kernels(call)
     if in_stores is None:
         pick = next(r["auto_pick_name"] for r in ops.algo_table(a, w, lut, *conv, backend="cuda") if r["auto_pick"])
-        in_stores = pick.startswith("depthwise_rows")
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        got = call()
-        torch.cuda.synchronize()
-    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert kernels, "the profiler saw no kernel"
+        in_stores = pick.startswith(("depthwise_rows", "depthwise_planes", "expanded_window"))  # applies_end
     assert (not [k for k in kernels if "quantize" in k]) == in_stores, kernels
     assert _same(got, want)

@@ -79,6 +79,13 @@ const std::vector<Algo>& algos() {
       depthwise_rows_algo<kDrBanked8>(),
       // stride 2: the int16 table split in 4-byte entries (even columns' taps 0 and 2, odd ones' tap 1)
       depthwise_rows_algo<kDrSplit>(),
+      // 7x7 planes at stride 1, 14x14 ones at stride 2: a thread a plane (or band), each code read once for every
+      // product it feeds; int32 products run depthwise_rows' single table
+      {"depthwise_planes", false, false, depthwise_planes_why_not,
+       [](const Params& p, const ConvGeo& cg, int fmt, const Config& c, cudaStream_t s) {
+         launch_depthwise_planes(p, cg, fmt, c, s);
+       },
+       depthwise_planes_candidates},
       {"expanded_window", true, true,
        [](const Params& p, const ConvGeo& cg) {
          return window_smem(p, cg, 0) ? std::string()
@@ -148,6 +155,12 @@ Choice parse_choice(const std::string& name, const char* op) {
     c.cfg.gx = gx;
     return c;
   }
+  if (name.rfind("depthwise_planes_", 0) == 0) {
+    Choice c{kAuto};
+    const std::string err = parse_depthwise_planes_config(name, c.cfg);
+    TORCH_CHECK(err.empty(), op, ": ", err);
+    return Choice{parse_choice("depthwise_planes", op).algo, c.cfg};
+  }
   if (name.rfind("expanded_window_", 0) == 0) {
     // expanded_window_[x<outputs a thread: 5, 7 or 8>][_c<channels staged at once>]
     Choice c{kAuto};
@@ -201,6 +214,7 @@ std::string choice_name(const Choice& c) {
     return std::string(a.name) + (c.cfg.rx ? "_x" + std::to_string(c.cfg.rx) : "") +
            (c.cfg.cc ? "_c" + std::to_string(c.cfg.cc) : "");
   if (std::string(a.name) == "expanded_gemm") return gemm_config_name(c.cfg);
+  if (std::string(a.name) == "depthwise_planes") return depthwise_planes_config_name(c.cfg);
   if (c.cfg.gx > 0) return std::string(a.name) + "_g" + std::to_string(c.cfg.gx);
   return std::string(a.name) == "expanded_rows" ? rows_config_name(c.cfg) : a.name;
 }

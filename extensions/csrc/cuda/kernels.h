@@ -115,6 +115,14 @@ std::string depthwise_rows_why_not(const Params& p, const ConvGeo& cg, int layou
 bool depthwise_rows_applies_end(const Params& p, int fmt);
 // gx: blocks a channel, 0 for the grid model's pick
 void launch_depthwise_rows(const Params& p, const ConvGeo& cg, int fmt, int layout, int gx, cudaStream_t stream);
+// depthwise_planes.cu: 3x3, padding 1, on 7x7 planes at stride 1 and 14x14 ones at stride 2, a thread a plane or
+// band of it (Config::r: bands, Config::mb: images a block; 0: the shape's default)
+std::string depthwise_planes_why_not(const Params& p, const ConvGeo& cg);
+bool depthwise_planes_applies_end(const Params& p, int fmt);
+std::vector<Config> depthwise_planes_candidates(const Params& p, int fmt);
+std::string depthwise_planes_config_name(const Config& c);
+std::string parse_depthwise_planes_config(const std::string& name, Config& c);  // "" or what is wrong
+void launch_depthwise_planes(const Params& p, const ConvGeo& cg, int fmt, const Config& c, cudaStream_t stream);
 // layouts.cu: a conv's codes (one group) in auto's GEMM layout, out [B][K][Ho][Wo] or folded [K][B][Ho][Wo]
 void launch_gemm_layout(const at::Tensor& a, at::Tensor& out, const approx_checks::ConvShape& s, bool folded,
                         cudaStream_t stream);

@@ -308,8 +308,8 @@ Choice known_pick(Choice choice, const Params& p, const at::Tensor& w, const at:
 // The variants that apply an end in their stores: expanded_window, expanded_gemm's tiles unsplit (a K split's
 // blocks add partial sums into the output) where a channel's plane is a multiple of 4 outputs (its rows in aligned
 // fours: on 7x7 planes the end's short runs of stores measured slower than the two ops, the tall tile's most;
-// benchmarks/imagenet.md, "A conv's end in expanded_gemm's stores"), and depthwise_rows' (the products' format
-// decides: run_with_end).
+// benchmarks/imagenet.md, "A conv's end in expanded_gemm's stores"), and depthwise_rows' and depthwise_planes' (the
+// products' format and the inputs' alignment decide: run_with_end).
 bool is_depthwise_rows(const Choice& c) {
   return c.algo >= 0 && std::string(algos()[c.algo].name).rfind("depthwise_rows", 0) == 0;
 }
@@ -317,7 +317,7 @@ bool applies_end(const Choice& c, const Params& p) {
   if (c.algo < 0) return false;
   const std::string name = algos()[c.algo].name;
   return name == "expanded_window" || (name == "expanded_gemm" && c.cfg.ks <= 1 && p.HoWo % 4 == 0) ||
-         is_depthwise_rows(c);
+         name.rfind("depthwise_rows", 0) == 0 || name == "depthwise_planes";
 }
 
 // Runs the conv with its end in the kernel's stores (p.epi) where the variant applies it (applies_end); false
@@ -334,6 +334,8 @@ bool run_with_end(Choice algo, Params p, const at::Tensor& w, const at::Tensor& 
   p.a = reinterpret_cast<const uint8_t*>(a.data_ptr());
   // depthwise_rows: int16 products, inputs it loads directly (it reads their alignment from p.a)
   if (is_depthwise_rows(pick) && !depthwise_rows_applies_end(p, pr->fmt)) return false;
+  if (std::string(algos()[pick.algo].name) == "depthwise_planes" && !depthwise_planes_applies_end(p, pr->fmt))
+    return false;
   run_choice(pick, p, *pr, cg, stream);
   return true;
 }

@@ -1,0 +1,385 @@
+// depthwise_planes: 3x3 depthwise convolutions of padding 1 and dilation 1 on small square planes (7x7 at stride 1,
+// 14x14 at stride 2: MobileNetV2's last stages), a thread per image plane (or band of its output rows), every input
+// code read from the table once.
+//
+// depthwise_rows (depthwise_rows.cu) reads a code once per kernel row, three products an 8-byte entry, and on these
+// planes its lanes' windows lie on many lines: `ncu` puts it at L1's data pipe, 84-94 % busy. Here an entry holds
+// every product a code feeds, so a code costs one read:
+// - stride 1: taps 0-7 in a 16-byte entry (a quarter warp's random codes: about 2.5 wavefronts), tap 8 in an int16 one;
+// - stride 2: a code's row and column parities fix the taps it feeds: 4 (an 8-byte entry), 2 (4 bytes) or 1 (int16).
+// A thread's plane is compile-time (H, W, S), so which taps a code feeds, and which outputs they go to, are constants:
+// no masks, no window arithmetic. A warp's 32 planes (32 images of the block's channel) come into a warp-private
+// stage in shared memory as whole words (coalesced), each lane then reads its own plane's words (the stage's lane
+// pitch odd: no bank conflicts); the sums go out the same way, plane by plane, so the stores are whole runs of a plane.
+// The table (4.5 KiB a channel, from Et16) is built after the planes' loads are out. 37 % fewer L1 wavefronts than
+// depthwise_rows' best on 960 at 7x7; the pipe is then 61 % busy, and the time goes in the loads ahead of the first
+// read: at batch 64 a block per channel leaves 9-15 warps an SM. One NVIDIA H200 against auto's pick without it, batch
+// 64: 576 at 14x14, s2 1.22 -> 1.36 T MAC/s, 960 at 7x7 1.62 -> 1.81-1.88; at 256 576 at 14x14, s2 1.70 -> 1.86
+// (benchmarks/imagenet.md, "Depthwise convs: a thread a plane").
+//
+// The entries hold int16 products: other tables run depthwise_rows (launch_depthwise_planes).
+#include <cstdio>
+
+#include "depthwise_stores.cuh"
+#include "launch.cuh"
+
+namespace approx_cuda {
+namespace {
+
+constexpr int kDpTabBytes = 4608;  // stride 1: 256 x 16 + 256 x 2; stride 2: 256 x (8 + 4 + 4 + 2)
+
+// acc plus the int16 in the low (HI false) or high half of w, sign-extended: one IDP.2A
+template <bool HI>
+__device__ __forceinline__ uint32_t dp_add_half(uint32_t acc, uint32_t w) {
+  return static_cast<uint32_t>(__dp2a_lo(static_cast<int>(w), HI ? 0x100 : 1, static_cast<int>(acc)));
+}
+
+// Where tap k (ky * 3 + kx) lies: table at byte `base`, in word `word` of its entry, high half or low; s16: the
+// int16 table (base 4096). Stride 2: a code on an odd row (padding 1) feeds kernel rows 0 and 2, on an even one row 1;
+// the same for columns: A (base 0, 8 bytes: taps 00, 02 | 20, 22), B (2048: taps 01, 21), C (3072: 10, 12), D (11).
+struct DpLoc {
+  int base, word, hi, s16;
+};
+template <int S>
+__host__ __device__ constexpr DpLoc dp_loc(int k) {
+  const int ky = k / 3, kx = k % 3;
+  if (S == 1) return k < 8 ? DpLoc{0, k / 2, k & 1, 0} : DpLoc{4096, 0, 0, 1};
+  const bool r2 = ky != 1, c2 = kx != 1;
+  if (r2 && c2) return DpLoc{0, ky == 2, kx == 2, 0};
+  if (r2) return DpLoc{2048, 0, ky == 2, 0};
+  if (c2) return DpLoc{3072, 0, kx == 2, 0};
+  return DpLoc{4096, 0, 0, 1};
+}
+
+// a code's byte offset in a table of 2^SH-byte entries, from its word (at bit `bit`): one shift and one AND
+template <int SH>
+__device__ __forceinline__ uint32_t dp_off(uint32_t w, int bit) {
+  return (bit >= SH ? w >> (bit - SH) : w << (SH - bit)) & (255u << SH);
+}
+
+// Output rows OY0..OY1 - 1 of an H x W plane at stride S: the input rows they read, as words of the plane
+template <int S, int H, int W, int OY0, int OY1>
+struct DpBand {
+  static constexpr int Wo = (W - 1) / S + 1, NR = OY1 - OY0, NO = NR * Wo;
+  static constexpr int IY0 = OY0 * S - 1 < 0 ? 0 : OY0 * S - 1;
+  static constexpr int IY1 = (OY1 - 1) * S + 1 > H - 1 ? H - 1 : (OY1 - 1) * S + 1;
+  static constexpr int W0 = (IY0 * W) >> 2, NW = ((IY1 * W + W - 1) >> 2) - W0 + 1;
+  static constexpr int SW = NW | 1, OS = NO | 1;  // a lane's pitch in the stage, odd: conflict-free reads
+};
+
+template <int S, int H, int W, int NB>
+struct DpShape {
+  static constexpr int Ho = (H - 1) / S + 1, Wo = (W - 1) / S + 1, HW = H * W, HoWo = Ho * Wo;
+  static constexpr int RB = (Ho + NB - 1) / NB;  // output rows a band
+  // a warp's stage: its 32 planes' band words, later its 32 bands' sums (the larger of the two, over the bands)
+  static constexpr int stage_words() {
+    int most = 1;
+    for (int bi = 0; bi < NB; ++bi) {
+      const int oy0 = bi * RB, oy1 = (bi + 1) * RB < Ho ? (bi + 1) * RB : Ho;
+      if (oy0 >= oy1) continue;
+      const int iy0 = oy0 * S - 1 < 0 ? 0 : oy0 * S - 1, iy1 = (oy1 - 1) * S + 1 > H - 1 ? H - 1 : (oy1 - 1) * S + 1;
+      const int nw = (((iy1 * W + W - 1) >> 2) - ((iy0 * W) >> 2) + 1) | 1, os = ((oy1 - oy0) * Wo) | 1;
+      most = nw > most ? nw : most;
+      most = os > most ? os : most;
+    }
+    return 32 * most;
+  }
+};
+
+// A lane's band: wd its plane's words W0.. (registers), acc its sums, padding's products (code 0's) added up front.
+template <int S, int H, int W, int OY0, int OY1>
+__device__ __forceinline__ void dp_sums(const uint32_t* wd, const uint8_t* tab, uint32_t* acc) {
+  using BD = DpBand<S, H, W, OY0, OY1>;
+  constexpr int Wo = BD::Wo;
+  uint32_t pad[9];
+#pragma unroll
+  for (int k = 0; k < 9; ++k) {
+    const DpLoc L = dp_loc<S>(k);
+    if (L.s16) {
+      pad[k] = static_cast<uint32_t>(static_cast<int32_t>(*reinterpret_cast<const int16_t*>(tab + L.base)));
+    } else {
+      const uint32_t v = *reinterpret_cast<const uint32_t*>(tab + L.base + 4 * L.word);
+      pad[k] = L.hi ? static_cast<uint32_t>(static_cast<int32_t>(v) >> 16)
+                    : static_cast<uint32_t>(static_cast<int32_t>(static_cast<int16_t>(v)));
+    }
+  }
+#pragma unroll
+  for (int o = 0; o < BD::NO; ++o) {
+    const int oy = OY0 + o / Wo, ox = o % Wo;
+    uint32_t s = 0;  // wraps like every kernel's accumulator
+#pragma unroll
+    for (int k = 0; k < 9; ++k) {
+      const int iy = oy * S - 1 + k / 3, ix = ox * S - 1 + k % 3;
+      if (iy < 0 || iy >= H || ix < 0 || ix >= W) s += pad[k];
+    }
+    acc[o] = s;
+  }
+#pragma unroll
+  for (int iy = BD::IY0; iy <= BD::IY1; ++iy) {
+#pragma unroll
+    for (int ix = 0; ix < W; ++ix) {
+      const int b = iy * W + ix, bit = 8 * (b & 3);
+      const uint32_t wv = wd[(b >> 2) - BD::W0];
+      // the taps this code feeds inside the band, and the entry words they lie in (constants once unrolled)
+      int need = 0, words = 0;
+      bool mid = false, s16 = false;
+#pragma unroll
+      for (int k = 0; k < 9; ++k) {
+        const int ny = iy + 1 - k / 3, nx = ix + 1 - k % 3;
+        if (ny >= 0 && nx >= 0 && ny % S == 0 && nx % S == 0 && ny / S >= OY0 && ny / S < OY1 && nx / S < Wo) {
+          need |= 1 << k;
+          const DpLoc L = dp_loc<S>(k);
+          if (L.s16) s16 = true;
+          else if (L.base == 0) words |= 1 << L.word;
+          else mid = true;
+        }
+      }
+      uint32_t ent[4] = {0, 0, 0, 0}, m = 0;
+      int32_t e16 = 0;
+      if (words) {  // the narrowest read that holds the words needed
+        const uint8_t* e = tab + dp_off<S == 1 ? 4 : 3>(wv, bit);
+        if (S == 1 && (words & 12) && (words & 3)) {
+          const uint4 v = *reinterpret_cast<const uint4*>(e);
+          ent[0] = v.x, ent[1] = v.y, ent[2] = v.z, ent[3] = v.w;
+        } else if (S == 1 && (words & 12)) {
+          const uint2 v = *reinterpret_cast<const uint2*>(e + 8);
+          ent[2] = v.x, ent[3] = v.y;
+        } else if ((words & 3) == 3) {
+          const uint2 v = *reinterpret_cast<const uint2*>(e);
+          ent[0] = v.x, ent[1] = v.y;
+        } else if (words & 1) {
+          ent[0] = *reinterpret_cast<const uint32_t*>(e);
+        } else {
+          ent[1] = *reinterpret_cast<const uint32_t*>(e + 4);
+        }
+      }
+      // stride 2: an odd row's code on an even column is in B, an even row's on an odd column in C
+      if (S == 2 && mid) m = *reinterpret_cast<const uint32_t*>(tab + ((iy & 1) ? 2048 : 3072) + dp_off<2>(wv, bit));
+      if (s16) e16 = *reinterpret_cast<const int16_t*>(tab + 4096 + dp_off<1>(wv, bit));
+#pragma unroll
+      for (int k = 0; k < 9; ++k) {
+        if (!(need >> k & 1)) continue;
+        const DpLoc L = dp_loc<S>(k);
+        const int o = ((iy + 1 - k / 3) / S - OY0) * Wo + (ix + 1 - k % 3) / S;
+        if (L.s16) {
+          acc[o] += static_cast<uint32_t>(e16);
+        } else {
+          const uint32_t v = L.base == 0 ? ent[L.word] : m;
+          acc[o] = L.hi ? dp_add_half<true>(acc[o], v) : dp_add_half<false>(acc[o], v);
+        }
+      }
+    }
+  }
+}
+
+struct DpWarp {
+  int ch, n0, nimg, lane;  // the warp's channel, first image and images (<= 32)
+  uint32_t* stage;         // its stage in shared memory
+};
+
+// Phase 0: the warp's planes' band words into its stage (lane pitch SW), whole words realigned from the input's
+// aligned ones (a plane starts on any byte where H W is odd). Phase 1: a lane's words, its sums, and their stores.
+template <int S, int H, int W, int OY0, int OY1, int EPI>
+__device__ __forceinline__ void dp_band(const Params& p, const DpWarp& wp, const uint8_t* tab, int phase) {
+  using BD = DpBand<S, H, W, OY0, OY1>;
+  constexpr int HW = H * W, HoWo = ((H - 1) / S + 1) * BD::Wo;
+  if (phase == 0) {
+    const unsigned img_in = static_cast<unsigned>(p.C) * HW;
+    const unsigned in_words = static_cast<unsigned>(p.M / HoWo * img_in / 4);  // dp_inputs_ok: whole words
+    const uint32_t* a32 = reinterpret_cast<const uint32_t*>(p.a);
+    uint32_t v[BD::NW];
+#pragma unroll
+    for (int i = 0; i < BD::NW; ++i) {  // word f % NW of plane f / NW, f = lane + 32 i: a warp's loads contiguous
+      const int f = wp.lane + 32 * i, pp = f / BD::NW, j = f - pp * BD::NW;
+      const unsigned pos = static_cast<unsigned>(wp.n0 + pp) * img_in + static_cast<unsigned>(wp.ch) * HW;
+      const unsigned w0 = (pos >> 2) + BD::W0 + j, sh = (pos & 3) * 8;
+      v[i] = 0;
+      if (pp < wp.nimg) {
+        v[i] = __ldg(a32 + w0);
+        if (sh) v[i] = __funnelshift_r(v[i], w0 + 1 < in_words ? __ldg(a32 + w0 + 1) : 0u, sh);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < BD::NW; ++i) {
+      const int f = wp.lane + 32 * i, pp = f / BD::NW;
+      wp.stage[pp * BD::SW + f - pp * BD::NW] = v[i];
+    }
+    return;
+  }
+  uint32_t wd[BD::NW], acc[BD::NO];
+#pragma unroll
+  for (int i = 0; i < BD::NW; ++i) wd[i] = wp.stage[wp.lane * BD::SW + i];
+  dp_sums<S, H, W, OY0, OY1>(wd, tab, acc);
+  __syncwarp();  // every lane has its words: the stage takes the sums
+#pragma unroll
+  for (int o = 0; o < BD::NO; ++o) wp.stage[wp.lane * BD::OS + o] = acc[o];
+  __syncwarp();
+  const DrEnd dend = dr_end<EPI>(p.epi, wp.ch);
+  const long long img_out = static_cast<long long>(p.C) * HoWo;
+  long long at = wp.n0 * img_out + static_cast<long long>(wp.ch) * HoWo + OY0 * BD::Wo;
+  for (int pp = 0; pp < wp.nimg; ++pp, at += img_out) {
+#pragma unroll
+    for (int j = wp.lane; j < BD::NO; j += 32) {
+      uint32_t one[1] = {wp.stage[pp * BD::OS + j]};
+      dr_store<1, EPI>(p, dend, at + j, 1, one);
+    }
+  }
+}
+
+template <int S, int H, int W, int NB, int EPI, int BI = 0>
+__device__ __forceinline__ void dp_pick(int band, const Params& p, const DpWarp& wp, const uint8_t* tab, int phase) {
+  using G = DpShape<S, H, W, NB>;
+  if constexpr (BI < NB) {
+    constexpr int OY0 = BI * G::RB, OY1 = (BI + 1) * G::RB < G::Ho ? (BI + 1) * G::RB : G::Ho;
+    if (band != BI) return dp_pick<S, H, W, NB, EPI, BI + 1>(band, p, wp, tab, phase);
+    if constexpr (OY0 < OY1) dp_band<S, H, W, OY0, OY1, EPI>(p, wp, tab, phase);
+  }
+}
+
+// A block: channel blockIdx.y, IPB images (32 a warp) x NB bands of output rows; warp w takes band w / (IPB / 32).
+template <int S, int H, int W, int NB, int IPB, int EPI>
+__global__ void __launch_bounds__(IPB * NB, 1) depthwise_planes_kernel(Params p) {
+  constexpr int TPB = IPB * NB, WI = IPB / 32;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int tid = threadIdx.x, warp = tid >> 5, band = warp / WI;
+  DpWarp wp;
+  wp.ch = blockIdx.y;
+  wp.lane = tid & 31;
+  wp.n0 = blockIdx.x * IPB + (warp % WI) * 32;
+  wp.nimg = min(32, static_cast<int>(p.M / ((H - 1) / S + 1) / ((W - 1) / S + 1)) - wp.n0);
+  wp.stage = reinterpret_cast<uint32_t*>(smem + kDpTabBytes) + warp * DpShape<S, H, W, NB>::stage_words();
+  // the weights' loads, then the planes' (phase 0 waits on both at once), then the table's products
+  const int8_t* wch = p.w + static_cast<long long>(wp.ch) * 9;
+  int wk[9];
+#pragma unroll
+  for (int k = 0; k < 9; ++k) wk[k] = __ldg(wch + k);
+  if (wp.nimg > 0) dp_pick<S, H, W, NB, EPI>(band, p, wp, smem, 0);
+  {  // the table: code c's entries from LUT row c ^ xmask
+#pragma unroll
+    for (int c = tid; c < 256; c += TPB) {
+      const int16_t* et = p.Et16 + 128 * 256 + (c ^ p.xmask);
+      uint32_t q[9];
+#pragma unroll
+      for (int k = 0; k < 9; ++k) q[k] = static_cast<uint16_t>(__ldg(et + wk[k] * 256));
+      if constexpr (S == 1) {
+        reinterpret_cast<uint4*>(smem)[c] =
+            make_uint4(q[0] | q[1] << 16, q[2] | q[3] << 16, q[4] | q[5] << 16, q[6] | q[7] << 16);
+      } else {
+        reinterpret_cast<uint2*>(smem)[c] = make_uint2(q[0] | q[2] << 16, q[6] | q[8] << 16);
+        reinterpret_cast<uint32_t*>(smem + 2048)[c] = q[1] | q[7] << 16;
+        reinterpret_cast<uint32_t*>(smem + 3072)[c] = q[3] | q[5] << 16;
+      }
+      reinterpret_cast<int16_t*>(smem + 4096)[c] = static_cast<int16_t>(q[S == 1 ? 8 : 4]);
+    }
+  }
+  __syncthreads();  // the table and every warp's stage
+  if (wp.nimg > 0) dp_pick<S, H, W, NB, EPI>(band, p, wp, smem, 1);
+}
+
+// The planes built in: (stride, plane side) and the (bands, images a block) auto times, the first the default.
+struct DpCfg {
+  int S, H, NB, IPB;
+};
+constexpr DpCfg kDpCfgs[] = {{2, 14, 1, 64}, {2, 14, 2, 32}, {1, 7, 1, 64}, {1, 7, 1, 32}};
+
+template <int S, int H, int NB, int IPB, int EPI>
+void dp_launch(const Params& p, cudaStream_t stream) {
+  const size_t smem = kDpTabBytes + static_cast<size_t>(IPB / 32) * NB * DpShape<S, H, H, NB>::stage_words() * 4;
+  auto kern = depthwise_planes_kernel<S, H, H, NB, IPB, EPI>;
+  set_smem(kern, smem);
+  const long long B = p.M / p.HoWo;
+  kern<<<dim3(static_cast<unsigned>((B + IPB - 1) / IPB), p.G), IPB * NB, smem, stream>>>(p);
+}
+
+template <int I, int EPI>
+void dp_launch_cfg(const Params& p, int i, cudaStream_t stream) {
+  if constexpr (I < static_cast<int>(sizeof(kDpCfgs) / sizeof(kDpCfgs[0]))) {
+    if (i != I) return dp_launch_cfg<I + 1, EPI>(p, i, stream);
+    constexpr DpCfg c = kDpCfgs[I];
+    dp_launch<c.S, c.H, c.NB, c.IPB, EPI>(p, stream);
+  }
+}
+
+// the configuration row of c (r: bands, mb: images a block; 0: the shape's first), or -1
+int dp_cfg_index(const Params& p, const Config& c) {
+  for (int i = 0; i < static_cast<int>(sizeof(kDpCfgs) / sizeof(kDpCfgs[0])); ++i) {
+    const DpCfg& d = kDpCfgs[i];
+    if (d.S == p.sh && d.H == p.H && (c.r == 0 || (c.r == d.NB && c.mb == d.IPB))) return i;
+  }
+  return -1;
+}
+
+// inputs the kernel reads as aligned words: on 4 bytes, a whole number of words
+bool dp_inputs_ok(const Params& p) {
+  const long long in_bytes = p.M / p.HoWo * p.C * p.H * p.W;
+  return reinterpret_cast<uintptr_t>(p.a) % 4 == 0 && in_bytes % 4 == 0;
+}
+
+}  // namespace
+
+std::string depthwise_planes_why_not(const Params& p, const ConvGeo& cg) {
+  if (!p.conv || p.N != 1 || p.Cg != 1)
+    return "needs a depthwise conv (one input and one output channel per group)";
+  if (cg.kh != 3 || cg.kw != 3 || cg.dh != 1 || cg.dw != 1 || p.ph != 1 || p.pw != 1 || p.sh != p.sw)
+    return "needs a 3x3 kernel of dilation 1, padding 1 and one stride along both axes";
+  if (p.H != p.W || dp_cfg_index(p, Config{}) < 0) return "needs a 7x7 plane at stride 1 or a 14x14 one at stride 2";
+  if (p.M / p.HoWo * p.C * p.H * p.W >= (1ll << 31) || p.G > 65535)
+    return "needs inputs under 2^31 bytes and at most 65535 channels";
+  return "";
+}
+
+bool depthwise_planes_applies_end(const Params& p, int fmt) { return fmt == 1 && dp_inputs_ok(p); }
+
+std::vector<Config> depthwise_planes_candidates(const Params& p, int fmt) {
+  std::vector<Config> out;
+  if (fmt == 2) return out;  // int32 products: depthwise_rows' table runs them
+  for (const DpCfg& d : kDpCfgs)
+    if (d.S == p.sh && d.H == p.H) {
+      out.emplace_back();
+      out.back().r = d.NB;
+      out.back().mb = d.IPB;
+    }
+  return out;
+}
+
+std::string depthwise_planes_config_name(const Config& c) {
+  return c.r ? "depthwise_planes_b" + std::to_string(c.r) + "_i" + std::to_string(c.mb) : "depthwise_planes";
+}
+
+std::string parse_depthwise_planes_config(const std::string& name, Config& c) {
+  int nb = 0, ipb = 0, n = 0;
+  const bool ok = std::sscanf(name.c_str(), "depthwise_planes_b%d_i%d%n", &nb, &ipb, &n) == 2 &&
+                  n == static_cast<int>(name.size());
+  for (const DpCfg& d : kDpCfgs)
+    if (ok && d.NB == nb && d.IPB == ipb) {
+      c.r = nb;
+      c.mb = ipb;
+      return "";
+    }
+  std::string valid;
+  for (const DpCfg& d : kDpCfgs) {
+    Config x;
+    x.r = d.NB;
+    x.mb = d.IPB;
+    const std::string v = depthwise_planes_config_name(x);
+    if (valid.find(v) == std::string::npos) valid += (valid.empty() ? "" : ", ") + v;
+  }
+  return "bad algo '" + name + "': depthwise_planes_b<bands>_i<images a block>, one of " + valid;
+}
+
+void launch_depthwise_planes(const Params& p, const ConvGeo& cg, int fmt, const Config& c, cudaStream_t stream) {
+  const int i = dp_cfg_index(p, c);
+  TORCH_CHECK(i >= 0, "depthwise_planes: no configuration ", depthwise_planes_config_name(c), " for this shape");
+  // int16 entries only, and inputs read as aligned words: the rest (a table whose products need int32, an input
+  // view off a word) runs depthwise_rows' single table, which takes both
+  if (fmt != 1 || !dp_inputs_ok(p)) {
+    TORCH_CHECK(p.epi.kind == 0, "depthwise_planes: no end in the stores here (depthwise_planes_applies_end)");
+    return launch_depthwise_rows(p, cg, fmt, kDrSingle, 0, stream);
+  }
+  if (p.epi.kind == 1) dp_launch_cfg<0, 1>(p, i, stream);
+  else if (p.epi.kind == 2) dp_launch_cfg<0, 2>(p, i, stream);
+  else dp_launch_cfg<0, 0>(p, i, stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace approx_cuda

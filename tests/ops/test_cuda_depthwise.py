@@ -80,7 +80,8 @@ def _rows_variants(stride):
 
 # depthwise_planes' configurations by (stride, plane side): the default and each (bands, images a block)
 PLANES = {(1, 7): ("depthwise_planes", "depthwise_planes_b1_i64", "depthwise_planes_b1_i32"),
-          (2, 14): ("depthwise_planes", "depthwise_planes_b1_i64", "depthwise_planes_b2_i32")}
+          (2, 14): ("depthwise_planes", "depthwise_planes_b1_i64", "depthwise_planes_b2_i32",
+                    "depthwise_planes_b1_i128")}
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
@@ -239,8 +240,8 @@ def test_depthwise_rows_grid_names():
                                                      (33, 8, 1, 7), (1, 3, 1, 7)])
 def test_depthwise_planes_configurations(batch, channels, stride, hw):
     """Every configuration of depthwise_planes (a warp's 32 images, one band or two of output rows) on whole and
-    partial warps and blocks, a block's second warp empty among them (batch 1 and 33 with 64 images a block): against
-    `direct`. 7x7 planes start 0-3 bytes into a word (49 bytes a plane)."""
+    partial warps and blocks, a block's later warps empty among them (batch 1 and 33 with 64 or 128 images a block):
+    against `direct`. 7x7 planes start 0-3 bytes into a word (49 bytes a plane)."""
     a, w, lut, args, want = _against_direct(60 + batch + stride, batch, channels, hw, stride)
     for algo in PLANES[(stride, hw)]:
         got = poisoned_call(lambda: ops.lut_conv2d(a, w, lut, *args, algo), tuple(want.shape))

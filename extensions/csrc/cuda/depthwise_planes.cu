@@ -14,8 +14,8 @@
 // The table (4.5 KiB a channel, from Et16) is built after the planes' loads are out. 37 % fewer L1 wavefronts than
 // depthwise_rows' best on 960 at 7x7; the pipe is then 61 % busy, and the time goes in the loads ahead of the first
 // read: at batch 64 a block per channel leaves 9-15 warps an SM. One NVIDIA H200 against auto's pick without it, batch
-// 64: 576 at 14x14, s2 1.22 -> 1.36 T MAC/s, 960 at 7x7 1.62 -> 1.81-1.88; at 256 576 at 14x14, s2 1.70 -> 1.86
-// (benchmarks/imagenet.md, "Depthwise convs: a thread a plane").
+// 64: 576 at 14x14, s2 1.22 -> 1.37-1.39 T MAC/s, 960 at 7x7 1.62 -> 1.88-1.90; at 256 576 at 14x14, s2 1.70 ->
+// 1.97-2.03 (benchmarks/imagenet.md, "Depthwise convs: a thread a plane").
 //
 // The entries hold int16 products: other tables run depthwise_rows (launch_depthwise_planes).
 #include <cstdio>
@@ -237,8 +237,8 @@ __device__ __forceinline__ void dp_pick(int band, const Params& p, const DpWarp&
 }
 
 // A block: channel blockIdx.y, IPB images (32 a warp) x NB bands of output rows; warp w takes band w / (IPB / 32).
-template <int S, int H, int W, int NB, int IPB, int EPI>
-__global__ void __launch_bounds__(IPB * NB, 1) depthwise_planes_kernel(Params p) {
+template <int S, int H, int W, int NB, int IPB, int MINB, int EPI>
+__global__ void __launch_bounds__(IPB * NB, MINB) depthwise_planes_kernel(Params p) {
   constexpr int TPB = IPB * NB, WI = IPB / 32;
   extern __shared__ __align__(16) uint8_t smem[];
   const int tid = threadIdx.x, warp = tid >> 5, band = warp / WI;
@@ -277,15 +277,20 @@ __global__ void __launch_bounds__(IPB * NB, 1) depthwise_planes_kernel(Params p)
 }
 
 // The planes built in: (stride, plane side) and the (bands, images a block) auto times, the first the default.
+// MINB: blocks an SM the registers are capped for. At 14x14, s2, one band: 95 registers without spills, where the
+// uncapped 122 left 8 blocks an SM; a call's blocks last about as long as each other, so waves count: at batch 256
+// 2,304 blocks in 1.75 waves of 10 an SM, not 2.2 of 8 (an H200: 1.85-1.88 -> 1.97-1.99 T MAC/s; 12 an SM, 80
+// registers: 1.84).
 struct DpCfg {
-  int S, H, NB, IPB;
+  int S, H, NB, IPB, MINB;
 };
-constexpr DpCfg kDpCfgs[] = {{2, 14, 1, 64}, {2, 14, 2, 32}, {1, 7, 1, 64}, {1, 7, 1, 32}};
+constexpr DpCfg kDpCfgs[] = {
+    {2, 14, 1, 64, 10}, {2, 14, 2, 32, 1}, {2, 14, 1, 128, 5}, {1, 7, 1, 64, 1}, {1, 7, 1, 32, 1}};
 
-template <int S, int H, int NB, int IPB, int EPI>
+template <int S, int H, int NB, int IPB, int MINB, int EPI>
 void dp_launch(const Params& p, cudaStream_t stream) {
   const size_t smem = kDpTabBytes + static_cast<size_t>(IPB / 32) * NB * DpShape<S, H, H, NB>::stage_words() * 4;
-  auto kern = depthwise_planes_kernel<S, H, H, NB, IPB, EPI>;
+  auto kern = depthwise_planes_kernel<S, H, H, NB, IPB, MINB, EPI>;
   set_smem(kern, smem);
   const long long B = p.M / p.HoWo;
   kern<<<dim3(static_cast<unsigned>((B + IPB - 1) / IPB), p.G), IPB * NB, smem, stream>>>(p);
@@ -296,7 +301,7 @@ void dp_launch_cfg(const Params& p, int i, cudaStream_t stream) {
   if constexpr (I < static_cast<int>(sizeof(kDpCfgs) / sizeof(kDpCfgs[0]))) {
     if (i != I) return dp_launch_cfg<I + 1, EPI>(p, i, stream);
     constexpr DpCfg c = kDpCfgs[I];
-    dp_launch<c.S, c.H, c.NB, c.IPB, EPI>(p, stream);
+    dp_launch<c.S, c.H, c.NB, c.IPB, c.MINB, EPI>(p, stream);
   }
 }
 

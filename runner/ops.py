@@ -251,7 +251,8 @@ def lut_conv2d_dequantize(a, w, lut, stride, padding, dilation, groups, act_scal
                           relu=False, codes=None, codes_scale=None, *, backend="cpp", algo="auto"):
     """dequantize(lut_conv2d(a, w, lut, ...), act_scale, weight_scale, bias, residual, relu, codes, codes_scale) in
     one op, the same values bit for bit: on CUDA expanded_window, unsplit expanded_gemm tiles, depthwise_rows and
-    depthwise_planes apply the end in their own stores (docs/backends.md), so the int32 sums are neither written nor read back."""
+    depthwise_planes apply the end in their own stores (docs/backends.md), so the int32 sums are neither written nor
+    read back."""
     _check_backend(backend)
     if backend == "python":
         acc = lut_conv2d(a, w, lut, stride, padding, dilation, groups, backend=backend, algo=algo)

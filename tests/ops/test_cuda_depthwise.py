@@ -11,6 +11,8 @@ stride 1, 14x14 at stride 2): every configuration on whole and partial warps and
 names and the shapes it takes.
 
 Marked `cuda` (deselected by default; run with `-m cuda` on a GPU machine)."""
+import gc
+
 import pytest
 import torch
 
@@ -277,3 +279,26 @@ def test_depthwise_planes_shapes_and_names():
     pick = _reported_pick(a14, w, lut, 2, 1, 1, 4)
     want = ops.lut_conv2d(a14, w, lut, [2, 2], [1, 1], [1, 1], 4, "direct")
     check_equal(ops.lut_conv2d(a14, w, lut, [2, 2], [1, 1], [1, 1], 4, pick).cpu(), want.cpu(), f"auto's pick {pick}")
+
+
+@pytest.mark.parametrize("algo", ["direct", "depthwise_planes"])
+def test_depthwise_planes_tables_are_prepared_and_counted(algo):
+    """Its channels' tables are prepared with the weights, for every variant's call on the shapes it takes (4.5 KiB
+    a channel), and approx::lut_algos' workspace_bytes counts them: the memory a first call keeps allocated."""
+    gen = torch.Generator().manual_seed(62)
+    a = make_codes(gen, (8, 200, 7, 7), True).to(DEV)
+    w, lut = make_weights(gen, (200, 1, 3, 3), True).to(DEV), make_lut(gen, "int16").to(DEV)
+    args = ([1, 1], [1, 1], [1, 1], 200)
+    want = {r["algo"]: r["workspace_bytes"] for r in algo_table(a, w, lut, *args, backend="cuda")}[algo]
+    a14 = make_codes(gen, (8, 200, 14, 14), True).to(DEV)  # stride 1 at 14x14: no such tables
+    direct14 = {r["algo"]: r["workspace_bytes"] for r in algo_table(a14, w, lut, *args, backend="cuda")}["direct"]
+    assert want - direct14 == 200 * 4608
+    gc.collect()
+    w_other = w.clone()  # alive until the end: its entry stays, and nothing else is freed in the call
+    ops.lut_conv2d(a, w_other, lut, *args, algo)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    out = ops.lut_conv2d(a, w, lut, *args, algo)
+    torch.cuda.synchronize()
+    kept = torch.cuda.memory_allocated() - before - (-(-out.numel() * 4 // 512) * 512)
+    assert kept == -(-want // 512) * 512, (algo, kept, want)  # the allocator rounds to 512 bytes

@@ -243,8 +243,8 @@ Choice resolve(Choice c, const Params& p, const ConvGeo& cg, const char* op) {
   return c;
 }
 
-int64_t workspace_bytes(const Algo& a, const Params& p) {
-  return prep_bytes(p) + (a.table ? table_bytes(p) + pairs_bytes(p) : 0);
+int64_t workspace_bytes(const Algo& a, const Params& p, const ConvGeo& cg) {
+  return prep_bytes(p) + (a.table ? table_bytes(p) + pairs_bytes(p) : 0) + depthwise_planes_table_bytes(p, cg);
 }
 
 AutoInputs auto_inputs(const Params& p, const ConvGeo& cg, int fmt, bool t_refused) {
@@ -275,6 +275,7 @@ void run_choice(const Choice& c, Params p, const Prepared& pr, const ConvGeo& cg
   p.kinfo = pr.p.kinfo;
   p.T = pr.p.T;
   p.Tpairs = pr.p.Tpairs;
+  p.Tdw = pr.p.Tdw;
   algos()[c.algo].launch(p, cg, pr.fmt, c.cfg, s);
 }
 

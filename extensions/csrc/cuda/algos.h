@@ -36,7 +36,7 @@ std::string choice_name(const Choice& c);
 Choice resolve(Choice c, const Params& p, const ConvGeo& cg, const char* op);
 std::string why_not(const Algo& a, const Params& p, const ConvGeo& cg);  // incl. the table budget
 // Device memory the prepared tables of a call with this variant take (what prepare() allocates).
-int64_t workspace_bytes(const Algo& a, const Params& p);
+int64_t workspace_bytes(const Algo& a, const Params& p, const ConvGeo& cg);
 // Everything auto's candidate list and their timings depend on: the call's shape and geometry
 // (Params without its pointers, ConvGeo), the table format, whether the table fits its budget and
 // the device (its SM count and shared memory size the candidates). auto_candidates() reads nothing

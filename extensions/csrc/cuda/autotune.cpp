@@ -16,7 +16,7 @@ static_assert(sizeof(WindowGeo) == 48, "WindowGeo changed: add its new fields to
 // Params::epi (120 bytes) is left out on purpose: the end a fused call applies in its stores does not change which
 // variant is fastest, and a pick serves the call with an end and the one without alike.
 static_assert(sizeof(Epi) == 120, "Epi changed: update this size (it is not part of the key)");
-static_assert(sizeof(Params) == 264 + sizeof(Epi),
+static_assert(sizeof(Params) == 272 + sizeof(Epi),
               "Params changed: add its new fields to pick_key, then update this size");
 
 PickKey pick_key(const AutoInputs& in) {

@@ -11,11 +11,11 @@
 // no masks, no window arithmetic. A warp's 32 planes (32 images of the block's channel) come into a warp-private
 // stage in shared memory as whole words (coalesced), each lane then reads its own plane's words (the stage's lane
 // pitch odd: no bank conflicts); the sums go out the same way, plane by plane, so the stores are whole runs of a plane.
-// The table (4.5 KiB a channel, from Et16) is built after the planes' loads are out. 37 % fewer L1 wavefronts than
-// depthwise_rows' best on 960 at 7x7; the pipe is then 61 % busy, and the time goes in the loads ahead of the first
-// read: at batch 64 a block per channel leaves 9-15 warps an SM. One NVIDIA H200 against auto's pick without it, batch
-// 64: 576 at 14x14, s2 1.22 -> 1.37-1.39 T MAC/s, 960 at 7x7 1.62 -> 1.88-1.90; at 256 576 at 14x14, s2 1.70 ->
-// 1.97-2.03 (benchmarks/imagenet.md, "Depthwise convs: a thread a plane").
+// The tables (4.5 KiB a channel, from Et16) are prepared with the weights (tables.cu); a block copies its own.
+// 37 % fewer L1 wavefronts than depthwise_rows' best on 960 at 7x7; the pipe is then 61 % busy, and the time goes in
+// the loads ahead of the first read: at batch 64 a block per channel leaves 9-15 warps an SM. One NVIDIA H200 against
+// auto's pick without it, batch 64: 576 at 14x14, s2 1.22 -> 1.52 T MAC/s, 960 at 7x7 1.62 -> 1.91-1.93; at 256 576
+// at 14x14, s2 1.70 -> 2.16-2.18 (benchmarks/imagenet.md, "Depthwise convs: a thread a plane").
 //
 // The entries hold int16 products: other tables run depthwise_rows (launch_depthwise_planes).
 #include <cstdio>
@@ -236,6 +236,39 @@ __device__ __forceinline__ void dp_pick(int band, const Params& p, const DpWarp&
   }
 }
 
+// A channel's nine weights, and code c's entries (from LUT row c ^ xmask) into its table at tab
+__device__ __forceinline__ void dp_weights(const Params& p, int ch, int (&wk)[9]) {
+  const int8_t* wch = p.w + static_cast<long long>(ch) * 9;
+#pragma unroll
+  for (int k = 0; k < 9; ++k) wk[k] = __ldg(wch + k);
+}
+template <int S>
+__device__ __forceinline__ void dp_entry(const Params& p, const int (&wk)[9], int c, uint8_t* tab) {
+  const int16_t* et = p.Et16 + 128 * 256 + (c ^ p.xmask);
+  uint32_t q[9];
+#pragma unroll
+  for (int k = 0; k < 9; ++k) q[k] = static_cast<uint16_t>(__ldg(et + wk[k] * 256));
+  if constexpr (S == 1) {
+    reinterpret_cast<uint4*>(tab)[c] =
+        make_uint4(q[0] | q[1] << 16, q[2] | q[3] << 16, q[4] | q[5] << 16, q[6] | q[7] << 16);
+  } else {
+    reinterpret_cast<uint2*>(tab)[c] = make_uint2(q[0] | q[2] << 16, q[6] | q[8] << 16);
+    reinterpret_cast<uint32_t*>(tab + 2048)[c] = q[1] | q[7] << 16;
+    reinterpret_cast<uint32_t*>(tab + 3072)[c] = q[3] | q[5] << 16;
+  }
+  reinterpret_cast<int16_t*>(tab + 4096)[c] = static_cast<int16_t>(q[S == 1 ? 8 : 4]);
+}
+
+// The tables of every channel, [G][kDpTabBytes], prepared with the weights (once for cached layers): a block a
+// channel, a thread a code. Built in the conv's kernel instead, its blocks waited on a weight's load and then its
+// products' ahead of the first read: 3.5-10 % (benchmarks/imagenet.md)
+template <int S>
+__global__ void __launch_bounds__(256) depthwise_planes_table_kernel(Params p, uint8_t* out) {
+  int wk[9];
+  dp_weights(p, blockIdx.x, wk);
+  dp_entry<S>(p, wk, threadIdx.x, out + static_cast<long long>(blockIdx.x) * kDpTabBytes);
+}
+
 // A block: channel blockIdx.y, IPB images (32 a warp) x NB bands of output rows; warp w takes band w / (IPB / 32).
 template <int S, int H, int W, int NB, int IPB, int MINB, int EPI>
 __global__ void __launch_bounds__(IPB * NB, MINB) depthwise_planes_kernel(Params p) {
@@ -248,30 +281,18 @@ __global__ void __launch_bounds__(IPB * NB, MINB) depthwise_planes_kernel(Params
   wp.n0 = blockIdx.x * IPB + (warp % WI) * 32;
   wp.nimg = min(32, static_cast<int>(p.M / ((H - 1) / S + 1) / ((W - 1) / S + 1)) - wp.n0);
   wp.stage = reinterpret_cast<uint32_t*>(smem + kDpTabBytes) + warp * DpShape<S, H, W, NB>::stage_words();
-  // the weights' loads, then the planes' (phase 0 waits on both at once), then the table's products
-  const int8_t* wch = p.w + static_cast<long long>(wp.ch) * 9;
-  int wk[9];
+  // the channel's table as prepared with the weights (tables.cu: a weight's two round trips, its load and then its
+  // products', off the critical path): its loads, then the planes' (phase 0 waits on both at once), then its stores
+  constexpr int N4 = kDpTabBytes / 16, PER = (N4 + TPB - 1) / TPB;
+  const uint4* src = reinterpret_cast<const uint4*>(p.Tdw + static_cast<long long>(wp.ch) * kDpTabBytes);
+  uint4 tv[PER];
 #pragma unroll
-  for (int k = 0; k < 9; ++k) wk[k] = __ldg(wch + k);
+  for (int i = 0; i < PER; ++i)
+    if (tid + i * TPB < N4) tv[i] = __ldg(src + tid + i * TPB);
   if (wp.nimg > 0) dp_pick<S, H, W, NB, EPI>(band, p, wp, smem, 0);
-  {  // the table: code c's entries from LUT row c ^ xmask
 #pragma unroll
-    for (int c = tid; c < 256; c += TPB) {
-      const int16_t* et = p.Et16 + 128 * 256 + (c ^ p.xmask);
-      uint32_t q[9];
-#pragma unroll
-      for (int k = 0; k < 9; ++k) q[k] = static_cast<uint16_t>(__ldg(et + wk[k] * 256));
-      if constexpr (S == 1) {
-        reinterpret_cast<uint4*>(smem)[c] =
-            make_uint4(q[0] | q[1] << 16, q[2] | q[3] << 16, q[4] | q[5] << 16, q[6] | q[7] << 16);
-      } else {
-        reinterpret_cast<uint2*>(smem)[c] = make_uint2(q[0] | q[2] << 16, q[6] | q[8] << 16);
-        reinterpret_cast<uint32_t*>(smem + 2048)[c] = q[1] | q[7] << 16;
-        reinterpret_cast<uint32_t*>(smem + 3072)[c] = q[3] | q[5] << 16;
-      }
-      reinterpret_cast<int16_t*>(smem + 4096)[c] = static_cast<int16_t>(q[S == 1 ? 8 : 4]);
-    }
-  }
+  for (int i = 0; i < PER; ++i)
+    if (tid + i * TPB < N4) reinterpret_cast<uint4*>(smem)[tid + i * TPB] = tv[i];
   __syncthreads();  // the table and every warp's stage
   if (wp.nimg > 0) dp_pick<S, H, W, NB, EPI>(band, p, wp, smem, 1);
 }
@@ -335,6 +356,16 @@ std::string depthwise_planes_why_not(const Params& p, const ConvGeo& cg) {
 
 bool depthwise_planes_applies_end(const Params& p, int fmt) { return fmt == 1 && dp_inputs_ok(p); }
 
+int64_t depthwise_planes_table_bytes(const Params& p, const ConvGeo& cg) {
+  return depthwise_planes_why_not(p, cg).empty() ? static_cast<int64_t>(p.G) * kDpTabBytes : 0;
+}
+
+void build_depthwise_planes_tables(const Params& p, uint8_t* out, cudaStream_t stream) {
+  if (p.sh == 1) depthwise_planes_table_kernel<1><<<p.G, 256, 0, stream>>>(p, out);
+  else depthwise_planes_table_kernel<2><<<p.G, 256, 0, stream>>>(p, out);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 std::vector<Config> depthwise_planes_candidates(const Params& p, int fmt) {
   std::vector<Config> out;
   if (fmt == 2) return out;  // int32 products: depthwise_rows' table runs them
@@ -377,6 +408,7 @@ void launch_depthwise_planes(const Params& p, const ConvGeo& cg, int fmt, const 
   TORCH_CHECK(i >= 0, "depthwise_planes: no configuration ", depthwise_planes_config_name(c), " for this shape");
   // int16 entries only, and inputs read as aligned words: the rest (a table whose products need int32, an input
   // view off a word) runs depthwise_rows' single table, which takes both
+  TORCH_CHECK(p.Tdw, "depthwise_planes: its channels' tables were not prepared (tables.cu)");
   if (fmt != 1 || !dp_inputs_ok(p)) {
     TORCH_CHECK(p.epi.kind == 0, "depthwise_planes: no end in the stores here (depthwise_planes_applies_end)");
     return launch_depthwise_rows(p, cg, fmt, kDrSingle, 0, stream);

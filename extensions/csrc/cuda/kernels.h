@@ -123,6 +123,10 @@ std::vector<Config> depthwise_planes_candidates(const Params& p, int fmt);
 std::string depthwise_planes_config_name(const Config& c);
 std::string parse_depthwise_planes_config(const std::string& name, Config& c);  // "" or what is wrong
 void launch_depthwise_planes(const Params& p, const ConvGeo& cg, int fmt, const Config& c, cudaStream_t stream);
+// its channels' tables, prepared with the weights (Params::Tdw): the bytes (0 where it does not run the shape), and
+// their build from Et16 and the weights, on the stream after prep
+int64_t depthwise_planes_table_bytes(const Params& p, const ConvGeo& cg);
+void build_depthwise_planes_tables(const Params& p, uint8_t* out, cudaStream_t stream);
 // layouts.cu: a conv's codes (one group) in auto's GEMM layout, out [B][K][Ho][Wo] or folded [K][B][Ho][Wo]
 void launch_gemm_layout(const at::Tensor& a, at::Tensor& out, const approx_checks::ConvShape& s, bool folded,
                         cudaStream_t stream);

@@ -463,7 +463,7 @@ lut_algos_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
     const std::string why = why_not(al, p, cg);
     names.push_back(al.name);
     notes.push_back(why);
-    bytes.push_back(why.empty() ? workspace_bytes(al, p) : -1);
+    bytes.push_back(why.empty() ? workspace_bytes(al, p, cg) : -1);
   }
   // auto's pick is cached per table format too: the format the prepared tables of (w, lut) have
   // (cached_format), else the one the LUT gives (lut_format), else 0, that of tables built uncached

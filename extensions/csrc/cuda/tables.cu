@@ -4,7 +4,8 @@
 // effective product table E[a][w + 128] (weight sign folded in for unsigned multipliers) in int32
 // and int16, and one flag per prep block saying whether every product fits int16. The main
 // kernels read the flags on the device and take the int16 or the int32 path, so no call waits
-// for the host.
+// for the host. On the 3x3 depthwise shapes depthwise_planes takes, its channels' tables are built after prep (every
+// variant's call prepares them, so the cached entry serves whichever auto picks: G x 4.5 KiB).
 #include <c10/cuda/CUDAException.h>
 
 #include <algorithm>
@@ -126,7 +127,8 @@ std::shared_ptr<Prepared> prepare(const Params& geo, const at::Tensor& lut, cons
   const int64_t off_t = prep_bytes(p);
   const int64_t t_bytes = need_table ? table_bytes(p) : 0;
   const int64_t pa_bytes = need_table ? pairs_bytes(p) : 0;
-  pr->buf = at::empty({off_t + t_bytes + pa_bytes}, lut.options().dtype(at::kByte));
+  const int64_t dw_bytes = depthwise_planes_table_bytes(p, cg);
+  pr->buf = at::empty({off_t + t_bytes + pa_bytes + dw_bytes}, lut.options().dtype(at::kByte));
   uint8_t* base = pr->buf.data_ptr<uint8_t>();
   p.flags = reinterpret_cast<int*>(base);
   p.E32 = reinterpret_cast<int32_t*>(base + kOffE32);
@@ -135,6 +137,7 @@ std::shared_ptr<Prepared> prepare(const Params& geo, const at::Tensor& lut, cons
   p.kinfo = nk ? reinterpret_cast<int4*>(base + kOffKinfo) : nullptr;
   p.T = need_table ? base + off_t : nullptr;
   p.Tpairs = pa_bytes ? base + off_t + t_bytes : nullptr;
+  p.Tdw = dw_bytes ? base + off_t + t_bytes + pa_bytes : nullptr;
   pr->has_table = need_table;
   pr->stream = stream;
   prep_kernel<<<kPrepBlocks, kThreads, 0, stream>>>(
@@ -143,6 +146,7 @@ std::shared_ptr<Prepared> prepare(const Params& geo, const at::Tensor& lut, cons
       const_cast<int4*>(p.kinfo),
       static_cast<int>(nk), p.K, cg.kh, cg.kw, cg.dh, cg.dw, p.H, p.W);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (dw_bytes) build_depthwise_planes_tables(p, const_cast<uint8_t*>(p.Tdw), stream);
   if (need_table) {
     const long long pairs = (long long)p.G * p.Kpad * 256 * p.NG * 4;
     TORCH_CHECK(pairs < (1ll << 31), "approx expanded table too large");

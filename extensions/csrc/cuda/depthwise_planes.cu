@@ -335,11 +335,10 @@ int dp_cfg_index(const Params& p, const Config& c) {
   return -1;
 }
 
+long long dp_in_bytes(const Params& p) { return p.M / p.HoWo * p.C * p.H * p.W; }
+
 // inputs the kernel reads as aligned words: on 4 bytes, a whole number of words
-bool dp_inputs_ok(const Params& p) {
-  const long long in_bytes = p.M / p.HoWo * p.C * p.H * p.W;
-  return reinterpret_cast<uintptr_t>(p.a) % 4 == 0 && in_bytes % 4 == 0;
-}
+bool dp_inputs_ok(const Params& p) { return reinterpret_cast<uintptr_t>(p.a) % 4 == 0 && dp_in_bytes(p) % 4 == 0; }
 
 }  // namespace
 
@@ -349,7 +348,7 @@ std::string depthwise_planes_why_not(const Params& p, const ConvGeo& cg) {
   if (cg.kh != 3 || cg.kw != 3 || cg.dh != 1 || cg.dw != 1 || p.ph != 1 || p.pw != 1 || p.sh != p.sw)
     return "needs a 3x3 kernel of dilation 1, padding 1 and one stride along both axes";
   if (p.H != p.W || dp_cfg_index(p, Config{}) < 0) return "needs a 7x7 plane at stride 1 or a 14x14 one at stride 2";
-  if (p.M / p.HoWo * p.C * p.H * p.W >= (1ll << 31) || p.G > 65535)
+  if (dp_in_bytes(p) >= (1ll << 31) || p.G > 65535)
     return "needs inputs under 2^31 bytes and at most 65535 channels";
   return "";
 }

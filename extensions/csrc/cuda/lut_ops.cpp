@@ -310,9 +310,6 @@ Choice known_pick(Choice choice, const Params& p, const at::Tensor& w, const at:
 // fours: on 7x7 planes the end's short runs of stores measured slower than the two ops, the tall tile's most;
 // benchmarks/imagenet.md, "A conv's end in expanded_gemm's stores"), and depthwise_rows' and depthwise_planes' (the
 // products' format and the inputs' alignment decide: run_with_end).
-bool is_depthwise_rows(const Choice& c) {
-  return c.algo >= 0 && std::string(algos()[c.algo].name).rfind("depthwise_rows", 0) == 0;
-}
 bool applies_end(const Choice& c, const Params& p) {
   if (c.algo < 0) return false;
   const std::string name = algos()[c.algo].name;
@@ -332,10 +329,10 @@ bool run_with_end(Choice algo, Params p, const at::Tensor& w, const at::Tensor& 
   if ((algos()[pick.algo].table && !pr->has_table) || pr->fmt == 0) return false;  // fmt: cached, so known
   const at::Tensor a = codes();
   p.a = reinterpret_cast<const uint8_t*>(a.data_ptr());
-  // depthwise_rows: int16 products, inputs it loads directly (it reads their alignment from p.a)
-  if (is_depthwise_rows(pick) && !depthwise_rows_applies_end(p, pr->fmt)) return false;
-  if (std::string(algos()[pick.algo].name) == "depthwise_planes" && !depthwise_planes_applies_end(p, pr->fmt))
-    return false;
+  // the depthwise variants: int16 products, inputs they load as words (they read their alignment from p.a)
+  const std::string name = algos()[pick.algo].name;
+  if (name.rfind("depthwise_rows", 0) == 0 && !depthwise_rows_applies_end(p, pr->fmt)) return false;
+  if (name == "depthwise_planes" && !depthwise_planes_applies_end(p, pr->fmt)) return false;
   run_choice(pick, p, *pr, cg, stream);
   return true;
 }

@@ -13,7 +13,9 @@ python reference.
 
 Per (shape, batch, algo): median of `repeat` timings with CUDA events after warm-up, rotating
 among 3 input sets, a sleep kernel queued before each (runner.bench.device_timer), prepared tables
-cached as in a model's forward. Uniform unsigned codes, exact 8x8 LUT, random int8 weights.
+cached as in a model's forward. --graph-calls N times one replay of a CUDA graph of N calls instead,
+over N: a call's share of a graphed forward, without what events around a lone call add (2.2-2.5 us at
+batch 64 on an H200). Uniform unsigned codes, exact 8x8 LUT, random int8 weights.
 A variant that does not run a shape is listed as such (its error's first line). Needs the CUDA
 build of runner._C; no Hydra. The table of record is benchmarks/CUDA.md.
 """
@@ -107,6 +109,9 @@ def main():
     ap.add_argument("--algos", default=None, help="default: every variant the kernels list, and auto")
     ap.add_argument("--shapes", default="lenet", help="names, or groups: lenet, r50, r50k, vit, mbv2dw")
     ap.add_argument("--check", action="store_true", help="every variant against direct, direct against the reference")
+    ap.add_argument("--graph-calls", type=int, default=0, metavar="N",
+                    help="time a CUDA graph of N back-to-back calls, per call, as a graphed forward runs a layer "
+                         "(benchmarks/imagenet.md, 'Depthwise convs timed as a graph runs them')")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import runner._C  # noqa: F401
@@ -154,8 +159,17 @@ def main():
                     print(f"{name:9} {batch:6} check {algo} vs direct: {'equal' if ok else 'DIFFERENT'}", flush=True)
                 for i in range(args.warmup):
                     call(name, inputs[i % 3], wa, lut, algo)
-                ts = [timer(lambda: call(name, inputs[i % 3], wa, lut, algo))
-                      for i in range(args.repeat)]
+                if args.graph_calls:
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        for i in range(args.graph_calls):
+                            call(name, inputs[i % 3], wa, lut, algo)
+                    graph.replay()
+                    ts = [timer(graph.replay) / args.graph_calls for _ in range(args.repeat)]
+                    del graph
+                else:
+                    ts = [timer(lambda: call(name, inputs[i % 3], wa, lut, algo))
+                          for i in range(args.repeat)]
                 med = statistics.median(ts)
                 n = macs(out, w)
                 note = picked(name, inputs[0], wa, lut) if algo == "auto" else ""

@@ -278,6 +278,8 @@ def test_workspace_is_what_the_kernels_allocate(algo):
     a = make_codes(gen, (300, 84), False).to(DEV)
     w, lut = make_weights(gen, (10, 84), False).to(DEV), make_lut(gen, "int16").to(DEV)
     want = {r["algo"]: r["workspace_bytes"] for r in algo_table(a, w, lut, backend="cuda")}[algo]
+    if NO_CACHING:
+        pytest.skip("caching allocator off (compute-sanitizer runs): memory_allocated does not count as it does")
     # earlier tests' tensors are freed now, and a call on other weights drops their cached tables,
     # so that nothing else is freed during the measured call
     gc.collect()

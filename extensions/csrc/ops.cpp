@@ -54,6 +54,12 @@ TORCH_LIBRARY(approx, m) {
   m.def(
       "lut_algos(Tensor a, Tensor w, Tensor lut, int[2] stride=1, int[2] padding=0, "
       "int[2] dilation=1, int groups=1) -> (str[], int[], str[], str)");
+  // CUDA: the configurations auto's first call of these shapes times, in its order, by the exact names a named call
+  // runs (lut_algos' auto_pick is one of them once picked). A test and debugging aid; the CPU's auto decides by a
+  // cost model (lut_algos), so there is no CPU kernel.
+  m.def(
+      "lut_auto_candidates(Tensor a, Tensor w, Tensor lut, int[2] stride=1, int[2] padding=0, "
+      "int[2] dilation=1, int groups=1) -> str[]");
   // Per variant of the backend of `a`'s device (lut_algos' order): in how many lut_linear /
   // lut_conv2d calls of this process it computed output rows (auto's first call of a shape times
   // both, so both count). A test and debugging aid: what auto ran, beside what lut_algos reports.

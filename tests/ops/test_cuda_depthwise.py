@@ -251,6 +251,20 @@ def test_depthwise_planes_configurations(batch, channels, stride, hw):
         check_equal(got, want, f"{algo}, batch {batch}, {channels} channels")
 
 
+@pytest.mark.parametrize("stride,hw", [(1, 7), (2, 14)])
+def test_depthwise_planes_configurations_are_autos_candidates(stride, hw):
+    """auto times every depthwise_planes configuration built for the plane, by the names a named call runs, and none
+    where the products need int32 (depthwise_rows' single table runs those)."""
+    gen = torch.Generator().manual_seed(63)
+    a = make_codes(gen, (4, 8, hw, hw), True).to(DEV)
+    w = make_weights(gen, (8, 1, 3, 3), True).to(DEV)
+    args = ([stride] * 2, [1, 1], [1, 1], 8)
+    cands = ops.lut_auto_candidates(a, w, make_lut(gen, "int16").to(DEV), *args)
+    assert [c for c in cands if c.startswith("depthwise_planes")] == list(PLANES[(stride, hw)][1:])
+    wide = ops.lut_auto_candidates(a, w, make_lut(gen, "wide").to(DEV), *args)
+    assert wide and not [c for c in wide if c.startswith("depthwise_planes")]
+
+
 def test_depthwise_planes_shapes_and_names():
     """depthwise_planes takes 3x3 convs of padding 1 on 7x7 planes at stride 1 and 14x14 ones at stride 2 and says
     why not for others; its configuration names are checked against the ones built, and for the shape; auto's pick

@@ -428,6 +428,33 @@ at::Tensor lut_conv2d_requantize_codes_cuda(const at::Tensor& a, const at::Tenso
                                                                    is_signed);
 }
 
+// A call's shapes as given (p, cg) and as auto picks for them (pick_*: a conv's or linear layer's in auto's layout
+// where it takes one; pick_w keeps the laid-out weights pick_p points at alive).
+struct PickShapes {
+  Params p, pick_p;
+  ConvGeo cg, pick_cg;
+  at::Tensor pick_w;
+};
+PickShapes pick_shapes(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut, c10::IntArrayRef stride,
+                       c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups) {
+  PickShapes r;
+  r.pick_w = w;
+  if (a.dim() == 4) {
+    const auto s = approx_checks::check_conv(a, w, lut, stride, padding, dilation, groups, c10::DeviceType::CUDA);
+    r.p = r.pick_p = conv_params(a, w, nullptr, s, r.cg);
+    r.pick_cg = r.cg;
+    const GemmLayout l = gemm_layout(s, Choice{kAuto});
+    if (l.rewrite || (l.timed && taps_known(taps_key(a, w, s)) == 1))
+      r.pick_w = layout_weights(w), r.pick_p = layout_params(l.sizes, s.N, a, r.pick_w, r.pick_cg);
+  } else {
+    const auto s = approx_checks::check_linear(a, w, lut, c10::DeviceType::CUDA);
+    r.p = r.pick_p = linear_params(a, w, nullptr, s);
+    const std::vector<int64_t> sizes = linear_layout(s, Choice{kAuto});
+    if (!sizes.empty()) r.pick_w = layout_weights(w), r.pick_p = layout_params(sizes, s.N, a, r.pick_w, r.pick_cg);
+  }
+  return r;
+}
+
 // For the call's shapes: every variant, the device memory its prepared tables take (-1 where it
 // does not run the shape), why not ("" where it does), and auto's pick ("" until auto has run
 // this shape; picks are timed on the first call).
@@ -436,24 +463,9 @@ lut_algos_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
                c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
                int64_t groups) {
   const c10::cuda::CUDAGuard guard(a.device());
-  Params p;
-  ConvGeo cg;
-  Params pick_p;  // the shapes auto's pick was made for: a conv's in auto's layout
-  ConvGeo pick_cg;
-  at::Tensor pick_w = w;
-  if (a.dim() == 4) {
-    const auto s = approx_checks::check_conv(a, w, lut, stride, padding, dilation, groups, c10::DeviceType::CUDA);
-    p = pick_p = conv_params(a, w, nullptr, s, cg);
-    pick_cg = cg;
-    const GemmLayout l = gemm_layout(s, Choice{kAuto});
-    if (l.rewrite || (l.timed && taps_known(taps_key(a, w, s)) == 1))
-      pick_w = layout_weights(w), pick_p = layout_params(l.sizes, s.N, a, pick_w, pick_cg);
-  } else {
-    const auto s = approx_checks::check_linear(a, w, lut, c10::DeviceType::CUDA);
-    p = pick_p = linear_params(a, w, nullptr, s);
-    const std::vector<int64_t> sizes = linear_layout(s, Choice{kAuto});
-    if (!sizes.empty()) pick_w = layout_weights(w), pick_p = layout_params(sizes, s.N, a, pick_w, pick_cg);
-  }
+  const PickShapes ps = pick_shapes(a, w, lut, stride, padding, dilation, groups);
+  const Params& p = ps.p;
+  const ConvGeo& cg = ps.cg;
   std::vector<std::string> names, notes;
   std::vector<int64_t> bytes;
   for (const Algo& al : algos()) {
@@ -468,11 +480,24 @@ lut_algos_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
   Choice pick;
   bool found = false;
   bool refused = false;
-  for (int fmt : {cached_format(pick_p, pick_w, lut, pick_cg, &refused), lut_format(lut, p.xmask == 0), 0}) {
+  for (int fmt : {cached_format(ps.pick_p, ps.pick_w, lut, ps.pick_cg, &refused), lut_format(lut, p.xmask == 0), 0}) {
     if (fmt < 0 || found) continue;
-    found = cached_pick(auto_inputs(pick_p, pick_cg, fmt, refused), pick);
+    found = cached_pick(auto_inputs(ps.pick_p, ps.pick_cg, fmt, refused), pick);
   }
   return {names, bytes, notes, found ? choice_name(pick) : std::string()};
+}
+
+// What auto's first call of these shapes times, in its order: each candidate's exact name (one a named call runs),
+// for the table format the LUT gives and with T where it fits its budget.
+std::vector<std::string> lut_auto_candidates_cuda(const at::Tensor& a, const at::Tensor& w, const at::Tensor& lut,
+                                                  c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                                  c10::IntArrayRef dilation, int64_t groups) {
+  const c10::cuda::CUDAGuard guard(a.device());
+  const PickShapes ps = pick_shapes(a, w, lut, stride, padding, dilation, groups);
+  std::vector<std::string> out;
+  for (const Choice& c : auto_candidates(auto_inputs(ps.pick_p, ps.pick_cg, lut_format(lut, ps.p.xmask == 0), false)))
+    out.push_back(choice_name(c));
+  return out;
 }
 
 }  // namespace
@@ -482,6 +507,7 @@ TORCH_LIBRARY_IMPL(approx, CUDA, m) {
   m.impl("lut_linear", &approx_cuda::lut_linear_cuda);
   m.impl("lut_conv2d", &approx_cuda::lut_conv2d_cuda);
   m.impl("lut_algos", &approx_cuda::lut_algos_cuda);
+  m.impl("lut_auto_candidates", &approx_cuda::lut_auto_candidates_cuda);
   m.impl("lut_conv2d_dequantize", &approx_cuda::lut_conv2d_dequantize_cuda);
   m.impl("lut_conv2d_requantize_codes", &approx_cuda::lut_conv2d_requantize_codes_cuda);
 }

@@ -113,8 +113,9 @@ TORCH_LIBRARY(approx, m) {
   m.def("lut_grad_w(Tensor a, Tensor w, Tensor grad, Tensor slope) -> Tensor");
   // A conv layer and its end in one op: lut_conv2d's sums, then dequantize (with its residual, relu and codes) or
   // requantize_codes of them, the same values bit for bit: the two ops run one after the other (the composite
-  // below, the CPU kernel), except where CUDA's variant applies the end in its own stores (expanded_window,
-  // expanded_gemm's tiles, depthwise_rows), so the int32 sums are neither written nor read back.
+  // below, the CPU kernel), except where CUDA's variant applies the end in its own stores (Algo::applies_end in
+  // cuda/algos.cpp: expanded_window, expanded_gemm's tiles, the depthwise variants), so the int32 sums are neither
+  // written nor read back.
   m.def(
       "lut_conv2d_dequantize(Tensor a, Tensor w, Tensor lut, int[2] stride, int[2] padding, int[2] dilation, "
       "int groups, str algo, Tensor act_scale, Tensor weight_scale, Tensor bias, Tensor? residual=None, "

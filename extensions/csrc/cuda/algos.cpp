@@ -36,7 +36,9 @@ Algo depthwise_rows_algo() {
               out.back().gx = gx;
             }
             return out;
-          }};
+          },
+          // int16 products, inputs it loads as words
+          [](const Params& p, const Config&, int fmt) { return fmt == 0 || depthwise_rows_applies_end(p, fmt); }};
 }
 
 // depthwise_rows' variants with _g<blocks a channel, 1..4096>: "" (not such a name), else the variant's row and
@@ -85,7 +87,8 @@ const std::vector<Algo>& algos() {
        [](const Params& p, const ConvGeo& cg, int fmt, const Config& c, cudaStream_t s) {
          launch_depthwise_planes(p, cg, fmt, c, s);
        },
-       depthwise_planes_candidates},
+       depthwise_planes_candidates,
+       [](const Params& p, const Config&, int fmt) { return fmt == 0 || depthwise_planes_applies_end(p, fmt); }},
       {"expanded_window", true, true,
        [](const Params& p, const ConvGeo& cg) {
          return window_smem(p, cg, 0) ? std::string()
@@ -96,7 +99,7 @@ const std::vector<Algo>& algos() {
        [](const Params& p, const ConvGeo& cg, int fmt, const Config& c, cudaStream_t s) {
          launch_window(p, cg, fmt, c, s);
        },
-       window_candidates},
+       window_candidates, [](const Params&, const Config&, int) { return true; }},
       {"expanded_rows", true, true,
        [](const Params& p, const ConvGeo&) {
          return rows_applies(p) ? std::string() : "is for lut_linear";
@@ -121,7 +124,11 @@ const std::vector<Algo>& algos() {
        [](const Params& p, const ConvGeo&, int fmt, const Config& c, cudaStream_t s) {
          launch_gemm(p, fmt, c, s);
        },
-       gemm_candidates},
+       gemm_candidates,
+       // unsplit (a K split's blocks add partial sums into the output), where a channel's plane is a multiple of 4
+       // outputs (its rows in aligned fours: on 7x7 planes the end's short runs of stores measured slower than the
+       // two ops, the tall tile's most; benchmarks/imagenet.md, "A conv's end in expanded_gemm's stores")
+       [](const Params& p, const Config& c, int) { return c.ks <= 1 && p.HoWo % 4 == 0; }},
       {"expanded_smem", true, true,
        [](const Params& p, const ConvGeo&) {
          return smem_applies(p) ? std::string()

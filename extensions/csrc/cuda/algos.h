@@ -19,6 +19,10 @@ struct Algo {
   void (*launch)(const Params& p, const ConvGeo& cg, int fmt, const Config& c, cudaStream_t s);
   // the configurations auto's trial times (fmt: table format); {} = not a contender here
   std::vector<Config> (*candidates)(const Params& p, int fmt);
+  // whether configuration c writes a conv's end (Params::epi) in its stores in place of the sums; asked before the
+  // call's tables and codes are known (fmt 0: could it) and again with both (fmt 1 or 2, p.a the codes it reads).
+  // nullptr: never (lut_conv2d_dequantize / _requantize_codes then run the conv and the end's op)
+  bool (*applies_end)(const Params& p, const Config& c, int fmt) = nullptr;
 };
 
 const std::vector<Algo>& algos();

@@ -305,16 +305,9 @@ Choice known_pick(Choice choice, const Params& p, const at::Tensor& w, const at:
   return fmt >= 0 && cached_pick(auto_inputs(p, cg, fmt, refused), pick) ? pick : Choice{kAuto};
 }
 
-// The variants that apply an end in their stores: expanded_window, expanded_gemm's tiles unsplit (a K split's
-// blocks add partial sums into the output) where a channel's plane is a multiple of 4 outputs (its rows in aligned
-// fours: on 7x7 planes the end's short runs of stores measured slower than the two ops, the tall tile's most;
-// benchmarks/imagenet.md, "A conv's end in expanded_gemm's stores"), and depthwise_rows' and depthwise_planes' (the
-// products' format and the inputs' alignment decide: run_with_end).
-bool applies_end(const Choice& c, const Params& p) {
-  if (c.algo < 0) return false;
-  const std::string name = algos()[c.algo].name;
-  return name == "expanded_window" || (name == "expanded_gemm" && c.cfg.ks <= 1 && p.HoWo % 4 == 0) ||
-         name.rfind("depthwise_rows", 0) == 0 || name == "depthwise_planes";
+// Whether the pick writes the end in its stores (Algo::applies_end; fmt 0 before the tables and codes are known)
+bool applies_end(const Choice& c, const Params& p, int fmt) {
+  return c.algo >= 0 && algos()[c.algo].applies_end && algos()[c.algo].applies_end(p, c.cfg, fmt);
 }
 
 // Runs the conv with its end in the kernel's stores (p.epi) where the variant applies it (applies_end); false
@@ -323,16 +316,13 @@ bool applies_end(const Choice& c, const Params& p) {
 template <class Codes>
 bool run_with_end(Choice algo, Params p, const at::Tensor& w, const at::Tensor& lut, const ConvGeo& cg, Codes codes) {
   const Choice pick = known_pick(algo, p, w, lut, cg, "lut_conv2d");
-  if (!applies_end(pick, p)) return false;
+  if (!applies_end(pick, p, 0)) return false;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const auto pr = get_prepared(p, w, lut, cg, algos()[pick.algo].table, stream, false);
   if ((algos()[pick.algo].table && !pr->has_table) || pr->fmt == 0) return false;  // fmt: cached, so known
   const at::Tensor a = codes();
   p.a = reinterpret_cast<const uint8_t*>(a.data_ptr());
-  // the depthwise variants: int16 products, inputs they load as words (they read their alignment from p.a)
-  const std::string name = algos()[pick.algo].name;
-  if (name.rfind("depthwise_rows", 0) == 0 && !depthwise_rows_applies_end(p, pr->fmt)) return false;
-  if (name == "depthwise_planes" && !depthwise_planes_applies_end(p, pr->fmt)) return false;
+  if (!applies_end(pick, p, pr->fmt)) return false;  // the depthwise variants read the products' format and p.a
   run_choice(pick, p, *pr, cg, stream);
   return true;
 }

@@ -64,7 +64,10 @@ struct DpBand {
   static constexpr int IY0 = OY0 * S - 1 < 0 ? 0 : OY0 * S - 1;
   static constexpr int IY1 = (OY1 - 1) * S + 1 > H - 1 ? H - 1 : (OY1 - 1) * S + 1;
   static constexpr int W0 = (IY0 * W) >> 2, NW = ((IY1 * W + W - 1) >> 2) - W0 + 1;
-  static constexpr int SW = NW | 1, OS = NO | 1;  // a lane's pitch in the stage, odd: conflict-free reads
+  // the input's words a lane's band lies in: one more where a plane may start off a word (H W odd: 7x7) and the
+  // band's last byte is not a word's first
+  static constexpr int NWR = NW + ((H * W) % 4 != 0 && ((IY1 * W + W - 1) & 3) != 0);
+  static constexpr int SW = NWR | 1, OS = NO | 1;  // a lane's pitch in the stage, odd: conflict-free reads
 };
 
 template <int S, int H, int W, int NB>
@@ -78,7 +81,8 @@ struct DpShape {
       const int oy0 = bi * RB, oy1 = (bi + 1) * RB < Ho ? (bi + 1) * RB : Ho;
       if (oy0 >= oy1) continue;
       const int iy0 = oy0 * S - 1 < 0 ? 0 : oy0 * S - 1, iy1 = (oy1 - 1) * S + 1 > H - 1 ? H - 1 : (oy1 - 1) * S + 1;
-      const int nw = (((iy1 * W + W - 1) >> 2) - ((iy0 * W) >> 2) + 1) | 1, os = ((oy1 - oy0) * Wo) | 1;
+      const int nw = (((iy1 * W + W - 1) >> 2) - ((iy0 * W) >> 2) + 1 + (HW % 4 != 0 && ((iy1 * W + W - 1) & 3))) | 1;
+      const int os = ((oy1 - oy0) * Wo) | 1;
       most = nw > most ? nw : most;
       most = os > most ? os : most;
     }
@@ -177,38 +181,41 @@ struct DpWarp {
   uint32_t* stage;         // its stage in shared memory
 };
 
-// Phase 0: the warp's planes' band words into its stage (lane pitch SW), whole words realigned from the input's
-// aligned ones (a plane starts on any byte where H W is odd). Phase 1: a lane's words, its sums, and their stores.
+// Phase 0: the input's words the warp's planes' bands lie in, as loaded, into its stage (lane pitch SW). Phase 1: a
+// lane's words, realigned to its plane (which starts on any byte where H W is odd), its sums, and their stores.
+// Realigned while loading, each word took a second load of the next one, dependent on the plane's offset: on 960 at
+// 7x7 at batch 64 the loads and the stage alone took 3.7 us a call, 1.5 without that load (an H200,
+// benchmarks/imagenet.md, "Depthwise convs: the planes' words loaded once").
 template <int S, int H, int W, int OY0, int OY1, int EPI>
 __device__ __forceinline__ void dp_band(const Params& p, const DpWarp& wp, const uint8_t* tab, int phase) {
   using BD = DpBand<S, H, W, OY0, OY1>;
-  constexpr int HW = H * W, HoWo = ((H - 1) / S + 1) * BD::Wo;
+  constexpr int HW = H * W, HoWo = ((H - 1) / S + 1) * BD::Wo, NWR = BD::NWR;
+  const unsigned img_in = static_cast<unsigned>(p.C) * HW;
   if (phase == 0) {
-    const unsigned img_in = static_cast<unsigned>(p.C) * HW;
     const unsigned in_words = static_cast<unsigned>(p.M / HoWo * img_in / 4);  // dp_inputs_ok: whole words
     const uint32_t* a32 = reinterpret_cast<const uint32_t*>(p.a);
-    uint32_t v[BD::NW];
+    uint32_t v[NWR];
 #pragma unroll
-    for (int i = 0; i < BD::NW; ++i) {  // word f % NW of plane f / NW, f = lane + 32 i: a warp's loads contiguous
-      const int f = wp.lane + 32 * i, pp = f / BD::NW, j = f - pp * BD::NW;
+    for (int i = 0; i < NWR; ++i) {  // word f % NWR of plane f / NWR, f = lane + 32 i: a warp's loads contiguous
+      const int f = wp.lane + 32 * i, pp = f / NWR, j = f - pp * NWR;
       const unsigned pos = static_cast<unsigned>(wp.n0 + pp) * img_in + static_cast<unsigned>(wp.ch) * HW;
-      const unsigned w0 = (pos >> 2) + BD::W0 + j, sh = (pos & 3) * 8;
-      v[i] = 0;
-      if (pp < wp.nimg) {
-        v[i] = __ldg(a32 + w0);
-        if (sh) v[i] = __funnelshift_r(v[i], w0 + 1 < in_words ? __ldg(a32 + w0 + 1) : 0u, sh);
-      }
+      const unsigned w = (pos >> 2) + BD::W0 + j;
+      v[i] = pp < wp.nimg && w < in_words ? __ldg(a32 + w) : 0u;
     }
 #pragma unroll
-    for (int i = 0; i < BD::NW; ++i) {
-      const int f = wp.lane + 32 * i, pp = f / BD::NW;
-      wp.stage[pp * BD::SW + f - pp * BD::NW] = v[i];
+    for (int i = 0; i < NWR; ++i) {
+      const int f = wp.lane + 32 * i, pp = f / NWR;
+      wp.stage[pp * BD::SW + f - pp * NWR] = v[i];
     }
     return;
   }
-  uint32_t wd[BD::NW], acc[BD::NO];
+  uint32_t raw[NWR], wd[BD::NW], acc[BD::NO];
 #pragma unroll
-  for (int i = 0; i < BD::NW; ++i) wd[i] = wp.stage[wp.lane * BD::SW + i];
+  for (int i = 0; i < NWR; ++i) raw[i] = wp.stage[wp.lane * BD::SW + i];
+  // where H W is a multiple of 4 every plane starts on a word (dp_inputs_ok: the input does)
+  const unsigned sh = HW % 4 ? ((static_cast<unsigned>(wp.n0 + wp.lane) * img_in + wp.ch * HW) & 3) * 8 : 0u;
+#pragma unroll
+  for (int i = 0; i < BD::NW; ++i) wd[i] = __funnelshift_r(raw[i], i + 1 < NWR ? raw[i + 1] : 0u, sh);
   dp_sums<S, H, W, OY0, OY1>(wd, tab, acc);
   __syncwarp();  // every lane has its words: the stage takes the sums
 #pragma unroll

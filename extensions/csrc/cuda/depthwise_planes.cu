@@ -9,13 +9,14 @@
 // - stride 2: a code's row and column parities fix the taps it feeds: 4 (an 8-byte entry), 2 (4 bytes) or 1 (int16).
 // A thread's plane is compile-time (H, W, S), so which taps a code feeds, and which outputs they go to, are constants:
 // no masks, no window arithmetic. A warp's 32 planes (32 images of the block's channel) come into a warp-private
-// stage in shared memory as whole words (coalesced), each lane then reads its own plane's words (the stage's lane
-// pitch odd: no bank conflicts); the sums go out the same way, plane by plane, so the stores are whole runs of a plane.
-// The tables (4.5 KiB a channel, from Et16) are prepared with the weights (tables.cu); a block copies its own.
-// 37 % fewer L1 wavefronts than depthwise_rows' best on 960 at 7x7; the pipe is then 61 % busy, and the time goes in
-// the loads ahead of the first read: at batch 64 a block per channel leaves 9-15 warps an SM. One NVIDIA H200 against
-// auto's pick without it, batch 64: 576 at 14x14, s2 1.22 -> 1.52 T MAC/s, 960 at 7x7 1.62 -> 1.91-1.93; at 256 576
-// at 14x14, s2 1.70 -> 2.16-2.18 (benchmarks/imagenet.md, "Depthwise convs: a thread a plane").
+// stage in shared memory as the input's words (coalesced), each lane then reads its own plane's words (the stage's
+// lane pitch odd: no bank conflicts) and realigns them; the sums go out the same way, plane by plane, so the stores
+// are whole runs of a plane. The tables (4.5 KiB a channel, from Et16) are prepared with the weights (tables.cu); a
+// block copies its own. 37 % fewer L1 wavefronts than depthwise_rows' best on 960 at 7x7; at batch 64 a block per
+// channel leaves 9-15 warps an SM, and the time goes in the planes' loads and the sums' stores more than in the reads.
+// One NVIDIA H200 against auto's pick without it: 960 at 7x7 1.62 -> 2.13-2.17 T MAC/s at batch 64, 2.33-2.37 ->
+// 3.03-3.04 at 256; 576 at 14x14, s2 1.22 -> 1.49 at 64, 1.70 -> 2.02-2.04 at 256 (benchmarks/imagenet.md, "Depthwise
+// convs: a thread a plane" and "Depthwise convs: the planes' words loaded once").
 //
 // The entries hold int16 products: other tables run depthwise_rows (launch_depthwise_planes).
 #include <cstdio>

@@ -86,7 +86,7 @@ struct Params {
   const int4* kinfo;   // conv: per tap {input offset, dy, dx, valid}; Kpad entries
   const void* T;       // expanded table [G][NG][Kpad][256][8 channels]
   const void* Tpairs;  // T's channel pairs, pair-major [NP][Kpad][256] words (expanded_pairs)
-  const uint8_t* Tdw;  // depthwise_planes' channel tables [G][4608 bytes], or null (built in the kernel then)
+  const uint8_t* Tdw;  // depthwise_planes' channel tables [G][4608 bytes]; null where it does not take the shape
   // code staging of the gathering kernels (gather.cuh)
   int stage;           // 0: codes from global per chunk; 1: conv images staged in shared memory;
                        // 2: linear rows [Mb][Kpad] staged in shared memory

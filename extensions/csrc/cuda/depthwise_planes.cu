@@ -73,7 +73,7 @@ struct DpBand {
 
 template <int S, int H, int W, int NB>
 struct DpShape {
-  static constexpr int Ho = (H - 1) / S + 1, Wo = (W - 1) / S + 1, HW = H * W, HoWo = Ho * Wo;
+  static constexpr int Ho = (H - 1) / S + 1, Wo = (W - 1) / S + 1, HW = H * W;
   static constexpr int RB = (Ho + NB - 1) / NB;  // output rows a band
   // a warp's stage: its 32 planes' band words, later its 32 bands' sums (the larger of the two, over the bands)
   static constexpr int stage_words() {

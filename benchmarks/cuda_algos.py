@@ -114,6 +114,8 @@ def main():
                          "(benchmarks/imagenet.md, 'Depthwise convs timed as a graph runs them')")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.graph_calls < 0:
+        ap.error(f"--graph-calls {args.graph_calls}: give a number of calls >= 1, or 0 to time single calls")
     import runner._C  # noqa: F401
     from runner.ops import backend_algos
 

@@ -7,8 +7,8 @@ masked; at stride 2 from aligned 16-byte quads where the input is a whole number
 sizes or off a word boundary (rows staged byte-wise in shared memory); int16 and int32 products, signed and
 unsigned codes; which shapes depthwise_rows takes; and the blocks a channel (_g<N>) auto times. Where a case's
 comment names a load, the case's sizes select it (depthwise_rows.cu, dr_geo). depthwise_planes (7x7 planes at
-stride 1, 14x14 at stride 2): every configuration on whole and partial warps and blocks, inputs off a word, its
-names and the shapes it takes.
+stride 1, 14x14 and 28x28 at stride 2): every configuration on whole and partial warps and blocks, inputs off a
+word, its names and the shapes it takes.
 
 Marked `cuda` (deselected by default; run with `-m cuda` on a GPU machine)."""
 import gc
@@ -81,10 +81,13 @@ def _rows_variants(stride):
     )
 
 
-# depthwise_planes' configurations by (stride, plane side): the default and each (bands, images a block)
+# depthwise_planes' configurations by (stride, plane side): the default and each (bands, images a block[, bands a
+# block]); at 28x28 every band but the first and the last runs band 1's code on shifted rows (bands of 2 output
+# rows, and of 3 with a short last band)
 PLANES = {(1, 7): ("depthwise_planes", "depthwise_planes_b1_i64", "depthwise_planes_b1_i32"),
           (2, 14): ("depthwise_planes", "depthwise_planes_b1_i64", "depthwise_planes_b2_i32",
-                    "depthwise_planes_b1_i128")}
+                    "depthwise_planes_b1_i128"),
+          (2, 28): ("depthwise_planes", "depthwise_planes_b7_i32_bb7", "depthwise_planes_b5_i32_bb5")}
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["s", "u"])
@@ -240,18 +243,20 @@ def test_depthwise_rows_grid_names():
 
 
 @pytest.mark.parametrize("batch,channels,stride,hw", [(64, 40, 2, 14), (37, 24, 2, 14), (1, 8, 2, 14), (70, 33, 1, 7),
-                                                     (33, 8, 1, 7), (1, 3, 1, 7)])
+                                                     (33, 8, 1, 7), (1, 3, 1, 7), (66, 10, 2, 28), (1, 5, 2, 28),
+                                                     (33, 7, 2, 28)])
 def test_depthwise_planes_configurations(batch, channels, stride, hw):
-    """Every configuration of depthwise_planes (a warp's 32 images, one band or two of output rows) on whole and
+    """Every configuration of depthwise_planes (a warp's 32 images, one band of output rows or many) on whole and
     partial warps and blocks, a block's later warps empty among them (batch 1 and 33 with 64 or 128 images a block):
-    against `direct`. 7x7 planes start 0-3 bytes into a word (49 bytes a plane)."""
+    against `direct`. 7x7 planes start 0-3 bytes into a word (49 bytes a plane); at 28x28 the middle bands run one
+    band's code on shifted rows."""
     a, w, lut, args, want = _against_direct(60 + batch + stride, batch, channels, hw, stride)
     for algo in PLANES[(stride, hw)]:
         got = poisoned_call(lambda: ops.lut_conv2d(a, w, lut, *args, algo), tuple(want.shape))
         check_equal(got, want, f"{algo}, batch {batch}, {channels} channels")
 
 
-@pytest.mark.parametrize("stride,hw", [(1, 7), (2, 14)])
+@pytest.mark.parametrize("stride,hw", sorted(PLANES))
 def test_depthwise_planes_configurations_are_autos_candidates(stride, hw):
     """auto times every depthwise_planes configuration built for the plane, by the names a named call runs, and none
     where the products need int32 (depthwise_rows' single table runs those)."""
@@ -266,9 +271,9 @@ def test_depthwise_planes_configurations_are_autos_candidates(stride, hw):
 
 
 def test_depthwise_planes_shapes_and_names():
-    """depthwise_planes takes 3x3 convs of padding 1 on 7x7 planes at stride 1 and 14x14 ones at stride 2 and says
-    why not for others; its configuration names are checked against the ones built, and for the shape; auto's pick
-    is reported by a name that runs."""
+    """depthwise_planes takes 3x3 convs of padding 1 on 7x7 planes at stride 1 and 14x14 or 28x28 ones at stride 2
+    and says why not for others; its configuration names are checked against the ones built, and for the shape;
+    auto's pick is reported by a name that runs."""
     gen = torch.Generator().manual_seed(61)
     lut = make_lut(gen, "int16").to(DEV)
     w = make_weights(gen, (4, 1, 3, 3), True).to(DEV)
@@ -278,14 +283,16 @@ def test_depthwise_planes_shapes_and_names():
         rows = algo_table(a, w, lut, stride, padding, 1, 4, backend="cuda")
         return {r["algo"]: r for r in rows}["depthwise_planes"]
 
-    assert row(7, 1)["applies"] and row(14, 2)["applies"]
-    for hw, stride in ((14, 1), (7, 2), (28, 2), (8, 1)):
-        assert "7x7 plane at stride 1 or a 14x14 one at stride 2" in row(hw, stride)["note"], (hw, stride)
+    assert all(row(hw, stride)["applies"] for stride, hw in PLANES)
+    for hw, stride in ((14, 1), (7, 2), (28, 1), (56, 2), (8, 1)):
+        assert "built: 7x7 at stride 1, 14x14 or 28x28 at stride 2" in row(hw, stride)["note"], (hw, stride)
     assert "padding 1" in row(14, 2, 0)["note"]
     a7 = make_codes(gen, (3, 4, 7, 7), True).to(DEV)
     args = ([1, 1], [1, 1], [1, 1], 4)
-    for bad in ("depthwise_planes_b3_i32", "depthwise_planes_b2", "depthwise_planes_b2_i32x", "depthwise_planes_"):
-        with pytest.raises(RuntimeError, match=r"depthwise_planes_b<bands>_i<images a block>"):
+    for bad in ("depthwise_planes_b3_i32", "depthwise_planes_b2", "depthwise_planes_b2_i32x", "depthwise_planes_",
+                "depthwise_planes_b7_i32", "depthwise_planes_b7_i32_bb", "depthwise_planes_b7_i32_bb07",
+                "depthwise_planes_b+1_i64", "depthwise_planes_b1_i64_bb1", "depthwise_planes_b28_i32_bb4_"):
+        with pytest.raises(RuntimeError, match=r"depthwise_planes_b<bands>_i<images a block>\[_bb<bands a block>\]"):
             ops.lut_conv2d(a7, w, lut, *args, bad)
     with pytest.raises(RuntimeError, match="no configuration depthwise_planes_b2_i32 for this shape"):
         ops.lut_conv2d(a7, w, lut, *args, "depthwise_planes_b2_i32")  # 14x14 at stride 2's

@@ -33,7 +33,8 @@ CONVS = [
     ((10, 8, 16, 16), (20, 3, 3), 1, 1),
     # depthwise 3x3 convs (depthwise_rows): 7 outputs a thread on 14-wide rows (their runs start anywhere: 8- and
     # 2-byte stores at either alignment), 8 on 16-wide rows (16-byte / 8-byte stores), part runs on 9-wide rows,
-    # stride 2 to 7x7 planes; rows of whole words (28 wide) at stride 2, loaded a word at a time
+    # stride 2 to 7x7 planes; rows of whole words (28 wide) at stride 2, loaded a word at a time (depthwise_planes
+    # too: bands of two output rows, the middle ones on shifted rows)
     ((3, 16, 14, 14), (16, 3, 3), 1, 1, 16),
     ((2, 8, 16, 16), (8, 3, 3), 1, 1, 8),
     ((2, 12, 9, 9), (12, 3, 3), 1, 1, 12),
@@ -80,7 +81,7 @@ def _algos(backend, groups=1, stride=None, hw=None):
         return ("auto",)
     if stride is not None:  # depthwise
         split = ("depthwise_rows_split", "depthwise_rows_split_g2") if stride == 2 else ()
-        planes = ("depthwise_planes",) if (stride, hw) in ((1, 7), (2, 14)) else ()
+        planes = ("depthwise_planes",) if (stride, hw) in ((1, 7), (2, 14), (2, 28)) else ()
         return ("depthwise_rows", "depthwise_rows_banked", "depthwise_rows_banked8", "depthwise_rows_g2", *split,
                 *planes, "auto", "auto", "direct")
     gemm = ("expanded_gemm_r2", "expanded_gemm_r8c", "expanded_gemm_r16c", "expanded_gemm_r13c",

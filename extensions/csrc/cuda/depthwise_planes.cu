@@ -1,6 +1,6 @@
 // depthwise_planes: 3x3 depthwise convolutions of padding 1 and dilation 1 on small square planes (7x7 at stride 1,
-// 14x14 at stride 2: MobileNetV2's last stages), a thread per image plane (or band of its output rows), every input
-// code read from the table once.
+// 14x14 and 28x28 at stride 2: MobileNetV2's last stages), a thread per image plane (or band of its output rows),
+// every input code read from the table once.
 //
 // depthwise_rows (depthwise_rows.cu) reads a code once per kernel row, three products an 8-byte entry, and on these
 // planes its lanes' windows lie on many lines: `ncu` puts it at L1's data pipe, 84-94 % busy. Here an entry holds
@@ -11,12 +11,14 @@
 // no masks, no window arithmetic. A warp's 32 planes (32 images of the block's channel) come into a warp-private
 // stage in shared memory as the input's words (coalesced), each lane then reads its own plane's words (the stage's
 // lane pitch odd: no bank conflicts) and realigns them; the sums go out the same way, plane by plane, so the stores
-// are whole runs of a plane. The tables (4.5 KiB a channel, from Et16) are prepared with the weights (tables.cu); a
+// are whole runs of a plane (a store's lanes run on across planes instead: 0.90-0.97x on 960 at 7x7 and 576 at 14x14,
+// s2 on an H200). The tables (4.5 KiB a channel, from Et16) are prepared with the weights (tables.cu); a
 // block copies its own. 37 % fewer L1 wavefronts than depthwise_rows' best on 960 at 7x7; at batch 64 a block per
 // channel leaves 9-15 warps an SM, and the time goes in the planes' loads and the sums' stores more than in the reads.
 // One NVIDIA H200 against auto's pick without it: 960 at 7x7 1.62 -> 2.13-2.17 T MAC/s at batch 64, 2.33-2.37 ->
-// 3.03-3.04 at 256; 576 at 14x14, s2 1.22 -> 1.49 at 64, 1.70 -> 2.02-2.04 at 256 (benchmarks/imagenet.md, "Depthwise
-// convs: a thread a plane" and "Depthwise convs: the planes' words loaded once").
+// 3.03-3.04 at 256; 576 at 14x14, s2 1.22 -> 1.49-1.51 at 64, 1.70 -> 2.11-2.16 at 256; 192 at 28x28, s2 1.38 ->
+// 1.63-1.64 at 64 (benchmarks/imagenet.md, "Depthwise convs: a thread a plane", "... the planes' words loaded once"
+// and "... bands of a 28x28 plane").
 //
 // The entries hold int16 products: other tables run depthwise_rows (launch_depthwise_planes).
 #include <cstdio>
@@ -75,6 +77,10 @@ template <int S, int H, int W, int NB>
 struct DpShape {
   static constexpr int Ho = (H - 1) / S + 1, Wo = (W - 1) / S + 1, HW = H * W;
   static constexpr int RB = (Ho + NB - 1) / NB;  // output rows a band
+  // Many bands (large planes): every band but the first (the padding row above) and the last runs band 1's code on
+  // rows shifted by whole words (a plane starts on a word, an output row's S input rows are whole words), so the
+  // code is built three times, not NB
+  static constexpr bool kUniform = NB >= 4 && (S * W) % 4 == 0 && HW % 4 == 0 && (NB - 1) * RB < Ho;
   // a warp's stage: its 32 planes' band words, later its 32 bands' sums (the larger of the two, over the bands)
   static constexpr int stage_words() {
     int most = 1;
@@ -187,8 +193,9 @@ struct DpWarp {
 // Realigned while loading, each word took a second load of the next one, dependent on the plane's offset: on 960 at
 // 7x7 at batch 64 the loads and the stage alone took 3.7 us a call, 1.5 without that load (an H200,
 // benchmarks/imagenet.md, "Depthwise convs: the planes' words loaded once").
+// dy: output rows the band lies below rows OY0..OY1 - 1 (DpShape::kUniform's shifted bands; 0 for the rest).
 template <int S, int H, int W, int OY0, int OY1, int EPI>
-__device__ __forceinline__ void dp_band(const Params& p, const DpWarp& wp, const uint8_t* tab, int phase) {
+__device__ __forceinline__ void dp_band(const Params& p, const DpWarp& wp, const uint8_t* tab, int phase, int dy) {
   using BD = DpBand<S, H, W, OY0, OY1>;
   constexpr int HW = H * W, HoWo = ((H - 1) / S + 1) * BD::Wo, NWR = BD::NWR;
   const unsigned img_in = static_cast<unsigned>(p.C) * HW;
@@ -200,8 +207,9 @@ __device__ __forceinline__ void dp_band(const Params& p, const DpWarp& wp, const
     for (int i = 0; i < NWR; ++i) {  // word f % NWR of plane f / NWR, f = lane + 32 i: a warp's loads contiguous
       const int f = wp.lane + 32 * i, pp = f / NWR, j = f - pp * NWR;
       const unsigned pos = static_cast<unsigned>(wp.n0 + pp) * img_in + static_cast<unsigned>(wp.ch) * HW;
-      const unsigned w = (pos >> 2) + BD::W0 + j;
-      v[i] = pp < wp.nimg && w < in_words ? __ldg(a32 + w) : 0u;
+      const unsigned w = (pos >> 2) + BD::W0 + static_cast<unsigned>(dy) * (S * W / 4) + j;
+      // only a word past the band's own bytes (NWR > NW) can lie past the input
+      v[i] = pp < wp.nimg && (NWR == BD::NW || w < in_words) ? __ldg(a32 + w) : 0u;
     }
 #pragma unroll
     for (int i = 0; i < NWR; ++i) {
@@ -224,7 +232,7 @@ __device__ __forceinline__ void dp_band(const Params& p, const DpWarp& wp, const
   __syncwarp();
   const DrEnd dend = dr_end<EPI>(p.epi, wp.ch);
   const long long img_out = static_cast<long long>(p.C) * HoWo;
-  long long at = wp.n0 * img_out + static_cast<long long>(wp.ch) * HoWo + OY0 * BD::Wo;
+  long long at = wp.n0 * img_out + static_cast<long long>(wp.ch) * HoWo + (OY0 + dy) * BD::Wo;
   for (int pp = 0; pp < wp.nimg; ++pp, at += img_out) {
 #pragma unroll
     for (int j = wp.lane; j < BD::NO; j += 32) {
@@ -237,10 +245,15 @@ __device__ __forceinline__ void dp_band(const Params& p, const DpWarp& wp, const
 template <int S, int H, int W, int NB, int EPI, int BI = 0>
 __device__ __forceinline__ void dp_pick(int band, const Params& p, const DpWarp& wp, const uint8_t* tab, int phase) {
   using G = DpShape<S, H, W, NB>;
-  if constexpr (BI < NB) {
-    constexpr int OY0 = BI * G::RB, OY1 = (BI + 1) * G::RB < G::Ho ? (BI + 1) * G::RB : G::Ho;
+  constexpr int RB = G::RB;
+  if constexpr (G::kUniform) {
+    if (band == 0) dp_band<S, H, W, 0, RB, EPI>(p, wp, tab, phase, 0);
+    else if (band == NB - 1) dp_band<S, H, W, (NB - 1) * RB, G::Ho, EPI>(p, wp, tab, phase, 0);
+    else dp_band<S, H, W, RB, 2 * RB, EPI>(p, wp, tab, phase, (band - 1) * RB);
+  } else if constexpr (BI < NB) {
+    constexpr int OY0 = BI * RB, OY1 = (BI + 1) * RB < G::Ho ? (BI + 1) * RB : G::Ho;
     if (band != BI) return dp_pick<S, H, W, NB, EPI, BI + 1>(band, p, wp, tab, phase);
-    if constexpr (OY0 < OY1) dp_band<S, H, W, OY0, OY1, EPI>(p, wp, tab, phase);
+    if constexpr (OY0 < OY1) dp_band<S, H, W, OY0, OY1, EPI>(p, wp, tab, phase, 0);
   }
 }
 
@@ -277,16 +290,17 @@ __global__ void __launch_bounds__(256) depthwise_planes_table_kernel(Params p, u
   dp_entry<S>(p, wk, threadIdx.x, out + static_cast<long long>(blockIdx.x) * kDpTabBytes);
 }
 
-// A block: channel blockIdx.y, IPB images (32 a warp) x NB bands of output rows; warp w takes band w / (IPB / 32).
-template <int S, int H, int W, int NB, int IPB, int MINB, int EPI>
-__global__ void __launch_bounds__(IPB * NB, MINB) depthwise_planes_kernel(Params p) {
-  constexpr int TPB = IPB * NB, WI = IPB / 32;
+// A block: channel blockIdx.y, IPB images (32 a warp) x NBB of the NB bands of output rows (blockIdx.x: the images'
+// group, then the bands'); warp w takes the group's band w / (IPB / 32).
+template <int S, int H, int W, int NB, int NBB, int IPB, int MINB, int EPI>
+__global__ void __launch_bounds__(IPB * NBB, MINB) depthwise_planes_kernel(Params p) {
+  constexpr int TPB = IPB * NBB, WI = IPB / 32, BG = (NB + NBB - 1) / NBB;
   extern __shared__ __align__(16) uint8_t smem[];
-  const int tid = threadIdx.x, warp = tid >> 5, band = warp / WI;
+  const int tid = threadIdx.x, warp = tid >> 5, band = static_cast<int>(blockIdx.x % BG) * NBB + warp / WI;
   DpWarp wp;
   wp.ch = blockIdx.y;
   wp.lane = tid & 31;
-  wp.n0 = blockIdx.x * IPB + (warp % WI) * 32;
+  wp.n0 = static_cast<int>(blockIdx.x / BG) * IPB + (warp % WI) * 32;
   wp.nimg = min(32, static_cast<int>(p.M / ((H - 1) / S + 1) / ((W - 1) / S + 1)) - wp.n0);
   wp.stage = reinterpret_cast<uint32_t*>(smem + kDpTabBytes) + warp * DpShape<S, H, W, NB>::stage_words();
   // the channel's table as prepared with the weights (tables.cu: a weight's two round trips, its load and then its
@@ -297,32 +311,38 @@ __global__ void __launch_bounds__(IPB * NB, MINB) depthwise_planes_kernel(Params
 #pragma unroll
   for (int i = 0; i < PER; ++i)
     if (tid + i * TPB < N4) tv[i] = __ldg(src + tid + i * TPB);
-  if (wp.nimg > 0) dp_pick<S, H, W, NB, EPI>(band, p, wp, smem, 0);
+  const bool work = wp.nimg > 0 && band < NB;
+  if (work) dp_pick<S, H, W, NB, EPI>(band, p, wp, smem, 0);
 #pragma unroll
   for (int i = 0; i < PER; ++i)
     if (tid + i * TPB < N4) reinterpret_cast<uint4*>(smem)[tid + i * TPB] = tv[i];
   __syncthreads();  // the table and every warp's stage
-  if (wp.nimg > 0) dp_pick<S, H, W, NB, EPI>(band, p, wp, smem, 1);
+  if (work) dp_pick<S, H, W, NB, EPI>(band, p, wp, smem, 1);
 }
 
-// The planes built in: (stride, plane side) and the (bands, images a block) auto times, the first the default.
-// MINB: blocks an SM the registers are capped for. At 14x14, s2, one band: 95 registers without spills, where the
-// uncapped 122 left 8 blocks an SM; a call's blocks last about as long as each other, so waves count: at batch 256
-// 2,304 blocks in 1.75 waves of 10 an SM, not 2.2 of 8 (an H200: 1.85-1.88 -> 1.97-1.99 T MAC/s; 12 an SM, 80
-// registers: 1.84).
+// The planes built in: (stride, plane side) and the (bands, images a block, bands a block; 0: all) auto times, the
+// first the default. MINB: blocks an SM the registers are capped for. At 14x14, s2, one band: 95 registers without
+// spills, where the uncapped 122 left 8 blocks an SM; a call's blocks last about as long as each other, so waves
+// count: at batch 256 2,304 blocks in 1.75 waves of 10 an SM, not 2.2 of 8 (an H200: 1.85-1.88 -> 1.97-1.99 T MAC/s;
+// 12 an SM, 80 registers: 1.84). 28x28, s2: 7 bands of 2 output rows (DpShape::kUniform) a block of 224 threads,
+// capped at 72 registers (4 blocks an SM): 192 at 28x28, s2 at 1.63 T MAC/s at batch 64 where depthwise_rows' best
+// took 1.38 (an H200). Also built: bands of 3 rows (5 bands, the last one short) at 1.49. Measured, not built: bands
+// of 4 rows 1.49, of 1 row 1.31 (with stores across planes), 64 images a block 1.28; 56x56, s2 in bands of 1 or 2
+// rows 1.47-1.57 (stores across planes), where depthwise_rows_split takes 1.76.
 struct DpCfg {
-  int S, H, NB, IPB, MINB;
+  int S, H, NB, IPB, MINB, NBB;
 };
-constexpr DpCfg kDpCfgs[] = {
-    {2, 14, 1, 64, 10}, {2, 14, 2, 32, 1}, {2, 14, 1, 128, 5}, {1, 7, 1, 64, 1}, {1, 7, 1, 32, 1}};
+constexpr DpCfg kDpCfgs[] = {{2, 14, 1, 64, 10, 0}, {2, 14, 2, 32, 1, 0}, {2, 14, 1, 128, 5, 0}, {1, 7, 1, 64, 1, 0},
+                             {1, 7, 1, 32, 1, 0},   {2, 28, 7, 32, 4, 7}, {2, 28, 5, 32, 3, 5}};
 
-template <int S, int H, int NB, int IPB, int MINB, int EPI>
+template <int S, int H, int NB, int NBB, int IPB, int MINB, int EPI>
 void dp_launch(const Params& p, cudaStream_t stream) {
-  const size_t smem = kDpTabBytes + static_cast<size_t>(IPB / 32) * NB * DpShape<S, H, H, NB>::stage_words() * 4;
-  auto kern = depthwise_planes_kernel<S, H, H, NB, IPB, MINB, EPI>;
+  constexpr int BG = (NB + NBB - 1) / NBB;
+  const size_t smem = kDpTabBytes + static_cast<size_t>(IPB / 32) * NBB * DpShape<S, H, H, NB>::stage_words() * 4;
+  auto kern = depthwise_planes_kernel<S, H, H, NB, NBB, IPB, MINB, EPI>;
   set_smem(kern, smem);
   const long long B = p.M / p.HoWo;
-  kern<<<dim3(static_cast<unsigned>((B + IPB - 1) / IPB), p.G), IPB * NB, smem, stream>>>(p);
+  kern<<<dim3(static_cast<unsigned>((B + IPB - 1) / IPB * BG), p.G), IPB * NBB, smem, stream>>>(p);
 }
 
 template <int I, int EPI>
@@ -330,17 +350,34 @@ void dp_launch_cfg(const Params& p, int i, cudaStream_t stream) {
   if constexpr (I < static_cast<int>(sizeof(kDpCfgs) / sizeof(kDpCfgs[0]))) {
     if (i != I) return dp_launch_cfg<I + 1, EPI>(p, i, stream);
     constexpr DpCfg c = kDpCfgs[I];
-    dp_launch<c.S, c.H, c.NB, c.IPB, c.MINB, EPI>(p, stream);
+    dp_launch<c.S, c.H, c.NB, c.NBB ? c.NBB : c.NB, c.IPB, c.MINB, EPI>(p, stream);
   }
 }
 
-// the configuration row of c (r: bands, mb: images a block; 0: the shape's first), or -1
+// the configuration row of c (r: bands, mb: images a block, bb: bands a block; r 0: the shape's first), or -1
 int dp_cfg_index(const Params& p, const Config& c) {
   for (int i = 0; i < static_cast<int>(sizeof(kDpCfgs) / sizeof(kDpCfgs[0])); ++i) {
     const DpCfg& d = kDpCfgs[i];
-    if (d.S == p.sh && d.H == p.H && (c.r == 0 || (c.r == d.NB && c.mb == d.IPB))) return i;
+    if (d.S == p.sh && d.H == p.H && (c.r == 0 || (c.r == d.NB && c.mb == d.IPB && c.bb == d.NBB))) return i;
   }
   return -1;
+}
+
+// "7x7 at stride 1, 14x14, 28x28 or 56x56 at stride 2": the planes built in
+std::string dp_planes_built() {
+  std::string out;
+  for (int s = 1; s <= 2; ++s) {
+    std::string sides;
+    int n = 0;
+    for (const DpCfg& d : kDpCfgs) {
+      const std::string side = std::to_string(d.H) + "x" + std::to_string(d.H);
+      if (d.S == s && sides.find(side) == std::string::npos) sides += (n++ ? ", " : "") + side;
+    }
+    const size_t last = sides.rfind(", ");
+    if (last != std::string::npos) sides.replace(last, 2, " or ");
+    if (n) out += (out.empty() ? "" : ", ") + sides + " at stride " + std::to_string(s);
+  }
+  return out;
 }
 
 long long dp_in_bytes(const Params& p) { return p.M / p.HoWo * p.C * p.H * p.W; }
@@ -355,7 +392,7 @@ std::string depthwise_planes_why_not(const Params& p, const ConvGeo& cg) {
     return "needs a depthwise conv (one input and one output channel per group)";
   if (cg.kh != 3 || cg.kw != 3 || cg.dh != 1 || cg.dw != 1 || p.ph != 1 || p.pw != 1 || p.sh != p.sw)
     return "needs a 3x3 kernel of dilation 1, padding 1 and one stride along both axes";
-  if (p.H != p.W || dp_cfg_index(p, Config{}) < 0) return "needs a 7x7 plane at stride 1 or a 14x14 one at stride 2";
+  if (p.H != p.W || dp_cfg_index(p, Config{}) < 0) return "needs a square plane of those built: " + dp_planes_built();
   if (dp_in_bytes(p) >= (1ll << 31) || p.G > 65535)
     return "needs inputs under 2^31 bytes and at most 65535 channels";
   return "";
@@ -381,22 +418,33 @@ std::vector<Config> depthwise_planes_candidates(const Params& p, int fmt) {
       out.emplace_back();
       out.back().r = d.NB;
       out.back().mb = d.IPB;
+      out.back().bb = d.NBB;
     }
   return out;
 }
 
 std::string depthwise_planes_config_name(const Config& c) {
-  return c.r ? "depthwise_planes_b" + std::to_string(c.r) + "_i" + std::to_string(c.mb) : "depthwise_planes";
+  if (!c.r) return "depthwise_planes";
+  return "depthwise_planes_b" + std::to_string(c.r) + "_i" + std::to_string(c.mb) +
+         (c.bb ? "_bb" + std::to_string(c.bb) : "");
 }
 
+// depthwise_planes_b<NB>_i<IPB>[_bb<NBB>], each count as suffix_count spells it
 std::string parse_depthwise_planes_config(const std::string& name, Config& c) {
-  int nb = 0, ipb = 0, n = 0;
-  const bool ok = std::sscanf(name.c_str(), "depthwise_planes_b%d_i%d%n", &nb, &ipb, &n) == 2 &&
-                  n == static_cast<int>(name.size());
+  const std::string pre = "depthwise_planes_b";
+  int nb = -1, ipb = -1, bb = 0;
+  const size_t i = name.rfind(pre, 0) == 0 ? name.find("_i", pre.size()) : std::string::npos;
+  if (i != std::string::npos) {
+    const size_t k = name.find("_bb", i + 2);
+    nb = suffix_count(name.substr(pre.size(), i - pre.size()), 1, 1024);
+    ipb = suffix_count(name.substr(i + 2, k == std::string::npos ? k : k - i - 2), 1, 1024);
+    if (k != std::string::npos) bb = suffix_count(name.substr(k + 3), 1, 1024);
+  }
   for (const DpCfg& d : kDpCfgs)
-    if (ok && d.NB == nb && d.IPB == ipb) {
+    if (d.NB == nb && d.IPB == ipb && d.NBB == bb) {
       c.r = nb;
       c.mb = ipb;
+      c.bb = bb;
       return "";
     }
   std::string valid;
@@ -404,10 +452,11 @@ std::string parse_depthwise_planes_config(const std::string& name, Config& c) {
     Config x;
     x.r = d.NB;
     x.mb = d.IPB;
+    x.bb = d.NBB;
     const std::string v = depthwise_planes_config_name(x);
-    if (valid.find(v) == std::string::npos) valid += (valid.empty() ? "" : ", ") + v;
+    if ((", " + valid + ", ").find(", " + v + ", ") == std::string::npos) valid += (valid.empty() ? "" : ", ") + v;
   }
-  return "bad algo '" + name + "': depthwise_planes_b<bands>_i<images a block>, one of " + valid;
+  return "bad algo '" + name + "': depthwise_planes_b<bands>_i<images a block>[_bb<bands a block>], one of " + valid;
 }
 
 void launch_depthwise_planes(const Params& p, const ConvGeo& cg, int fmt, const Config& c, cudaStream_t stream) {

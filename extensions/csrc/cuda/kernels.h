@@ -73,6 +73,7 @@ struct Config {
   int build = 0;                // expanded_gemm: the table build, 0 scattered, 1 WH (_r8w), 2 CO (_r8c)
   int ks = 0;                   // expanded_gemm: K split over ks blocks (_k<ks>); 0 or 1: none
   int gx = 0;                   // depthwise_rows: blocks a channel (_g<gx>); 0: its grid model's
+  int bb = 0;                   // depthwise_planes: bands a block (_bb<bb>); 0: every band
 };
 
 // The count a variant name's digit suffix spells (_g<N>, _k<N>): lo..hi, no sign and no leading zero; else -1
@@ -115,8 +116,8 @@ std::string depthwise_rows_why_not(const Params& p, const ConvGeo& cg, int layou
 bool depthwise_rows_applies_end(const Params& p, int fmt);
 // gx: blocks a channel, 0 for the grid model's pick
 void launch_depthwise_rows(const Params& p, const ConvGeo& cg, int fmt, int layout, int gx, cudaStream_t stream);
-// depthwise_planes.cu: 3x3, padding 1, on 7x7 planes at stride 1 and 14x14 ones at stride 2, a thread a plane or
-// band of it (Config::r: bands, Config::mb: images a block; 0: the shape's default)
+// depthwise_planes.cu: 3x3, padding 1, on 7x7 planes at stride 1 and 14x14 or 28x28 ones at stride 2, a thread a
+// plane or band of it (Config::r: bands, Config::mb: images a block, Config::bb: bands a block; r 0: the default)
 std::string depthwise_planes_why_not(const Params& p, const ConvGeo& cg);
 bool depthwise_planes_applies_end(const Params& p, int fmt);
 std::vector<Config> depthwise_planes_candidates(const Params& p, int fmt);

@@ -270,6 +270,24 @@ def test_every_variant_is_exercised():
         assert want <= EXERCISED, want - EXERCISED
 
 
+def alloc_blocks(nbytes):
+    """Bytes the caching allocator takes for nbytes: whole 512-byte blocks."""
+    return -(-nbytes // 512) * 512
+
+
+def kept_by_first_call(call, call_on_other_weights):
+    """Device memory a layer's first call leaves allocated beyond its int32 output (its prepared tables), and the
+    output. Earlier tests' tensors are freed first, and a call on other weights (the caller keeps them alive, so their
+    cached entry stays) drops the entries before it, so that nothing else is freed during the measured call."""
+    gc.collect()
+    call_on_other_weights()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    out = call()
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated() - before - alloc_blocks(out.numel() * 4), out
+
+
 @pytest.mark.parametrize("algo", ["direct", "expanded_rows", "expanded_pairs", "expanded_l2", "expanded_gemm"])
 def test_workspace_is_what_the_kernels_allocate(algo):
     """approx::lut_algos' workspace_bytes (what bench reports) is the device memory a layer's first
@@ -280,17 +298,9 @@ def test_workspace_is_what_the_kernels_allocate(algo):
     want = {r["algo"]: r["workspace_bytes"] for r in algo_table(a, w, lut, backend="cuda")}[algo]
     if NO_CACHING:
         pytest.skip("caching allocator off (compute-sanitizer runs): memory_allocated does not count as it does")
-    # earlier tests' tensors are freed now, and a call on other weights drops their cached tables,
-    # so that nothing else is freed during the measured call
-    gc.collect()
-    w_other = w.clone()  # alive until the end: its entry stays
-    ops.lut_linear(a, w_other, lut, algo)
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    out = ops.lut_linear(a, w, lut, algo)
-    torch.cuda.synchronize()
-    kept = torch.cuda.memory_allocated() - before - (-(-out.numel() * 4 // 512) * 512)
-    assert kept == -(-want // 512) * 512, (algo, kept, want)  # the allocator rounds to 512 bytes
+    w_other = w.clone()
+    kept, _ = kept_by_first_call(lambda: ops.lut_linear(a, w, lut, algo), lambda: ops.lut_linear(a, w_other, lut, algo))
+    assert kept == alloc_blocks(want), (algo, kept, want)
 
 
 def test_auto_keeps_only_the_tables_its_pick_reads():
@@ -302,16 +312,11 @@ def test_auto_keeps_only_the_tables_its_pick_reads():
     a = make_codes(gen, (16, 256, 28, 28), False).to(DEV)  # 12,544 rows; T of 128 MiB (int32 layout)
     w, lut = make_weights(gen, (512, 256, 1, 1), False).to(DEV), make_lut(gen, "int16").to(DEV)
     args = ([1, 1], [0, 0], [1, 1], 1)
-    gc.collect()
-    w_other = w.clone()  # alive until the end: its entry stays, and nothing else is freed in the call
-    ops.lut_conv2d(a, w_other, lut, *args, "direct")
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    out = ops.lut_conv2d(a, w, lut, *args, "auto")
-    torch.cuda.synchronize()
-    kept = torch.cuda.memory_allocated() - before - (-(-out.numel() * 4 // 512) * 512)
+    w_other = w.clone()
+    kept, out = kept_by_first_call(lambda: ops.lut_conv2d(a, w, lut, *args, "auto"),
+                                   lambda: ops.lut_conv2d(a, w_other, lut, *args, "direct"))
     pick = next(r for r in algo_table(a, w, lut, *args, backend="cuda") if r["auto_pick"])
-    assert kept == -(-pick["workspace_bytes"] // 512) * 512, (pick["auto_pick_name"], kept, pick["workspace_bytes"])
+    assert kept == alloc_blocks(pick["workspace_bytes"]), (pick["auto_pick_name"], kept, pick["workspace_bytes"])
     want = reference_lut_conv2d(a.cpu(), w.cpu(), lut.cpu(), 1, 0, 1, 1)
     check_equal(out, want, "auto's first call")
     check_equal(ops.lut_conv2d(a, w, lut, *args, "auto"), want, "auto on the kept tables")

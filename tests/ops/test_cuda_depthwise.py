@@ -11,7 +11,6 @@ stride 1, 14x14 and 28x28 at stride 2): every configuration on whole and partial
 word, its names and the shapes it takes.
 
 Marked `cuda` (deselected by default; run with `-m cuda` on a GPU machine)."""
-import gc
 
 import pytest
 import torch
@@ -22,8 +21,8 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 from tests.ops.test_cuda import (  # noqa: E402  (skips itself without CUDA kernels)
-    ALGOS, DEV, EXERCISED, NO_CACHING, _pair, _reported_pick, check_equal, make_codes, make_lut, make_weights,
-    poisoned_call)
+    ALGOS, DEV, EXERCISED, NO_CACHING, _pair, _reported_pick, alloc_blocks, check_equal, kept_by_first_call, make_codes,
+    make_lut, make_weights, poisoned_call)
 
 from runner.ops import algo_table  # noqa: E402
 from runner.reference import reference_lut_conv2d  # noqa: E402
@@ -317,12 +316,7 @@ def test_depthwise_planes_tables_are_prepared_and_counted(algo):
     assert want - direct14 == 200 * 4608
     if NO_CACHING:
         pytest.skip("caching allocator off (compute-sanitizer runs): memory_allocated does not count as it does")
-    gc.collect()
-    w_other = w.clone()  # alive until the end: its entry stays, and nothing else is freed in the call
-    ops.lut_conv2d(a, w_other, lut, *args, algo)
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    out = ops.lut_conv2d(a, w, lut, *args, algo)
-    torch.cuda.synchronize()
-    kept = torch.cuda.memory_allocated() - before - (-(-out.numel() * 4 // 512) * 512)
-    assert kept == -(-want // 512) * 512, (algo, kept, want)  # the allocator rounds to 512 bytes
+    w_other = w.clone()
+    kept, _ = kept_by_first_call(lambda: ops.lut_conv2d(a, w, lut, *args, algo),
+                                 lambda: ops.lut_conv2d(a, w_other, lut, *args, algo))
+    assert kept == alloc_blocks(want), (algo, kept, want)

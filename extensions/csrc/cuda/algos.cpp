@@ -81,7 +81,7 @@ const std::vector<Algo>& algos() {
       depthwise_rows_algo<kDrBanked8>(),
       // stride 2: the int16 table split in 4-byte entries (even columns' taps 0 and 2, odd ones' tap 1)
       depthwise_rows_algo<kDrSplit>(),
-      // 7x7 planes at stride 1, 14x14 ones at stride 2: a thread a plane (or band), each code read once for every
+      // 7x7 planes at stride 1, 14x14 and 28x28 at stride 2: a thread a plane (or band), each code read once for every
       // product it feeds; int32 products run depthwise_rows' single table
       {"depthwise_planes", false, false, depthwise_planes_why_not,
        [](const Params& p, const ConvGeo& cg, int fmt, const Config& c, cudaStream_t s) {

@@ -21,8 +21,6 @@
 // and "... bands of a 28x28 plane").
 //
 // The entries hold int16 products: other tables run depthwise_rows (launch_depthwise_planes).
-#include <cstdio>
-
 #include "depthwise_stores.cuh"
 #include "launch.cuh"
 
@@ -355,6 +353,15 @@ void dp_launch_cfg(const Params& p, int i, cudaStream_t stream) {
 }
 
 // the configuration row of c (r: bands, mb: images a block, bb: bands a block; r 0: the shape's first), or -1
+// a row's Config, as named (depthwise_planes_config_name) and listed (depthwise_planes_candidates)
+Config dp_config(const DpCfg& d) {
+  Config c;
+  c.r = d.NB;
+  c.mb = d.IPB;
+  c.bb = d.NBB;
+  return c;
+}
+
 int dp_cfg_index(const Params& p, const Config& c) {
   for (int i = 0; i < static_cast<int>(sizeof(kDpCfgs) / sizeof(kDpCfgs[0])); ++i) {
     const DpCfg& d = kDpCfgs[i];
@@ -363,7 +370,7 @@ int dp_cfg_index(const Params& p, const Config& c) {
   return -1;
 }
 
-// "7x7 at stride 1, 14x14, 28x28 or 56x56 at stride 2": the planes built in
+// the planes built in, as "7x7 at stride 1, 14x14 or 28x28 at stride 2"
 std::string dp_planes_built() {
   std::string out;
   for (int s = 1; s <= 2; ++s) {
@@ -414,12 +421,7 @@ std::vector<Config> depthwise_planes_candidates(const Params& p, int fmt) {
   std::vector<Config> out;
   if (fmt == 2) return out;  // int32 products: depthwise_rows' table runs them
   for (const DpCfg& d : kDpCfgs)
-    if (d.S == p.sh && d.H == p.H) {
-      out.emplace_back();
-      out.back().r = d.NB;
-      out.back().mb = d.IPB;
-      out.back().bb = d.NBB;
-    }
+    if (d.S == p.sh && d.H == p.H) out.push_back(dp_config(d));
   return out;
 }
 
@@ -449,11 +451,7 @@ std::string parse_depthwise_planes_config(const std::string& name, Config& c) {
     }
   std::string valid;
   for (const DpCfg& d : kDpCfgs) {
-    Config x;
-    x.r = d.NB;
-    x.mb = d.IPB;
-    x.bb = d.NBB;
-    const std::string v = depthwise_planes_config_name(x);
+    const std::string v = depthwise_planes_config_name(dp_config(d));
     if ((", " + valid + ", ").find(", " + v + ", ") == std::string::npos) valid += (valid.empty() ? "" : ", ") + v;
   }
   return "bad algo '" + name + "': depthwise_planes_b<bands>_i<images a block>[_bb<bands a block>], one of " + valid;
